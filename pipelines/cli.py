@@ -1,0 +1,46 @@
+"""The ``forgetful`` command line.
+
+Every flow module in :mod:`pipelines.flows` exposes ``add_cli(subparsers)``; this module discovers
+them, so a new study is a new file, never an edit here.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from pipelines import flows as _flows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forgetful",
+        description="Auditable support-vector memory: certified retention, verified deletion, "
+        "clinical and synthetic studies as Prefect flows.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for info in sorted(pkgutil.iter_modules(_flows.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"pipelines.flows.{info.name}")
+        add = getattr(module, "add_cli", None)
+        if add is not None:
+            add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    result = func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""The maintained fp64 Cauwenberghs-Poggio (C&P) solver of the fixed-C SVDD dual.
+
+Problem (SPEC §1)::
+
+    min_a  a^T K a - diag(K)^T a    s.t.  sum(a) = 1,  0 <= a_i <= C
+
+State: keys, coefficients ``alpha``, offset ``rho``, gradient ``g_i = rho - K_ii + 2 (K a)_i``,
+the partition margin ``S`` (0 < a < C, g = 0), error ``E`` (a = C, g <= 0), reserve ``R``
+(a = 0, g >= 0), and ``Rinv = M^{-1}`` for the bordered matrix ``M = [[0, 1^T], [1, 2 K_SS]]``,
+kept by rank-one border updates (a key enters S) and Schur downdates (a key leaves S), with a
+full refactorisation every ``refactor_every`` updates and whenever a conditioning guard trips.
+
+One event loop, :meth:`MaintainedSVDD._sweep`, moves a single coefficient ``alpha_c`` while all
+other keys keep their KKT conditions. It serves:
+
+* admission ("settle"): a new key enters with ``alpha_c = 0``; if ``g_c < 0`` it is increased
+  until ``g_c`` reaches 0 (margin) or ``alpha_c`` reaches C (error);
+* initialisation: the first keys start *pending* at ``alpha = 1/n`` (feasible) and are settled one
+  by one, moving ``alpha_c`` up or down until its own KKT condition holds;
+* deletion ("remove"): ``alpha_c`` is driven to 0 whatever ``g_c`` does.
+
+When the margin set is empty no coefficient can move without breaking ``sum(a) = 1``; the loop
+then sweeps ``rho`` instead (every ``g`` moves at rate 1) until an error or reserve key reaches
+``g = 0`` and joins the margin set. This is what lets a decrement complete when S empties
+mid-path (the seed's reference raised there).
+
+Slots are internal positions; the public :class:`sv_core.Gate` maps stable token ids to slots.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import PathError
+from .kernels import rbf_kernel
+
+RESERVE, MARGIN, ERROR, PENDING, DEAD = 0, 1, 2, 3, -1
+_NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
+
+
+class MaintainedSVDD:
+    """Slot-based maintained C&P state (fp64). Not thread-safe.
+
+    Parameters
+    ----------
+    C : float, the fixed box.
+    sigma : float, RBF bandwidth.
+    dim : int, key dimension.
+    refactor_every : int, refactorise ``Rinv`` after this many low-rank updates.
+    """
+
+    #: tolerance on rates (beta, gamma) below which a coefficient/gradient is treated as constant
+    RATE_EPS = 1e-13
+    #: relative Schur-complement size below which a border update is refused as ill-conditioned
+    GUARD = 1e-11
+
+    def __init__(self, C: float, sigma: float, dim: int, refactor_every: int = 64):
+        self.C = float(C)
+        self.sigma = float(sigma)
+        self.dim = int(dim)
+        self.refactor_every = int(refactor_every)
+        cap = 16
+        self.X = np.zeros((cap, dim))
+        self.K = np.zeros((cap, cap))
+        self.kd = np.zeros(cap)
+        self.alpha = np.zeros(cap)
+        self.g = np.zeros(cap)
+        self.status = np.full(cap, DEAD, dtype=np.int8)
+        self.n_slots = 0
+        self.S: list[int] = []
+        self.Rinv = np.zeros((1, 1))
+        self.rho = 0.0
+        self.solved = False
+        self._updates = 0
+        self.events = 0  # path events of the current operation
+        self.refactorisations = 0
+
+    # ------------------------------------------------------------------ storage
+    def _grow(self, need: int) -> None:
+        cap = self.X.shape[0]
+        if need <= cap:
+            return
+        new = max(need, 2 * cap)
+        X = np.zeros((new, self.dim)); X[:cap] = self.X
+        K = np.zeros((new, new)); K[:cap, :cap] = self.K
+        kd = np.zeros(new); kd[:cap] = self.kd
+        a = np.zeros(new); a[:cap] = self.alpha
+        g = np.zeros(new); g[:cap] = self.g
+        st = np.full(new, DEAD, dtype=np.int8); st[:cap] = self.status
+        self.X, self.K, self.kd, self.alpha, self.g, self.status = X, K, kd, a, g, st
+
+    def append(self, Xnew: np.ndarray) -> np.ndarray:
+        """Store new keys as PENDING slots (alpha 0); returns their slots. No solve."""
+        m = Xnew.shape[0]
+        lo = self.n_slots
+        hi = lo + m
+        self._grow(hi)
+        self.X[lo:hi] = Xnew
+        Knew = rbf_kernel(Xnew, self.X[:hi], self.sigma)
+        self.K[lo:hi, :hi] = Knew
+        self.K[:hi, lo:hi] = Knew.T
+        self.kd[lo:hi] = np.diag(self.K)[lo:hi]
+        self.alpha[lo:hi] = 0.0
+        self.g[lo:hi] = 0.0
+        self.status[lo:hi] = PENDING
+        self.n_slots = hi
+        return np.arange(lo, hi)
+
+    def live(self) -> np.ndarray:
+        return np.flatnonzero(self.status[: self.n_slots] >= 0)
+
+    def compact(self) -> np.ndarray:
+        """Drop dead slots; returns ``old_to_new`` (-1 for dead). Rinv is unaffected (S order kept)."""
+        keep = self.live()
+        old_to_new = np.full(self.n_slots, -1, dtype=np.int64)
+        old_to_new[keep] = np.arange(keep.size)
+        n = keep.size
+        self.X[:n] = self.X[keep]
+        self.K[:n, :n] = self.K[np.ix_(keep, keep)]
+        for arr in (self.kd, self.alpha, self.g):
+            arr[:n] = arr[keep]
+        self.status[:n] = self.status[keep]
+        self.status[n : self.n_slots] = DEAD
+        self.n_slots = n
+        self.S = [int(old_to_new[s]) for s in self.S]
+        return old_to_new
+
+    # ------------------------------------------------------------------ linear algebra
+    def _cvec(self) -> np.ndarray:
+        """Right-hand side ``c`` of ``M u = c`` given all non-margin coefficients."""
+        S = np.asarray(self.S, dtype=np.int64)
+        live = self.live()
+        nz = live[(self.status[live] != MARGIN) & (self.alpha[live] != 0.0)]
+        c = np.empty(S.size + 1)
+        c[0] = 1.0 - self.alpha[nz].sum()
+        c[1:] = self.kd[S] - 2.0 * (self.K[np.ix_(S, nz)] @ self.alpha[nz])
+        return c
+
+    def _bordered(self) -> np.ndarray:
+        S = np.asarray(self.S, dtype=np.int64)
+        m = S.size
+        M = np.zeros((m + 1, m + 1))
+        M[0, 1:] = 1.0
+        M[1:, 0] = 1.0
+        M[1:, 1:] = 2.0 * self.K[np.ix_(S, S)]
+        return M
+
+    def refactor(self) -> None:
+        """Recompute ``Rinv = M^{-1}`` from scratch."""
+        M = self._bordered()
+        try:
+            self.Rinv = np.linalg.inv(M)
+        except np.linalg.LinAlgError as exc:  # pragma: no cover - guarded by callers
+            raise PathError(f"bordered KKT matrix is singular with |S|={len(self.S)}") from exc
+        self._updates = 0
+        self.refactorisations += 1
+
+    def _border_add(self, k: int) -> None:
+        S = np.asarray(self.S, dtype=np.int64)
+        v = np.empty(S.size + 1)
+        v[0] = 1.0
+        v[1:] = 2.0 * self.K[S, k]
+        b = -self.Rinv @ v
+        kappa = 2.0 * self.K[k, k] + v @ b
+        self.S.append(int(k))
+        self._updates += 1
+        if S.size == 0 or kappa <= self.GUARD * max(1.0, 2.0 * self.K[k, k]) or self._updates >= self.refactor_every:
+            self.refactor()
+            return
+        m = S.size + 1
+        R = np.zeros((m + 1, m + 1))
+        R[:m, :m] = self.Rinv
+        bb = np.append(b, 1.0)
+        R += np.outer(bb, bb) / kappa
+        self.Rinv = R
+
+    def _border_remove(self, k: int) -> None:
+        p = self.S.index(int(k))
+        r = p + 1
+        R = self.Rinv
+        piv = R[r, r]
+        self.S.pop(p)
+        self._updates += 1
+        if abs(piv) < 1e-14 or self._updates >= self.refactor_every or not self.S:
+            if self.S:
+                self.refactor()
+            else:
+                self.Rinv = np.zeros((1, 1))
+            return
+        Rn = R - np.outer(R[:, r], R[r, :]) / piv
+        self.Rinv = np.delete(np.delete(Rn, r, axis=0), r, axis=1)
+
+    # ------------------------------------------------------------------ gradients
+    def recompute_g(self) -> None:
+        """``g = rho - diag K + 2 K alpha`` from scratch on live slots."""
+        live = self.live()
+        sup = live[self.alpha[live] != 0.0]
+        self.g[live] = self.rho - self.kd[live] + 2.0 * (self.K[np.ix_(live, sup)] @ self.alpha[sup])
+
+    def polish(self) -> None:
+        """Re-solve ``u = Rinv c`` on the margin set and recompute g (end of every operation).
+
+        With S empty, ``rho`` is not unique; it is set to the midpoint of its KKT interval
+        (the same convention as :func:`sv_core.refit`).
+        """
+        if self.S:
+            u = self.Rinv @ self._cvec()
+            self.rho = float(u[0])
+            S = np.asarray(self.S, dtype=np.int64)
+            self.alpha[S] = u[1:]
+            self.recompute_g()
+        else:
+            self.rho = 0.0
+            self.recompute_g()
+            self.rho = rho_midpoint(self.g, self.status, self.live())
+            self.recompute_g()
+
+    # ------------------------------------------------------------------ the event loop
+    def _rates(self, c: int, others: np.ndarray):
+        """beta (margin sensitivities incl. rho) and gamma (gradient sensitivities)."""
+        S = np.asarray(self.S, dtype=np.int64)
+        v = np.empty(S.size + 1)
+        v[0] = 1.0
+        v[1:] = 2.0 * self.K[S, c]
+        beta = -self.Rinv @ v
+        gam_o = 2.0 * self.K[others, c] + beta[0] + 2.0 * (self.K[np.ix_(others, S)] @ beta[1:])
+        gam_c = 2.0 * self.K[c, c] + beta[0] + 2.0 * (self.K[c, S] @ beta[1:])
+        return S, beta, gam_o, gam_c
+
+    def _sweep(self, c: int, mode: str, max_events: int | None = None) -> int:
+        """Move ``alpha_c`` keeping KKT on every other settled key.
+
+        mode ``"settle"``: stop when ``g_c = 0`` (c joins S) or ``alpha_c`` hits its bound.
+        mode ``"remove"``: stop when ``alpha_c = 0``.
+        Returns the number of path events. Raises :class:`PathError` if it cannot complete.
+        """
+        C = self.C
+        events = 0
+        if max_events is None:
+            max_events = 20 * max(self.n_slots, 1) + 200
+        zero_steps = 0
+        while True:
+            if events > max_events:
+                raise PathError(f"C&P path did not terminate within {max_events} events")
+            live = self.live()
+            others = live[(self.status[live] != MARGIN) & (live != c)]
+            ost = self.status[others]
+            if mode == "remove":
+                s = -1.0
+                if self.alpha[c] <= 0.0:
+                    self.alpha[c] = 0.0
+                    return events
+            else:
+                gc = self.g[c]
+                if gc < 0.0 and self.alpha[c] < C:
+                    s = 1.0
+                elif gc > 0.0 and self.alpha[c] > 0.0:
+                    s = -1.0
+                else:
+                    self._classify_settled(c)
+                    return events
+
+            if not self.S:
+                # margin set empty: sweep rho (every g moves at the same rate)
+                cand_t, cand_k = [], []
+                if s > 0:  # increase rho: error keys (g <= 0) and c's own g approach 0
+                    pool = others[ost == ERROR]
+                    if pool.size:
+                        j = int(np.argmax(self.g[pool]))
+                        cand_t.append(max(0.0, -self.g[pool[j]])); cand_k.append(int(pool[j]))
+                    if mode == "settle":
+                        cand_t.append(max(0.0, -self.g[c])); cand_k.append(c)
+                else:  # decrease rho: reserve keys (g >= 0) approach 0
+                    pool = others[ost == RESERVE]
+                    if pool.size:
+                        j = int(np.argmin(self.g[pool]))
+                        cand_t.append(max(0.0, self.g[pool[j]])); cand_k.append(int(pool[j]))
+                    if mode == "settle":
+                        cand_t.append(max(0.0, self.g[c])); cand_k.append(c)
+                if not cand_t:
+                    raise PathError(
+                        "margin set is empty and no error/reserve key can enter it; "
+                        "the problem would become infeasible"
+                    )
+                j = int(np.argmin(cand_t))
+                t, k = cand_t[j], cand_k[j]
+                delta = s * t
+                self.rho += delta
+                idx = live
+                self.g[idx] += delta
+                events += 1
+                if k == c:
+                    self.g[c] = 0.0
+                    self._classify_settled(c, prefer_margin=True)
+                    return events
+                self.g[k] = 0.0
+                self.status[k] = MARGIN
+                self._border_add(k)
+                continue
+
+            S, beta, gam_o, gam_c = self._rates(c, others)
+            eps = self.RATE_EPS
+            best_t = np.inf
+            best = ("none", -1)
+            # c reaches its bound
+            t_c = (C - self.alpha[c]) if s > 0 else self.alpha[c]
+            best_t, best = t_c, ("c_bound", c)
+            # c's gradient reaches 0 (settle only)
+            if mode == "settle":
+                rate = gam_c * s
+                if (self.g[c] < 0 and rate > eps) or (self.g[c] > 0 and rate < -eps):
+                    t = -self.g[c] / rate
+                    if t < best_t:
+                        best_t, best = t, ("c_g", c)
+            # margin keys reach 0 or C
+            rS = beta[1:] * s
+            aS = self.alpha[S]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t_lo = np.where(rS < -eps, aS / -rS, np.inf)
+                t_hi = np.where(rS > eps, (C - aS) / rS, np.inf)
+            t_lo = np.maximum(t_lo, 0.0)
+            t_hi = np.maximum(t_hi, 0.0)
+            if S.size:
+                j = int(np.argmin(t_lo))
+                if t_lo[j] < best_t:
+                    best_t, best = t_lo[j], ("S_to_R", int(S[j]))
+                j = int(np.argmin(t_hi))
+                if t_hi[j] < best_t:
+                    best_t, best = t_hi[j], ("S_to_E", int(S[j]))
+            # error / reserve keys' gradients reach 0
+            ro = gam_o * s
+            go = self.g[others]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t_e = np.where((ost == ERROR) & (ro > eps), np.maximum(-go, 0.0) / ro, np.inf)
+                t_r = np.where((ost == RESERVE) & (ro < -eps), np.maximum(go, 0.0) / -ro, np.inf)
+            if others.size:
+                j = int(np.argmin(t_e))
+                if t_e[j] < best_t:
+                    best_t, best = t_e[j], ("E_to_S", int(others[j]))
+                j = int(np.argmin(t_r))
+                if t_r[j] < best_t:
+                    best_t, best = t_r[j], ("R_to_S", int(others[j]))
+            if not np.isfinite(best_t):
+                raise PathError("no finite C&P step")
+            t = float(best_t)
+            zero_steps = zero_steps + 1 if t == 0.0 else 0
+            if zero_steps > 2 * len(self.S) + 50:
+                raise PathError("C&P path is cycling on degenerate (zero-length) steps")
+            d = s * t
+            self.alpha[c] += d
+            self.alpha[S] += beta[1:] * d
+            self.rho += beta[0] * d
+            self.g[others] += gam_o * d
+            self.g[c] += gam_c * d
+            self.g[S] = 0.0
+            events += 1
+            kind, k = best
+            if kind == "c_bound":
+                self.alpha[c] = C if s > 0 else 0.0
+                if mode == "remove":
+                    return events
+                self._classify_settled(c)
+                return events
+            if kind == "c_g":
+                self.g[c] = 0.0
+                self.status[c] = MARGIN
+                self._border_add(c)
+                return events
+            if kind == "S_to_R":
+                self.alpha[k] = 0.0
+                self.g[k] = 0.0
+                self.status[k] = RESERVE
+                self._border_remove(k)
+            elif kind == "S_to_E":
+                self.alpha[k] = C
+                self.g[k] = 0.0
+                self.status[k] = ERROR
+                self._border_remove(k)
+            else:  # E_to_S / R_to_S
+                self.g[k] = 0.0
+                self.status[k] = MARGIN
+                self._border_add(k)
+            if self._updates == 0 and self.S:
+                # just refactorised: re-solve the margin system so drift does not accumulate
+                u = self.Rinv @ self._cvec()
+                self.rho = float(u[0])
+                self.alpha[np.asarray(self.S)] = u[1:]
+                self.recompute_g()
+
+    def _classify_settled(self, c: int, prefer_margin: bool = False) -> None:
+        a = self.alpha[c]
+        if a <= 0.0:
+            self.alpha[c] = 0.0
+            self.status[c] = RESERVE
+        elif a >= self.C:
+            self.alpha[c] = self.C
+            self.status[c] = ERROR
+        else:
+            # strictly inside the box: must be a margin key
+            self.status[c] = MARGIN
+            self._border_add(c)
+
+    # ------------------------------------------------------------------ operations
+    def settle(self, c: int) -> int:
+        """Bring a PENDING slot to KKT (admission or initialisation)."""
+        live = self.live()
+        settled = live[(self.status[live] != PENDING) & (live != c)]
+        if settled.size == 0:
+            # first key of the solve: rho is free; choose it so that g_c = 0
+            sup = live[self.alpha[live] != 0.0]
+            self.rho = float(self.kd[c] - 2.0 * (self.K[c, sup] @ self.alpha[sup]))
+            self.g[c] = 0.0
+            self.status[c] = RESERVE  # provisional, replaced below
+            self._classify_settled(c, prefer_margin=True)
+            return 0
+        sup = live[self.alpha[live] != 0.0]
+        self.g[c] = self.rho - self.kd[c] + 2.0 * (self.K[c, sup] @ self.alpha[sup])
+        self.status[c] = RESERVE if self.alpha[c] == 0.0 else ERROR  # outside S while it moves
+        return self._sweep(c, "settle")
+
+    def initialise(self) -> int:
+        """Solve from scratch by settling every pending key from the feasible start 1/n."""
+        live = self.live()
+        self.alpha[live] = 1.0 / live.size
+        self.S = []
+        self.Rinv = np.zeros((1, 1))
+        events = 0
+        for c in live:
+            events += self.settle(int(c))
+        self.solved = True
+        if self.S:
+            self.refactor()
+        self.polish()
+        return events
+
+    def admit_slot(self, c: int) -> int:
+        self.alpha[c] = 0.0
+        ev = self.settle(c)
+        return ev
+
+    def remove_slot(self, c: int) -> int:
+        """Decrement ``alpha_c`` to 0 by the reverse C&P path, then drop the slot."""
+        ev = 0
+        if self.status[c] == MARGIN:
+            self._border_remove(c)
+            self.status[c] = ERROR  # treated as a fixed coefficient while it is swept
+        if self.alpha[c] > 0.0:
+            self.g[c] = 0.0
+            ev = self._sweep(c, "remove")
+        self.alpha[c] = 0.0
+        self.status[c] = DEAD
+        return ev
+
+    # ------------------------------------------------------------------ diagnostics
+    def kkt_residual(self) -> dict:
+        """KKT violations recomputed from scratch (not from the maintained g)."""
+        live = self.live()
+        a = self.alpha[live]
+        st = self.status[live]
+        sup = live[a != 0.0]
+        g = self.rho - self.kd[live] + 2.0 * (self.K[np.ix_(live, sup)] @ self.alpha[sup])
+        out = {
+            "sum": float(abs(a.sum() - 1.0)),
+            "box": float(max(0.0, -a.min(initial=0.0), (a - self.C).max(initial=0.0))),
+            "margin_gradient": float(np.abs(g[st == MARGIN]).max(initial=0.0)),
+            "error_gradient": float(np.maximum(g[st == ERROR], 0.0).max(initial=0.0)),
+            "reserve_gradient": float(np.maximum(-g[st == RESERVE], 0.0).max(initial=0.0)),
+        }
+        if self.S:
+            M = self._bordered()
+            out["inverse"] = float(np.abs(M @ self.Rinv - np.eye(M.shape[0])).max())
+        else:
+            out["inverse"] = 0.0
+        out["max"] = max(v for k, v in out.items())
+        return out
+
+    def partition_counts(self) -> dict:
+        st = self.status[self.live()]
+        return {
+            "margin": int((st == MARGIN).sum()),
+            "error": int((st == ERROR).sum()),
+            "reserve": int((st == RESERVE).sum()),
+        }
+
+    def snapshot(self) -> dict:
+        """Everything an operation may change, for bit-for-bit rollback (K/X are append-only)."""
+        n = self.n_slots
+        return {
+            "alpha": self.alpha[:n].copy(),
+            "g": self.g[:n].copy(),
+            "status": self.status[:n].copy(),
+            "n_slots": n,
+            "S": list(self.S),
+            "Rinv": self.Rinv.copy(),
+            "rho": self.rho,
+            "solved": self.solved,
+            "_updates": self._updates,
+        }
+
+    def restore(self, snap: dict) -> None:
+        n = snap["n_slots"]
+        self.alpha[:n] = snap["alpha"]
+        self.g[:n] = snap["g"]
+        self.status[:n] = snap["status"]
+        self.status[n : self.n_slots] = DEAD
+        self.alpha[n : self.n_slots] = 0.0
+        self.n_slots = n
+        self.S = list(snap["S"])
+        self.Rinv = snap["Rinv"].copy()
+        self.rho = snap["rho"]
+        self.solved = snap["solved"]
+        self._updates = snap["_updates"]
+
+
+def rho_midpoint(g_at_rho0: np.ndarray, status: np.ndarray, idx: np.ndarray) -> float:
+    """Midpoint of the KKT interval for rho when the margin set is empty.
+
+    ``g_at_rho0`` holds ``g_i`` evaluated at ``rho = 0``; reserve keys need ``rho >= -g_i``,
+    error keys ``rho <= -g_i``.
+    """
+    st = status[idx]
+    g0 = g_at_rho0[idx]
+    lo = (-g0[st == RESERVE]).max(initial=-np.inf)
+    hi = (-g0[st == ERROR]).min(initial=np.inf)
+    if np.isfinite(lo) and np.isfinite(hi):
+        return float(0.5 * (lo + hi))
+    if np.isfinite(lo):
+        return float(lo)
+    if np.isfinite(hi):
+        return float(hi)
+    return 0.0
