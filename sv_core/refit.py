@@ -16,26 +16,33 @@ import numpy as np
 from .errors import InfeasibleError, RefitError
 from .gate import _check_params, as_keys
 from .kernels import rbf_kernel
-from .solver import ERROR, MARGIN, RESERVE, rho_midpoint
+from .solver import ERROR, MARGIN, RESERVE, SNAP_TOL, rho_midpoint
 
 
 def _clarabel(K: np.ndarray, C: float) -> np.ndarray:
-    import qpsolvers
+    """Interior-point solve with Clarabel (fp64, tight tolerances); ``AlmostSolved`` is accepted
+    because the active-set polish below re-solves the KKT system exactly."""
+    import clarabel
     from scipy import sparse
 
     n = K.shape[0]
-    P = sparse.csc_matrix(2.0 * K)
+    P = sparse.triu(sparse.csc_matrix(2.0 * K), format="csc")
     q = -np.diag(K).copy()
-    A = sparse.csc_matrix(np.ones((1, n)))
-    b = np.array([1.0])
-    x = qpsolvers.solve_qp(
-        P, q, A=A, b=b, lb=np.zeros(n), ub=np.full(n, C), solver="clarabel",
-        tol_gap_abs=1e-13, tol_gap_rel=1e-13, tol_feas=1e-13, tol_ktratio=1e-10,
-        max_iter=500, verbose=False,
-    )
-    if x is None:
-        raise RefitError("Clarabel did not return a solution")
-    return np.clip(np.asarray(x, dtype=np.float64), 0.0, C)
+    eye = sparse.identity(n, format="csc")
+    A = sparse.vstack([sparse.csc_matrix(np.ones((1, n))), -eye, eye], format="csc")
+    b = np.concatenate([[1.0], np.zeros(n), np.full(n, C)])
+    cones = [clarabel.ZeroConeT(1), clarabel.NonnegativeConeT(2 * n)]
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    settings.tol_gap_abs = 1e-12
+    settings.tol_gap_rel = 1e-12
+    settings.tol_feas = 1e-12
+    settings.max_iter = 300
+    sol = clarabel.DefaultSolver(P, q, A, b, cones, settings).solve()
+    status = str(sol.status)
+    if "Solved" not in status:  # Solved or AlmostSolved
+        raise RefitError(f"Clarabel terminated with status {status}")
+    return np.clip(np.asarray(sol.x, dtype=np.float64), 0.0, C)
 
 
 def solve_on_partition(K: np.ndarray, C: float, status: np.ndarray):
@@ -57,7 +64,12 @@ def solve_on_partition(K: np.ndarray, C: float, status: np.ndarray):
     c = np.empty(S.size + 1)
     c[0] = 1.0 - E.size * C
     c[1:] = d[S] - 2.0 * C * K[np.ix_(S, E)].sum(axis=1)
-    u = np.linalg.solve(M, c)
+    try:
+        u = np.linalg.solve(M, c)
+    except np.linalg.LinAlgError:
+        # exact duplicate keys in the margin set: the system is consistent but singular;
+        # the minimum-norm solution splits their mass evenly (the optimum is not unique)
+        u = np.linalg.lstsq(M, c, rcond=None)[0]
     a[S] = u[1:]
     return a, float(u[0])
 
@@ -121,6 +133,18 @@ def refit(X, C: float, sigma: float, kkt_tol: float = 1e-9, return_info: bool = 
             break
         status[k] = new
     viol, a, rho, status, iters = best
+    # degenerate margin keys on a bound do not pin rho: snap them (same convention as the gate)
+    snap = SNAP_TOL * C
+    while True:
+        S = np.flatnonzero(status == MARGIN)
+        on_lo = S[a[S] <= snap]
+        on_hi = S[a[S] >= C - snap]
+        if on_lo.size == 0 and on_hi.size == 0:
+            break
+        status[on_lo] = RESERVE
+        status[on_hi] = ERROR
+        a, rho = solve_on_partition(K, C, status)
+        viol = kkt_violation(K, C, a, rho, status)
     if viol > kkt_tol:
         raise RefitError(f"refit did not reach KKT tolerance {kkt_tol:g} (violation {viol:.3g})")
     a = np.clip(a, 0.0, C)

@@ -34,7 +34,13 @@ from .errors import PathError
 from .kernels import rbf_kernel
 
 RESERVE, MARGIN, ERROR, PENDING, DEAD = 0, 1, 2, 3, -1
+#: a margin coefficient within SNAP_TOL * C of a bound is snapped to it at the end of an operation
+SNAP_TOL = 1e-10
 _NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
+
+
+class _Degenerate(Exception):
+    """A key cannot join the margin set: its Schur complement is ~0 (it duplicates margin keys)."""
 
 
 class MaintainedSVDD:
@@ -161,9 +167,11 @@ class MaintainedSVDD:
         v[1:] = 2.0 * self.K[S, k]
         b = -self.Rinv @ v
         kappa = 2.0 * self.K[k, k] + v @ b
+        if S.size and kappa <= self.GUARD * max(1.0, 2.0 * self.K[k, k]):
+            raise _Degenerate(int(k))
         self.S.append(int(k))
         self._updates += 1
-        if S.size == 0 or kappa <= self.GUARD * max(1.0, 2.0 * self.K[k, k]) or self._updates >= self.refactor_every:
+        if S.size == 0 or self._updates >= self.refactor_every:
             self.refactor()
             return
         m = S.size + 1
@@ -202,13 +210,27 @@ class MaintainedSVDD:
         With S empty, ``rho`` is not unique; it is set to the midpoint of its KKT interval
         (the same convention as :func:`sv_core.refit`).
         """
-        if self.S:
+        tol = SNAP_TOL * self.C
+        while self.S:
             u = self.Rinv @ self._cvec()
-            self.rho = float(u[0])
             S = np.asarray(self.S, dtype=np.int64)
-            self.alpha[S] = u[1:]
-            self.recompute_g()
-        else:
+            aS = u[1:]
+            low = aS <= tol
+            high = aS >= self.C - tol
+            if not (low.any() or high.any()):
+                self.rho = float(u[0])
+                self.alpha[S] = aS
+                self.recompute_g()
+                return
+            # a margin coefficient sitting on its bound: the partition is degenerate and rho
+            # is not pinned by it; move it to the bound so rho follows the canonical convention
+            for k, lo_, hi_ in zip(S, low, high):
+                if lo_ or hi_:
+                    self.alpha[k] = 0.0 if lo_ else self.C
+                    self.status[k] = RESERVE if lo_ else ERROR
+                    self._border_remove(int(k))
+                    break
+        if not self.S:
             self.rho = 0.0
             self.recompute_g()
             self.rho = rho_midpoint(self.g, self.status, self.live())
@@ -276,6 +298,10 @@ class MaintainedSVDD:
                         cand_t.append(max(0.0, self.g[pool[j]])); cand_k.append(int(pool[j]))
                     if mode == "settle":
                         cand_t.append(max(0.0, self.g[c])); cand_k.append(c)
+                if not cand_t and mode == "remove" and self.alpha[c] <= SNAP_TOL * C:
+                    # the remaining keys already carry the mass (rounding residue only)
+                    self.alpha[c] = 0.0
+                    return events
                 if not cand_t:
                     raise PathError(
                         "margin set is empty and no error/reserve key can enter it; "
@@ -294,7 +320,7 @@ class MaintainedSVDD:
                     return events
                 self.g[k] = 0.0
                 self.status[k] = MARGIN
-                self._border_add(k)
+                self._border_add(k)  # S is empty here, so this cannot be degenerate
                 continue
 
             S, beta, gam_o, gam_c = self._rates(c, others)
@@ -362,8 +388,7 @@ class MaintainedSVDD:
                 return events
             if kind == "c_g":
                 self.g[c] = 0.0
-                self.status[c] = MARGIN
-                self._border_add(c)
+                self._join_margin_or_yield(c)
                 return events
             if kind == "S_to_R":
                 self.alpha[k] = 0.0
@@ -377,8 +402,13 @@ class MaintainedSVDD:
                 self._border_remove(k)
             else:  # E_to_S / R_to_S
                 self.g[k] = 0.0
+                prev = self.status[k]
                 self.status[k] = MARGIN
-                self._border_add(k)
+                try:
+                    self._border_add(k)
+                except _Degenerate as exc:
+                    self.status[k] = prev
+                    raise PathError("a key reaching the margin duplicates the margin set") from exc
             if self._updates == 0 and self.S:
                 # just refactorised: re-solve the margin system so drift does not accumulate
                 u = self.Rinv @ self._cvec()
@@ -396,8 +426,19 @@ class MaintainedSVDD:
             self.status[c] = ERROR
         else:
             # strictly inside the box: must be a margin key
+            self._join_margin_or_yield(c)
+
+    def _join_margin_or_yield(self, c: int) -> None:
+        """Put c (g_c = 0, alpha_c inside the box) in S; if it duplicates margin keys, hand its
+        coefficient to them instead (drive alpha_c to 0 along the path; g_c stays 0)."""
+        try:
             self.status[c] = MARGIN
             self._border_add(c)
+        except _Degenerate:
+            self.status[c] = ERROR  # fixed while it is swept
+            self._sweep(c, "remove")
+            self.alpha[c] = 0.0
+            self.status[c] = RESERVE
 
     # ------------------------------------------------------------------ operations
     def settle(self, c: int) -> int:
