@@ -6,7 +6,7 @@ Gram matrices with a per-row validity mask and solved together.
 
 Pipeline::
 
-    K (G, n, n), mask (G, n)
+    K (P, n, n), mask (P, n) or (P, J, n)
       -> fista_svdd         accelerated projected gradient, no autograd (partition finder)
       -> partition_masks    margin S = {0 < a < C}, bound E = {a = C} (per row, tolerance tol)
       -> ridged_kkt_solve   bordered system M u = c with ridge on the margin diagonal,
@@ -29,7 +29,7 @@ Every function accepts CPU or CUDA tensors of any floating dtype.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -104,20 +104,6 @@ def _private_torch_rbf(A: torch.Tensor, B: torch.Tensor, sigma: float) -> torch.
     return torch.exp(-sq.clamp_min(0.0) / (sigma * sigma))
 
 
-def _check_problem(K: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    if not isinstance(K, torch.Tensor) or not isinstance(mask, torch.Tensor):
-        raise BatchedGateError("K and mask must be torch tensors")
-    if K.dim() != 3 or K.shape[-1] != K.shape[-2]:
-        raise BatchedGateError(f"K must have shape (G, n, n), got {tuple(K.shape)}")
-    if not K.is_floating_point():
-        raise BatchedGateError(f"K must be a floating tensor, got {K.dtype}")
-    if tuple(mask.shape) != tuple(K.shape[:2]):
-        raise BatchedGateError(
-            f"mask must have shape (G, n) = {tuple(K.shape[:2])}, got {tuple(mask.shape)}"
-        )
-    return mask.to(device=K.device, dtype=torch.bool)
-
-
 def _check_C(C: float) -> float:
     C = float(C)
     if not (C > 0) or not math.isfinite(C):
@@ -126,12 +112,45 @@ def _check_C(C: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# shapes: a batch of P Gram matrices, each shared by J nested / masked problems
+# --------------------------------------------------------------------------------------------
+#
+# Every function below takes K of shape (P, n, n) and masks of shape (P, n) (one problem per
+# Gram) or (P, J, n) (J problems per Gram, e.g. the nested prefixes of one (sequence, head) in
+# the causal layer). Problem j of Gram p is the principal block of K[p] on mask[p, j]. Sharing
+# the Gram means one batched mat-mat product per FISTA step instead of J mat-vec products.
+
+
+def _as_problems(K: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Validate shapes; return the mask as bool (P, J, n) and whether it was 2-D."""
+    if not isinstance(K, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        raise BatchedGateError("K and mask must be torch tensors")
+    if K.dim() != 3 or K.shape[-1] != K.shape[-2]:
+        raise BatchedGateError(f"K must have shape (P, n, n), got {tuple(K.shape)}")
+    if not K.is_floating_point():
+        raise BatchedGateError(f"K must be a floating tensor, got {K.dtype}")
+    P, n, _ = K.shape
+    flat = mask.dim() == 2
+    m3 = mask.unsqueeze(1) if flat else mask
+    if m3.dim() != 3 or m3.shape[0] != P or m3.shape[-1] != n:
+        raise BatchedGateError(
+            f"mask must have shape (P, n) or (P, J, n) with P={P}, n={n}; got {tuple(mask.shape)}"
+        )
+    return m3.to(device=K.device, dtype=torch.bool), flat
+
+
+def _kmul(K: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """``(K[p] @ Y[p, j])`` for Y (P, J, n) -> (P, J, n) in one batched mat-mat product."""
+    return torch.matmul(Y, K.transpose(-1, -2))
+
+
+# --------------------------------------------------------------------------------------------
 # Lipschitz constant
 # --------------------------------------------------------------------------------------------
 
 
 def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 12) -> torch.Tensor:
-    """Upper estimate of the largest eigenvalue of each masked Gram matrix.
+    """Upper estimate of the largest eigenvalue of every masked principal block.
 
     Batched power iteration from the all-ones vector on the valid block. For entry-wise
     non-negative K (any RBF Gram) the Collatz-Wielandt ratio ``max_i (K v)_i / v_i`` of the
@@ -140,28 +159,28 @@ def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 12) -> to
 
     Parameters
     ----------
-    K : tensor (G, n, n), symmetric PSD on the valid block.
-    mask : bool tensor (G, n).
+    K : tensor (P, n, n), symmetric PSD on the valid blocks.
+    mask : bool tensor (P, n) or (P, J, n).
     iters : power-iteration steps.
 
     Returns
     -------
-    tensor (G,), at least a tiny positive number (no division by zero downstream).
+    tensor of shape mask.shape[:-1], at least 1e-12.
     """
-    m = mask.to(K.dtype)
-    Km = K * m.unsqueeze(-1) * m.unsqueeze(-2)
+    m3, flat = _as_problems(K, mask)
+    m = m3.to(K.dtype)
     v = m.clone()
     for _ in range(iters):
-        w = torch.bmm(Km, v.unsqueeze(-1)).squeeze(-1)
+        w = _kmul(K, v) * m
         v = w / w.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    w = torch.bmm(Km, v.unsqueeze(-1)).squeeze(-1)
-    tiny = torch.finfo(K.dtype).tiny
+    w = _kmul(K, v) * m
     if bool((K >= 0).all()):
-        ratio = torch.where(mask & (v > 1e-12), w / v.clamp_min(1e-30), torch.zeros_like(w))
+        ratio = torch.where(m3 & (v > 1e-12), w / v.clamp_min(1e-30), torch.zeros_like(w))
         lam = ratio.amax(dim=-1)
     else:
-        lam = 1.1 * (v * w).sum(-1) / (v * v).sum(-1).clamp_min(tiny)
-    return lam.clamp_min(1e-12)
+        lam = 1.1 * (v * w).sum(-1) / (v * v).sum(-1).clamp_min(1e-30)
+    lam = lam.clamp_min(1e-12)
+    return lam.squeeze(1) if flat else lam
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,66 +189,81 @@ def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 12) -> to
 
 
 def project_capped_simplex(
-    z: torch.Tensor, C: float, mask: torch.Tensor, bisect_iters: int = 24
-) -> torch.Tensor:
+    z: torch.Tensor,
+    C: float,
+    mask: torch.Tensor,
+    max_iter: int = 60,
+    newton: bool = True,
+    tau0: torch.Tensor | None = None,
+    return_tau: bool = False,
+):
     """Euclidean projection of each row onto ``{a : sum a = 1, 0 <= a <= C, a = 0 off mask}``.
 
-    The solution is ``a_i = clip(z_i - tau, 0, C)`` for the shift tau with
+    The solution is ``a_i = clip(z_i - tau, 0, C)`` for the shift tau solving
     ``f(tau) = sum_mask clip(z_i - tau, 0, C) = 1``. f is continuous, piecewise linear and
-    non-increasing, so tau is bracketed by ``[min z - C, max z]`` and found by bisection; a final
-    exact step solves the linear piece identified by the bracket midpoint (free set F, capped
-    set U: ``tau = (sum_F z - (1 - |U| C)) / |F|``), which makes the result exact to rounding
-    once the bracket lies within one linear piece. The better of the polished and plain
-    bisection answers (smaller ``|sum - 1|``) is kept per row.
+    non-increasing, so tau is bracketed by ``[min z - C, max z]`` and found by bisection on the
+    shift. With ``newton=True`` (default) each bisection step is replaced by the exact solve of
+    the current linear piece (``tau + (f(tau) - 1) / |F(tau)|``, F the free set) whenever that
+    point lies strictly inside the bracket - a safeguarded Newton-bisection that terminates
+    exactly (to rounding) once it reaches the right piece, usually in 2-4 steps, and in 1 when
+    warm-started from the previous FISTA step's shift (``tau0``). The bracket is kept, so the
+    worst case is plain bisection. Rows stop at ``|f - 1| <= 16 eps`` or a collapsed bracket.
 
     Rows with ``n_valid * C < 1`` are infeasible; they come back with every valid entry at C
     (sum < 1) - callers apply the warm-up rule before relying on them.
 
     Parameters
     ----------
-    z : tensor (G, n)
+    z : tensor (..., n)
     C : float box
-    mask : bool tensor (G, n)
-    bisect_iters : bisection steps before the exact polish.
+    mask : bool tensor (..., n), same shape as z.
+    max_iter : maximum bracketing steps.
+    newton : use exact piecewise-linear steps inside the bracket (False: pure bisection).
+    tau0 : optional tensor z.shape[:-1], warm start for the shift.
+    return_tau : also return the shift (same shape as z.shape[:-1]).
 
     Returns
     -------
-    tensor (G, n), same dtype/device as z, zero off the mask.
+    a : tensor (..., n), zero off the mask; and tau when ``return_tau``.
     """
     C = float(C)
-    big = torch.finfo(z.dtype).max / 8
+    dt = z.dtype
+    big = torch.finfo(dt).max / 8
+    eps = 16.0 * torch.finfo(dt).eps
+    mask = mask.to(torch.bool)
     valid_any = mask.any(dim=-1)
     zmax = torch.where(mask, z, torch.full_like(z, -big)).amax(-1)
     zmin = torch.where(mask, z, torch.full_like(z, big)).amin(-1)
     zmax = torch.where(valid_any, zmax, torch.zeros_like(zmax))
     zmin = torch.where(valid_any, zmin, torch.zeros_like(zmin))
     # Padded slots sit far below every valid value: they clip to 0 for every tau in the bracket.
-    span = (zmax - zmin).amax() if z.numel() else z.new_tensor(0.0)
-    floor = (zmin - 2.0 * C - 2.0 * span - 1.0).unsqueeze(-1)
-    zz = torch.where(mask, z, floor.expand_as(z))
+    zz = torch.where(mask, z, (zmin - 4.0 * C - 1.0 - (zmax - zmin)).unsqueeze(-1).expand_as(z))
     lo = zmin - C  # f(lo) = n_valid * C >= 1
     hi = zmax.clone()  # f(hi) = 0
-    for _ in range(bisect_iters):
-        mid = 0.5 * (lo + hi)
-        s = (zz - mid.unsqueeze(-1)).clamp_(0.0, C).sum(-1)
-        above = s > 1.0
-        lo = torch.where(above, mid, lo)
-        hi = torch.where(above, hi, mid)
-    mid = 0.5 * (lo + hi)
-    d = zz - mid.unsqueeze(-1)
-    free = (d > 0) & (d < C) & mask
-    capped = (d >= C) & mask
-    nf = free.sum(-1)
-    tau_exact = ((zz * free).sum(-1) - (1.0 - C * capped.sum(-1).to(z.dtype))) / nf.clamp_min(1).to(
-        z.dtype
-    )
-    a_bis = (zz - mid.unsqueeze(-1)).clamp(0.0, C)
-    a_pol = (zz - tau_exact.unsqueeze(-1)).clamp(0.0, C)
-    err_bis = (a_bis.sum(-1) - 1.0).abs()
-    err_pol = (a_pol.sum(-1) - 1.0).abs()
-    use_pol = (nf > 0) & (err_pol <= err_bis)
-    a = torch.where(use_pol.unsqueeze(-1), a_pol, a_bis)
-    return a * mask.to(a.dtype)
+    if tau0 is not None:
+        tau = torch.where((tau0 > lo) & (tau0 < hi), tau0.to(dt), 0.5 * (lo + hi))
+    else:
+        tau = 0.5 * (lo + hi)
+    done = ~valid_any
+    a = torch.zeros_like(z)
+    for _ in range(max_iter):
+        d = zz - tau.unsqueeze(-1)
+        a = d.clamp(0.0, C)
+        err = a.sum(-1) - 1.0
+        done = done | (err.abs() <= eps) | ((hi - lo) <= eps * (1.0 + tau.abs()))
+        if bool(done.all()):
+            break
+        above = err > 0  # too much mass: the shift must grow
+        lo = torch.where(above, tau, lo)
+        hi = torch.where(above, hi, tau)
+        nxt = 0.5 * (lo + hi)
+        if newton:
+            nf = ((d > 0) & (d < C)).sum(-1)
+            tn = tau + err / nf.clamp_min(1).to(dt)
+            nxt = torch.where((nf > 0) & (tn > lo) & (tn < hi), tn, nxt)
+        tau = torch.where(done, tau, nxt)
+    a = a * mask.to(dt)
+    return (a, tau) if return_tau else a
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,20 +278,16 @@ class FistaInfo:
     Attributes
     ----------
     iterations : int, iterations actually run (<= iters when early exit triggered).
-    residual : tensor (G,), projected-gradient residual ``max_i |a - P(a - grad/L)|`` at the
-        last check (``nan`` when no check ran).
-    converged : bool, every row below ``tol`` at the last check.
-    lipschitz : tensor (G,), the L used.
+    residual : tensor mask.shape[:-1], projected-gradient residual
+        ``max_i |a - P(a - grad/L)|`` at the last check (``nan`` when no check ran).
+    converged : bool, every problem below ``tol`` at the last check.
+    lipschitz : tensor mask.shape[:-1], the L used.
     """
 
     iterations: int
     residual: torch.Tensor
     converged: bool
     lipschitz: torch.Tensor
-
-
-def _grad(K: torch.Tensor, diagK: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return 2.0 * torch.bmm(K, y.unsqueeze(-1)).squeeze(-1) - diagK
 
 
 @torch.no_grad()
@@ -268,65 +298,67 @@ def fista_svdd(
     iters: int = 80,
     tol: float | None = None,
     check_every: int = 10,
-    bisect_iters: int = 24,
     return_info: bool = False,
 ):
-    """Estimate SVDD coefficients for a batch of masked problems by FISTA (Algorithm 1).
+    """Estimate SVDD coefficients for a batch of masked problems by FISTA (001 Algorithm 1).
 
     ``L = 2 lambda_max(K)`` (power iteration); start ``a = mask / sum(mask)``; each step
     ``g = 2 K y - diag K``, ``a' = P(y - g / L)`` (capped-simplex projection on the mask),
     ``t' = (1 + sqrt(1 + 4 t^2)) / 2``, ``y = a' + (t - 1)/t' (a' - a)`` - the fixed momentum
     schedule of the seed. Improvement over the seed: with ``tol`` set, every ``check_every``
     iterations the projected-gradient (fixed-point) residual
-    ``r = max_i |a - P(a - grad f(a) / L)|`` is computed and the loop exits once every row has
-    ``r < tol``.
+    ``r = max_i |a - P(a - grad f(a) / L)|`` is computed and the loop exits once every problem
+    has ``r < tol``. Projections are warm-started from the previous step's shift.
 
-    Runs without autograd: the output is a partition estimate, gradients flow through
+    Runs without autograd: the output is a partition estimate; gradients flow through
     `ridged_kkt_solve`.
 
     Parameters
     ----------
-    K : tensor (G, n, n), symmetric PSD Gram matrices (padding entries arbitrary).
-    C : float, box (rows need ``n_valid * C >= 1``; others are returned but meaningless).
-    mask : bool tensor (G, n), valid keys.
+    K : tensor (P, n, n), symmetric PSD Gram matrices (entries outside the masks arbitrary).
+    C : float, box (problems need ``n_valid * C >= 1``; others are returned but meaningless).
+    mask : bool tensor (P, n) or (P, J, n), valid keys of each problem.
     iters : maximum iterations (80 in the seed's language-model runs).
     tol : early-exit tolerance on the projected-gradient residual, or None (fixed ``iters``).
     check_every : iterations between residual checks.
-    bisect_iters : bisection steps of each projection.
     return_info : also return a `FistaInfo`.
 
     Returns
     -------
-    alpha_est : tensor (G, n), zero off the mask; or ``(alpha_est, FistaInfo)``.
+    alpha_est : tensor of mask's shape, zero off the mask; or ``(alpha_est, FistaInfo)``.
     """
-    mask = _check_problem(K, mask)
+    m3, flat = _as_problems(K, mask)
     C = _check_C(C)
     if iters < 0:
         raise BatchedGateError(f"iters must be >= 0, got {iters}")
     K = K.detach()
-    m = mask.to(K.dtype)
-    Km = K * m.unsqueeze(-1) * m.unsqueeze(-2)
-    diagK = torch.diagonal(Km, dim1=-2, dim2=-1)
-    L = 2.0 * lambda_max_upper(Km, mask)
+    m = m3.to(K.dtype)
+    diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
+    L = 2.0 * lambda_max_upper(K, m3)  # (P, J)
     invL = (1.0 / L).unsqueeze(-1)
     a = m / m.sum(-1, keepdim=True).clamp_min(1.0)
     y = a
     t = 1.0
-    residual = torch.full((K.shape[0],), float("nan"), dtype=K.dtype, device=K.device)
+    tau = None
+    residual = torch.full(m3.shape[:-1], float("nan"), dtype=K.dtype, device=K.device)
     converged = False
     done = 0
     for k in range(1, iters + 1):
-        a_new = project_capped_simplex(y - _grad(Km, diagK, y) * invL, C, mask, bisect_iters)
+        z = y - (2.0 * _kmul(K, y) - diagK) * invL
+        a_new, tau = project_capped_simplex(z, C, m3, tau0=tau, return_tau=True)
         t_new = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
         y = a_new + ((t - 1.0) / t_new) * (a_new - a)
         a, t = a_new, t_new
         done = k
         if tol is not None and (k % check_every == 0 or k == iters):
-            step = project_capped_simplex(a - _grad(Km, diagK, a) * invL, C, mask, bisect_iters)
+            z = a - (2.0 * _kmul(K, a) - diagK) * invL
+            step = project_capped_simplex(z, C, m3, tau0=tau)
             residual = (step - a).abs().amax(-1)
             if bool((residual < tol).all()):
                 converged = True
                 break
+    if flat:
+        a, residual, L = a.squeeze(1), residual.squeeze(1), L.squeeze(1)
     if return_info:
         return a, FistaInfo(iterations=done, residual=residual, converged=converged, lipschitz=L)
     return a
@@ -342,14 +374,14 @@ def partition_masks(
 
     Parameters
     ----------
-    alpha : tensor (G, n)
+    alpha : tensor (..., n)
     C : float box
-    mask : bool tensor (G, n)
-    tol : float, default ``1e-3 * C`` (a fraction of the box, so it scales with 1/n).
+    mask : bool tensor (..., n)
+    tol : float, default ``1e-3 * C`` (a fraction of the box).
 
     Returns
     -------
-    S_mask, E_mask : bool tensors (G, n)
+    S_mask, E_mask : bool tensors (..., n)
     """
     C = _check_C(C)
     if tol is None:
@@ -373,79 +405,82 @@ def ridged_kkt_solve(
     ridge: float = 1e-3,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Solve the padded bordered KKT systems of a fixed partition (SPEC §1, 001 eq. 7).
+    """Solve the bordered KKT systems of fixed partitions (SPEC §1, 001 eq. 7), autograd-ready.
 
-    For each row ``g``, with margin set S and bound set E::
+    For each problem with margin set S and bound set E::
 
         M~ = [[0, 1_S^T], [1_S, 2 K_SS + ridge I_S]],   u = [rho; alpha_S],
         c  = [1 - |E| C;  diag(K)_S - 2 C K_SE 1]
 
-    Non-margin slots are padded with identity rows (``u_i = 0``), so all rows share one
-    ``(n+1) x (n+1)`` system and one ``torch.linalg.solve`` call; autograd differentiates it.
-    A row with empty S cannot fix rho from the system; rho is then the midpoint of its KKT
-    interval ``[max_R h_i, min_E h_i]`` with ``h_i = K_ii - 2 (K alpha)_i`` (``alpha = C`` on E),
-    also differentiable.
+    The margin indices of every problem are packed to the front and all systems padded to the
+    largest |S| (padding rows are identity, ``u = 0``), so the whole batch is one
+    ``torch.linalg.solve`` call of size ``max|S| + 1``; autograd differentiates the solve, the
+    gathers and the scatter back. A problem with empty S cannot fix rho from the system; rho is
+    then the midpoint of its KKT interval ``[max_R h_i, min_E h_i]`` with
+    ``h_i = K_ii - 2 C (K_{:,E} 1)_i``, also differentiable.
 
     Parameters
     ----------
-    K : tensor (G, n, n)
+    K : tensor (P, n, n)
     C : float box
-    S_mask, E_mask : bool tensors (G, n), disjoint.
+    S_mask, E_mask : disjoint bool tensors (P, n) or (P, J, n).
     ridge : float, added to the margin diagonal (1e-3 in the seed).
-    mask : optional bool tensor (G, n) of valid keys; only used to pick the reserve set of
-        empty-S rows (default: every slot outside S and E is reserve).
+    mask : optional bool tensor like S_mask, the valid keys; only used to pick the reserve set
+        of empty-S problems (default: every slot outside S and E).
 
     Returns
     -------
-    alpha : tensor (G, n): C on E, the solved alpha_S on S, 0 elsewhere.
-    rho : tensor (G,)
+    alpha : tensor shaped like S_mask: C on E, the solved alpha_S on S, 0 elsewhere.
+    rho : tensor S_mask.shape[:-1]
     """
-    if K.dim() != 3 or K.shape[-1] != K.shape[-2]:
-        raise BatchedGateError(f"K must have shape (G, n, n), got {tuple(K.shape)}")
-    S = S_mask.to(device=K.device, dtype=torch.bool)
-    E = E_mask.to(device=K.device, dtype=torch.bool)
-    if S.shape != K.shape[:2] or E.shape != K.shape[:2]:
-        raise BatchedGateError("S_mask and E_mask must have shape (G, n)")
+    S, flat = _as_problems(K, S_mask)
+    E, _ = _as_problems(K, E_mask)
+    if S.shape != E.shape:
+        raise BatchedGateError("S_mask and E_mask must have the same shape")
     if bool((S & E).any()):
         raise BatchedGateError("S_mask and E_mask must be disjoint")
     C = _check_C(C)
-    G, n, _ = K.shape
+    P, J, n = S.shape
     dt = K.dtype
-    s = S.to(dt)
     e = E.to(dt)
-    diagK = torch.diagonal(K, dim1=-2, dim2=-1)
-    empty = ~S.any(-1)  # (G,)
-
-    # h_i = K_ii - 2 (K alpha_E)_i with alpha_E = C on E: the margin right-hand side.
-    KE1 = torch.bmm(K, e.unsqueeze(-1)).squeeze(-1)  # (G, n) = K_{:,E} 1
-    h = diagK - 2.0 * C * KE1
+    diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
+    h = diagK - 2.0 * C * _kmul(K, e)  # (P, J, n)
     nE = e.sum(-1)
-
-    block = 2.0 * K * s.unsqueeze(-1) * s.unsqueeze(-2)
-    block = block + torch.diag_embed(ridge * s + (1.0 - s))
-    top = torch.cat([empty.to(dt).unsqueeze(-1), s], dim=-1).unsqueeze(-2)  # (G, 1, n+1)
-    lower = torch.cat([s.unsqueeze(-1), block], dim=-1)  # (G, n, n+1)
-    M = torch.cat([top, lower], dim=-2)
+    empty = ~S.any(-1)
 
     # rho fallback for empty S (value used only where empty is True).
     big = torch.finfo(dt).max / 8
-    R = (~S) & (~E)
+    R = ~S & ~E
     if mask is not None:
-        R = R & mask.to(device=K.device, dtype=torch.bool)
+        R = R & _as_problems(K, mask)[0]
     lowR = torch.where(R, h, torch.full_like(h, -big)).amax(-1)
     upE = torch.where(E, h, torch.full_like(h, big)).amin(-1)
-    lowR_ok = lowR > -big / 2
-    upE_ok = upE < big / 2
+    lowR_ok, upE_ok = lowR > -big / 2, upE < big / 2
     rho_fb = torch.where(
         lowR_ok & upE_ok,
         0.5 * (lowR + upE),
         torch.where(upE_ok, upE, torch.where(lowR_ok, lowR, torch.zeros_like(lowR))),
     )
+
+    # pack margin indices to the front, pad to m = max |S|
+    m = int(S.sum(-1).max()) if S.numel() else 0
+    order = torch.argsort((~S).to(torch.int8), dim=-1, stable=True)[..., :m]  # (P, J, m)
+    s = S.gather(-1, order).to(dt)  # 1 on packed margin slots
+    pidx = torch.arange(P, device=K.device).view(P, 1, 1, 1)
+    Kc = K[pidx, order.unsqueeze(-1), order.unsqueeze(-2)]  # (P, J, m, m)
+    hc = h.gather(-1, order) * s
+    block = 2.0 * Kc * s.unsqueeze(-1) * s.unsqueeze(-2) + torch.diag_embed(ridge * s + (1.0 - s))
+    top = torch.cat([empty.to(dt).unsqueeze(-1), s], dim=-1).unsqueeze(-2)  # (P, J, 1, m+1)
+    lower = torch.cat([s.unsqueeze(-1), block], dim=-1)  # (P, J, m, m+1)
+    M = torch.cat([top, lower], dim=-2)
     c0 = torch.where(empty, rho_fb, 1.0 - C * nE)
-    c = torch.cat([c0.unsqueeze(-1), h * s], dim=-1).unsqueeze(-1)  # (G, n+1, 1)
+    c = torch.cat([c0.unsqueeze(-1), hc], dim=-1).unsqueeze(-1)  # (P, J, m+1, 1)
     u = torch.linalg.solve(M, c).squeeze(-1)
-    rho = u[:, 0]
-    alpha = u[:, 1:] * s + C * e
+    rho = u[..., 0]
+    alpha = torch.zeros(P, J, n, dtype=dt, device=K.device).scatter(-1, order, u[..., 1:] * s)
+    alpha = alpha + C * e
+    if flat:
+        return alpha.squeeze(1), rho.squeeze(1)
     return alpha, rho
 
 
@@ -456,13 +491,13 @@ def ridged_kkt_solve(
 
 @dataclass
 class AlphaReport:
-    """Constraint violations of coefficients (never raises; a diagnostic).
+    """Constraint violations of coefficients (a diagnostic; never raises).
 
-    Attributes (all tensors of shape (G,) except the float maxima)
+    Attributes
     ----------
-    box_violation : max over valid i of ``max(-alpha_i, alpha_i - C, 0)``
-    sum_violation : ``|sum_valid alpha - 1|``
-    padding_mass : ``max |alpha_i|`` over padded slots
+    box_violation : tensor mask.shape[:-1], max over valid i of ``max(-alpha_i, alpha_i - C, 0)``
+    sum_violation : tensor mask.shape[:-1], ``|sum_valid alpha - 1|``
+    padding_mass : tensor mask.shape[:-1], ``max |alpha_i|`` over padded slots
     max_box, max_sum, max_padding : float maxima over the batch
     """
 
@@ -473,9 +508,9 @@ class AlphaReport:
     max_sum: float
     max_padding: float
 
-    @property
-    def ok(self) -> bool:
-        return max(self.max_box, self.max_sum, self.max_padding) <= 1e-6
+    def ok(self, tol: float = 1e-6) -> bool:
+        """All violations at most ``tol``."""
+        return max(self.max_box, self.max_sum, self.max_padding) <= tol
 
 
 def validate_alpha(alpha: torch.Tensor, C: float, mask: torch.Tensor) -> AlphaReport:
@@ -483,9 +518,9 @@ def validate_alpha(alpha: torch.Tensor, C: float, mask: torch.Tensor) -> AlphaRe
 
     Parameters
     ----------
-    alpha : tensor (G, n)
+    alpha : tensor (..., n)
     C : float box
-    mask : bool tensor (G, n)
+    mask : bool tensor (..., n), same shape.
     """
     C = _check_C(C)
     if alpha.shape != mask.shape:
@@ -493,11 +528,13 @@ def validate_alpha(alpha: torch.Tensor, C: float, mask: torch.Tensor) -> AlphaRe
     a = alpha.detach()
     mask = mask.to(device=a.device, dtype=torch.bool)
     zero = torch.zeros_like(a)
+    if a.shape[-1] == 0:
+        z = a.new_zeros(a.shape[:-1])
+        return AlphaReport(z, (z - 1.0).abs(), z, 0.0, 1.0 if z.numel() else 0.0, 0.0)
     viol = torch.maximum(torch.maximum(-a, a - C), zero)
-    box = torch.where(mask, viol, zero).amax(-1) if a.shape[-1] else a.new_zeros(a.shape[0])
-    sums = torch.where(mask, a, zero).sum(-1)
-    sumv = (sums - 1.0).abs()
-    pad = torch.where(mask, zero, a.abs()).amax(-1) if a.shape[-1] else a.new_zeros(a.shape[0])
+    box = torch.where(mask, viol, zero).amax(-1)
+    sumv = (torch.where(mask, a, zero).sum(-1) - 1.0).abs()
+    pad = torch.where(mask, zero, a.abs()).amax(-1)
 
     def _mx(t: torch.Tensor) -> float:
         return float(t.max()) if t.numel() else 0.0
@@ -507,16 +544,17 @@ def validate_alpha(alpha: torch.Tensor, C: float, mask: torch.Tensor) -> AlphaRe
 
 @dataclass
 class BatchedGateResult:
-    """Output of `batched_gate`.
+    """Output of `batched_gate` (tensors shaped like the mask, or its leading dims).
 
     Attributes
     ----------
-    alpha : tensor (G, n), differentiable w.r.t. K (except warm-up rows: uniform, constant).
-    rho : tensor (G,), nan on warm-up rows (no gate, no score offset).
-    S, E : bool tensors (G, n), estimated margin / bound masks (False on warm-up rows).
-    warmup : bool tensor (G,), rows served ungated (fewer than ``warmup_threshold(C)`` keys).
+    alpha : coefficients, differentiable w.r.t. K (warm-up problems: uniform, constant).
+    rho : offsets, nan on warm-up problems (no gate, no score offset).
+    S, E : bool, estimated margin / bound masks (False on warm-up problems).
+    warmup : bool, problems served ungated (fewer than ``warmup_threshold(C)`` keys).
     fista : FistaInfo
     report : AlphaReport of the returned alpha
+    alpha_fista : the FISTA estimate (detached) the partition came from.
     """
 
     alpha: torch.Tensor
@@ -526,11 +564,11 @@ class BatchedGateResult:
     warmup: torch.Tensor
     fista: FistaInfo
     report: AlphaReport
-    extras: dict = field(default_factory=dict)
+    alpha_fista: torch.Tensor
 
     @property
     def active_count(self) -> torch.Tensor:
-        """|S u E| per row, (G,)."""
+        """|S u E| per problem."""
         return (self.S | self.E).sum(-1)
 
 
@@ -547,43 +585,45 @@ def batched_gate(
 ) -> BatchedGateResult:
     """Batched approximate SVDD gate: FISTA partition, ridged KKT solve, diagnostics.
 
+    Problems with fewer than ``warmup_threshold(C) = ceil(1/C) + 2`` valid keys are not solved:
+    they get uniform weights ``mask / n_valid`` (rho = nan) and ``warmup = True``.
+
     Parameters
     ----------
-    K : tensor (G, n, n), Gram matrices (may require grad).
+    K : tensor (P, n, n), Gram matrices (may require grad).
     C : float box.
-    mask : bool tensor (G, n).
+    mask : bool tensor (P, n) or (P, J, n) (J problems sharing each Gram).
     iters, tol, check_every : FISTA settings (see `fista_svdd`).
     ridge : margin-diagonal ridge of the KKT solve.
     partition_tol : tolerance of `partition_masks`.
-    fista_dtype : dtype for the FISTA partition finder (default: K's dtype); e.g.
+    fista_dtype : dtype of the FISTA partition finder (default: K's dtype); e.g.
         ``torch.float32`` for the seed's single-precision finder under a float64 solve.
 
     Returns
     -------
     BatchedGateResult
     """
-    mask = _check_problem(K, mask)
+    m3, flat = _as_problems(K, mask)
     C = _check_C(C)
-    nvalid = mask.sum(-1)
+    nvalid = m3.sum(-1)
     warm = nvalid < warmup_threshold(C)
-    solve_mask = mask & ~warm.unsqueeze(-1)
+    solve_mask = m3 & ~warm.unsqueeze(-1)
     Kf = K.detach() if fista_dtype is None else K.detach().to(fista_dtype)
     a_est, info = fista_svdd(
         Kf, C, solve_mask, iters=iters, tol=tol, check_every=check_every, return_info=True
     )
     S, E = partition_masks(a_est.to(K.dtype), C, solve_mask, partition_tol)
     alpha, rho = ridged_kkt_solve(K, C, S, E, ridge=ridge, mask=solve_mask)
-    uniform = mask.to(K.dtype) / nvalid.clamp_min(1).to(K.dtype).unsqueeze(-1)
+    uniform = m3.to(K.dtype) / nvalid.clamp_min(1).to(K.dtype).unsqueeze(-1)
     alpha = torch.where(warm.unsqueeze(-1), uniform, alpha)
     rho = torch.where(warm, torch.full_like(rho, float("nan")), rho)
-    report = validate_alpha(alpha, C, mask)
+    report = validate_alpha(alpha, C, m3)
+    if flat:
+        alpha, rho, S, E, warm, a_est = (t.squeeze(1) for t in (alpha, rho, S, E, warm, a_est))
+        report = AlphaReport(
+            report.box_violation.squeeze(1), report.sum_violation.squeeze(1),
+            report.padding_mass.squeeze(1), report.max_box, report.max_sum, report.max_padding,
+        )
     return BatchedGateResult(
-        alpha=alpha,
-        rho=rho,
-        S=S,
-        E=E,
-        warmup=warm,
-        fista=info,
-        report=report,
-        extras={"alpha_fista": a_est},
+        alpha=alpha, rho=rho, S=S, E=E, warmup=warm, fista=info, report=report, alpha_fista=a_est
     )
