@@ -317,8 +317,12 @@ class Gate:
         t0 = time.perf_counter()
         try:
             if core.solved:
+                was_reserve = core.status[slot] == RESERVE
                 events = core.remove_slot(slot)
-                core.polish()
+                # a reserve removal changes no coefficient (Proposition 1); only with S empty
+                # does it move rho, whose KKT interval (and so its midpoint) it bounds
+                if not was_reserve or not core.S:
+                    core.polish()
             else:
                 events = 0
                 core.status[slot] = DEAD

@@ -136,11 +136,12 @@ class MaintainedSVDD:
     def _cvec(self) -> np.ndarray:
         """Right-hand side ``c`` of ``M u = c`` given all non-margin coefficients."""
         S = np.asarray(self.S, dtype=np.int64)
-        live = self.live()
-        nz = live[(self.status[live] != MARGIN) & (self.alpha[live] != 0.0)]
+        n = self.n_slots
+        a = self.alpha[:n].copy()
+        a[S] = 0.0  # fixed (non-margin) coefficients only; dead slots hold 0
         c = np.empty(S.size + 1)
-        c[0] = 1.0 - self.alpha[nz].sum()
-        c[1:] = self.kd[S] - 2.0 * (self.K[np.ix_(S, nz)] @ self.alpha[nz])
+        c[0] = 1.0 - a.sum()
+        c[1:] = self.kd[S] - 2.0 * (self.K[S, :n] @ a)
         return c
 
     def _bordered(self) -> np.ndarray:
@@ -208,9 +209,9 @@ class MaintainedSVDD:
     # ------------------------------------------------------------------ gradients
     def recompute_g(self) -> None:
         """``g = rho - diag K + 2 K alpha`` from scratch on live slots."""
-        live = self.live()
-        sup = live[self.alpha[live] != 0.0]
-        self.g[live] = self.rho - self.kd[live] + 2.0 * (self.K[np.ix_(live, sup)] @ self.alpha[sup])
+        n = self.n_slots
+        # dense mat-vec over all slots (dead/pending slots have alpha 0): faster than a gather
+        self.g[:n] = self.rho - self.kd[:n] + 2.0 * (self.K[:n, :n] @ self.alpha[:n])
 
     def polish(self) -> None:
         """Re-solve ``u = Rinv c`` on the margin set and recompute g (end of every operation).
@@ -253,16 +254,17 @@ class MaintainedSVDD:
             self.recompute_g()
 
     # ------------------------------------------------------------------ the event loop
-    def _rates(self, c: int, others: np.ndarray):
+    def _rates(self, c: int):
         """beta (margin sensitivities incl. rho) and gamma (gradient sensitivities)."""
         S = np.asarray(self.S, dtype=np.int64)
         v = np.empty(S.size + 1)
         v[0] = 1.0
         v[1:] = 2.0 * self.K[S, c]
         beta = -self.Rinv @ v
-        gam_o = 2.0 * self.K[others, c] + beta[0] + 2.0 * (self.K[np.ix_(others, S)] @ beta[1:])
-        gam_c = 2.0 * self.K[c, c] + beta[0] + 2.0 * (self.K[c, S] @ beta[1:])
-        return S, beta, gam_o, gam_c
+        n = self.n_slots
+        # contiguous row gather of K[S, :n] (K is symmetric) instead of a column gather
+        gam_all = 2.0 * self.K[c, :n] + beta[0] + 2.0 * (beta[1:] @ self.K[S, :n])
+        return S, beta, gam_all
 
     def _sweep(self, c: int, mode: str, max_events: int | None = None) -> int:
         """Move ``alpha_c`` keeping KKT on every other settled key.
@@ -279,9 +281,6 @@ class MaintainedSVDD:
         while True:
             if events > max_events:
                 raise PathError(f"C&P path did not terminate within {max_events} events")
-            live = self.live()
-            others = live[(self.status[live] != MARGIN) & (live != c)]
-            ost = self.status[others]
             if mode == "remove":
                 s = -1.0
                 if self.alpha[c] <= 0.0:
@@ -299,6 +298,9 @@ class MaintainedSVDD:
 
             if not self.S:
                 # margin set empty: sweep rho (every g moves at the same rate)
+                live = self.live()
+                others = live[(self.status[live] != MARGIN) & (live != c)]
+                ost = self.status[others]
                 cand_t, cand_k = [], []
                 if s > 0:  # increase rho: error keys (g <= 0) and c's own g approach 0
                     pool = others[ost == ERROR]
@@ -339,16 +341,15 @@ class MaintainedSVDD:
                 self._border_add(k)  # S is empty here, so this cannot be degenerate
                 continue
 
-            S, beta, gam_o, gam_c = self._rates(c, others)
+            S, beta, gam_all = self._rates(c)
+            n = self.n_slots
             eps = self.RATE_EPS
-            best_t = np.inf
-            best = ("none", -1)
             # c reaches its bound
-            t_c = (C - self.alpha[c]) if s > 0 else self.alpha[c]
-            best_t, best = t_c, ("c_bound", c)
+            best_t = (C - self.alpha[c]) if s > 0 else self.alpha[c]
+            best = ("c_bound", c)
             # c's gradient reaches 0 (settle only)
             if mode == "settle":
-                rate = gam_c * s
+                rate = gam_all[c] * s
                 if (self.g[c] < 0 and rate > eps) or (self.g[c] > 0 and rate < -eps):
                     t = -self.g[c] / rate
                     if t < best_t:
@@ -356,31 +357,28 @@ class MaintainedSVDD:
             # margin keys reach 0 or C
             rS = beta[1:] * s
             aS = self.alpha[S]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t_lo = np.where(rS < -eps, aS / -rS, np.inf)
-                t_hi = np.where(rS > eps, (C - aS) / rS, np.inf)
-            t_lo = np.maximum(t_lo, 0.0)
-            t_hi = np.maximum(t_hi, 0.0)
+            t_S = np.full(S.size, np.inf)
+            down = rS < -eps
+            up = rS > eps
+            t_S[down] = aS[down] / -rS[down]
+            t_S[up] = (C - aS[up]) / rS[up]
             if S.size:
-                j = int(np.argmin(t_lo))
-                if t_lo[j] < best_t:
-                    best_t, best = t_lo[j], ("S_to_R", int(S[j]))
-                j = int(np.argmin(t_hi))
-                if t_hi[j] < best_t:
-                    best_t, best = t_hi[j], ("S_to_E", int(S[j]))
-            # error / reserve keys' gradients reach 0
-            ro = gam_o * s
-            go = self.g[others]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t_e = np.where((ost == ERROR) & (ro > eps), np.maximum(-go, 0.0) / ro, np.inf)
-                t_r = np.where((ost == RESERVE) & (ro < -eps), np.maximum(go, 0.0) / -ro, np.inf)
-            if others.size:
-                j = int(np.argmin(t_e))
-                if t_e[j] < best_t:
-                    best_t, best = t_e[j], ("E_to_S", int(others[j]))
-                j = int(np.argmin(t_r))
-                if t_r[j] < best_t:
-                    best_t, best = t_r[j], ("R_to_S", int(others[j]))
+                j = int(np.argmin(t_S))
+                if t_S[j] < best_t:
+                    best_t, best = max(t_S[j], 0.0), ("S_to_R" if down[j] else "S_to_E", int(S[j]))
+            # error / reserve keys' gradients reach 0 (status arrays over all slots; c excluded)
+            st = self.status[:n]
+            ro = gam_all * s
+            go = self.g[:n]
+            t_o = np.full(n, np.inf)
+            e_sel = (st == ERROR) & (ro > eps)
+            r_sel = (st == RESERVE) & (ro < -eps)
+            e_sel[c] = r_sel[c] = False
+            t_o[e_sel] = np.maximum(-go[e_sel], 0.0) / ro[e_sel]
+            t_o[r_sel] = np.maximum(go[r_sel], 0.0) / -ro[r_sel]
+            j = int(np.argmin(t_o))
+            if t_o[j] < best_t:
+                best_t, best = t_o[j], ("E_to_S" if st[j] == ERROR else "R_to_S", j)
             if not np.isfinite(best_t):
                 raise PathError("no finite C&P step")
             t = float(best_t)
@@ -391,8 +389,7 @@ class MaintainedSVDD:
             self.alpha[c] += d
             self.alpha[S] += beta[1:] * d
             self.rho += beta[0] * d
-            self.g[others] += gam_o * d
-            self.g[c] += gam_c * d
+            self.g[:n] += gam_all * d  # (dead slots carry meaningless g; never read)
             self.g[S] = 0.0
             events += 1
             kind, k = best
