@@ -113,6 +113,18 @@ class MaintainedSVDD:
         self.n_slots = hi
         return np.arange(lo, hi)
 
+    @classmethod
+    def from_gram(cls, K: np.ndarray, C: float, refactor_every: int = 64) -> "MaintainedSVDD":
+        """A solver over a given symmetric Gram matrix (keys are not stored); call ``initialise``."""
+        n = K.shape[0]
+        core = cls(C, 1.0, 1, refactor_every)
+        core._grow(n)
+        core.K[:n, :n] = K
+        core.kd[:n] = np.diag(K)
+        core.status[:n] = PENDING
+        core.n_slots = n
+        return core
+
     def live(self) -> np.ndarray:
         return np.flatnonzero(self.status[: self.n_slots] >= 0)
 

@@ -1,0 +1,404 @@
+"""Token-selection policies behind one interface (a KV-cache "press").
+
+A policy scores every key of one context; :func:`select_top_k` turns scores into the kept set.
+Every policy in a comparison keeps the same number ``k`` of tokens, so the policies differ only
+in *which* tokens they keep (seed 001 §5: "every method retains the same number k of tokens").
+
+Policies
+--------
+``SupportVectorPolicy``   score = exact SVDD coefficient α from :func:`sv_core.refit` at fixed
+                          ``C = 1/(ν·n₀)``; at ``k = |S∪E|`` the kept set is exactly the support set.
+``DensityPolicy``         H2O-style density proxy: RBF Gram column sums with the diagonal zeroed
+                          (higher = denser = kept).
+``OracleAttentionPolicy`` H2O oracle: total normalised RBF attention mass the *evaluation
+                          queries* put on each key (needs ``queries``).
+``RecencyPolicy``         keeps the last ``k`` tokens (score = position).
+``RandomPolicy``          keeps ``k`` tokens uniformly at random without replacement.
+
+Tie-breaking is deterministic: equal scores are ordered by ascending index (earlier token wins).
+
+Each fast path has a slow, obvious ``*_reference`` implementation beside it for tests.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+import numpy as np
+
+from evaluation.errors import PolicyError, UnknownPolicyError
+
+__all__ = [
+    "SelectionPolicy",
+    "SupportVectorPolicy",
+    "DensityPolicy",
+    "OracleAttentionPolicy",
+    "RecencyPolicy",
+    "RandomPolicy",
+    "select_top_k",
+    "select_top_k_reference",
+    "density_scores_reference",
+    "oracle_scores_reference",
+    "get_policy",
+    "available_policies",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# input checks
+# --------------------------------------------------------------------------------------------
+def _as_keys(keys: Any, what: str = "keys") -> np.ndarray:
+    """Validate a key matrix and return it as a float64 array of shape (n, d)."""
+    try:
+        arr = np.asarray(keys, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"{what} must be a numeric array of shape (n, d): {exc}") from None
+    if arr.ndim != 2:
+        raise PolicyError(f"{what} must have shape (n, d); got ndim={arr.ndim}")
+    if arr.shape[0] == 0:
+        raise PolicyError(f"{what} is empty (n = 0)")
+    if not np.all(np.isfinite(arr)):
+        raise PolicyError(f"{what} contains NaN or infinite values")
+    return arr
+
+
+def _check_sigma(sigma: float) -> float:
+    if not isinstance(sigma, (int, float, np.floating, np.integer)) or not math.isfinite(sigma) or sigma <= 0:
+        raise PolicyError(f"sigma must be a finite positive number; got {sigma!r}")
+    return float(sigma)
+
+
+def _kernel() -> Callable[..., np.ndarray]:
+    """The project's one RBF kernel (imported lazily so metric-only users need no solver)."""
+    from sv_core import rbf_kernel
+
+    return rbf_kernel
+
+
+# --------------------------------------------------------------------------------------------
+# selection
+# --------------------------------------------------------------------------------------------
+def select_top_k(scores: Any, k: int) -> np.ndarray:
+    """Indices of the ``k`` highest scores, returned in ascending (temporal) order.
+
+    Parameters
+    ----------
+    scores : array-like of shape (n,)
+        Finite scores; higher means "keep".
+    k : int
+        Budget, ``0 <= k <= n``.
+
+    Returns
+    -------
+    kept : ndarray of shape (k,), dtype intp
+        Sorted kept indices. Ties are broken by ascending index (the earlier token is kept).
+    """
+    s = _check_scores(scores)
+    k = _check_budget(k, s.shape[0])
+    order = np.argsort(-s, kind="stable")  # stable: equal scores keep ascending index order
+    return np.sort(order[:k]).astype(np.intp)
+
+
+def select_top_k_reference(scores: Any, k: int) -> np.ndarray:
+    """Slow reference for :func:`select_top_k` (Python sort on ``(-score, index)``)."""
+    s = _check_scores(scores)
+    k = _check_budget(k, s.shape[0])
+    ranked = sorted(range(s.shape[0]), key=lambda i: (-float(s[i]), i))
+    return np.array(sorted(ranked[:k]), dtype=np.intp)
+
+
+def _check_scores(scores: Any) -> np.ndarray:
+    try:
+        s = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"scores must be numeric: {exc}") from None
+    if s.ndim != 1:
+        raise PolicyError(f"scores must have shape (n,); got shape {s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise PolicyError("scores contain NaN or infinite values")
+    return s
+
+
+def _check_budget(k: Any, n: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise PolicyError(f"budget k must be an integer; got {k!r}")
+    if not 0 <= int(k) <= n:
+        raise PolicyError(f"budget k must satisfy 0 <= k <= n = {n}; got {k}")
+    return int(k)
+
+
+# --------------------------------------------------------------------------------------------
+# interface
+# --------------------------------------------------------------------------------------------
+class SelectionPolicy(ABC):
+    """One token-selection policy.
+
+    Subclasses set :attr:`name` and implement :meth:`score`. :attr:`requires_queries` marks
+    oracle policies that read the evaluation queries (all others must ignore them).
+    """
+
+    name: str = "policy"
+    requires_queries: bool = False
+
+    @abstractmethod
+    def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
+        """Score every key of one context.
+
+        Parameters
+        ----------
+        keys : array-like of shape (n, d)
+            The context's keys in temporal order.
+        rng : numpy Generator, optional
+            Randomness source for stochastic policies; ignored by deterministic ones.
+        queries : array-like of shape (m, d), optional
+            Evaluation queries; read only by oracle policies.
+
+        Returns
+        -------
+        scores : ndarray of shape (n,)
+            Higher = more worth keeping.
+        """
+
+    def select(self, keys: Any, k: int, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
+        """Kept indices (ascending, shape ``(k,)``) under budget ``k``."""
+        return select_top_k(self.score(keys, rng=rng, queries=queries), k)
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
+        return f"{type(self).__name__}({params})"
+
+    def _params(self) -> dict[str, Any]:
+        return {}
+
+
+class SupportVectorPolicy(SelectionPolicy):
+    """Keep the support set: score = exact fixed-C SVDD coefficient α.
+
+    ``C = 1/(ν·n₀)`` is calibrated once from the declared size ``n₀`` (default: the context's
+    own length ``n``). α comes from :func:`sv_core.refit`, the exact from-scratch fp64 solve
+    polished to KKT (the batch-solve reference path), so with ``k = support_size(keys)`` the kept
+    set is exactly ``{i : α_i > tol}``. The policy never inspects queries.
+
+    Parameters
+    ----------
+    nu : float in (0, 1]
+    sigma : float > 0
+        RBF bandwidth (``κ = exp(-‖a-b‖²/σ²)``).
+    n0 : int, optional
+        Declared calibration size; ``None`` means "use n of each context".
+    tol : float
+        Coefficients ``α_i <= tol`` count as reserve (α = 0).
+    """
+
+    name = "sv"
+
+    def __init__(self, nu: float, sigma: float, n0: int | None = None, tol: float = 1e-10) -> None:
+        if not isinstance(nu, (int, float, np.floating)) or not (0.0 < float(nu) <= 1.0):
+            raise PolicyError(f"nu must lie in (0, 1]; got {nu!r}")
+        if n0 is not None and (isinstance(n0, bool) or not isinstance(n0, (int, np.integer)) or n0 < 1):
+            raise PolicyError(f"n0 must be a positive integer or None; got {n0!r}")
+        if not (isinstance(tol, (int, float)) and tol >= 0):
+            raise PolicyError(f"tol must be a non-negative number; got {tol!r}")
+        self.nu = float(nu)
+        self.sigma = _check_sigma(sigma)
+        self.n0 = None if n0 is None else int(n0)
+        self.tol = float(tol)
+        self._cache: tuple[bytes, np.ndarray] | None = None
+
+    def _params(self) -> dict[str, Any]:
+        return {"nu": self.nu, "sigma": self.sigma, "n0": self.n0}
+
+    def box_C(self, n: int) -> float:
+        """The fixed box constant for a context of ``n`` keys (checks feasibility ``n·C >= 1``)."""
+        from sv_core import calibrate_C
+
+        n0 = n if self.n0 is None else self.n0
+        C = float(calibrate_C(nu=self.nu, n0=n0))
+        if n * C < 1.0 - 1e-12:
+            raise PolicyError(
+                f"infeasible SVDD box: n*C = {n}*{C:.6g} = {n * C:.6g} < 1 "
+                f"(declared n0={n0}, nu={self.nu}); use more keys or a larger n0*nu"
+            )
+        return C
+
+    def alpha(self, keys: Any) -> np.ndarray:
+        """Exact coefficients α of shape (n,) (cached for the last key matrix seen)."""
+        X = _as_keys(keys)
+        digest = hashlib.sha256(np.ascontiguousarray(X).tobytes() + repr(X.shape).encode()).digest()
+        if self._cache is not None and self._cache[0] == digest:
+            return self._cache[1].copy()
+        from sv_core import refit
+
+        C = self.box_C(X.shape[0])
+        alpha, _rho = refit(X, C=C, sigma=self.sigma)
+        alpha = np.asarray(alpha, dtype=np.float64).reshape(-1)
+        if alpha.shape != (X.shape[0],):
+            raise PolicyError(f"refit returned alpha of shape {alpha.shape}, expected ({X.shape[0]},)")
+        self._cache = (digest, alpha.copy())
+        return alpha
+
+    def support_size(self, keys: Any) -> int:
+        """``|S ∪ E| = #{i : α_i > tol}`` — the budget at which top-k equals the support set."""
+        return int(np.count_nonzero(self.alpha(keys) > self.tol))
+
+    def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
+        return self.alpha(keys)
+
+
+class DensityPolicy(SelectionPolicy):
+    """H2O-style density proxy: ``score_j = Σ_{i≠j} κ(x_i, x_j)`` (Gram column sums, diagonal zeroed)."""
+
+    name = "density"
+
+    def __init__(self, sigma: float) -> None:
+        self.sigma = _check_sigma(sigma)
+
+    def _params(self) -> dict[str, Any]:
+        return {"sigma": self.sigma}
+
+    def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
+        X = _as_keys(keys)
+        K = np.array(_kernel()(X, X, self.sigma), dtype=np.float64)  # own copy
+        np.fill_diagonal(K, 0.0)  # zero first: subtracting κ(x,x)=1 after summing loses tiny sums
+        return K.sum(axis=0)
+
+
+def density_scores_reference(keys: Any, sigma: float) -> np.ndarray:
+    """Slow reference for :class:`DensityPolicy` (double loop over pairs, explicit formula)."""
+    X = _as_keys(keys)
+    sigma = _check_sigma(sigma)
+    n = X.shape[0]
+    out = np.zeros(n)
+    for j in range(n):
+        for i in range(n):
+            if i != j:
+                out[j] += math.exp(-float(np.sum((X[i] - X[j]) ** 2)) / sigma**2)
+    return out
+
+
+class OracleAttentionPolicy(SelectionPolicy):
+    """H2O oracle: attention mass of the evaluation queries under the uniform RBF readout.
+
+    ``score_i = Σ_q κ(q, x_i) / Σ_j κ(q, x_j)``. A query whose kernel row is all zero (too far
+    from every key) carries no mass and contributes nothing.
+    """
+
+    name = "oracle"
+    requires_queries = True
+
+    def __init__(self, sigma: float) -> None:
+        self.sigma = _check_sigma(sigma)
+
+    def _params(self) -> dict[str, Any]:
+        return {"sigma": self.sigma}
+
+    def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
+        X = _as_keys(keys)
+        if queries is None:
+            raise PolicyError("OracleAttentionPolicy needs the evaluation queries (queries=...)")
+        Q = _as_keys(queries, "queries")
+        if Q.shape[1] != X.shape[1]:
+            raise PolicyError(f"queries have d={Q.shape[1]} but keys have d={X.shape[1]}")
+        W = np.asarray(_kernel()(Q, X, self.sigma), dtype=np.float64)  # (m, n)
+        row = W.sum(axis=1, keepdims=True)
+        W = np.divide(W, row, out=np.zeros_like(W), where=row > 0)
+        return W.sum(axis=0)
+
+
+def oracle_scores_reference(keys: Any, queries: Any, sigma: float) -> np.ndarray:
+    """Slow reference for :class:`OracleAttentionPolicy` (loops, explicit kernel)."""
+    X = _as_keys(keys)
+    Q = _as_keys(queries, "queries")
+    sigma = _check_sigma(sigma)
+    out = np.zeros(X.shape[0])
+    for q in Q:
+        w = [math.exp(-float(np.sum((q - x) ** 2)) / sigma**2) for x in X]
+        tot = sum(w)
+        if tot > 0:
+            for i, wi in enumerate(w):
+                out[i] += wi / tot
+    return out
+
+
+class RecencyPolicy(SelectionPolicy):
+    """Keep the most recent tokens: ``score_i = i`` (keys are in temporal order)."""
+
+    name = "recency"
+
+    def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
+        X = _as_keys(keys)
+        return np.arange(X.shape[0], dtype=np.float64)
+
+
+class RandomPolicy(SelectionPolicy):
+    """Uniform random subset without replacement: i.i.d. U(0,1) scores, top-k.
+
+    With ``rng`` given, the scores are drawn from it (so a study can thread one generator
+    through many contexts); otherwise from ``numpy.random.default_rng(seed)`` afresh, which makes
+    repeated calls on equal-length contexts identical.
+    """
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise PolicyError(f"seed must be an integer; got {seed!r}")
+        self.seed = int(seed)
+
+    def _params(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+    def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
+        X = _as_keys(keys)
+        gen = rng if rng is not None else np.random.default_rng(self.seed)
+        if not isinstance(gen, np.random.Generator):
+            raise PolicyError(f"rng must be a numpy.random.Generator; got {type(gen).__name__}")
+        return gen.random(X.shape[0])
+
+
+# --------------------------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[SelectionPolicy]] = {
+    "sv": SupportVectorPolicy,
+    "density": DensityPolicy,
+    "oracle": OracleAttentionPolicy,
+    "recency": RecencyPolicy,
+    "random": RandomPolicy,
+}
+_ALIASES = {
+    "support_vector": "sv",
+    "h2o": "density",
+    "h2o_density": "density",
+    "h2o_oracle": "oracle",
+}
+
+
+def available_policies() -> list[str]:
+    """Registered canonical policy names."""
+    return sorted(_REGISTRY)
+
+
+def get_policy(name: str, **kwargs: Any) -> SelectionPolicy:
+    """Instantiate a policy by name (``sv``, ``density``, ``oracle``, ``recency``, ``random``;
+    aliases ``support_vector``, ``h2o``/``h2o_density``, ``h2o_oracle``).
+
+    Raises
+    ------
+    UnknownPolicyError
+        Unknown name.
+    PolicyError
+        Keyword arguments that the policy does not accept or that are invalid.
+    """
+    if not isinstance(name, str):
+        raise UnknownPolicyError(f"policy name must be a string; got {name!r}")
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in _REGISTRY:
+        raise UnknownPolicyError(f"unknown policy {name!r}; available: {', '.join(available_policies())}")
+    cls = _REGISTRY[key]
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise PolicyError(f"bad arguments for policy {key!r}: {exc}") from None

@@ -1,0 +1,202 @@
+"""Event-hour retention comparison of selection policies at the support-defined budget.
+
+The protocol of seed 001 §5 (real ICU streams and the held-out SpO₂ control): for each stay with at
+least one event hour, the budget is the stay's support size ``k = |S∪E|`` (SV policy at fixed
+``C = 1/(ν·n)``); every policy keeps exactly ``k`` hours; retention is the fraction of event hours
+kept; stays are the bootstrap units. The caller decides which channels the selectors see (for the
+held-out control, pass keys without the SpO₂ column and events defined from raw SpO₂).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from evaluation.errors import MetricError
+from evaluation.metrics import (
+    BootstrapCI,
+    PairedTest,
+    paired_bootstrap_ci,
+    paired_t_test,
+    retention_over_stays,
+    wilcoxon_test,
+)
+from evaluation.policies import SelectionPolicy, SupportVectorPolicy, get_policy
+
+__all__ = ["RetentionComparison", "compare_retention"]
+
+
+@dataclass
+class RetentionComparison:
+    """Aggregates of one retention comparison (no per-stay values leave via :meth:`to_result_fields`).
+
+    Attributes
+    ----------
+    per_stay : dict policy -> ndarray (n_included,)
+        Per-stay retention, aligned across policies (kept in memory for further analysis).
+    means, mean_ci : per-policy mean retention and its bootstrap interval (mean vs 0 resampled).
+    diffs : dict policy -> BootstrapCI of ``sv − policy`` (paired over stays).
+    tests : dict policy -> {"t": PairedTest, "wilcoxon": PairedTest}
+    n_included, n_excluded : stays with / without an event hour.
+    mean_budget_fraction : mean ``k/n`` over included stays.
+    mean_support_size : mean ``k`` over included stays.
+    """
+
+    per_stay: dict[str, np.ndarray]
+    means: dict[str, float]
+    mean_ci: dict[str, BootstrapCI]
+    diffs: dict[str, BootstrapCI]
+    tests: dict[str, dict[str, PairedTest | None]]
+    n_included: int
+    n_excluded: int
+    mean_budget_fraction: float
+    mean_support_size: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_result_fields(self) -> dict[str, Any]:
+        """``metrics``/``tables``/``figures``/``claims``/``config`` fields for a result file
+        (dashboards/SCHEMA.md) — aggregates only."""
+        pols = list(self.means)
+        metrics: dict[str, Any] = {
+            "n_stays_included": self.n_included,
+            "n_stays_excluded_no_event": self.n_excluded,
+            "mean_budget_fraction": self.mean_budget_fraction,
+            "mean_support_size": self.mean_support_size,
+            "retention": {p: self.means[p] for p in pols},
+        }
+        for p, ci in self.diffs.items():
+            metrics[f"diff_sv_minus_{p}"] = {"mean": ci.mean_diff, "low": ci.low, "high": ci.high}
+            for name, t in self.tests[p].items():
+                if t is not None:
+                    metrics[f"diff_sv_minus_{p}"][f"{name}_p"] = t.pvalue
+        rows = [[p, self.means[p], self.mean_ci[p].low, self.mean_ci[p].high] for p in pols]
+        level = next(iter(self.mean_ci.values())).level
+        figures = [{
+            "kind": "bar", "title": "event-hour retention at k = |S∪E|", "ylabel": "mean retention over stays",
+            "categories": pols, "values": [self.means[p] for p in pols],
+            "ci_low": [self.mean_ci[p].low for p in pols], "ci_high": [self.mean_ci[p].high for p in pols],
+        }]
+        claims = [{
+            "statement": f"mean event-hour retention, SV minus {p} ({int(level * 100)}% paired bootstrap over stays)",
+            "reference": "same per-stay budget k = |S∪E| for every policy",
+            "path": "exact fp64 refit at fixed C = 1/(nu*n) (batch-solve path)",
+            "value": f"{ci.mean_diff:.3f} [{ci.low:.3f}, {ci.high:.3f}]",
+            "holds": bool(ci.low > 0),
+        } for p, ci in self.diffs.items()]
+        return {
+            "metrics": metrics,
+            "tables": [{"title": "retention by policy", "columns": ["policy", "mean", "ci low", "ci high"],
+                        "rows": rows}],
+            "figures": figures,
+            "claims": claims,
+            "config": dict(self.config),
+        }
+
+
+def compare_retention(
+    keys_per_stay: Sequence[Any],
+    events_per_stay: Sequence[Any],
+    *,
+    nu: float = 0.3,
+    sigma: float = 3.0,
+    policies: Sequence[str] = ("sv", "density", "recency", "random"),
+    seed: int = 0,
+    n_boot: int = 10_000,
+    level: float = 0.95,
+    progress: bool = True,
+) -> RetentionComparison:
+    """Compare policies' event-hour retention at each stay's support-defined budget.
+
+    Parameters
+    ----------
+    keys_per_stay : sequence of arrays (n_s, d)
+        Standardised hourly keys of each stay, in time order (selector input).
+    events_per_stay : sequence of bool arrays (n_s,)
+        Event hours of each stay (may use channels absent from the keys).
+    nu, sigma : SVDD calibration (``C = 1/(ν·n_s)``) and RBF bandwidth, shared by SV and density.
+    policies : names for :func:`evaluation.policies.get_policy`; must include ``"sv"``.
+        ``"oracle"`` is not allowed (no evaluation queries here).
+    seed : seeds the random policy (one generator threaded through the stays) and the bootstrap.
+    n_boot, level : paired bootstrap settings (units = included stays).
+    progress : show a tqdm bar over stays.
+    """
+    if len(keys_per_stay) != len(events_per_stay):
+        raise MetricError(f"{len(keys_per_stay)} key arrays but {len(events_per_stay)} event masks")
+    if "sv" not in policies:
+        raise MetricError("policies must include 'sv' (it defines the budget)")
+    if "oracle" in policies:
+        raise MetricError("the oracle policy needs evaluation queries; it is not part of this protocol")
+    if len(set(policies)) != len(policies):
+        raise MetricError(f"duplicate policy names in {list(policies)}")
+    sv = SupportVectorPolicy(nu=nu, sigma=sigma)
+    built: dict[str, SelectionPolicy] = {"sv": sv}
+    for name in policies:
+        if name == "sv":
+            continue
+        kw: dict[str, Any] = {}
+        if name in ("density", "h2o"):
+            kw = {"sigma": sigma}
+        elif name == "random":
+            kw = {"seed": seed}
+        built[name] = get_policy(name, **kw)
+    rng = np.random.default_rng(seed)
+
+    kept: dict[str, list[np.ndarray]] = {p: [] for p in policies}
+    events_used: list[np.ndarray] = []
+    supports: list[int] = []
+    iterator: Any = zip(keys_per_stay, events_per_stay)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, total=len(keys_per_stay), desc="retention (stays)", leave=False)
+    n_excluded = 0
+    for X, ev in iterator:
+        X = np.asarray(X, dtype=np.float64)
+        ev = np.asarray(ev, dtype=bool)
+        if X.ndim != 2 or ev.shape != (X.shape[0],):
+            raise MetricError(f"stay keys of shape {X.shape} do not match events of shape {ev.shape}")
+        if not ev.any():
+            n_excluded += 1  # no event hour: excluded before any solve, counted
+            continue
+        k = sv.support_size(X)
+        supports.append(k)
+        events_used.append(ev)
+        for name in policies:
+            kept[name].append(built[name].select(X, k, rng=rng))
+    if not events_used:
+        raise MetricError("no stay has an event hour; nothing to compare")
+
+    per_stay: dict[str, np.ndarray] = {}
+    means: dict[str, float] = {}
+    mean_ci: dict[str, BootstrapCI] = {}
+    budget_fraction = float("nan")
+    for name in policies:
+        summ = retention_over_stays(kept[name], events_used)
+        per_stay[name] = summ.per_stay
+        means[name] = summ.mean
+        mean_ci[name] = paired_bootstrap_ci(summ.per_stay, np.zeros_like(summ.per_stay), n_boot, seed, level)
+        budget_fraction = summ.mean_budget_fraction
+    diffs: dict[str, BootstrapCI] = {}
+    tests: dict[str, dict[str, PairedTest | None]] = {}
+    for name in policies:
+        if name == "sv":
+            continue
+        diffs[name] = paired_bootstrap_ci(per_stay["sv"], per_stay[name], n_boot, seed, level)
+        tests[name] = {"t": _maybe(paired_t_test, per_stay["sv"], per_stay[name]),
+                       "wilcoxon": _maybe(wilcoxon_test, per_stay["sv"], per_stay[name])}
+    return RetentionComparison(
+        per_stay=per_stay, means=means, mean_ci=mean_ci, diffs=diffs, tests=tests,
+        n_included=len(events_used), n_excluded=n_excluded, mean_budget_fraction=budget_fraction,
+        mean_support_size=float(np.mean(supports)),
+        config={"nu": nu, "sigma": sigma, "policies": list(policies), "seed": seed, "n_boot": n_boot,
+                "level": level, "budget": "k = |S∪E| per stay (SV support size)"},
+    )
+
+
+def _maybe(test, a, b) -> PairedTest | None:
+    """Run a paired test; ``None`` when it is undefined (e.g. identical samples)."""
+    try:
+        return test(a, b)
+    except MetricError:
+        return None

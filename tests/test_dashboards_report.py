@@ -1,0 +1,278 @@
+"""Result schema validation, aggregate-only refusal, and the HTML report renderer."""
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dashboards.errors import AggregateOnlyError, ResultSchemaError, RunsDirectoryError
+from dashboards.figures import render_png
+from dashboards.report import SECTIONS, load_results, main, render_report
+from dashboards.schema import KNOWN_STUDIES, MAX_ARRAY_LEN, validate_result
+from dashboards.seed_figures import CONTRACT_CARD, SEED_FIGURES, seed_figure_for
+
+
+# ---------------------------------------------------------------- fixtures (layout-test numbers, not results)
+def fixture_results() -> list[dict]:
+    """Small hand-written result payloads covering every figure kind; numbers are arbitrary."""
+    grid = [i / 20 for i in range(21)]
+    return [
+        {
+            "study": "cohort", "title": "fixture: cohort funnel", "data": "demo", "runtime_s": 1.5,
+            "seed_figure": seed_figure_for("cohort"),
+            "metrics": {"stays": {"icu_segments": 178, "eligible": 77}, "hourly_tokens": 9001},
+            "tables": [], "figures": [{"kind": "funnel", "title": "fixture funnel", "stages": [
+                {"label": "ICU segments", "count": 178}, {"label": "≥ 48 h", "count": 77},
+                {"label": "≥ 1 event", "count": 60}]}],
+        },
+        {
+            "study": "icu_retention", "title": "fixture: retention <by policy>", "data": "synthetic",
+            "runtime_s": 3.25, "seed_figure": {}, "config": {"nu": 0.3, "sigma": 3.0},
+            "metrics": {"sv": {"mean": 0.71, "n_included": 60}, "budget_fraction": 0.31},
+            "tables": [{"title": "retention", "columns": ["policy", "mean", "ci low", "ci high"],
+                        "rows": [["sv", 0.71, 0.66, 0.76], ["density", 0.12, 0.08, 0.16]]}],
+            "figures": [{"kind": "bar", "title": "fixture retention", "ylabel": "retention",
+                         "categories": ["sv", "density", "recency", "random"], "values": [0.71, 0.12, 0.35, 0.31],
+                         "ci_low": [0.66, 0.08, 0.30, 0.27], "ci_high": [0.76, 0.16, 0.40, 0.35]}],
+            "claims": [{"statement": "SV retains more event hours than density", "reference": "same budget k per stay",
+                        "path": "exact fp64 refit (batch solve)", "value": 0.59, "holds": True}],
+        },
+        {
+            "study": "deletion_audit", "title": "fixture: deletion audit", "data": "synthetic", "runtime_s": 12.0,
+            "seed_figure": seed_figure_for("deletion_audit"),
+            "metrics": {"completed": 40, "attempted": 40, "median_max_gap": 2.0e-10},
+            "tables": [],
+            "figures": [{"kind": "histogram", "title": "fixture log10 gap", "xlabel": "log10 max |Δs|",
+                         "bin_edges": [-14, -12, -10, -8, -6], "counts": [3, 20, 15, 2]}],
+            "claims": [{"operation": "active deletion", "statement": "max |Δs| decrement vs refit",
+                        "reference": "fresh retained-key refit at the same C", "path": "maintained fp64 C&P path",
+                        "value": 2.0e-10, "holds": True}],
+            "receipts": {"count": 80, "certified": 80, "chain_verified": True, "attempted": 40, "completed": 40},
+        },
+        {
+            "study": "deterioration", "title": "fixture: deterioration ROC", "data": "synthetic", "runtime_s": 30.0,
+            "seed_figure": seed_figure_for("deterioration"), "metrics": {"sv": {"auroc": 0.66}}, "tables": [],
+            "figures": [{"kind": "line", "title": "fixture ROC", "xlabel": "FPR", "ylabel": "TPR", "diagonal": True,
+                         "series": [{"label": "sv", "x": grid, "y": [min(1.0, x ** 0.5) for x in grid]},
+                                    {"label": "lstm", "x": grid, "y": [min(1.0, x ** 0.3) for x in grid]}]}],
+        },
+        {
+            "study": "my_new_probe", "title": "fixture: unknown study", "data": "synthetic", "runtime_s": 0.0,
+            "seed_figure": {"text": "no seed"}, "metrics": {"x": 1}, "tables": [], "figures": [],
+        },
+    ]
+
+
+def write_fixture_runs(root: Path) -> Path:
+    """Write the fixtures as runs/<study>/result.json plus one non-result JSON; return runs dir."""
+    runs = root / "runs"
+    for res in fixture_results():
+        d = runs / res["study"]
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "result.json").write_text(json.dumps(res), encoding="utf-8")
+    (runs / "prefect_state.json").write_text(json.dumps({"something": "else"}), encoding="utf-8")
+    return runs
+
+
+# ---------------------------------------------------------------- schema
+def test_fixtures_validate_and_validation_does_not_mutate():
+    for res in fixture_results():
+        before = copy.deepcopy(res)
+        assert validate_result(res) is res
+        assert res == before
+
+
+@pytest.mark.parametrize("key", ["subject_id", "stay_id", "hadm_id", "STAY_ID", "deleted_patient_id", "hospitalization_id"])
+def test_identifier_keys_are_refused_anywhere(key):
+    res = fixture_results()[1]
+    res["metrics"]["per_stay"] = {key: 12345}
+    with pytest.raises(AggregateOnlyError, match="identifier"):
+        validate_result(res, source="x.json")
+    res = fixture_results()[1]
+    res["config"] = {"deleted": [{key: 1}]}
+    with pytest.raises(AggregateOnlyError):
+        validate_result(res)
+
+
+def test_identifier_table_columns_and_long_arrays_are_refused():
+    res = fixture_results()[1]
+    res["tables"][0]["columns"][0] = "Stay ID"
+    with pytest.raises(AggregateOnlyError, match="column"):
+        validate_result(res)
+    res = fixture_results()[1]
+    res["metrics"]["per_stay_retention"] = [0.5] * (MAX_ARRAY_LEN + 1)
+    with pytest.raises(AggregateOnlyError, match="per-record"):
+        validate_result(res)
+    res = fixture_results()[1]
+    res["metrics"]["ok_curve"] = [0.5] * MAX_ARRAY_LEN  # at the limit: allowed
+    validate_result(res)
+    res = fixture_results()[1]
+    res["tables"][0]["rows"] = [["sv", 0.1, 0.0, 0.2]] * 101
+    with pytest.raises(AggregateOnlyError, match="rows"):
+        validate_result(res)
+    # counts named after stays are aggregates, not identifiers
+    res = fixture_results()[1]
+    res["metrics"]["n_stays"] = 718
+    validate_result(res)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r: r.pop("runtime_s"), "missing required field 'runtime_s'"),
+        (lambda r: r.update(data="csv"), "data must be one of"),
+        (lambda r: r.update(study="Bad Name"), "study must match"),
+        (lambda r: r.update(extra=1), "unknown top-level"),
+        (lambda r: r["figures"][0].update(kind="pie"), "kind"),
+        (lambda r: r["figures"][0].update(values=[0.1, 0.2]), "expected 4"),
+        (lambda r: r["figures"][0].update(ci_low=[0.9, 0.0, 0.0, 0.0]), "ci_low must not exceed"),
+        (lambda r: r["claims"][0].pop("path"), "numerical path"),
+        (lambda r: r["metrics"].update(bad=float("nan")), "non-finite"),
+        (lambda r: r.update(receipts={"count": 1, "certified": 2, "chain_verified": True}), "cannot exceed"),
+    ],
+)
+def test_schema_errors_are_typed_and_readable(mutate, message):
+    res = fixture_results()[1]
+    mutate(res)
+    with pytest.raises(ResultSchemaError, match=re.escape(message)):
+        validate_result(res, source="runs/x/result.json")
+
+
+def test_seed_figures_are_valid_and_cover_every_known_study():
+    assert set(SEED_FIGURES) == set(KNOWN_STUDIES)
+    assert {s for sec in SECTIONS for s in sec.studies} == set(KNOWN_STUDIES)
+    for study, seed in SEED_FIGURES.items():
+        validate_result({"study": study, "title": "t", "data": "synthetic", "runtime_s": 0, "seed_figure": seed,
+                         "metrics": {}, "tables": [], "figures": []})
+    assert SEED_FIGURES["heldout_spo2"]["values"]["sv"] == 0.464
+    assert [r["operation"] for r in CONTRACT_CARD] == ["reserve removal", "active deletion", "streaming pruning",
+                                                       "batched training"]
+    seed_figure_for("cohort")["values"]["sampled stays"] = 0  # a copy: the table is not mutated
+    assert SEED_FIGURES["cohort"]["values"]["sampled stays"] == 1500
+
+
+# ---------------------------------------------------------------- figures
+def _decode_png(png: bytes) -> np.ndarray:
+    from matplotlib.image import imread
+
+    return imread(io.BytesIO(png), format="png")
+
+
+def test_bar_figure_png_has_expected_size_and_ink():
+    spec = fixture_results()[1]["figures"][0]
+    img = _decode_png(render_png(spec))
+    assert img.shape[:2] == (320, 500)  # 5.0 x 3.2 in at 100 dpi
+    non_white = np.mean(np.any(img[..., :3] < 0.95, axis=-1))
+    assert 0.03 < non_white < 0.6
+    seed_img = _decode_png(render_png(spec, seed=True))
+    # seed palette is grey: bar pixels have r == g == b, run palette is blue-ish
+    assert np.mean(np.abs(seed_img[..., 0] - seed_img[..., 2])) < np.mean(np.abs(img[..., 0] - img[..., 2]))
+
+
+# ---------------------------------------------------------------- report
+def test_report_renders_sections_not_run_and_seed_beside_run(tmp_path):
+    runs = write_fixture_runs(tmp_path)
+    results, skipped = load_results(runs)
+    assert [r.payload["study"] for r in results] == ["cohort", "deletion_audit", "deterioration", "icu_retention",
+                                                     "my_new_probe"]
+    assert skipped == ["prefect_state.json"]
+    page = render_report(runs)
+    for sec in SECTIONS:
+        assert f'id="{sec.key}"' in page and sec.title in page
+    assert 'id="contract"' in page and 'id="other"' in page
+    # missing studies say "not run"; heldout_spo2 has no result file
+    heldout = page[page.index('id="heldout"'):page.index('id="deletion"')]
+    assert "not run" in heldout and "0.464" in heldout  # seed text still shown
+    retention = page[page.index('id="retention"'):page.index('id="heldout"')]
+    assert "not run" not in retention
+    # one run image per run figure + seed images where the seed has a figure
+    n_run_figs = sum(len(r["figures"]) for r in fixture_results())
+    assert page.count('alt="figure:') == n_run_figs
+    n_seed_figs = sum(1 for sec in SECTIONS for s in sec.studies if SEED_FIGURES[s].get("figure"))
+    assert page.count('alt="seed figure:') == n_seed_figs
+    # receipts summary and the contract-card evidence column
+    assert '<span class="ok">verified</span>' in page
+    assert "fresh retained-key refit at the same C" in page and "maintained fp64 C&amp;P path" in page
+    assert "not certified equal to a never-pruned full-history trajectory" in page
+    # text is escaped, demo data is credited
+    assert "retention &lt;by policy&gt;" in page and "<by policy>" not in page
+    assert "MIMIC-IV Clinical Database Demo" in page
+
+
+def test_report_is_self_contained(tmp_path):
+    page = render_report(write_fixture_runs(tmp_path))
+    assert "<script" not in page.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page, re.IGNORECASE)
+    assert "@import" not in page and "url(" not in page
+    for uri in re.findall(r'src="data:image/png;base64,([^"]+)"', page):
+        assert base64.b64decode(uri)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_receipt_chain_failure_is_shown(tmp_path):
+    runs = write_fixture_runs(tmp_path)
+    path = runs / "deletion_audit" / "result.json"
+    res = json.loads(path.read_text())
+    res["receipts"]["chain_verified"] = False
+    path.write_text(json.dumps(res))
+    page = render_report(runs)
+    assert "NOT verified" in page
+
+
+def test_cli_writes_report_and_refuses_identifiers_leaving_output_untouched(tmp_path, capsys):
+    runs = write_fixture_runs(tmp_path)
+    out = tmp_path / "report.html"
+    assert main(["--runs", str(runs), "--out", str(out)]) == 0
+    first = out.read_text()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask  # ordinary permissions, not mkstemp's 0600
+    assert first.startswith("<!DOCTYPE html>") and len(first) > 20_000
+    bad = fixture_results()[0]
+    bad["metrics"]["subject_id"] = 10001217
+    (runs / "cohort" / "result.json").write_text(json.dumps(bad))
+    assert main(["--runs", str(runs), "--out", str(out)]) == 2
+    assert "identifier" in capsys.readouterr().err
+    assert out.read_text() == first  # refused: previous report untouched
+    fresh = tmp_path / "never.html"
+    assert main(["--runs", str(runs), "--out", str(fresh)]) == 2 and not fresh.exists()
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp files left
+
+
+def test_missing_runs_dir_and_broken_json(tmp_path):
+    with pytest.raises(RunsDirectoryError):
+        load_results(tmp_path / "nope")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    page = render_report(runs)  # empty runs dir: everything "not run"
+    assert page.count("not run —") == len(KNOWN_STUDIES) + 1  # + receipts summary
+    (runs / "result.json").write_text("{not json")
+    with pytest.raises(ResultSchemaError, match="cannot read JSON"):
+        load_results(runs)
+
+
+# ---------------------------------------------------------------- write_result and SCHEMA.md
+def test_write_result_validates_before_writing(tmp_path):
+    from dashboards.schema import write_result
+
+    good = fixture_results()[1]
+    path = write_result(good, tmp_path / "runs" / "icu_retention" / "result.json")
+    assert json.loads(path.read_text()) == good
+    bad = fixture_results()[1]
+    bad["metrics"]["hadm_id"] = 1
+    with pytest.raises(AggregateOnlyError):
+        write_result(bad, tmp_path / "bad.json")
+    assert not (tmp_path / "bad.json").exists()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_schema_doc_example_validates():
+    doc = (Path(__file__).resolve().parents[1] / "dashboards" / "SCHEMA.md").read_text(encoding="utf-8")
+    example = doc.split("```json", 1)[1].split("```", 1)[0]
+    validate_result(json.loads(example))
