@@ -24,7 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(_flows.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"pipelines.flows.{info.name}")
+        try:
+            module = importlib.import_module(f"pipelines.flows.{info.name}")
+        except ImportError as exc:  # an optional extra is missing: say so, keep the rest usable
+            print(f"forgetful: command module {info.name!r} unavailable ({exc})", file=sys.stderr)
+            continue
         add = getattr(module, "add_cli", None)
         if add is not None:
             add(sub)
