@@ -236,12 +236,13 @@ class MaintainedSVDD:
             cv = self._cvec()
             u = self.Rinv @ cv
             M = self._bordered()
-            for _ in range(2):  # iterative refinement with the maintained inverse
-                u += self.Rinv @ (cv - M @ u)
-            if np.abs(cv - M @ u).max() > INVERSE_GUARD:
+            r = cv - M @ u
+            if np.abs(r).max() > INVERSE_GUARD:
                 # conditioning guard: the maintained inverse has drifted; refactorise
                 self.refactor()
                 u = np.linalg.solve(M, cv)
+            else:
+                u += self.Rinv @ r  # one step of iterative refinement
             S = np.asarray(self.S, dtype=np.int64)
             aS = u[1:]
             low = aS <= tol
@@ -541,12 +542,9 @@ class MaintainedSVDD:
         return out
 
     def partition_counts(self) -> dict:
-        st = self.status[self.live()]
-        return {
-            "margin": int((st == MARGIN).sum()),
-            "error": int((st == ERROR).sum()),
-            "reserve": int((st == RESERVE).sum()),
-        }
+        st = self.status[: self.n_slots]
+        counts = np.bincount(st[st >= 0], minlength=4)
+        return {"margin": int(counts[MARGIN]), "error": int(counts[ERROR]), "reserve": int(counts[RESERVE])}
 
     def snapshot(self) -> dict:
         """Everything an operation may change, for bit-for-bit rollback (K/X are append-only)."""
