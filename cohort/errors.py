@@ -1,0 +1,56 @@
+"""Typed errors of the cohort package. Every message says what was expected and where."""
+from __future__ import annotations
+
+
+class CohortError(Exception):
+    """Base class of every cohort error."""
+
+
+class InputMissingError(CohortError, FileNotFoundError):
+    """An input table is absent. The message names the expected path(s) and the layout."""
+
+
+class MissingColumnsError(CohortError, ValueError):
+    """An input table lacks required columns. The message names them and the file."""
+
+    def __init__(self, path: str, missing: list[str], present: list[str]):
+        self.path = path
+        self.missing = list(missing)
+        super().__init__(
+            f"{path}: missing required column(s) {', '.join(missing)} "
+            f"(present: {', '.join(present) or 'none'})"
+        )
+
+
+class UnreadableInputError(CohortError, OSError):
+    """An input file exists but cannot be read (corrupt gzip, not parquet, ...)."""
+
+
+class EmptyCohortError(CohortError, RuntimeError):
+    """No stay survived the filters. ``funnel`` holds the counts after every step."""
+
+    def __init__(self, message: str, funnel: list[tuple[str, int, int | None]]):
+        self.funnel = list(funnel)
+        super().__init__(message + "\n" + format_funnel(self.funnel))
+
+
+class BadParameterError(CohortError, ValueError):
+    """A build parameter is out of range (negative sample size, unknown source, ...)."""
+
+
+class DemoDataMissing(CohortError, FileNotFoundError):
+    """The real MIMIC-IV demo (CLIF parquet) is not in the cache; the message gives the
+    exact command that fetches it."""
+
+
+class UnknownStayError(CohortError, KeyError):
+    """A reader was asked for a stay the warehouse does not hold."""
+
+
+def format_funnel(funnel: list[tuple[str, int, int | None]]) -> str:
+    """Render funnel rows ``(step, n_stays, n_rows)`` as an aligned text table (counts only)."""
+    lines = [f"{'step':<34}{'n_stays':>10}{'n_rows':>14}"]
+    for step, n_stays, n_rows in funnel:
+        rows = "" if n_rows is None else f"{n_rows:,}"
+        lines.append(f"{step:<34}{n_stays:>10,}{rows:>14}")
+    return "\n".join(lines)

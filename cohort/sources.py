@@ -1,0 +1,249 @@
+"""Input adapters: MIMIC-IV native layout and CLIF 2.1 parquet, one output contract.
+
+Each adapter checks its files (presence, readability, required columns) and then gives the
+build two SQL relations over DuckDB:
+
+* ``stays_sql()`` -> ``(stay_id BIGINT, subject_id BIGINT, hadm_id BIGINT, intime TIMESTAMP,
+  outtime TIMESTAMP, join_key)``: every ICU stay of the source, unfiltered.
+* ``measurements_sql(cohort_table)`` -> ``(stay_id, ts_us BIGINT, vital UTINYINT, src UTINYINT,
+  value DOUBLE, unit_f BOOLEAN)``: the six vitals' rows (the build joins them to the cohort's
+  stays in ``cohort_table``, which has ``stay_id`` and ``join_key``), with the itemid / category
+  filter pushed into the
+  scan. ``value`` is the charted number (``valuenum``; NULL when only text was charted);
+  ``unit_f`` marks a Fahrenheit itemid. Unit conversion and the
+  plausibility filter are applied by the build, identically for both adapters.
+
+Times are carried as microseconds since the epoch (``epoch_us``), which treats a naive
+timestamp as UTC and converts a ``TIMESTAMPTZ`` to UTC, so both layouts compare alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from .constants import CLIF_CATEGORIES, FAHRENHEIT_ITEMID, ITEMIDS, VITAL_CODE
+from .errors import InputMissingError, MissingColumnsError, UnreadableInputError
+
+NATIVE_LAYOUT = (
+    "MIMIC-IV v3.1 native layout: <root>/icu/icustays, <root>/icu/chartevents, "
+    "<root>/icu/d_items, <root>/hosp/patients, <root>/hosp/admissions, "
+    "each as .csv.gz (as distributed), .csv or .parquet"
+)
+CLIF_LAYOUT = (
+    "CLIF 2.1 layout: <root>/clif_adt, <root>/clif_vitals, <root>/clif_hospitalization, "
+    "<root>/clif_patient, each as .parquet"
+)
+_EXTS = (".csv.gz", ".csv", ".parquet")
+
+#: DuckDB types forced on known MIMIC CSV columns (others are sniffed).
+_CSV_TYPES = {
+    "subject_id": "BIGINT", "hadm_id": "BIGINT", "stay_id": "BIGINT", "caregiver_id": "BIGINT",
+    "itemid": "BIGINT", "charttime": "TIMESTAMP", "storetime": "TIMESTAMP",
+    "intime": "TIMESTAMP", "outtime": "TIMESTAMP", "value": "VARCHAR", "valuenum": "DOUBLE",
+    "valueuom": "VARCHAR", "warning": "BIGINT", "los": "DOUBLE",
+    "first_careunit": "VARCHAR", "last_careunit": "VARCHAR", "label": "VARCHAR",
+    "abbreviation": "VARCHAR", "linksto": "VARCHAR", "category": "VARCHAR",
+    "unitname": "VARCHAR", "param_type": "VARCHAR", "lownormalvalue": "DOUBLE",
+    "highnormalvalue": "DOUBLE", "admittime": "TIMESTAMP", "dischtime": "TIMESTAMP",
+    "deathtime": "TIMESTAMP", "edregtime": "TIMESTAMP", "edouttime": "TIMESTAMP",
+    "dod": "DATE", "anchor_age": "BIGINT", "anchor_year": "BIGINT",
+}
+
+
+def _sql_str(s: str | Path) -> str:
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+@dataclass
+class Table:
+    """One input file: its path, the DuckDB reader expression and its column names."""
+
+    name: str
+    path: Path
+    columns: list[str] = field(default_factory=list)
+    reader: str = ""
+
+    def check(self, con: duckdb.DuckDBPyConnection, required: list[str]) -> None:
+        """Read the schema (fails clearly on a corrupt file) and check required columns."""
+        is_parquet = self.path.name.endswith(".parquet")
+        try:
+            if is_parquet:
+                probe = f"read_parquet({_sql_str(self.path)})"
+            else:
+                probe = f"read_csv({_sql_str(self.path)}, header=true, sample_size=2048)"
+            desc = con.execute(f"DESCRIBE SELECT * FROM {probe}").fetchall()
+        except duckdb.Error as exc:  # IOException, InvalidInputException, ...
+            kind = "parquet" if is_parquet else "CSV/gzip"
+            raise UnreadableInputError(
+                f"{self.path}: cannot be read as {kind} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:300]})"
+            ) from exc
+        self.columns = [r[0] for r in desc]
+        missing = [c for c in required if c not in self.columns]
+        if missing:
+            raise MissingColumnsError(str(self.path), missing, self.columns)
+        if is_parquet:
+            self.reader = f"read_parquet({_sql_str(self.path)})"
+        else:
+            types = {c: t for c, t in _CSV_TYPES.items() if c in self.columns}
+            types_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in types.items()) + "}"
+            self.reader = (
+                f"read_csv({_sql_str(self.path)}, header=true, types={types_sql})"
+            )
+
+
+def _find(root: Path, rel: str, layout: str, exts=_EXTS) -> Table:
+    for ext in exts:
+        p = root / f"{rel}{ext}"
+        if p.is_file():
+            return Table(rel, p)
+    tried = ", ".join(str(root / f"{rel}{e}") for e in exts)
+    raise InputMissingError(f"missing input table {rel!r}: none of {tried} exists. Expected {layout}.")
+
+
+class Adapter:
+    """Common interface of the input adapters."""
+
+    name: str = ""
+    scan_files: list[Path]
+
+    def stays_sql(self) -> str:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def measurements_sql(self, cohort_table: str) -> str:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class MimicNativeAdapter(Adapter):
+    """MIMIC-IV v3.1 native files (``icu/`` and ``hosp/``), csv.gz / csv / parquet."""
+
+    name = "mimic"
+
+    def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection):
+        root = Path(root)
+        if not root.is_dir():
+            raise InputMissingError(f"MIMIC-IV root {root} is not a directory. Expected {NATIVE_LAYOUT}.")
+        self.icustays = _find(root, "icu/icustays", NATIVE_LAYOUT)
+        self.chartevents = _find(root, "icu/chartevents", NATIVE_LAYOUT)
+        self.d_items = _find(root, "icu/d_items", NATIVE_LAYOUT)
+        self.patients = _find(root, "hosp/patients", NATIVE_LAYOUT)
+        self.admissions = _find(root, "hosp/admissions", NATIVE_LAYOUT)
+        self.icustays.check(con, ["subject_id", "hadm_id", "stay_id", "intime", "outtime"])
+        self.chartevents.check(con, ["stay_id", "charttime", "itemid", "valuenum"])
+        self.d_items.check(con, ["itemid", "label"])
+        self.patients.check(con, ["subject_id"])
+        self.admissions.check(con, ["subject_id", "hadm_id"])
+        self.scan_files = [self.chartevents.path]
+
+    def stays_sql(self) -> str:
+        return (
+            "SELECT CAST(stay_id AS BIGINT) AS stay_id, CAST(subject_id AS BIGINT) AS subject_id, "
+            "CAST(hadm_id AS BIGINT) AS hadm_id, CAST(intime AS TIMESTAMP) AS intime, "
+            "CAST(outtime AS TIMESTAMP) AS outtime, CAST(stay_id AS VARCHAR) AS join_key "
+            f"FROM {self.icustays.reader}"
+        )
+
+    def measurements_sql(self, cohort_table: str) -> str:
+        ids = ", ".join(str(i) for i in ITEMIDS)
+        vital_case = " ".join(f"WHEN {i} THEN {VITAL_CODE[v]}" for i, (v, _, _) in ITEMIDS.items())
+        src_case = " ".join(f"WHEN {i} THEN {s}" for i, (_, s, _) in ITEMIDS.items())
+        # valuenum only: a null valuenum (text such as "Unable to assess" in ``value``) is not a
+        # measurement, and not reading the text column keeps the 430M-row scan lean.
+        value = "CAST(ce.valuenum AS DOUBLE)"
+        return (
+            "SELECT CAST(ce.stay_id AS BIGINT) AS stay_id, epoch_us(ce.charttime) AS ts_us, "
+            f"CAST(CASE ce.itemid {vital_case} END AS UTINYINT) AS vital, "
+            f"CAST(CASE ce.itemid {src_case} END AS UTINYINT) AS src, "
+            f"{value} AS value, ce.itemid = {FAHRENHEIT_ITEMID} AS unit_f "
+            f"FROM {self.chartevents.reader} AS ce "
+            f"WHERE ce.itemid IN ({ids})"
+        )
+
+
+class ClifAdapter(Adapter):
+    """CLIF 2.1 parquet tables. ICU stays are the ICU segments (``location_category = 'icu'``)
+    of ``clif_adt``; vitals come from ``clif_vitals`` by ``vital_category``.
+
+    Stay ids: CLIF has none, so ``stay_id = hospitalization_id·100 + k`` where k is the
+    1-based rank of the ICU segment within its hospitalization by ``in_dttm`` (numeric ids, as in
+    the MIMIC-derived demo); with non-numeric ids a dense rank is used instead. The same rule
+    gives ``subject_id`` from ``patient_id`` and ``hadm_id`` from ``hospitalization_id``.
+    Arterial BP is recognised by ``vital_name`` containing "arterial" or "art bp"; every other
+    BP row (non-invasive, manual) counts as non-invasive.
+    """
+
+    name = "clif"
+
+    def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection):
+        root = Path(root)
+        if not root.is_dir():
+            raise InputMissingError(f"CLIF root {root} is not a directory. Expected {CLIF_LAYOUT}.")
+        pq = (".parquet",)
+        self.adt = _find(root, "clif_adt", CLIF_LAYOUT, pq)
+        self.vitals = _find(root, "clif_vitals", CLIF_LAYOUT, pq)
+        self.hosp = _find(root, "clif_hospitalization", CLIF_LAYOUT, pq)
+        self.patient = _find(root, "clif_patient", CLIF_LAYOUT, pq)
+        self.adt.check(con, ["hospitalization_id", "in_dttm", "out_dttm", "location_category"])
+        self.vitals.check(con, ["hospitalization_id", "recorded_dttm", "vital_category", "vital_value"])
+        self.hosp.check(con, ["hospitalization_id", "patient_id"])
+        self.patient.check(con, ["patient_id"])
+        self.scan_files = [self.vitals.path]
+        self._con = con
+
+    def _numeric(self, expr: str, table: str) -> bool:
+        n_bad = self._con.execute(
+            f"SELECT count(*) FROM {table} WHERE {expr} IS NOT NULL AND TRY_CAST({expr} AS BIGINT) IS NULL"
+        ).fetchone()[0]
+        return n_bad == 0
+
+    def stays_sql(self) -> str:
+        h_num = self._numeric("hospitalization_id", self.hosp.reader)
+        p_num = self._numeric("patient_id", self.hosp.reader)
+        hadm = "TRY_CAST(h.hospitalization_id AS BIGINT)" if h_num else "dense_rank() OVER (ORDER BY h.hospitalization_id)"
+        subj = "TRY_CAST(h.patient_id AS BIGINT)" if p_num else "dense_rank() OVER (ORDER BY h.patient_id)"
+        k = "row_number() OVER (PARTITION BY a.hospitalization_id ORDER BY a.in_dttm, a.out_dttm)"
+        return f"""
+            WITH seg AS (
+                SELECT a.hospitalization_id, a.in_dttm, a.out_dttm, {k} AS k
+                FROM {self.adt.reader} AS a WHERE lower(a.location_category) = 'icu'
+            ), h AS (
+                SELECT hospitalization_id, any_value(patient_id) AS patient_id
+                FROM {self.hosp.reader} GROUP BY hospitalization_id
+            ), hh AS (SELECT h.hospitalization_id, {hadm} AS hadm_id, {subj} AS subject_id FROM h)
+            SELECT CAST(hh.hadm_id * 100 + seg.k AS BIGINT) AS stay_id,
+                   CAST(hh.subject_id AS BIGINT) AS subject_id, CAST(hh.hadm_id AS BIGINT) AS hadm_id,
+                   make_timestamp(epoch_us(seg.in_dttm)) AS intime,
+                   make_timestamp(epoch_us(seg.out_dttm)) AS outtime,
+                   CAST(seg.hospitalization_id AS VARCHAR) AS join_key
+            FROM seg LEFT JOIN hh USING (hospitalization_id)
+        """
+
+    def measurements_sql(self, cohort_table: str) -> str:
+        cats = ", ".join(f"'{c}'" for c in CLIF_CATEGORIES)
+        vital_case = " ".join(f"WHEN '{c}' THEN {VITAL_CODE[v]}" for c, v in CLIF_CATEGORIES.items())
+        if "vital_name" in self.vitals.columns:
+            art = "(lower(v.vital_name) LIKE '%arterial%' OR lower(v.vital_name) LIKE '%art bp%')"
+            src = f"CASE WHEN v.vital_category IN ('sbp', 'dbp') THEN CASE WHEN {art} THEN 1 ELSE 2 END ELSE 0 END"
+        else:
+            src = "CASE WHEN v.vital_category IN ('sbp', 'dbp') THEN 2 ELSE 0 END"
+        return (
+            "SELECT c.stay_id, epoch_us(v.recorded_dttm) AS ts_us, "
+            f"CAST(CASE v.vital_category {vital_case} END AS UTINYINT) AS vital, "
+            f"CAST({src} AS UTINYINT) AS src, CAST(v.vital_value AS DOUBLE) AS value, false AS unit_f "
+            f"FROM {self.vitals.reader} AS v "
+            f"JOIN {cohort_table} AS c ON CAST(v.hospitalization_id AS VARCHAR) = c.join_key "
+            f"WHERE v.vital_category IN ({cats})"
+        )
+
+
+def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection) -> Adapter:
+    """Adapter for ``source`` in {"mimic", "clif"} (``demo`` is resolved by the caller)."""
+    if source == "mimic":
+        return MimicNativeAdapter(root, con)
+    if source == "clif":
+        return ClifAdapter(root, con)
+    from .errors import BadParameterError
+
+    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
