@@ -1,0 +1,76 @@
+"""Audit regimes for :func:`sv_core.audit.register_regime` (``fn(rng) -> (n, d) keys``).
+
+* :func:`icu_regime_from_warehouse` — real ICU keys: one random stay's standardised hourly vitals
+  from a cohort warehouse (``cohort.build``; e.g. the MIMIC-IV demo), deduplicated at 0.1 SD.
+* :func:`learned_regime` — learned key projections of a trained recall model
+  (:mod:`evaluation.studies.learned_keys`).
+
+The CLI wiring of the audit (which regimes a ``forgetful audit`` run registers) belongs to
+``pipelines/flows/audit_flow.py``; these functions only build the generators.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sv_core.audit import dedupe
+
+from .errors import StudyConfigError
+
+Regime = Callable[[np.random.Generator], np.ndarray]
+
+
+def icu_keys(matrices: list[np.ndarray], rng: np.random.Generator, *, tol: float = 0.1,
+             max_hours: int | None = 240, min_keys: int = 8) -> np.ndarray:
+    """Draw a stay (uniformly) whose deduplicated keys number at least ``min_keys``; return them.
+
+    A stay longer than ``max_hours`` contributes a random contiguous window of that length
+    (bounded problem size); deduplication keeps a key only if it is farther than ``tol``
+    standardised units from every earlier kept key.
+    """
+    for _ in range(100):
+        Z = matrices[int(rng.integers(len(matrices)))]
+        if max_hours is not None and Z.shape[0] > max_hours:
+            s = int(rng.integers(0, Z.shape[0] - max_hours + 1))
+            Z = Z[s : s + max_hours]
+        X = dedupe(Z, tol)
+        if X.shape[0] >= min_keys:
+            return X
+    raise StudyConfigError(f"no stay has >= {min_keys} keys after deduplication at {tol} SD")
+
+
+def icu_regime_from_warehouse(path: str | Path, *, tol: float = 0.1, max_hours: int | None = 240,
+                              min_keys: int = 8, max_stays: int | None = None) -> Regime:
+    """Regime over the stays of a warehouse (z-scored six vitals, hour order).
+
+    All stays' matrices are read once (only aggregates ever leave this function: the generator
+    returns key arrays, never identifiers). ``max_stays`` caps how many are read (ascending id).
+    """
+    from cohort.streams import iter_stays
+
+    mats = []
+    for st in iter_stays(path):
+        if not np.all(np.isfinite(st.z)):
+            continue
+        mats.append(st.z.copy())
+        if max_stays is not None and len(mats) >= max_stays:
+            break
+    if not mats:
+        raise StudyConfigError(f"warehouse {path} holds no stay with finite standardised vitals")
+
+    def regime(rng: np.random.Generator) -> np.ndarray:
+        return icu_keys(mats, rng, tol=tol, max_hours=max_hours, min_keys=min_keys)
+
+    regime.n_stays = len(mats)  # type: ignore[attr-defined]
+    return regime
+
+
+def learned_regime(model=None, *, n_facts: int = 16, seed: int = 0, train_steps: int = 600) -> Regime:
+    """Regime of learned keys; trains the small recall model (seconds, CPU) when none is given."""
+    from .learned_keys import learned_key_sampler, train_model
+
+    if model is None:
+        model, _ = train_model(seed, steps=train_steps)
+    return learned_key_sampler(model, n_facts=n_facts)

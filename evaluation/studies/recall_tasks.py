@@ -1,0 +1,281 @@
+"""Readout-level recall tasks: selective copying, capacity, distinct-key MQAR control.
+
+Each context is a set of (key, value) tokens followed by queries. Every mechanism reads the
+same context with its own rule and answers the argmax of its readout over one-hot classes:
+
+* ``sv``      gated RBF readout ``Σ α κ(q,x) v / Σ α κ(q,x)``; α from the exact maintained fp64
+              gate (:class:`sv_core.Gate`) with ``C = 1/(ν n₀)`` calibrated **once** at the
+              declared size ``n₀`` of the smallest context of the sweep and held fixed;
+* ``rbf``     the same readout ungated (α uniform): the gate-off ablation;
+* ``softmax`` ``softmax(q·k/√d)`` over the context (:func:`models.multihead.masked_softmax_attention`);
+* ``linear``  causal linear attention, feature map ``elu+1`` (:func:`models.attn_linear.linear_attention`);
+* ``deltanet`` the delta rule with L2-normalised keys/queries and ``β = 1``
+              (:func:`models.attn_deltanet.deltanet_chunked`): a matched fixed state of ``d_v × d``.
+
+The recurrences read the context causally: their readout is the output at the last context
+position with the query placed in that position's query slot (state after the whole context).
+These are *training-free* readout comparisons on fixed random embeddings: the seed trained its
+sequence models, so only the qualitative pattern, not the absolute numbers, is comparable.
+
+Tasks
+-----
+``selective_copying``: 8 informative keys ``N(0, I_d)`` (classes 0..7) + F filler tokens
+  ``f + filler_jitter·N(0, I_d)`` (one shared random centre ``f``, class "blank"), random order;
+  queries = informative keys + noise; F swept 8 → 120.
+``capacity``: N near-orthogonal items (random directions of norm ``key_norm`` in d = 16) + 20
+  near-duplicate filler tokens (class "blank"); N swept 8 → 40.
+``mqar_control``: 10 distinct key-value pairs, queries = keys + noise; gated vs ungated vs softmax,
+  and the support fraction (share of keys with α > 0).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from models.attn_deltanet import deltanet_chunked
+from models.attn_linear import linear_attention
+from models.multihead import masked_softmax_attention
+from sv_core import Gate, calibrate_C
+
+from .common import check_int, check_pos, envelope, mean_ci
+from .errors import StudyConfigError
+from .readout import kernel_readout
+
+MECHANISMS = ("sv", "rbf", "softmax", "linear", "deltanet")
+
+
+# --------------------------------------------------------------------------------------------
+# readouts
+# --------------------------------------------------------------------------------------------
+def _last_position(fn, X: np.ndarray, V: np.ndarray, Q: np.ndarray, **kw) -> np.ndarray:
+    """Run a causal (B, H, T, d) attention function with the context as keys/values and each
+    query in the last position's query slot; return the last-position outputs (m, d_v)."""
+    m, n = Q.shape[0], X.shape[0]
+    k = torch.as_tensor(X, dtype=torch.float64).expand(m, 1, n, X.shape[1]).contiguous()
+    v = torch.as_tensor(V, dtype=torch.float64).expand(m, 1, n, V.shape[1]).contiguous()
+    q = torch.as_tensor(Q, dtype=torch.float64)[:, None, None, :].expand(m, 1, n, Q.shape[1]).contiguous()
+    with torch.no_grad():
+        out = fn(q, k, v, **kw)
+    return out[:, 0, -1].numpy()
+
+
+def softmax_readout(X, V, Q) -> np.ndarray:
+    n = X.shape[0]
+    allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    return _last_position(lambda q, k, v: masked_softmax_attention(q, k, v, allowed), X, V, Q)
+
+
+def linear_readout(X, V, Q) -> np.ndarray:
+    return _last_position(linear_attention, X, V, Q)
+
+
+def deltanet_readout(X, V, Q, beta: float = 1.0) -> np.ndarray:
+    Xn = X / np.linalg.norm(X, axis=1, keepdims=True)
+    Qn = Q / np.linalg.norm(Q, axis=1, keepdims=True)
+    b = torch.full((Q.shape[0], 1, X.shape[0]), float(beta), dtype=torch.float64)
+    return _last_position(lambda q, k, v: deltanet_chunked(q, k, v, b, chunk=64), Xn, V, Qn)
+
+
+def sv_readout(X, V, Q, C: float, sigma: float) -> tuple[np.ndarray, int]:
+    """Gated readout and the support size ``|S ∪ E|`` (exact maintained gate)."""
+    g = Gate(C=C, sigma=sigma)
+    g.admit(X)
+    if not g.gated:
+        raise StudyConfigError(f"context of {X.shape[0]} keys is below the warm-up size {g.warmup_size}")
+    return g.readout(Q, V), int(np.count_nonzero(g.alpha > 0))
+
+
+def read_all(X, V, Q, *, C: float, sigma: float, mechanisms=MECHANISMS) -> tuple[dict, int | None]:
+    """Readouts ``{mechanism: (m, d_v)}`` and the SV support size."""
+    out, support = {}, None
+    for mech in mechanisms:
+        if mech == "sv":
+            out[mech], support = sv_readout(X, V, Q, C, sigma)
+        elif mech == "rbf":
+            out[mech] = kernel_readout(Q, X, np.ones(X.shape[0]), V, sigma)
+        elif mech == "softmax":
+            out[mech] = softmax_readout(X, V, Q)
+        elif mech == "linear":
+            out[mech] = linear_readout(X, V, Q)
+        elif mech == "deltanet":
+            out[mech] = deltanet_readout(X, V, Q)
+        else:
+            raise StudyConfigError(f"unknown mechanism {mech!r}; choose from {MECHANISMS}")
+    return out, support
+
+
+def recall_at_1(readout: np.ndarray, labels: np.ndarray) -> float:
+    """Share of queries whose readout argmax is the true class."""
+    return float(np.mean(np.argmax(readout, axis=1) == labels))
+
+
+# --------------------------------------------------------------------------------------------
+# contexts
+# --------------------------------------------------------------------------------------------
+def selective_copying_context(rng, n_info: int, n_filler: int, d: int = 8, filler_jitter: float = 0.05,
+                              query_noise: float = 0.1):
+    """Keys (n, d), one-hot values (n, n_info + 1), queries (n_info, d), labels (n_info,)."""
+    info = rng.standard_normal((n_info, d))
+    f = rng.standard_normal(d)
+    filler = f + filler_jitter * rng.standard_normal((n_filler, d))
+    X = np.vstack([info, filler])
+    y = np.concatenate([np.arange(n_info), np.full(n_filler, n_info)])
+    perm = rng.permutation(X.shape[0])
+    X, y = X[perm], y[perm]
+    Q = info + query_noise * rng.standard_normal(info.shape)
+    return X, np.eye(n_info + 1)[y], Q, np.arange(n_info)
+
+
+def capacity_context(rng, n_items: int, n_filler: int = 20, d: int = 16, key_norm: float = 2.0,
+                     filler_jitter: float = 0.05, query_noise: float = 0.05):
+    """Near-orthogonal items (random directions, norm ``key_norm``) + near-duplicate filler."""
+    D = rng.standard_normal((n_items, d))
+    items = key_norm * D / np.linalg.norm(D, axis=1, keepdims=True)
+    fd = rng.standard_normal(d)
+    f = key_norm * fd / np.linalg.norm(fd)
+    filler = f + filler_jitter * rng.standard_normal((n_filler, d))
+    X = np.vstack([items, filler])
+    y = np.concatenate([np.arange(n_items), np.full(n_filler, n_items)])
+    perm = rng.permutation(X.shape[0])
+    Q = items + query_noise * rng.standard_normal(items.shape)
+    return X[perm], np.eye(n_items + 1)[y[perm]], Q, np.arange(n_items)
+
+
+def mqar_context(rng, n_pairs: int = 10, d: int = 8, query_noise: float = 0.5):
+    """Distinct random keys N(0, I_d), one class each; queries = keys + noise."""
+    X = rng.standard_normal((n_pairs, d))
+    Q = X + query_noise * rng.standard_normal(X.shape)
+    return X, np.eye(n_pairs), Q, np.arange(n_pairs)
+
+
+# --------------------------------------------------------------------------------------------
+# studies
+# --------------------------------------------------------------------------------------------
+def _sweep(name, values, make, trials, seed, C, sigma, mechanisms, progress):
+    from tqdm.auto import tqdm
+
+    res = {}
+    for i, val in enumerate(tqdm(values, desc=name, disable=not progress, leave=False)):
+        rec = {m: [] for m in mechanisms}
+        sup = []
+        for t in range(trials):
+            rng = np.random.default_rng([seed, i, t])
+            X, V, Q, lab = make(rng, val)
+            outs, s = read_all(X, V, Q, C=C, sigma=sigma, mechanisms=mechanisms)
+            for m in mechanisms:
+                rec[m].append(recall_at_1(outs[m], lab))
+            sup.append(s)
+        res[val] = {"recall": {m: mean_ci(rec[m]) for m in mechanisms},
+                    "support_mean": float(np.mean(sup)), "support_min": int(min(sup)), "support_max": int(max(sup)),
+                    "n_tokens": int(X.shape[0])}
+    return res
+
+
+def _sweep_result(study, title, xname, res, mechanisms, config, notes, seed_col=None, rt=0.0, claims=None):
+    xs = list(res)
+    rows = []
+    for x in xs:
+        r = res[x]
+        rows.append([x, r["n_tokens"]] + [r["recall"][m]["mean"] for m in mechanisms]
+                    + [r["support_mean"], f"{r['support_min']}–{r['support_max']}"]
+                    + ([seed_col(x)] if seed_col else []))
+    columns = [xname, "tokens"] + [f"{m} recall@1" for m in mechanisms] + ["SV support mean", "SV support range"]
+    if seed_col:
+        columns.append("seed")
+    metrics = {str(x): {"recall": {m: res[x]["recall"][m]["mean"] for m in mechanisms},
+                        "recall_ci": {m: [res[x]["recall"][m]["low"], res[x]["recall"][m]["high"]] for m in mechanisms},
+                        "support_mean": res[x]["support_mean"], "support_min": res[x]["support_min"],
+                        "support_max": res[x]["support_max"], "n_tokens": res[x]["n_tokens"]} for x in xs}
+    figures = [
+        {"kind": "line", "title": "recall@1", "xlabel": xname, "ylabel": "recall@1",
+         "series": [{"label": m, "x": [float(x) for x in xs], "y": [res[x]["recall"][m]["mean"] for x in xs],
+                     "style": "both"} for m in mechanisms]},
+        {"kind": "line", "title": "SV support size |S ∪ E|", "xlabel": xname, "ylabel": "tokens",
+         "series": [{"label": "support", "x": [float(x) for x in xs], "y": [res[x]["support_mean"] for x in xs],
+                     "style": "both"},
+                    {"label": "context", "x": [float(x) for x in xs], "y": [float(res[x]["n_tokens"]) for x in xs],
+                     "style": "line"}]},
+    ]
+    return envelope(study, title, runtime_s=rt, metrics=metrics, config=config, notes=notes, figures=figures,
+                    claims=claims or [], tables=[{"title": title, "columns": columns, "rows": rows}])
+
+
+def run_selective_copying(trials: int = 100, seed: int = 0, *, fillers=(8, 16, 32, 64, 120), n_info: int = 8,
+                          d: int = 8, nu: float = 0.5, sigma: float = 2.0, filler_jitter: float = 0.05,
+                          query_noise: float = 0.1, progress: bool = False) -> dict:
+    trials = check_int("trials", trials, 1)
+    fillers = [check_int("filler", f, 1) for f in fillers]
+    n0 = n_info + min(fillers)
+    C = calibrate_C(check_pos("nu", nu, 1.0), n0)
+    t0 = time.perf_counter()
+    res = _sweep("selective copying", fillers,
+                 lambda rng, F: selective_copying_context(rng, n_info, F, d, filler_jitter, query_noise),
+                 trials, seed, C, sigma, MECHANISMS, progress)
+    rt = time.perf_counter() - t0
+    sv = [res[F]["recall"]["sv"]["mean"] for F in fillers]
+    claims = [{"statement": "the SV support stays small while the filler grows",
+               "reference": "exact fixed-C gate, C calibrated once at the smallest context",
+               "path": "maintained fp64 C&P solve", "operation": "reserve removal",
+               "value": {"support_range": [min(res[F]["support_min"] for F in fillers),
+                                           max(res[F]["support_max"] for F in fillers)], "sv_recall_min": min(sv)},
+               "holds": bool(min(sv) >= 0.9)}]
+    return _sweep_result(
+        "selective_copying", "Selective copying: 8 informative tokens + F filler", "F", res, MECHANISMS,
+        {"trials": trials, "seed": seed, "seeds": f"numpy default_rng([{seed}, F index, trial])", "n_info": n_info,
+         "d": d, "nu": nu, "n0": n0, "C": C, "sigma": sigma, "filler_jitter": filler_jitter,
+         "query_noise": query_noise, "deltanet_beta": 1.0},
+        "Seed: SV recall@1 ~0.99 for F 8 → 120 with support 11–14 tokens; softmax diluted to 0.48–0.76; "
+        "fixed-state recurrences fade. Training-free readout comparison (see module doc).",
+        seed_col=lambda F: "SV ~0.99, support 11–14", rt=rt, claims=claims)
+
+
+def run_capacity(trials: int = 100, seed: int = 0, *, items=(8, 16, 24, 32, 40), n_filler: int = 20, d: int = 16,
+                 nu: float = 0.5, sigma: float = 2.0, key_norm: float = 3.0, query_noise: float = 0.05,
+                 progress: bool = False) -> dict:
+    trials = check_int("trials", trials, 1)
+    items = [check_int("items", n, 1) for n in items]
+    n0 = min(items) + n_filler
+    C = calibrate_C(check_pos("nu", nu, 1.0), n0)
+    mechs = ("sv", "rbf", "deltanet", "linear")
+    t0 = time.perf_counter()
+    res = _sweep("capacity", items,
+                 lambda rng, N: capacity_context(rng, N, n_filler, d, key_norm, 0.05, query_noise),
+                 trials, seed, C, sigma, mechs, progress)
+    rt = time.perf_counter() - t0
+    seed_vals = {8: "DeltaNet 0.93", 40: "SV 0.95, DeltaNet 0.06"}
+    return _sweep_result(
+        "capacity", "Capacity: near-orthogonal items + 20 filler", "items", res, mechs,
+        {"trials": trials, "seed": seed, "seeds": f"numpy default_rng([{seed}, N index, trial])", "n_filler": n_filler,
+         "d": d, "nu": nu, "n0": n0, "C": C, "sigma": sigma, "key_norm": key_norm, "query_noise": query_noise,
+         "deltanet_state": f"d_v x {d}", "deltanet_beta": 1.0},
+        "Seed: all methods ace 8 items; DeltaNet 0.93 → 0.06 as items exceed its state; SV ~1.0 through 24 and 0.95 "
+        "at 40 with support 9 → 37. Training-free readout comparison (see module doc).",
+        seed_col=lambda N: seed_vals.get(N), rt=rt)
+
+
+def run_mqar_control(trials: int = 200, seed: int = 0, *, n_pairs: int = 10, d: int = 8, nu: float = 0.5,
+                     sigma: float = 1.5, query_noise: float = 0.5, progress: bool = False) -> dict:
+    trials = check_int("trials", trials, 1)
+    C = calibrate_C(check_pos("nu", nu, 1.0), n_pairs)
+    mechs = ("sv", "rbf", "softmax")
+    t0 = time.perf_counter()
+    res = _sweep("mqar control", [n_pairs], lambda rng, n: mqar_context(rng, n, d, query_noise), trials, seed, C,
+                 sigma, mechs, progress)
+    rt = time.perf_counter() - t0
+    r = res[n_pairs]
+    frac = r["support_mean"] / n_pairs
+    out = _sweep_result(
+        "mqar_control", "Distinct-key recall control (10-pair MQAR)", "pairs", res, mechs,
+        {"trials": trials, "seed": seed, "seeds": f"numpy default_rng([{seed}, 0, trial])", "n_pairs": n_pairs, "d": d,
+         "nu": nu, "n0": n_pairs, "C": C, "sigma": sigma, "query_noise": query_noise},
+        "Seed 001 §5: gated 0.955 vs ungated RBF 0.970; support fraction 1.00 (the gate selects nothing on distinct "
+        "keys, so the gain is the RBF readout, not the gate).", seed_col=lambda n: "gated 0.955, ungated 0.970",
+        rt=rt,
+        claims=[{"statement": "on distinct keys every key is active: the gate performs no selection",
+                 "reference": "exact fixed-C gate on the 10 keys", "path": "maintained fp64 C&P solve",
+                 "value": frac, "holds": bool(frac == 1.0)}])
+    out["metrics"]["support_fraction"] = frac
+    out["metrics"]["support_fraction_min"] = r["support_min"] / n_pairs
+    return out

@@ -1,0 +1,159 @@
+"""Matched-budget selection under skewed redundancy (seed 001 §5, seed 000 §5).
+
+Context (per trial; 60 trials in the full run)
+----------------------------------------------
+* 12 groups with centres ``c_g ~ centre_scale · N(0, I_d)``; 6 *rare* groups hold one key at
+  the centre, 6 *dense* groups hold 10 near-duplicates ``c_g + dup_jitter · N(0, I_d)``
+  (n = 66, 12 effective items). Token order: the rare keys are stated first, then the dense
+  groups in random interleaved order (rare facts early, repetitive boilerplate later).
+* Two queries probe each group: ``c_g + query_noise · N(0, I_d)`` (24 queries).
+* Readout for **every** policy: uniform RBF weights ``κ(q, x_i)`` over the kept keys, one-hot
+  group values, answer = argmax group (so only the selection differs).
+
+Budget ``k`` = the support size ``|S ∪ E|`` of the exact fixed-C gate
+(:class:`evaluation.policies.SupportVectorPolicy`, ``C = 1/(ν n)``) of that trial; ν = 0.5 gives
+the seed's ~56 % budget and a smaller ν the tighter ~41 % one (the measured mean fractions are
+reported). Policies (one interface, :mod:`evaluation.policies`): ``sv`` (support set), ``oracle``
+(H2O oracle: attention mass of the evaluation queries), ``warm`` (the same H2O score computed from
+the first half of the shuffled query stream; recall is measured on the unseen second half),
+``density`` (H2O-style Gram column sums, no queries), ``recency``, ``random``, and ``full``
+(no eviction).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from evaluation.policies import get_policy
+
+from .common import check_int, check_pos, envelope, mean_ci
+from .errors import StudyConfigError
+from .readout import uniform_recall
+
+STUDY = "skewed_redundancy"
+POLICIES = ("sv", "oracle", "warm", "density", "recency", "random", "full")
+SEED_RARE = {"sv": 0.861, "oracle": 0.319, "random": 0.472, "recency": 0.0, "full": 0.86}
+
+
+def make_context(rng: np.random.Generator, *, d: int = 4, n_rare: int = 6, n_dense: int = 6, dup: int = 10,
+                 centre_scale: float = 1.5, dup_jitter: float = 0.05, query_noise: float = 0.3,
+                 queries_per_group: int = 2) -> dict:
+    """One skewed-redundancy context.
+
+    Returns
+    -------
+    dict with ``X`` (n, d) keys in temporal order, ``y`` (n,) group labels, ``rare`` (G,) bool per
+    group, ``Q`` (m, d) queries (shuffled), ``qy`` (m,) their groups, ``n_groups``.
+    """
+    G = n_rare + n_dense
+    centres = centre_scale * rng.standard_normal((G, d))
+    X_rare = centres[:n_rare]
+    y_rare = np.arange(n_rare)
+    dense_lab = np.repeat(np.arange(n_rare, G), dup)
+    X_dense = centres[dense_lab] + dup_jitter * rng.standard_normal((dense_lab.size, d))
+    perm = rng.permutation(dense_lab.size)
+    X = np.vstack([X_rare, X_dense[perm]])
+    y = np.concatenate([y_rare, dense_lab[perm]])
+    qy = np.repeat(np.arange(G), queries_per_group)
+    Q = centres[qy] + query_noise * rng.standard_normal((qy.size, d))
+    order = rng.permutation(qy.size)
+    return {"X": X, "y": y, "rare": np.arange(G) < n_rare, "Q": Q[order], "qy": qy[order], "n_groups": G}
+
+
+def select(policy: str, ctx: dict, k: int, *, nu: float, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Kept indices of one policy at budget k (``full`` keeps everything)."""
+    X = ctx["X"]
+    if policy == "full":
+        return np.arange(X.shape[0])
+    if policy == "sv":
+        return get_policy("sv", nu=nu, sigma=sigma).select(X, k)
+    if policy == "oracle":
+        return get_policy("oracle", sigma=sigma).select(X, k, queries=ctx["Q"])
+    if policy == "warm":
+        half = ctx["Q"].shape[0] // 2
+        return get_policy("oracle", sigma=sigma).select(X, k, queries=ctx["Q"][:half])
+    if policy == "density":
+        return get_policy("density", sigma=sigma).select(X, k)
+    if policy == "recency":
+        return get_policy("recency").select(X, k)
+    if policy == "random":
+        return get_policy("random").select(X, k, rng=rng)
+    raise StudyConfigError(f"unknown policy {policy!r}; choose from {POLICIES}")
+
+
+def run_trial(rng: np.random.Generator, *, nus=(0.5, 0.35), sigma: float = 1.0, ctx_kw: dict | None = None) -> dict:
+    """Recall per policy and budget for one context; keys ``{nu: {policy: {rare, dense, all}}}``."""
+    ctx = make_context(rng, **(ctx_kw or {}))
+    X, y, Q, qy = ctx["X"], ctx["y"], ctx["Q"], ctx["qy"]
+    rare_q = ctx["rare"][qy]
+    half = Q.shape[0] // 2
+    out = {}
+    for nu in nus:
+        k = get_policy("sv", nu=nu, sigma=sigma).support_size(X)
+        res = {"k": int(k), "budget_frac": k / X.shape[0]}
+        for pol in POLICIES:
+            kept = select(pol, ctx, k, nu=nu, sigma=sigma, rng=rng)
+            ok = uniform_recall(Q, qy, X, y, kept, sigma, ctx["n_groups"])
+            sl = slice(half, None) if pol == "warm" else slice(None)
+            okp, rq = ok[sl], rare_q[sl]
+            res[pol] = {"rare": float(okp[rq].mean()), "dense": float(okp[~rq].mean()), "all": float(okp.mean()),
+                        "rare_kept": float(np.isin(np.flatnonzero(ctx["rare"][y]), kept).mean())}
+        out[str(nu)] = res
+    return out
+
+
+def run(trials: int = 60, seed: int = 0, *, nus=(0.5, 0.35), sigma: float = 1.0, d: int = 4,
+        centre_scale: float = 1.5, dup_jitter: float = 0.05, query_noise: float = 0.3,
+        progress: bool = False) -> dict:
+    """Run the study; returns a ``dashboards/SCHEMA.md`` result dict."""
+    from tqdm.auto import tqdm
+
+    trials = check_int("trials", trials, 1)
+    sigma = check_pos("sigma", sigma)
+    nus = tuple(check_pos("nu", v, 1.0) for v in nus)
+    ctx_kw = {"d": d, "centre_scale": centre_scale, "dup_jitter": dup_jitter, "query_noise": query_noise}
+    t0 = time.perf_counter()
+    rows = []
+    for t in tqdm(range(trials), desc="skewed redundancy", disable=not progress, leave=False):
+        rows.append(run_trial(np.random.default_rng([seed, t]), nus=nus, sigma=sigma, ctx_kw=ctx_kw))
+    rt = time.perf_counter() - t0
+    metrics, tables, figures = {}, [], []
+    for nu in nus:
+        key = str(nu)
+        m = {"budget_frac_mean": float(np.mean([r[key]["budget_frac"] for r in rows])),
+             "k_mean": float(np.mean([r[key]["k"] for r in rows]))}
+        for pol in POLICIES:
+            m[pol] = {part: mean_ci(r[key][pol][part] for r in rows) for part in ("rare", "dense", "all")}
+            m[pol]["rare_kept_mean"] = float(np.mean([r[key][pol]["rare_kept"] for r in rows]))
+        metrics[f"nu_{key}"] = m
+        bud = 100 * m["budget_frac_mean"]
+        tables.append({
+            "title": f"recall at budget = support size, ν = {nu:g} (mean {bud:.0f} % of n)",
+            "columns": ["policy", "rare recall", "dense recall", "all", "rare tokens kept", "seed rare (56 % budget)"],
+            "rows": [[p, m[p]["rare"]["mean"], m[p]["dense"]["mean"], m[p]["all"]["mean"], m[p]["rare_kept_mean"],
+                      SEED_RARE.get(p) if nu == nus[0] else None] for p in POLICIES],
+        })
+        figures.append({"kind": "bar", "title": f"rare-group recall, budget {bud:.0f} %", "ylabel": "recall",
+                        "categories": list(POLICIES), "values": [m[p]["rare"]["mean"] for p in POLICIES],
+                        "ci_low": [m[p]["rare"]["low"] for p in POLICIES],
+                        "ci_high": [m[p]["rare"]["high"] for p in POLICIES]})
+    m0 = metrics[f"nu_{nus[0]}"]
+    claims = [{
+        "statement": "at a matched budget the support set keeps rare groups recallable better than H2O and recency",
+        "reference": "same budget k = |S∪E| and the same uniform-RBF readout for every policy",
+        "path": "exact fp64 refit (batch solve) per context; point-in-time selection",
+        "operation": "reserve removal",
+        "value": {p: m0[p]["rare"]["mean"] for p in ("sv", "oracle", "density", "recency", "random")},
+        "holds": bool(m0["sv"]["rare"]["mean"] > max(m0[p]["rare"]["mean"] for p in ("oracle", "recency", "density"))),
+    }]
+    return envelope(
+        STUDY, "Skewed redundancy: matched-budget selection", runtime_s=rt, metrics=metrics, tables=tables,
+        figures=figures, claims=claims,
+        config={"trials": trials, "seed": seed, "seeds": f"numpy default_rng([{seed}, trial])", "nus": list(nus),
+                "sigma": sigma, "n": 66, "groups": "6 singleton + 6 x 10 near-duplicates", **ctx_kw,
+                "queries_per_group": 2, "budget": "k = |S∪E| of the same context (C = 1/(nu n))"},
+        notes="Seed 001 §5: rare recall SV 0.861, oracle H2O 0.319, random 0.472, recency 0 at ~56 %; seed 000 §5: "
+              "SV overall 0.93 vs full context 0.86; at 41 % rare 0.94 (SV) vs 0.21 (H2O). The seed does not state "
+              "d, σ, the group geometry or the token order; they are fixed in the module docstring/config.",
+    )

@@ -1,0 +1,44 @@
+"""``forgetful learned-keys``: train a small MQAR model, freeze its keys, forget and edit exactly.
+
+The flow also registers a learned-key regime with :func:`sv_core.audit.register_regime` and runs
+the fixed-C deletion audit on it (``--audit-trials``, 300 in the full run).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, task
+
+from pipelines.flows.study_common import add_common_args, print_summary, write_result
+
+STUDY = "learned_keys"
+
+
+@task(name="learned-keys-study")
+def _compute(trials: int, seed: int, steps: int, audit_trials: int, progress: bool) -> dict:
+    from evaluation.studies.learned_keys import run
+
+    return run(trials=trials, seed=seed, steps=steps, audit_trials=audit_trials, progress=progress)
+
+
+@flow(name="study-learned-keys")
+def learned_keys_flow(trials: int = 200, seed: int = 0, steps: int = 600, audit_trials: int = 300,
+                      out: str | Path = f"runs/{STUDY}/result.json", progress: bool = True) -> str:
+    result = _compute(trials, seed, steps, audit_trials, progress)
+    return str(write_result(result, Path(out)))
+
+
+def _cli(args) -> int:
+    import json
+
+    path = learned_keys_flow(args.trials, args.seed, args.steps, args.audit_trials, args.out, not args.no_progress)
+    print_summary(json.loads(Path(path).read_text()), Path(path))
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("learned-keys", help="study: forget/edit facts on the frozen keys of a trained recall model")
+    add_common_args(p, STUDY, 200)
+    p.add_argument("--steps", type=int, default=600, help="training steps of the recall model")
+    p.add_argument("--audit-trials", type=int, default=300, help="learned-key deletion-audit trials (0: skip)")
+    p.set_defaults(func=_cli)
