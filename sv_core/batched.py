@@ -33,12 +33,14 @@ from dataclasses import dataclass
 
 import torch
 
+from sv_core.calibrate import warmup_size
+from sv_core.kernels import torch_kernel  # noqa: F401  (re-exported for the models)
+
 __all__ = [
     "BatchedGateError",
     "BatchedGateResult",
     "AlphaReport",
     "warmup_threshold",
-    "torch_rbf",
     "lambda_max_upper",
     "project_capped_simplex",
     "fista_svdd",
@@ -60,48 +62,11 @@ class BatchedGateError(ValueError):
 
 
 def warmup_threshold(C: float) -> int:
-    """Smallest number of keys for which the gate is solved: ``ceil(1/C) + 2`` (SPEC §1).
-
-    A small epsilon guards against ``1/C`` landing just above an integer in floating point
-    (``C = 0.25`` gives 4 + 2 = 6).
-    """
+    """Smallest number of keys for which the gate is solved: ``ceil(1/C) + 2`` (SPEC §1);
+    `sv_core.calibrate.warmup_size` with a typed error for a non-positive C."""
     if not (C > 0):
         raise BatchedGateError(f"box C must be positive, got {C!r}")
-    return int(math.ceil(1.0 / C - 1e-9)) + 2
-
-
-def torch_rbf(A: torch.Tensor, B: torch.Tensor, sigma: float) -> torch.Tensor:
-    """RBF Gram ``exp(-||a - b||^2 / sigma^2)`` with the squared distance clamped at 0.
-
-    Uses ``sv_core.torch_kernel`` (the project's one kernel) when it is available, otherwise
-    an identical private torch implementation.
-
-    Parameters
-    ----------
-    A : tensor of shape (..., n, d)
-    B : tensor of shape (..., m, d)
-    sigma : float, bandwidth (not 2 sigma^2).
-
-    Returns
-    -------
-    tensor of shape (..., n, m)
-    """
-    try:  # the lead's shared kernel, once it exists
-        from sv_core import torch_kernel as _shared  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - depends on the lead's module
-        _shared = None
-    if _shared is not None:
-        return _shared(A, B, sigma)
-    return _private_torch_rbf(A, B, sigma)
-
-
-def _private_torch_rbf(A: torch.Tensor, B: torch.Tensor, sigma: float) -> torch.Tensor:
-    sq = (
-        (A * A).sum(-1).unsqueeze(-1)
-        + (B * B).sum(-1).unsqueeze(-2)
-        - 2.0 * (A @ B.transpose(-1, -2))
-    )
-    return torch.exp(-sq.clamp_min(0.0) / (sigma * sigma))
+    return warmup_size(C)
 
 
 def _check_C(C: float) -> float:
@@ -149,7 +114,7 @@ def _kmul(K: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 12) -> torch.Tensor:
+def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 4) -> torch.Tensor:
     """Upper estimate of the largest eigenvalue of every masked principal block.
 
     Batched power iteration from the all-ones vector on the valid block. For entry-wise
@@ -250,7 +215,13 @@ def project_capped_simplex(
         d = zz - tau.unsqueeze(-1)
         a = d.clamp(0.0, C)
         err = a.sum(-1) - 1.0
-        done = done | (err.abs() <= eps) | ((hi - lo) <= eps * (1.0 + tau.abs()))
+        scale = eps * (1.0 + tau.abs())
+        done = done | (err.abs() <= eps) | ((hi - lo) <= scale)
+        if newton:
+            nf = ((d > 0) & (d < C)).sum(-1)
+            step = err / nf.clamp_min(1).to(dt)
+            # the exact step of this linear piece is below rounding: tau is the root
+            done = done | ((nf > 0) & (step.abs() <= scale))
         if bool(done.all()):
             break
         above = err > 0  # too much mass: the shift must grow
@@ -258,8 +229,7 @@ def project_capped_simplex(
         hi = torch.where(above, hi, tau)
         nxt = 0.5 * (lo + hi)
         if newton:
-            nf = ((d > 0) & (d < C)).sum(-1)
-            tn = tau + err / nf.clamp_min(1).to(dt)
+            tn = tau + step
             nxt = torch.where((nf > 0) & (tn > lo) & (tn < hi), tn, nxt)
         tau = torch.where(done, tau, nxt)
     a = a * mask.to(dt)
@@ -444,41 +414,48 @@ def ridged_kkt_solve(
     dt = K.dtype
     e = E.to(dt)
     diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
-    h = diagK - 2.0 * C * _kmul(K, e)  # (P, J, n)
+    has_E = bool(E.any())
+    h = diagK - 2.0 * C * _kmul(K, e) if has_E else diagK.expand(P, J, n)  # (P, J, n)
     nE = e.sum(-1)
     empty = ~S.any(-1)
 
-    # rho fallback for empty S (value used only where empty is True).
-    big = torch.finfo(dt).max / 8
-    R = ~S & ~E
-    if mask is not None:
-        R = R & _as_problems(K, mask)[0]
-    lowR = torch.where(R, h, torch.full_like(h, -big)).amax(-1)
-    upE = torch.where(E, h, torch.full_like(h, big)).amin(-1)
-    lowR_ok, upE_ok = lowR > -big / 2, upE < big / 2
-    rho_fb = torch.where(
-        lowR_ok & upE_ok,
-        0.5 * (lowR + upE),
-        torch.where(upE_ok, upE, torch.where(lowR_ok, lowR, torch.zeros_like(lowR))),
-    )
+    # rho fallback for problems with empty S (value used only where empty is True).
+    if bool(empty.any()):
+        big = torch.finfo(dt).max / 8
+        R = ~S & ~E
+        if mask is not None:
+            R = R & _as_problems(K, mask)[0]
+        lowR = torch.where(R, h, torch.full_like(h, -big)).amax(-1)
+        upE = torch.where(E, h, torch.full_like(h, big)).amin(-1)
+        lowR_ok, upE_ok = lowR > -big / 2, upE < big / 2
+        rho_fb = torch.where(
+            lowR_ok & upE_ok,
+            0.5 * (lowR + upE),
+            torch.where(upE_ok, upE, torch.where(lowR_ok, lowR, torch.zeros_like(lowR))),
+        )
+        c0 = torch.where(empty, rho_fb, 1.0 - C * nE)
+    else:
+        c0 = 1.0 - C * nE
 
     # pack margin indices to the front, pad to m = max |S|
     m = int(S.sum(-1).max()) if S.numel() else 0
     order = torch.argsort((~S).to(torch.int8), dim=-1, stable=True)[..., :m]  # (P, J, m)
-    s = S.gather(-1, order).to(dt)  # 1 on packed margin slots
-    pidx = torch.arange(P, device=K.device).view(P, 1, 1, 1)
-    Kc = K[pidx, order.unsqueeze(-1), order.unsqueeze(-2)]  # (P, J, m, m)
+    sb = S.gather(-1, order)  # True on packed margin slots
+    s = sb.to(dt)
+    rows = torch.gather(K.unsqueeze(1).expand(P, J, n, n), 2, order.unsqueeze(-1).expand(P, J, m, n))
+    Kc = torch.gather(rows, 3, order.unsqueeze(-2).expand(P, J, m, m))  # (P, J, m, m)
     hc = h.gather(-1, order) * s
-    block = 2.0 * Kc * s.unsqueeze(-1) * s.unsqueeze(-2) + torch.diag_embed(ridge * s + (1.0 - s))
+    pair = sb.unsqueeze(-1) & sb.unsqueeze(-2)
+    block = (2.0 * Kc).masked_fill(~pair, 0.0) + torch.diag_embed(ridge * s + (1.0 - s))
     top = torch.cat([empty.to(dt).unsqueeze(-1), s], dim=-1).unsqueeze(-2)  # (P, J, 1, m+1)
     lower = torch.cat([s.unsqueeze(-1), block], dim=-1)  # (P, J, m, m+1)
     M = torch.cat([top, lower], dim=-2)
-    c0 = torch.where(empty, rho_fb, 1.0 - C * nE)
     c = torch.cat([c0.unsqueeze(-1), hc], dim=-1).unsqueeze(-1)  # (P, J, m+1, 1)
     u = torch.linalg.solve(M, c).squeeze(-1)
     rho = u[..., 0]
     alpha = torch.zeros(P, J, n, dtype=dt, device=K.device).scatter(-1, order, u[..., 1:] * s)
-    alpha = alpha + C * e
+    if has_E:
+        alpha = alpha + C * e
     if flat:
         return alpha.squeeze(1), rho.squeeze(1)
     return alpha, rho

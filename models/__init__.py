@@ -1,0 +1,1 @@
+"""forgetful: models package."""

@@ -1,0 +1,252 @@
+"""Batched approximate SVDD path (sv_core.batched) against slow references and the exact refit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sv_core import refit, rbf_kernel, torch_kernel
+from sv_core.batched import (
+    BatchedGateError,
+    batched_gate,
+    fista_svdd,
+    lambda_max_upper,
+    partition_masks,
+    project_capped_simplex,
+    ridged_kkt_solve,
+    validate_alpha,
+    warmup_threshold,
+)
+
+
+def sort_projection_reference(z: np.ndarray, C: float) -> np.ndarray:
+    """Slow exact projection onto {sum a = 1, 0 <= a <= C}: walk the sorted breakpoints of the
+    piecewise-linear f(tau) = sum clip(z - tau, 0, C) and interpolate the crossing of 1."""
+    z = np.asarray(z, dtype=np.float64)
+    f = lambda t: np.clip(z - t, 0.0, C).sum()  # noqa: E731
+    bps = np.sort(np.concatenate([z, z - C]))[::-1]  # descending tau: f increasing
+    prev_t, prev_f = bps[0], f(bps[0])
+    for t in bps[1:]:
+        ft = f(t)
+        if ft >= 1.0:
+            tau = prev_t + (1.0 - prev_f) * (t - prev_t) / (ft - prev_f) if ft != prev_f else t
+            return np.clip(z - tau, 0.0, C)
+        prev_t, prev_f = t, ft
+    raise ValueError("infeasible (n C < 1)")
+
+
+def random_keys(rng, n, d=3, scale=1.0):
+    return rng.normal(size=(n, d)) * scale
+
+
+# ------------------------------------------------------------------ projection
+
+
+def test_projection_hand_example():
+    # tau = -0.2: clip(0.7) -> 0.5, 0.3, 0.2 ; sums to 1
+    z = torch.tensor([[0.5, 0.1, 0.0]], dtype=torch.float64)
+    a = project_capped_simplex(z, 0.5, torch.ones_like(z, dtype=torch.bool))
+    assert torch.allclose(a, torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64), atol=1e-14)
+
+
+@pytest.mark.parametrize("newton", [True, False])
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_projection_matches_sort_reference(newton, dtype, atol):
+    rng = np.random.default_rng(1)
+    G, n = 40, 25
+    z = rng.normal(size=(G, n)) * rng.uniform(0.01, 3.0, size=(G, 1))
+    nvalid = rng.integers(5, n + 1, size=G)
+    mask = np.arange(n)[None, :] < nvalid[:, None]
+    C = 0.3
+    zt = torch.tensor(z, dtype=dtype)
+    # garbage in padded slots must not matter
+    zt = torch.where(torch.tensor(mask), zt, torch.tensor(1e3, dtype=dtype))
+    a = project_capped_simplex(zt, C, torch.tensor(mask), newton=newton).double().numpy()
+    for g in range(G):
+        ref = sort_projection_reference(z[g, : nvalid[g]], C)
+        np.testing.assert_allclose(a[g, : nvalid[g]], ref, atol=atol)
+        assert np.all(a[g, nvalid[g]:] == 0.0)
+
+
+def test_projection_warm_start_same_answer():
+    rng = np.random.default_rng(2)
+    z = torch.tensor(rng.normal(size=(8, 3, 30)))
+    mask = torch.ones_like(z, dtype=torch.bool)
+    a0, tau = project_capped_simplex(z, 0.1, mask, return_tau=True)
+    a1 = project_capped_simplex(z, 0.1, mask, tau0=tau + 0.05)
+    assert torch.allclose(a0, a1, atol=1e-13)
+
+
+def test_lambda_max_is_upper_bound():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(5, 30, 4))
+    K = torch.tensor(np.stack([rbf_kernel(x, x, 2.0) for x in X]))
+    mask = torch.ones(5, 30, dtype=torch.bool)
+    mask[0, 12:] = False
+    lam = lambda_max_upper(K, mask).numpy()
+    for g in range(5):
+        nv = int(mask[g].sum())
+        true = np.linalg.eigvalsh(K[g, :nv, :nv].numpy())[-1]
+        assert true <= lam[g] <= 1.05 * true
+
+
+# ------------------------------------------------------------------ ridged KKT solve
+
+
+def test_ridgeless_solve_on_exact_partition_reproduces_refit():
+    """With the exact partition and ridge 0 the bordered system returns the exact optimum."""
+    rng = np.random.default_rng(4)
+    X = random_keys(rng, 30)
+    C = 0.1
+    alpha, rho = refit(X, C=C, sigma=2.0)
+    K = torch.tensor(rbf_kernel(X, X, 2.0))[None]
+    S = torch.tensor((alpha > 1e-9) & (alpha < C - 1e-9))[None]
+    E = torch.tensor(alpha >= C - 1e-9)[None]
+    a, r = ridged_kkt_solve(K, C, S, E, ridge=0.0)
+    np.testing.assert_allclose(a[0].numpy(), alpha, atol=1e-8)
+    assert abs(float(r[0]) - rho) < 1e-8
+
+
+def test_ridged_solve_gradcheck_float64():
+    rng = np.random.default_rng(5)
+    X = torch.tensor(random_keys(rng, 9, d=2), requires_grad=True)
+    C = 0.25
+    with torch.no_grad():
+        K0 = torch_kernel(X, X, 2.0)[None]
+        a0 = fista_svdd(K0, C, torch.ones(1, 9, dtype=torch.bool), iters=2000, tol=1e-12)
+        S, E = partition_masks(a0, C, torch.ones(1, 9, dtype=torch.bool))
+    assert S.sum() >= 2
+
+    def f(X):
+        K = torch_kernel(X, X, 2.0)[None]
+        a, r = ridged_kkt_solve(K, C, S, E, ridge=1e-3)
+        return a, r
+
+    assert torch.autograd.gradcheck(f, (X,), eps=1e-6, atol=1e-6)
+
+
+def test_empty_margin_rho_from_kkt_interval():
+    # 4 keys, C = 0.25: every alpha = C, S empty; rho is the midpoint of [max_R h, min_E h] = min_E h
+    rng = np.random.default_rng(6)
+    X = random_keys(rng, 4)
+    K = torch.tensor(rbf_kernel(X, X, 2.0))[None]
+    E = torch.ones(1, 4, dtype=torch.bool)
+    a, r = ridged_kkt_solve(K, 0.25, torch.zeros_like(E), E)
+    h = np.diag(K[0].numpy()) - 2 * 0.25 * K[0].numpy().sum(1)
+    assert np.allclose(a.numpy(), 0.25)
+    assert abs(float(r[0]) - h.min()) < 1e-12
+
+
+# ------------------------------------------------------------------ against the exact refit
+
+
+def _problems(seed, G=6, n=40, d=3):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(G, n, d))
+    nvalid = rng.integers(20, n + 1, size=G)
+    K = torch.tensor(np.stack([rbf_kernel(x, x, 2.0) for x in X]))
+    mask = torch.tensor(np.arange(n)[None, :] < nvalid[:, None])
+    return X, K, mask, nvalid
+
+
+@pytest.mark.parametrize(
+    "iters,tol,dtype,alpha_bound,score_bound",
+    [
+        (80, None, torch.float32, 2e-3, 2e-3),  # the seed's setting (fp32 finder, 80 steps)
+        (400, 1e-7, torch.float64, 1e-3, 1e-3),  # converged finder: only the ridge remains
+    ],
+)
+def test_batched_alpha_vs_exact_refit(iters, tol, dtype, alpha_bound, score_bound, capsys):
+    X, K, mask, nvalid = _problems(7)
+    C = 0.1
+    res = batched_gate(K, C, mask, iters=iters, tol=tol, fista_dtype=dtype)
+    max_da, max_ds, same_part = 0.0, 0.0, 0
+    rng = np.random.default_rng(0)
+    for g in range(K.shape[0]):
+        nv = int(nvalid[g])
+        x = X[g, :nv]
+        alpha, rho = refit(x, C=C, sigma=2.0)
+        a = res.alpha[g, :nv].double().numpy()
+        max_da = max(max_da, np.abs(a - alpha).max())
+        probes = np.concatenate([x, x + 0.1 * rng.normal(size=x.shape)])
+        Kp = rbf_kernel(probes, x, 2.0)
+        s_exact = 2 * Kp @ alpha - rho
+        s_batched = 2 * Kp @ a - float(res.rho[g])
+        max_ds = max(max_ds, np.abs(s_exact - s_batched).max())
+        S_ex = (alpha > 1e-7) & (alpha < C - 1e-7)
+        same_part += int(np.array_equal(S_ex, res.S[g, :nv].numpy()))
+    with capsys.disabled():
+        print(f"\n[batched vs refit] iters={iters} tol={tol} {dtype}: max|dalpha|={max_da:.3e} "
+              f"max|dscore|={max_ds:.3e} exact-partition {same_part}/{K.shape[0]} "
+              f"fista_its={res.fista.iterations}")
+    assert max_da < alpha_bound
+    assert max_ds < score_bound
+    assert max_da > 0.0  # the ridge always moves alpha a little: the comparison is real
+    assert res.report.max_sum < 1e-6 and res.report.max_padding == 0.0
+
+
+def test_padding_invariance_and_shared_gram_form():
+    X, K, mask, nvalid = _problems(8, G=3, n=30)
+    C = 0.1
+    g = 0
+    nv = int(nvalid[g])
+    small = batched_gate(K[g : g + 1, :nv, :nv], C, mask[g : g + 1, :nv], iters=300, tol=1e-9)
+    Kpad = K[g : g + 1].clone()
+    Kpad[:, nv:, :] = 7.0  # garbage in the padding
+    Kpad[:, :, nv:] = 7.0
+    padded = batched_gate(Kpad, C, mask[g : g + 1], iters=300, tol=1e-9)
+    assert torch.allclose(small.alpha, padded.alpha[:, :nv], atol=1e-10)
+    assert torch.all(padded.alpha[:, nv:] == 0)
+    assert torch.allclose(small.rho, padded.rho, atol=1e-10)
+    # nested prefixes sharing one Gram == separately solved prefixes
+    prefixes = [20, 25, 30]
+    nested = torch.stack([torch.arange(30) < p for p in prefixes])[None]
+    shared = batched_gate(K[1:2], C, nested, iters=300, tol=1e-9)
+    for j, p in enumerate(prefixes):
+        solo = batched_gate(K[1:2, :p, :p], C, torch.ones(1, p, dtype=torch.bool), iters=300, tol=1e-9)
+        assert torch.allclose(shared.alpha[0, j, :p], solo.alpha[0], atol=1e-10)
+
+
+def test_warmup_rule():
+    assert warmup_threshold(0.25) == 6 and warmup_threshold(0.1) == 12 and warmup_threshold(0.3) == 6
+    rng = np.random.default_rng(9)
+    X = random_keys(rng, 8)
+    K = torch.tensor(rbf_kernel(X, X, 2.0))
+    mask = torch.stack([torch.arange(8) < 5, torch.arange(8) < 6])
+    res = batched_gate(K.expand(2, 8, 8), 0.25, mask, iters=200)
+    assert res.warmup.tolist() == [True, False]
+    assert torch.allclose(res.alpha[0], torch.tensor([0.2] * 5 + [0.0] * 3, dtype=torch.float64))
+    assert torch.isnan(res.rho[0]) and torch.isfinite(res.rho[1])
+    alpha, _ = refit(X[:6], C=0.25, sigma=2.0)
+    np.testing.assert_allclose(res.alpha[1, :6].numpy(), alpha, atol=5e-3)
+
+
+def test_validate_alpha_hand_values():
+    a = torch.tensor([[0.5, 0.6, -0.1, 0.3]])
+    mask = torch.tensor([[True, True, True, False]])
+    rep = validate_alpha(a, 0.5, mask)
+    assert rep.max_box == pytest.approx(0.1)
+    assert rep.max_sum == pytest.approx(0.0, abs=1e-7)  # 0.5 + 0.6 - 0.1 = 1
+    assert rep.max_padding == pytest.approx(0.3)
+    assert not rep.ok()
+
+
+def test_fista_early_exit_and_residual():
+    X, K, mask, _ = _problems(10)
+    a, info = fista_svdd(K, 0.1, mask, iters=500, tol=1e-6, return_info=True)
+    assert info.converged and info.iterations < 500
+    assert float(info.residual.max()) < 1e-6
+    b = fista_svdd(K, 0.1, mask, iters=info.iterations)
+    assert torch.allclose(a, b)  # the check does not perturb the iterates
+
+
+def test_bad_input_raises_typed_errors():
+    K = torch.eye(4)[None]
+    with pytest.raises(BatchedGateError):
+        batched_gate(K, 0.25, torch.ones(1, 5, dtype=torch.bool))
+    with pytest.raises(BatchedGateError):
+        batched_gate(K, -1.0, torch.ones(1, 4, dtype=torch.bool))
+    with pytest.raises(BatchedGateError):
+        fista_svdd(torch.ones(4, 4), 0.5, torch.ones(4, dtype=torch.bool))
+    with pytest.raises(BatchedGateError):
+        ridged_kkt_solve(K, 0.5, torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool))
