@@ -1,0 +1,43 @@
+"""Typed errors of the pipelines package. Every message says what was expected and how to fix it;
+none of them carries a record-level identifier beyond what the caller passed in."""
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base class of every pipelines error."""
+
+
+class WarehouseMissingError(PipelineError, FileNotFoundError):
+    """The warehouse file does not exist (build it with ``forgetful build-cohort``)."""
+
+
+class UnknownSubjectError(PipelineError, KeyError):
+    """``forget`` was asked for a subject/stay that no warehouse table or gate state holds."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else "unknown subject"
+
+
+class AlreadyForgottenError(PipelineError):
+    """``forget`` was asked for a subject whose deletion is already in the receipt ledger."""
+
+
+class LedgerError(PipelineError):
+    """The deletion-receipt ledger is malformed (bad row, missing table)."""
+
+
+class LedgerTamperedError(LedgerError):
+    """The hash chain does not verify. ``seq`` is the first row that fails and ``reason`` why."""
+
+    def __init__(self, seq: int, reason: str):
+        self.seq = int(seq)
+        self.reason = reason
+        super().__init__(f"deletion-receipt chain broken at seq {seq}: {reason}")
+
+
+class GateStoreError(PipelineError):
+    """A stored gate state is missing or inconsistent with its token table."""
+
+
+class StudyInputError(PipelineError, ValueError):
+    """A study cannot run on this warehouse (too few stays, no events, bad parameter)."""

@@ -1,0 +1,115 @@
+"""``forgetful run-all``: the main job — data check → warehouse → every clinical study → HTML report.
+
+1. fetch check: the real MIMIC-IV demo (CLIF parquet) must be in the cache
+   (``python -m cohort.demo_data fetch``, or pass ``--fetch``); skipped for other sources;
+2. ``build-cohort`` (default: the demo; ``--source synthetic --stays N`` or ``--source mimic --root DIR``);
+3. ``retention``, ``heldout-spo2``, ``patient-deletion``, ``deterioration``, ``audit`` — each a
+   Prefect subflow with bounded task concurrency (2 threads, or ``--dask ADDRESS``), results
+   cached on the warehouse content hash so a rerun after a crash resumes;
+4. the report at ``<runs>/report.html`` (``dashboards.report``).
+
+On the demo this takes a few minutes on 2 cores.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from pipelines import runner
+
+STEPS = ("build-cohort", "retention", "heldout-spo2", "patient-deletion", "deterioration", "audit", "report")
+
+
+@flow(name="run-all")
+def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 1500, seed: int = 0,
+                 warehouse: str | None = None, runs_dir: str = "runs", report: str | None = None,
+                 audit_trials: int = 50, det_seeds: int = 3, det_max_epochs: int = 12, n_boot: int = 10_000,
+                 fetch: bool = False, skip: tuple[str, ...] = (), dask_address: str | None = None,
+                 workers: int = 2, progress: bool = True) -> dict:
+    """Run every step; returns {step: seconds} plus the report path."""
+    from tqdm.auto import tqdm
+
+    from .audit_flow import audit_flow
+    from .clinical_cohort import build_cohort_flow
+    from .clinical_deletion import patient_deletion_flow
+    from .clinical_deterioration import deterioration_flow
+    from .clinical_retention import heldout_flow, retention_flow
+
+    warehouse = warehouse or str(Path(runs_dir) / "warehouse.duckdb")
+    report = report or str(Path(runs_dir) / "report.html")
+    tr = lambda: runner.make_task_runner(dask_address, workers)  # noqa: E731
+    times: dict[str, float] = {}
+    if source == "demo":
+        from cohort.demo_data import ensure_demo
+
+        root = str(ensure_demo(root, fetch=fetch))  # raises DemoDataMissing with the fetch command
+    steps = [s for s in STEPS if s not in set(skip)]
+    bar = tqdm(steps, desc="run-all", disable=not progress, file=sys.stderr)
+    for step in bar:
+        bar.set_postfix_str(step)
+        t0 = time.perf_counter()
+        if step == "build-cohort":
+            build_cohort_flow.with_options(task_runner=tr())(
+                source=source, root=root, warehouse=warehouse, runs_dir=runs_dir, stays=stays, seed=seed,
+                progress=progress)
+        elif step == "retention":
+            retention_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
+                                                          progress=progress)
+        elif step == "heldout-spo2":
+            heldout_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
+                                                        progress=progress)
+        elif step == "patient-deletion":
+            patient_deletion_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
+                                                                 progress=progress)
+        elif step == "deterioration":
+            deterioration_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
+                                                              seeds=det_seeds, max_epochs=det_max_epochs,
+                                                              progress=progress)
+        elif step == "audit":
+            audit_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, trials=audit_trials,
+                                                      progress=progress)
+        elif step == "report":
+            from dashboards.report import write_report
+
+            write_report(runs_dir, report)
+        times[step] = round(time.perf_counter() - t0, 2)
+    bar.close()
+    return {"seconds": times, "report": report, "warehouse": warehouse}
+
+
+@runner.cli_errors
+def _main(args) -> int:
+    import json
+
+    t0 = time.perf_counter()
+    with runner.results_context(args.runs):
+        r = run_all_flow.with_options(task_runner=runner.make_task_runner(args.dask, args.workers))(
+            source=args.source, root=args.root, stays=args.stays, seed=args.seed, warehouse=args.warehouse,
+            runs_dir=args.runs, report=args.report, audit_trials=args.audit_trials, det_seeds=args.det_seeds,
+            det_max_epochs=args.det_max_epochs, n_boot=args.n_boot, fetch=args.fetch, skip=tuple(args.skip),
+            dask_address=args.dask, workers=args.workers, progress=not args.no_progress)
+    r["total_seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(r, indent=1))
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("run-all", help="the main job: demo check, warehouse, every clinical study, report",
+                       description=__doc__)
+    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo")
+    p.add_argument("--root", default=None)
+    p.add_argument("--stays", type=int, default=1500, help="synthetic: generated stays (default 1500)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warehouse", default=None, help="default: <runs>/warehouse.duckdb")
+    p.add_argument("--report", default=None, help="default: <runs>/report.html")
+    p.add_argument("--audit-trials", type=int, default=50, help="audit trials per regime (default 50; seed: 300)")
+    p.add_argument("--det-seeds", type=int, default=3)
+    p.add_argument("--det-max-epochs", type=int, default=12)
+    p.add_argument("--n-boot", type=int, default=10_000)
+    p.add_argument("--fetch", action="store_true", help="fetch the demo data first if it is not cached")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), help="steps to skip")
+    runner.add_common_args(p, warehouse=False)
+    p.set_defaults(func=_main)

@@ -1,0 +1,67 @@
+"""``forgetful serve``: register the flows as Prefect deployments on a cron schedule and serve them.
+
+``run-all`` is scheduled with ``--cron`` (default nightly at 03:00); the individual study flows
+are registered unscheduled so they can be triggered from the Prefect UI/API. ``--dry-run``
+builds and prints the deployments without serving (nothing is started). Serving blocks until
+interrupted; stop it before stopping its Prefect server.
+"""
+from __future__ import annotations
+
+import json
+
+from pipelines import runner
+
+DEFAULT_CRON = "0 3 * * *"
+
+
+def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehouse: str | None = None,
+                      source: str = "demo") -> list:
+    """``RunnerDeployment`` objects (built, not served): run-all on ``cron``, the studies on demand."""
+    from .audit_flow import audit_flow
+    from .clinical_deletion import patient_deletion_flow
+    from .clinical_deterioration import deterioration_flow
+    from .clinical_retention import heldout_flow, retention_flow
+    from .run_all import run_all_flow
+
+    wh = warehouse or f"{runs_dir}/warehouse.duckdb"
+    deps = [run_all_flow.to_deployment(name="forgetful-run-all", cron=cron,
+                                       parameters={"source": source, "runs_dir": runs_dir, "warehouse": wh},
+                                       tags=["forgetful"])]
+    for f, name in ((retention_flow, "retention"), (heldout_flow, "heldout-spo2"),
+                    (patient_deletion_flow, "patient-deletion"), (deterioration_flow, "deterioration"),
+                    (audit_flow, "audit")):
+        deps.append(f.to_deployment(name=f"forgetful-{name}", parameters={"warehouse": wh, "runs_dir": runs_dir},
+                                    tags=["forgetful"]))
+    return deps
+
+
+def describe(deps: list) -> list[dict]:
+    out = []
+    for d in deps:
+        crons = [getattr(s.schedule, "cron", None) for s in (d.schedules or [])]
+        out.append({"name": d.name, "flow": d.flow_name, "cron": [c for c in crons if c], "parameters": d.parameters})
+    return out
+
+
+@runner.cli_errors
+def _main(args) -> int:
+    deps = build_deployments(args.cron, args.runs, args.warehouse, args.source)
+    print(json.dumps(describe(deps), indent=1))
+    if args.dry_run:
+        return 0
+    from prefect import serve
+
+    with runner.results_context(args.runs):
+        serve(*deps)
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("serve", help="serve the flows as Prefect deployments (run-all on a cron schedule)",
+                       description=__doc__)
+    p.add_argument("--cron", default=DEFAULT_CRON, help="cron schedule of run-all (default: %(default)r)")
+    p.add_argument("--runs", default="runs")
+    p.add_argument("--warehouse", default=None)
+    p.add_argument("--source", default="demo", choices=["demo", "mimic", "clif", "synthetic"])
+    p.add_argument("--dry-run", action="store_true", help="build and print the deployments, do not serve")
+    p.set_defaults(func=_main)
