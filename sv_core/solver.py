@@ -38,6 +38,8 @@ RESERVE, MARGIN, ERROR, PENDING, DEAD = 0, 1, 2, 3, -1
 SNAP_TOL = 1e-10
 #: residual of the bordered system above which the maintained inverse is refactorised
 INVERSE_GUARD = 1e-11
+#: feature-space squared distance below which two keys are treated as exact duplicates
+DUPLICATE_TOL = 1e-12
 _NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
 
 
@@ -183,6 +185,12 @@ class MaintainedSVDD:
         b = -self.Rinv @ v
         kappa = 2.0 * self.K[k, k] + v @ b
         scale = max(1.0, 2.0 * self.K[k, k])
+        if S.size:
+            # exact duplicate of a margin key (feature-space distance ~0): M would be singular
+            d2 = self.kd[S] + self.K[k, k] - 2.0 * self.K[S, k]
+            j = int(np.argmin(d2))
+            if d2[j] <= DUPLICATE_TOL:
+                raise _Degenerate(int(k), int(S[j]))
         if S.size and kappa <= 1e-6 * scale and self._updates > 0:
             # conditioning guard: a small Schur complement is computed with a fresh inverse
             self.refactor()
@@ -291,6 +299,7 @@ class MaintainedSVDD:
         if max_events is None:
             max_events = 20 * max(self.n_slots, 1) + 200
         zero_steps = 0
+        pinned: dict[int, int] = {}  # exact duplicates of margin keys: g pinned at 0 with their twin
         while True:
             if events > max_events:
                 raise PathError(f"C&P path did not terminate within {max_events} events")
@@ -387,6 +396,11 @@ class MaintainedSVDD:
             e_sel = (st == ERROR) & (ro > eps)
             r_sel = (st == RESERVE) & (ro < -eps)
             e_sel[c] = r_sel[c] = False
+            for k_, tw in list(pinned.items()):
+                if st[tw] != MARGIN or st[k_] == MARGIN:
+                    del pinned[k_]
+                else:
+                    e_sel[k_] = r_sel[k_] = False
             t_o[e_sel] = np.maximum(-go[e_sel], 0.0) / ro[e_sel]
             t_o[r_sel] = np.maximum(go[r_sel], 0.0) / -ro[r_sel]
             j = int(np.argmin(t_o))
@@ -404,6 +418,8 @@ class MaintainedSVDD:
             self.rho += beta[0] * d
             self.g[:n] += gam_all * d  # (dead slots carry meaningless g; never read)
             self.g[S] = 0.0
+            for k_ in pinned:
+                self.g[k_] = 0.0
             events += 1
             kind, k = best
             if kind == "c_bound":
@@ -434,6 +450,11 @@ class MaintainedSVDD:
                     self._border_add(k)
                 except _Degenerate as exc:
                     self.status[k] = prev
+                    if len(exc.args) > 1:
+                        # exact duplicate of a margin key: g_k = 0 with its bound is valid KKT;
+                        # it stays where it is and its gradient moves with its twin's (0)
+                        pinned[k] = exc.args[1]
+                        continue
                     raise PathError("a key reaching the margin duplicates the margin set") from exc
             if self._updates == 0 and self.S:
                 # just refactorised: re-solve the margin system so drift does not accumulate
@@ -460,7 +481,25 @@ class MaintainedSVDD:
         try:
             self.status[c] = MARGIN
             self._border_add(c)
-        except _Degenerate:
+        except _Degenerate as exc:
+            twin = exc.args[1] if len(exc.args) > 1 else None
+            if twin is not None:
+                # exact duplicate: K columns are identical, so moving mass between the two keys
+                # changes no gradient; the twin takes what fits under C, c keeps the rest
+                total = self.alpha[c] + self.alpha[twin]
+                if total <= self.C:
+                    self.alpha[twin] = total
+                    self.alpha[c] = 0.0
+                    self.status[c] = RESERVE
+                else:
+                    self.alpha[twin] = self.C
+                    self.alpha[c] = total - self.C
+                    self.status[twin] = ERROR
+                    self.g[twin] = 0.0
+                    self.S[self.S.index(twin)] = int(c)  # same row of M: Rinv is unchanged
+                    self.status[c] = MARGIN
+                self.g[c] = 0.0
+                return
             self.status[c] = ERROR  # fixed while it is swept
             self._sweep(c, "remove")
             self.alpha[c] = 0.0

@@ -186,3 +186,23 @@ def test_duplicate_keys_score_agreement():
     g.admit(X)
     r = g.forget(0, verify=True)
     assert r.verification["max_abs_score_dev"] < 1e-7
+
+
+@pytest.mark.parametrize("draw", range(8))
+def test_many_exact_duplicates_reach_the_refit_optimum(draw):
+    """Regression: repeated hourly keys (exact duplicates) used to leave a non-optimal state."""
+    rng = np.random.default_rng(0)
+    for _ in range(draw + 1):
+        X = np.repeat(rng.normal(size=(40, 6)), 3, 0)[:100]
+    C = calibrate_C(0.3, 100)
+    g = Gate(C, 3.0)
+    g.admit(X)
+    assert g.kkt_residual()["max"] < 1e-9
+    a, rho = refit(X, C=C, sigma=3.0)
+    assert np.abs(g.score(X) - (2 * rbf_kernel(X, X, 3.0) @ a - rho)).max() < 1e-9
+    # memory order of the input must not matter
+    h = Gate(C, 3.0)
+    h.admit(np.asfortranarray(X))
+    assert np.abs(h.score(X) - g.score(X)).max() < 1e-12
+    for tid in rng.choice(g.ids, size=3, replace=False):
+        assert g.forget(int(tid), verify=True).verification["max_abs_score_dev"] < 1e-9

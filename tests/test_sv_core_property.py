@@ -39,3 +39,17 @@ def test_gate_equals_refit_and_forget_keeps_agreement(p):
         r = g.forget(int(tid), verify=True)
         assert r.verification["max_abs_score_dev"] < 1e-7
         assert g.kkt_residual()["max"] < 1e-8
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.integers(min_value=2, max_value=4))
+def test_exact_duplicates_keep_agreement(p, reps):
+    X, C, sigma, seed = p
+    X = np.repeat(X, reps, axis=0)[: max(X.shape[0], 8)]
+    g = Gate(C=C, sigma=sigma)
+    g.admit(X)
+    a, rho = refit(X, C=C, sigma=sigma)
+    assert np.abs(g.score(X) - (2 * rbf_kernel(X, X, sigma) @ a - rho)).max() < 1e-7
+    rng = np.random.default_rng(seed)
+    for tid in rng.choice(g.ids, size=2, replace=False):
+        assert g.forget(int(tid), verify=True).verification["max_abs_score_dev"] < 1e-7
