@@ -3,15 +3,15 @@
 Per trial: a context, ``C = 1/(ν·n)`` set once (ν = 0.4, σ = 2), two tokens removed by the
 maintained C&P decrement and by a same-C refit, max |gate-score difference| over retained,
 removed and jittered probes; coefficient decay (γ = 0.01) on the same probes. Regimes: the
-registered synthetic ones (Gaussian, clustered near-duplicates, ICU-like) and ``icu_warehouse``:
+registered synthetic ones (Gaussian, clustered near-duplicates, ICU-like), ``icu_warehouse``:
 a random window (≤ 160 h) of a random stay of the warehouse, z-scored 6 vitals, deduplicated at
-0.1 SD. One Prefect task per regime.
+0.1 SD, and ``learned``: frozen keys of a small trained recall model. Regime generators live in
+:mod:`evaluation.studies.audit_regimes`. One Prefect task per regime.
 """
 from __future__ import annotations
 
 import time
 
-import numpy as np
 from prefect import flow, task
 
 from pipelines import runner
@@ -20,36 +20,20 @@ from pipelines import warehouse as wh
 SEED_TEXT = ("seed 001 §4: 1,199/1,200 complete; median |Δs| 2.4e-9 / 5.7e-7 / 1.6e-9 / 4.5e-13 "
              "(Gaussian / clustered / ICU / learned); worst 1.1e-2; decay median 2.2e-2…2.4e-1")
 ICU_REGIME = "icu_warehouse"
-
-
-def icu_regime(warehouse: str, window: int = 160, min_keys: int = 12, tol: float = 0.1):
-    """Regime generator ``fn(rng) -> (n, 6)`` over the warehouse's stays (keys held in memory)."""
-    from cohort.streams import iter_stays
-    from sv_core.audit import dedupe
-
-    keys = [s.z for s in iter_stays(warehouse)]
-    if not keys:
-        from pipelines.errors import StudyInputError
-
-        raise StudyInputError("the warehouse has no stay")
-
-    def gen(rng: np.random.Generator) -> np.ndarray:
-        for _ in range(1000):
-            X = keys[int(rng.integers(len(keys)))]
-            a = int(rng.integers(0, max(1, X.shape[0] - window + 1)))
-            D = dedupe(X[a:a + window], tol)
-            if D.shape[0] >= min_keys:
-                return D
-        raise RuntimeError("no stay window has enough distinct keys")
-    return gen
+LEARNED_REGIME = "learned"
+DEFAULT_REGIMES = ("gaussian", "clustered", "icu_like", ICU_REGIME, LEARNED_REGIME)
 
 
 @task(name="audit-regime", cache_key_fn=runner.cache_key, persist_result=True)
 def audit_task(warehouse: str | None, content_hash: str | None, regime: str, trials: int, seed: int) -> dict:
     from sv_core import audit
 
+    from evaluation.studies.audit_regimes import icu_regime_from_warehouse, learned_regime
+
     if regime == ICU_REGIME:
-        audit.register_regime(ICU_REGIME, icu_regime(warehouse))
+        audit.register_regime(ICU_REGIME, icu_regime_from_warehouse(warehouse, max_hours=160, min_keys=12))
+    elif regime == LEARNED_REGIME:
+        audit.register_regime(LEARNED_REGIME, learned_regime(seed=seed))
     res = audit.run_audit(trials, [regime], seed, progress=False)
     return {"summary": res["regimes"][regime], "failures": len(res["failures"]),
             "failure_kinds": sorted({f["error"].split(":")[0] for f in res["failures"]})}
@@ -57,7 +41,7 @@ def audit_task(warehouse: str | None, content_hash: str | None, regime: str, tri
 
 @flow(name="deletion-audit")
 def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = "runs", trials: int = 300,
-               regimes: tuple[str, ...] = ("gaussian", "clustered", "icu_like", ICU_REGIME), seed: int = 0,
+               regimes: tuple[str, ...] = DEFAULT_REGIMES, seed: int = 0,
                progress: bool = True) -> dict:
     t0 = time.perf_counter()
     h = None
@@ -106,7 +90,7 @@ def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = 
 
 @runner.cli_errors
 def _main(args) -> int:
-    regimes = tuple(args.regimes) if args.regimes else ("gaussian", "clustered", "icu_like", ICU_REGIME)
+    regimes = tuple(args.regimes) if args.regimes else DEFAULT_REGIMES
     r = runner.run_cli_flow(audit_flow, args, warehouse=args.warehouse, runs_dir=args.runs, trials=args.trials,
                             regimes=regimes, seed=args.seed, progress=not args.no_progress)
     print(f"deletion audit: {r['metrics']['completed']}/{r['metrics']['attempted']} complete")
