@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+
+# Local, offline use: no telemetry calls (the machine may have no network at all).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from pipelines import flows as _flows
 

@@ -1,0 +1,81 @@
+"""``forgetful bench-delete``: deletion latency (maintained decrement vs same-C refit) as a study.
+
+Wraps :func:`sv_core.bench_delete.bench_one` (one Prefect task per context size, run one after
+another so timings do not compete for cores) and writes the ``deletion_latency`` study result
+for the report. Speed is measured here, never asserted.
+"""
+from __future__ import annotations
+
+import platform
+import time
+
+from prefect import flow, task
+
+from pipelines import runner
+
+SEED_TEXT = ("seed 001 §4: per-size median maintained deletion 0.30–1.04 ms (n = 120…512, Apple M3 Ultra); "
+             "median refit/decrement ratio 24–223× (cvxpy refit)")
+
+
+@task(name="bench-delete-size")
+def bench_size(n: int, deletions: int, seed: int) -> dict:
+    from sv_core.bench_delete import bench_one
+
+    return bench_one(n, deletions, seed=seed)
+
+
+@flow(name="deletion-latency")
+def bench_delete_flow(sizes: tuple[int, ...] = (120, 256, 384, 512), deletions: int = 30, seed: int = 0,
+                      runs_dir: str = "runs") -> dict:
+    t0 = time.perf_counter()
+    per = [bench_size(n, deletions, seed) for n in sizes]  # sequential on purpose: clean timings
+    rows = []
+    for s in per:
+        a, act = s["all"], s["active"]
+        rows.append([s["n"], a["decrement_ms_median"], act.get("decrement_ms_median"),
+                     s["reserve"].get("decrement_ms_median"), a["refit_ms_median"], a["refit_over_decrement_median"],
+                     act.get("refit_over_decrement_median"), a["sklearn_ms_median"]])
+    result = {
+        "study": "deletion_latency",
+        "title": "Deletion latency: maintained C&P decrement vs same-C refit",
+        "data": "synthetic",
+        "runtime_s": time.perf_counter() - t0,
+        "seed_figure": {"text": SEED_TEXT},
+        "metrics": {f"n{s['n']}": {k: v for k, v in s["all"].items()} for s in per},
+        "tables": [{"title": "median milliseconds per deletion (30 uniform deletions per n)",
+                    "columns": ["n", "decrement (all)", "decrement (active)", "decrement (reserve)", "refit",
+                                "refit / decrement (all)", "refit / decrement (active)", "scikit-learn OCSVM"],
+                    "rows": rows}],
+        "figures": [{"kind": "line", "title": "median latency", "xlabel": "n", "ylabel": "ms", "log_y": True,
+                     "series": [{"label": "decrement (active)", "x": [r[0] for r in rows],
+                                 "y": [r[2] for r in rows], "style": "both"},
+                                {"label": "refit (Clarabel + KKT polish)", "x": [r[0] for r in rows],
+                                 "y": [r[4] for r in rows], "style": "both"},
+                                {"label": "scikit-learn OneClassSVM", "x": [r[0] for r in rows],
+                                 "y": [r[7] for r in rows], "style": "both"}]}],
+        "config": {"sizes": list(sizes), "deletions": deletions, "d": 6, "nu": 0.4, "sigma": 2.0, "seed": seed,
+                   "machine": platform.platform(), "processor": platform.processor()},
+    }
+    runner.write_study_result(result, runs_dir)
+    return result
+
+
+@runner.cli_errors
+def _main(args) -> int:
+    r = runner.run_cli_flow(bench_delete_flow, args, sizes=tuple(args.sizes), deletions=args.deletions,
+                            seed=args.seed, runs_dir=args.runs)
+    print(" | ".join(r["tables"][0]["columns"]))
+    for row in r["tables"][0]["rows"]:
+        print(" | ".join(f"{c:.3g}" if isinstance(c, float) else str(c) for c in row))
+    print(f"seed figure: {SEED_TEXT}")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("bench-delete", help="deletion latency: decrement vs same-C refit (study result)",
+                       description=__doc__)
+    p.add_argument("--sizes", type=int, nargs="*", default=[120, 256, 384, 512])
+    p.add_argument("--deletions", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    runner.add_common_args(p, warehouse=False)
+    p.set_defaults(func=_main)
