@@ -10,28 +10,32 @@ Pipeline (SPEC §2)
 ------------------
 1. Stays: every ICU stay of the source → valid times (intime < outtime) → LOS ≥ min_hours
    → optional deterministic sample. n_hours = ⌈LOS / 1 h⌉.
-2. One DuckDB scan of chartevents / clif_vitals with the six vitals' itemids (categories)
-   pushed into the scan, joined to the cohort's stays (nothing row-level is loaded into Python).
+2. One streamed DuckDB scan of chartevents / clif_vitals with the six vitals' itemids
+   (categories) pushed into the scan, joined to the cohort's stays; each row leaves DuckDB as
+   one packed BIGINT key and its value, in Arrow batches (no row-level Python).
    Temperature: itemid 223761 is °F; a Celsius-charted value above 50 is plainly °F; both are
    converted with (v − 32)·5/9. A null ``valuenum`` (text such as "Unable to assess" in
    ``value``) is not a measurement.
 3. Filters, each counted in the funnel: numeric value; intime ≤ charttime ≤ outtime;
    plausible range (after unit conversion). Stays that never record a plausible vital are dropped.
-4. Hourly mean: hour = ⌊(charttime − intime)/1 h⌋, capped at n_hours − 1 (a row exactly at
-   outtime falls in the last hour). Rows with the same (stay, itemid kind, charttime) are
-   averaged first, so a duplicated charting counts once; then the hourly mean per source;
-   arterial and non-invasive BP in the same hour are averaged (mean of the two source means).
-   This runs in the same aggregation as the scan, on one packed BIGINT key per row.
+   The usable rows are spooled to scratch files in buckets of contiguous stays
+   (``batch_stays`` stays each), so every later step holds one bucket at a time: memory grows
+   with the number of stays and hours, not with the number of chartevents rows.
+4. Hourly mean, per bucket in NumPy (:mod:`cohort._hourly`): hour = ⌊(charttime − intime)/1 h⌋,
+   capped at n_hours − 1 (a row exactly at outtime falls in the last hour). Rows with the same
+   (stay, itemid kind, charttime to the ms) are averaged first, so a duplicated charting counts
+   once; then the hourly mean per source; arterial and non-invasive BP in the same hour are
+   averaged (mean of the two source means).
 5. Splits by subject (train/val/test, :func:`cohort.selection.assign_splits`).
-6. Polars, in batches of stays (:func:`cohort.fill.fill_batch`): dense hours 0..n_hours−1,
-   ``_observed`` flags, forward fill within stay → back fill → cohort median (median of the
-   training split's observed hourly values, so no val/test value reaches training features),
-   event labels on the filled values.
+6. Per bucket: dense hours 0..n_hours−1, ``_observed`` flags, forward fill within stay → back
+   fill → cohort median (median of the training split's observed hourly values, so no val/test
+   value reaches training features), event labels on the filled values.
 7. Standardisation (mean, sample sd; sd 0 → 1) on training-split rows only →
    ``standardisation``; ``<vital>_z = (value − mean)/sd``.
 
-Scratch tables live in an in-memory DuckDB (spilling to disk past ``memory_limit``); only the
-output tables are written to the warehouse file. The slow reference of all of this is
+Scratch tables live in an in-memory DuckDB (spilling to disk past ``memory_limit``) and scratch
+files in a ``.buckets`` folder beside the output (removed at the end); only the output tables
+are written to the warehouse file, ``vitals_hourly`` in one streamed INSERT. The slow reference of all of this is
 :func:`cohort.reference.reference_build`.
 
 The warehouse is written to a temporary file next to the target and swapped in on success;
@@ -51,13 +55,17 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from .constants import (
-    EVENT_COLUMNS, ITEMIDS, OBSERVED_COLUMNS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE,
+    EVENT_COLUMNS, OBSERVED_COLUMNS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE,
     VITAL_CODE, VITALS,
 )
+from ._hourly import (
+    HOUR_MS, MAX_STAYS, MS_MASK, MS_SHIFT, SIDX_SHIFT, BucketSpool, Moments, events, fill_within_stays,
+    hourly_means,
+)
 from .errors import BadParameterError, CohortError, EmptyCohortError, UnreadableInputError, format_funnel
-from .fill import fill_batch
 from .selection import assign_splits, sample_stays
 from .sources import make_adapter
 
@@ -138,46 +146,69 @@ def _connect(path: Path, memory_limit: str, threads: int | None) -> duckdb.DuckD
 def _rm(p: Path) -> None:
     import shutil
 
-    for q in (p, p.parent / (p.name + ".wal"), p.parent / (p.name + ".spill")):
+    for q in (p, p.parent / (p.name + ".wal"), p.parent / (p.name + ".spill"), p.parent / (p.name + ".buckets")):
         if q.is_dir():
             shutil.rmtree(q, ignore_errors=True)
         elif q.exists():
             q.unlink()
 
 
-def content_hash(con: duckdb.DuckDBPyConnection, schema: str = "") -> str:
+class _TableHasher:
+    """One sha256 per column of a table, fed Arrow record batches in the table's hash order."""
+
+    def __init__(self, columns: list[str]):
+        self.columns = list(columns)
+        self.hashers = {c: hashlib.sha256() for c in self.columns}
+        self.rows = 0
+
+    def update(self, batch) -> None:
+        self.rows += batch.num_rows
+        for name, arr in zip(batch.schema.names, batch.columns):
+            h = self.hashers.get(name)
+            if h is None:
+                continue
+            if arr.type == "string" or str(arr.type) in ("string", "large_string"):
+                h.update("\0".join("" if x is None else x for x in arr.to_pylist()).encode())
+                h.update(b"\1")
+            else:
+                npv = arr.to_numpy(zero_copy_only=False)
+                if npv.dtype == bool:
+                    npv = npv.astype(np.uint8)
+                if npv.dtype.kind == "f":
+                    npv = np.round(np.nan_to_num(npv.astype(np.float64), nan=-1e300), 6) + 0.0
+                h.update(np.ascontiguousarray(npv).tobytes())
+
+    def combine(self, outer, table: str) -> None:
+        outer.update(table.encode())
+        for c in self.columns:
+            outer.update(c.encode() + self.hashers[c].digest())
+
+
+_HASH_ORDER = {"cohort_stays": "stay_id", "vitals_hourly": "stay_id, hour", "standardisation": "vital"}
+
+
+def content_hash(con: duckdb.DuckDBPyConnection, schema: str = "", _precomputed: dict | None = None) -> str:
     """sha256 over the ordered contents of the output tables, one hasher per column.
 
     Timestamps hash as int64 microseconds, booleans as uint8, strings as UTF-8 with a NUL
     separator, floats rounded to 6 decimals (parallel aggregation may change the last bits of
     a mean); the ``_z`` columns are left out (they are a function of the raw column and the
     hashed ``standardisation``). The final digest combines the per-column digests in order.
+    ``_precomputed`` (table → :class:`_TableHasher`) is the build's own hash of a table it
+    has just written in hash order (``vitals_hourly``), so that table is not read back.
     """
-    orders = {"cohort_stays": "stay_id", "vitals_hourly": "stay_id, hour", "standardisation": "vital"}
     outer = hashlib.sha256()
-    for table, order in orders.items():
+    for table, order in _HASH_ORDER.items():
         cols = [r[0] for r in con.execute(f"DESCRIBE {schema}{table}").fetchall() if not r[0].endswith("_z")]
-        hashers = {c: hashlib.sha256() for c in cols}
-        sel = ", ".join(
-            f"epoch_us({c}) AS {c}" if c in ("intime", "outtime") else c for c in cols
-        )
-        reader = con.sql(f"SELECT {sel} FROM {schema}{table} ORDER BY {order}").to_arrow_reader(1_000_000)
-        for batch in reader:
-            for name, arr in zip(batch.schema.names, batch.columns):
-                h = hashers[name]
-                if arr.type == "string" or str(arr.type) in ("string", "large_string"):
-                    h.update("\0".join("" if x is None else x for x in arr.to_pylist()).encode())
-                    h.update(b"\1")
-                else:
-                    npv = arr.to_numpy(zero_copy_only=False)
-                    if npv.dtype == bool:
-                        npv = npv.astype(np.uint8)
-                    if npv.dtype.kind == "f":
-                        npv = np.round(np.nan_to_num(npv.astype(np.float64), nan=-1e300), 6) + 0.0
-                    h.update(np.ascontiguousarray(npv).tobytes())
-        outer.update(table.encode())
-        for c in cols:
-            outer.update(c.encode() + hashers[c].digest())
+        th = (_precomputed or {}).get(table)
+        if th is None or th.columns != cols or th.rows != con.execute(f"SELECT count(*) FROM {schema}{table}").fetchone()[0]:
+            th = _TableHasher(cols)
+            sel = ", ".join(
+                f"epoch_us({c}) AS {c}" if c in ("intime", "outtime") else c for c in cols
+            )
+            for batch in con.sql(f"SELECT {sel} FROM {schema}{table} ORDER BY {order}").to_arrow_reader(1_000_000):
+                th.update(batch)
+        th.combine(outer, table)
     return outer.hexdigest()
 
 
@@ -194,20 +225,36 @@ class _Funnel:
             raise EmptyCohortError(f"empty cohort after filters ({why})", self.rows)
 
 
-def _scan(con, sql: str, files, what: str):
+def _scan(con, sql: str, files, what: str, stream: bool = False):
+    """Run ``sql`` (or, with ``stream``, iterate its Arrow record batches), turning a read
+    failure of the input files into :class:`UnreadableInputError`."""
+
+    def wrap(exc):
+        names = ", ".join(str(f) for f in files)
+        return UnreadableInputError(
+            f"reading {what} from {names} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
+        )
+
+    readable = (duckdb.IOException, duckdb.InvalidInputException, duckdb.ConversionException)
+    if not stream:
+        try:
+            return con.execute(sql)
+        except readable as exc:
+            raise wrap(exc) from exc
+    return _stream(con, sql, readable, wrap)
+
+
+def _stream(con, sql, readable, wrap, rows: int = 1 << 20):
     try:
-        return con.execute(sql)
-    except duckdb.Error as exc:
-        if isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException, duckdb.ConversionException)):
-            names = ", ".join(str(f) for f in files)
-            raise UnreadableInputError(
-                f"reading {what} from {names} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
-            ) from exc
-        raise
+        reader = con.sql(sql).to_arrow_reader(rows)
+        for batch in reader:
+            yield batch
+    except readable as exc:
+        raise wrap(exc) from exc
 
 
 def _build_into(con, source: str, root: Path, min_hours: float, sample: int | None, seed: int,
-                progress: bool, batch_stays: int) -> _Funnel:
+                progress: bool, batch_stays: int, scratch: Path) -> tuple[_Funnel, dict]:
     adapter = make_adapter(source, root, con)
     funnel = _Funnel(con)
     q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
@@ -240,79 +287,70 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
         f"UPDATE _cohort0 SET n_hours = CAST(ceil((out_us - in_us) / {HOUR_US}.0) AS INTEGER)"
     )
 
-    # 2+3. one scan of the measurements, fused with the charttime de-duplication ----------
-    # Every row gets one packed BIGINT group key (one-column keys hash much faster than three):
-    #   usable row:  stay_idx << 43 | (vital·4+src) << 38 | ms since intime
-    #   other rows:  stay_idx << 43 | 31 << 38 | status (0 no number, 1 outside stay, 2 implausible)
-    # so duplicated chartings (same stay, item kind, charttime) collapse to their mean, and
-    # the per-key counts carry the funnel. ms since intime is capped at n_hours·3600000 − 1
-    # (a row exactly at outtime joins the last hour).
+    # 2+3. one streamed scan of the measurements ----------------------------------------
+    # Each vital row becomes one packed BIGINT: usable rows (numeric, within the stay,
+    # plausible) carry  stay_idx << 43 | ms since intime << 5 | vital·4+source  (≥ 0) and
+    # their value; every other row carries ~(stay_idx·4 + status) (< 0), status 0 no number,
+    # 1 outside the stay, 2 implausible. NumPy counts the funnel per stay and spools the
+    # usable rows into buckets of contiguous stays (cohort._hourly), so no aggregation over
+    # all rows ever has to fit in memory.
     n_cohort = q("SELECT count(*) FROM _cohort0")[0]
-    if n_cohort >= 2 ** 20:
-        raise BadParameterError(f"{n_cohort} stays exceed the 1,048,575 a build can pack; use --sample")
+    if n_cohort >= MAX_STAYS:
+        raise BadParameterError(f"{n_cohort} stays exceed the {MAX_STAYS - 1:,} a build can pack; use --sample")
+    max_hours = q("SELECT coalesce(max(n_hours), 0) FROM _cohort0")[0]
+    if max_hours * HOUR_MS > MS_MASK:
+        raise BadParameterError(f"a stay of {max_hours} hours exceeds the {MS_MASK // HOUR_MS} hours a build can pack")
     con.execute("CREATE TABLE _sidx AS SELECT stay_id, CAST(row_number() OVER (ORDER BY stay_id) - 1 AS BIGINT) AS sidx, "
                 "in_us, out_us, n_hours FROM _cohort0")
+    sx = con.sql("SELECT stay_id, n_hours FROM _sidx ORDER BY sidx").fetchnumpy()
+    stay_of_sidx = np.asarray(sx["stay_id"], dtype=np.int64)
+    hours_of_sidx = np.asarray(sx["n_hours"], dtype=np.int64)
+    spool = BucketSpool(scratch, n_cohort, max(1, min(256, -(-n_cohort // max(1, batch_stays)))))
+    status = np.zeros(4 * n_cohort, dtype=np.int64)  # per stay: no number, outside, implausible, usable
+    n_ok = np.zeros(n_cohort, dtype=np.int64)
     t = time.perf_counter()
-    _scan(
-        con,
-        f"""CREATE TABLE _o1 AS
+    sql = f"""
         WITH m AS (
-            SELECT c.sidx, CAST(m.vital * 4 + m.src AS BIGINT) AS vs, m.ts_us, c.in_us, c.n_hours,
+            SELECT c.sidx, CAST(m.vital * 4 + m.src AS BIGINT) AS vs, m.ts_us, c.in_us,
                    {_value_sql()} AS value,
                    (m.ts_us >= c.in_us AND m.ts_us <= c.out_us) AS in_win
             FROM ({adapter.measurements_sql('_cohort0')}) AS m JOIN _sidx AS c USING (stay_id)),
         m2 AS (SELECT *, COALESCE(in_win AND {_plausible_case_sql()}, false) AS ok FROM m)
-        SELECT CASE WHEN ok THEN (sidx << 43) | (vs << 38)
-                                 | LEAST((ts_us - in_us) // 1000, CAST(n_hours AS BIGINT) * 3600000 - 1)
-                    ELSE (sidx << 43) | (31::BIGINT << 38)
-                         | (CASE WHEN value IS NULL THEN 0 WHEN NOT in_win THEN 1 ELSE 2 END) END AS k,
-               count(*) AS n, avg(value) AS v
-        FROM m2 GROUP BY k""",
-        adapter.scan_files, "vital-sign rows",
-    )
+        SELECT CASE WHEN ok THEN (sidx << {SIDX_SHIFT}) | (((ts_us - in_us) // 1000) << {MS_SHIFT}) | vs
+                    ELSE -(sidx * 4 + (CASE WHEN value IS NULL THEN 0 WHEN NOT in_win THEN 1 ELSE 2 END)) - 1
+               END AS k, value AS v
+        FROM m2"""
+    try:
+        for batch in _scan(con, sql, adapter.scan_files, "vital-sign rows", stream=True):
+            k = batch.column(0).to_numpy()
+            bad = k < 0
+            if bad.any():
+                status += np.bincount(~k[bad], minlength=status.size)
+                keep = ~bad
+                k, v = k[keep], batch.column(1).to_numpy(zero_copy_only=False)[keep]
+            else:
+                v = batch.column(1).to_numpy(zero_copy_only=False)
+            n_ok += np.bincount(k >> SIDX_SHIFT, minlength=n_cohort)
+            spool.add(k, v)
+    finally:
+        spool.close()
     if progress:
         print(f"[cohort] scanned vitals in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-    # per-stay funnel counts: status 0 rows are not numeric, 1 outside the stay, 2 implausible
-    con.execute(
-        """CREATE TABLE _stay_counts AS
-        WITH x AS (SELECT k >> 43 AS sidx, CASE WHEN (k >> 38) & 31 = 31 THEN k & 3 ELSE 3 END AS st, n FROM _o1)
-        SELECT s.stay_id, sum(n) AS n_all, sum(n) FILTER (WHERE st >= 1) AS n_num,
-               sum(n) FILTER (WHERE st >= 2) AS n_win, sum(n) FILTER (WHERE st = 3) AS n_ok
-        FROM x JOIN _sidx AS s USING (sidx) GROUP BY s.stay_id"""
-    )
+    st = status.reshape(n_cohort, 4)
+    st[:, 3] = n_ok
+    per_stay = {"n_all": st.sum(1), "n_num": st[:, 1:].sum(1), "n_win": st[:, 2:].sum(1), "n_ok": st[:, 3]}
     for step, col in (("vital_rows", "n_all"), ("numeric_value", "n_num"),
                       ("charttime_within_stay", "n_win"), ("plausible_range", "n_ok")):
-        n_st, n_r = q(f"SELECT count(*) FILTER (WHERE {col} > 0), coalesce(sum({col}), 0) FROM _stay_counts")
-        funnel.add(step, n_st, n_r)
-
-    # 4. hourly means per (vital, source), pivoted wide; a vital charted by two sources (BP)
-    # is the mean of the two source means: (coalesce(a, n) + coalesce(n, a)) / 2.
-    cols, outs = [], []
-    for v in VITALS:
-        code = VITAL_CODE[v]
-        srcs = sorted({s for (vv, s, _) in ITEMIDS.values() if vv == v})
-        for s_ in srcs:
-            cols.append(f"avg(CASE WHEN vs = {code * 4 + s_} THEN v END) AS {v}_{s_}")
-        if len(srcs) == 1:
-            outs.append(f"{v}_{srcs[0]} AS {v}")
-        else:
-            a, n = (f"{v}_{s_}" for s_ in srcs[:2])
-            outs.append(f"(coalesce({a}, {n}) + coalesce({n}, {a})) / 2 AS {v}")
-    con.execute(
-        f"""CREATE TABLE _obs AS
-        WITH x AS (SELECT k >> 43 AS sidx, (k >> 38) & 31 AS vs, (k & 274877906943) // 3600000 AS h, v
-                   FROM _o1 WHERE (k >> 38) & 31 < 31),
-        w AS (SELECT (sidx << 20) | h AS k2, {', '.join(cols)} FROM x GROUP BY k2)
-        SELECT s.stay_id, CAST(w.k2 & 1048575 AS INTEGER) AS hour, {', '.join(outs)}
-        FROM w JOIN _sidx AS s ON s.sidx = w.k2 >> 20"""
-    )
-    con.execute("DROP TABLE _o1")
+        funnel.add(step, int((per_stay[col] > 0).sum()), int(per_stay[col].sum()))
 
     # 5. final cohort + splits ------------------------------------------------------------
+    final = per_stay["n_ok"] > 0
+    con.register("_final_ids", pa.table({"stay_id": stay_of_sidx[final]}))
     con.execute(
         "CREATE TABLE _final AS SELECT c.stay_id, c.subject_id, c.hadm_id, c.intime, c.outtime, c.n_hours "
-        "FROM _cohort0 AS c WHERE c.stay_id IN (SELECT stay_id FROM _stay_counts WHERE n_ok > 0)"
+        "FROM _cohort0 AS c WHERE c.stay_id IN (SELECT stay_id FROM _final_ids)"
     )
+    con.unregister("_final_ids")
     n_final, n_tok = q("SELECT count(*), coalesce(sum(n_hours), 0) FROM _final")
     funnel.add("stays_with_a_vital", n_final, n_tok)
     funnel.require(n_final, "no stay records a plausible vital sign")
@@ -329,57 +367,134 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
         "FROM _final f JOIN _split_df s USING (subject_id) ORDER BY f.stay_id"
     )
     con.unregister("_split_df")
+    tr = con.sql("SELECT s.sidx FROM cohort_stays c JOIN _sidx s USING (stay_id) WHERE c.split = 'train'").fetchnumpy()
+    train = np.zeros(n_cohort, dtype=bool)
+    train[np.asarray(tr["sidx"], dtype=np.int64)] = True
 
-    # 6. medians on the training split, then Polars fill in batches -----------------------
-    med_sql = ", ".join(f"median({v}) FILTER (WHERE c.split = 'train'), median({v})" for v in VITALS)
-    med = q(f"SELECT {med_sql} FROM _obs JOIN cohort_stays AS c USING (stay_id)")
-    medians = {}
-    for v, mt, ma in zip(VITALS, med[0::2], med[1::2]):
-        if mt is None and ma is None:
-            raise EmptyCohortError(f"vital {v!r} is never observed in the cohort; cannot impute", funnel.rows)
-        medians[v] = float(mt if mt is not None else ma)
+    # 4+6a. per bucket: hourly means, dense grid, fill within stay; training-split moments and
+    # observed values (for the medians) are gathered on the way. Grid rows: final stays in
+    # stay_id order, hours 0..n_hours−1.
+    nv = len(VITALS)
+    grid_hours = np.where(final, hours_of_sidx, 0)
+    grid_start = np.cumsum(grid_hours) - grid_hours  # grid offset of each stay index
+    moments = Moments(nv)
+    n_unfilled = np.zeros(nv)
+    med_files = {(j, part): scratch / f"median_{j}_{part}.f8" for j in range(nv) for part in ("train", "other")}
+    med_fh = {key: open(p, "ab") for key, p in med_files.items()}
 
-    cols_sql = ", ".join(
-        ["stay_id BIGINT", "hour INTEGER"] + [f"{v} DOUBLE" for v in VITALS]
-        + [f"{c} BOOLEAN" for c in OBSERVED_COLUMNS] + [f"{c} BOOLEAN" for c in EVENT_COLUMNS]
-    )
-    con.execute(f"CREATE TABLE _filled ({cols_sql})")
-    stay_rows = con.execute("SELECT stay_id, n_hours FROM cohort_stays ORDER BY stay_id").fetchall()
-    batches = [stay_rows[i:i + batch_stays] for i in range(0, len(stay_rows), batch_stays)]
-    it = batches
-    if progress and len(batches) > 1:
+    def one_bucket(b: int):
+        """Hourly means and the within-stay fill of bucket ``b`` (saved to scratch); returns the
+        observed values per vital (training split, others) and the training rows' moments."""
+        lo, hi = spool.stay_range(b)
+        k, v = spool.read(b)
+        o_sidx, o_hour, o_val = hourly_means(k, v, hours_of_sidx)
+        del k, v
+        is_tr = train[o_sidx]
+        values = []
+        for j in range(nv):
+            col = o_val[:, j]
+            has = ~np.isnan(col)
+            values.append((col[has & is_tr], col[has & ~is_tr]))
+        filled, observed = fill_within_stays(grid_start[o_sidx] - int(grid_start[lo]) + o_hour, o_val,
+                                             grid_hours[lo:hi])
+        np.save(scratch / f"filled_{b:05d}.npy", filled)
+        np.save(scratch / f"observed_{b:05d}.npy", observed)
+        row_train = np.repeat(train[lo:hi], grid_hours[lo:hi])
+        groups = []
+        for j in range(nv):
+            x = filled[row_train, j]
+            miss = np.isnan(x)
+            groups.append((int(miss.sum()), *Moments.group(x[~miss])))
+        return values, groups
+
+    buckets = range(spool.n_buckets)
+    if progress and spool.n_buckets > 1:
         from tqdm import tqdm
 
-        it = tqdm(batches, desc="[cohort] fill", unit="batch", file=sys.stderr)
-    for b in it:
-        lo, hi = b[0][0], b[-1][0]
-        stays_df = pl.DataFrame({"stay_id": [r[0] for r in b], "n_hours": [r[1] for r in b]},
-                                schema={"stay_id": pl.Int64, "n_hours": pl.Int64})
-        obs = pl.from_arrow(con.sql(f"SELECT * FROM _obs WHERE stay_id BETWEEN {lo} AND {hi}").to_arrow_table())
-        filled = fill_batch(obs, stays_df, medians)
-        con.register("_batch_df", filled.to_arrow())
-        con.execute("INSERT INTO _filled SELECT * FROM _batch_df")
-        con.unregister("_batch_df")
+        buckets = tqdm(buckets, desc="[cohort] hourly", unit="bucket", file=sys.stderr)
+    try:
+        for b in buckets:
+            values, groups = one_bucket(b)
+            for j in range(nv):
+                values[j][0].tofile(med_fh[(j, "train")])
+                values[j][1].tofile(med_fh[(j, "other")])
+                n_miss, n, mu, m2 = groups[j]
+                n_unfilled[j] += n_miss
+                moments.add_group(j, n, mu, m2)
+    finally:
+        for fh in med_fh.values():
+            fh.close()
 
-    # 7. standardisation on the training split only ----------------------------------------
-    stats_sql = ", ".join(f"avg({v}), stddev_samp({v})" for v in VITALS)
-    st = q(f"SELECT {stats_sql} FROM _filled WHERE stay_id IN (SELECT stay_id FROM cohort_stays WHERE split = 'train')")
+    # 6b. medians of the training split's observed hourly values (all stays if none) --------
+    medians = np.empty(nv)
+    for j, v in enumerate(VITALS):
+        vals = np.fromfile(med_files[(j, "train")])
+        if vals.size == 0:
+            vals = np.fromfile(med_files[(j, "other")])
+        if vals.size == 0:
+            raise EmptyCohortError(f"vital {v!r} is never observed in the cohort; cannot impute", funnel.rows)
+        medians[j] = float(np.median(vals))
+        del vals
+        for part in ("train", "other"):
+            med_files[(j, part)].unlink()
+
+    # 7. standardisation on the training split only (the never-recorded vitals of a training
+    # stay take the median), then the output rows bucket by bucket ---------------------------
     con.execute("CREATE TABLE standardisation (vital VARCHAR PRIMARY KEY, mean DOUBLE NOT NULL, sd DOUBLE NOT NULL)")
     stats = {}
-    for i, v in enumerate(VITALS):
-        mean, sd = st[2 * i], st[2 * i + 1]
-        sd = 1.0 if sd is None or not np.isfinite(sd) or sd <= 0 else float(sd)
-        stats[v] = (float(mean), sd)
-        con.execute("INSERT INTO standardisation VALUES (?, ?, ?)", [v, float(mean), sd])
-    z_sql = ", ".join(f"({v} - {stats[v][0]!r}) / {stats[v][1]!r} AS {v}_z" for v in VITALS)
-    con.execute(
-        "CREATE TABLE wh.vitals_hourly AS SELECT stay_id, hour, "
-        + ", ".join(VITALS) + ", " + ", ".join(OBSERVED_COLUMNS) + f", {z_sql}, "
-        + ", ".join(EVENT_COLUMNS) + " FROM _filled"
+    for j, v in enumerate(VITALS):
+        moments.add_group(j, n_unfilled[j], medians[j], 0.0)
+        if moments.n[j] == 0:
+            raise EmptyCohortError("no training-split hour to standardise on", funnel.rows)
+        sd = moments.sd(j)
+        sd = 1.0 if sd is None or not np.isfinite(sd) or sd <= 0 else sd
+        stats[v] = (float(moments.mean[j]), sd)
+        con.execute("INSERT INTO standardisation VALUES (?, ?, ?)", [v, stats[v][0], sd])
+    schema = pa.schema(
+        [("stay_id", pa.int64()), ("hour", pa.int32())] + [(v, pa.float64()) for v in VITALS]
+        + [(c, pa.bool_()) for c in OBSERVED_COLUMNS] + [(f"{v}_z", pa.float64()) for v in VITALS]
+        + [(c, pa.bool_()) for c in EVENT_COLUMNS]
     )
+    types = {pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+    con.execute("CREATE TABLE wh.vitals_hourly (" + ", ".join(f"{f.name} {types[f.type]}" for f in schema) + ")")
+    mean_row = np.array([stats[v][0] for v in VITALS])
+    sd_row = np.array([stats[v][1] for v in VITALS])
+    buckets = range(spool.n_buckets)
+    if progress and spool.n_buckets > 1:
+        from tqdm import tqdm
+
+        buckets = tqdm(buckets, desc="[cohort] write", unit="bucket", file=sys.stderr)
+
+    out_hash = _TableHasher([f.name for f in schema if not f.name.endswith("_z")])
+
+    def out_batches():
+        for b in buckets:
+            lo, hi = spool.stay_range(b)
+            filled = np.load(scratch / f"filled_{b:05d}.npy")
+            observed = np.load(scratch / f"observed_{b:05d}.npy")
+            (scratch / f"filled_{b:05d}.npy").unlink()
+            (scratch / f"observed_{b:05d}.npy").unlink()
+            if filled.shape[0] == 0:
+                continue
+            np.copyto(filled, np.broadcast_to(medians, filled.shape), where=np.isnan(filled))
+            z = (filled - mean_row) / sd_row
+            gh = grid_hours[lo:hi]
+            ends = np.cumsum(gh)
+            cols = ([np.repeat(stay_of_sidx[lo:hi], gh),
+                     (np.arange(ends[-1], dtype=np.int64) - np.repeat(ends - gh, gh)).astype(np.int32)]
+                    + [filled[:, j] for j in range(nv)] + [observed[:, j] for j in range(nv)]
+                    + [z[:, j] for j in range(nv)] + list(events(filled)))
+            batch = pa.RecordBatch.from_arrays([pa.array(c) for c in cols], schema=schema)
+            out_hash.update(batch)  # rows leave in (stay_id, hour) order: the hash order
+            yield batch
+
+    # one INSERT from a stream of record batches: one transaction, so DuckDB writes
+    # compressed row groups straight to the file instead of logging every bucket to the WAL
+    con.register("_out_rows", pa.RecordBatchReader.from_batches(schema, out_batches()))
+    con.execute("INSERT INTO wh.vitals_hourly SELECT * FROM _out_rows")
+    con.unregister("_out_rows")
     con.execute("CREATE INDEX vitals_hourly_stay ON wh.vitals_hourly (stay_id)")
-    n_st, n_r = q("SELECT count(DISTINCT stay_id), count(*) FROM _filled")
-    funnel.add("hourly_tokens", n_st, n_r)
+    funnel.add("hourly_tokens", n_final, int(grid_hours.sum()))
     con.execute("CREATE TABLE wh.cohort_funnel (step VARCHAR, n_stays BIGINT, n_rows BIGINT, ord INTEGER)")
     for i, (step, ns, nr) in enumerate(funnel.rows):
         con.execute("INSERT INTO wh.cohort_funnel VALUES (?, ?, ?, ?)", [step, ns, nr, i])
@@ -389,16 +504,15 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     con.execute("INSERT INTO wh.cohort_stays SELECT * FROM cohort_stays ORDER BY stay_id")
     con.execute("CREATE TABLE wh.standardisation (vital VARCHAR PRIMARY KEY, mean DOUBLE NOT NULL, sd DOUBLE NOT NULL)")
     con.execute("INSERT INTO wh.standardisation SELECT * FROM standardisation")
-    for tname in ("_src_stays", "_valid", "_long", "_cohort0", "_stay_counts", "_obs", "_final", "_filled",
-                  "cohort_stays", "standardisation"):
+    for tname in ("_src_stays", "_valid", "_long", "_cohort0", "_sidx", "_final", "cohort_stays", "standardisation"):
         con.execute(f"DROP TABLE IF EXISTS {tname}")
-    return funnel
+    return funnel, {"vitals_hourly": out_hash}
 
 
 def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path = "warehouse.duckdb",
                     min_hours: float = 48, sample: int | None = None, seed: int = 0,
                     memory_limit: str = "4GB", progress: bool = True, threads: int | None = None,
-                    export_parquet: str | Path | None = None, batch_stays: int = 4000) -> BuildSummary:
+                    export_parquet: str | Path | None = None, batch_stays: int = 1000) -> BuildSummary:
     """Build the warehouse and return a :class:`BuildSummary`.
 
     Parameters
@@ -413,6 +527,9 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     seed : seed of the sample and of the subject split.
     memory_limit : DuckDB memory limit, e.g. "4GB".
     export_parquet : optional folder that receives one Parquet file per output table.
+    threads : DuckDB threads (default: DuckDB's choice, all cores).
+    batch_stays : stays per scratch bucket (at most 256 buckets); a bucket's rows are what the
+        hourly step holds in memory at once.
     """
     t0 = time.perf_counter()
     if min_hours < 0:
@@ -437,8 +554,9 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     _rm(tmp)
     con = _connect(tmp, memory_limit, threads)
     try:
-        funnel = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays)
-        h = content_hash(con, "wh.")
+        funnel, hashed = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays,
+                             tmp.parent / (tmp.name + ".buckets"))
+        h = content_hash(con, "wh.", _precomputed=hashed)
         params = {"source": source, "min_hours": min_hours, "sample": sample, "seed": seed}
         con.execute("CREATE TABLE wh.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
         info = {"content_hash": h, "params": json.dumps(params), "duckdb": duckdb.__version__,
