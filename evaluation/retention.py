@@ -19,7 +19,7 @@ from evaluation.metrics import (
     PairedTest,
     paired_bootstrap_ci,
     paired_t_test,
-    retention_over_stays,
+    event_hour_retention,
     wilcoxon_test,
 )
 from evaluation.policies import SelectionPolicy, SupportVectorPolicy, get_policy
@@ -129,8 +129,27 @@ def compare_retention(
         raise MetricError("the oracle policy needs evaluation queries; it is not part of this protocol")
     if len(set(policies)) != len(policies):
         raise MetricError(f"duplicate policy names in {list(policies)}")
-    sv = SupportVectorPolicy(nu=nu, sigma=sigma)
-    built: dict[str, SelectionPolicy] = {"sv": sv}
+    built = build_policies(policies, nu=nu, sigma=sigma, seed=seed)
+    rng = np.random.default_rng(seed)
+    iterator: Any = zip(keys_per_stay, events_per_stay)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, total=len(keys_per_stay), desc="retention (stays)", leave=False)
+    rows, n_excluded = [], 0
+    for X, ev in iterator:
+        row = stay_policy_retention(X, ev, built, rng=rng)
+        if row is None:
+            n_excluded += 1  # no event hour: excluded before any solve, counted
+        else:
+            rows.append(row)
+    return comparison_from_rows(rows, n_excluded=n_excluded, policies=policies, nu=nu, sigma=sigma, seed=seed,
+                                n_boot=n_boot, level=level)
+
+
+def build_policies(policies: Sequence[str], *, nu: float, sigma: float, seed: int) -> dict[str, SelectionPolicy]:
+    """The protocol's policies by name (``"sv"`` first: it defines the budget)."""
+    built: dict[str, SelectionPolicy] = {"sv": SupportVectorPolicy(nu=nu, sigma=sigma)}
     for name in policies:
         if name == "sv":
             continue
@@ -140,43 +159,38 @@ def compare_retention(
         elif name == "random":
             kw = {"seed": seed}
         built[name] = get_policy(name, **kw)
-    rng = np.random.default_rng(seed)
+    return built
 
-    kept: dict[str, list[np.ndarray]] = {p: [] for p in policies}
-    events_used: list[np.ndarray] = []
-    supports: list[int] = []
-    iterator: Any = zip(keys_per_stay, events_per_stay)
-    if progress:
-        from tqdm.auto import tqdm
 
-        iterator = tqdm(iterator, total=len(keys_per_stay), desc="retention (stays)", leave=False)
-    n_excluded = 0
-    for X, ev in iterator:
-        X = np.asarray(X, dtype=np.float64)
-        ev = np.asarray(ev, dtype=bool)
-        if X.ndim != 2 or ev.shape != (X.shape[0],):
-            raise MetricError(f"stay keys of shape {X.shape} do not match events of shape {ev.shape}")
-        if not ev.any():
-            n_excluded += 1  # no event hour: excluded before any solve, counted
-            continue
-        k = sv.support_size(X)
-        supports.append(k)
-        events_used.append(ev)
-        for name in policies:
-            kept[name].append(built[name].select(X, k, rng=rng))
-    if not events_used:
+def stay_policy_retention(X: Any, ev: Any, built: dict[str, SelectionPolicy], *,
+                          rng: np.random.Generator) -> dict[str, Any] | None:
+    """Event-hour retention of every policy on one stay at budget ``k = |S∪E|``.
+
+    X : (n, d) selector input in hour order; ev : (n,) bool event hours.
+    Returns ``{"n", "k", "n_events", "retention": {policy: fraction}}``, or ``None`` when the
+    stay has no event hour (excluded before any solve).
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    ev = np.asarray(ev, dtype=bool)
+    if X.ndim != 2 or ev.shape != (X.shape[0],):
+        raise MetricError(f"stay keys of shape {X.shape} do not match events of shape {ev.shape}")
+    if not ev.any():
+        return None
+    k = built["sv"].support_size(X)
+    return {"n": int(X.shape[0]), "k": int(k), "n_events": int(ev.sum()),
+            "retention": {name: event_hour_retention(pol.select(X, k, rng=rng), ev) for name, pol in built.items()}}
+
+
+def comparison_from_rows(rows: Sequence[dict[str, Any]], *, n_excluded: int, policies: Sequence[str], nu: float,
+                         sigma: float, seed: int = 0, n_boot: int = 10_000, level: float = 0.95
+                         ) -> RetentionComparison:
+    """Aggregate per-stay rows of :func:`stay_policy_retention` (in a fixed stay order): means,
+    bootstrap intervals over stays, paired SV-minus-policy differences and tests."""
+    if not rows:
         raise MetricError("no stay has an event hour; nothing to compare")
-
-    per_stay: dict[str, np.ndarray] = {}
-    means: dict[str, float] = {}
-    mean_ci: dict[str, BootstrapCI] = {}
-    budget_fraction = float("nan")
-    for name in policies:
-        summ = retention_over_stays(kept[name], events_used)
-        per_stay[name] = summ.per_stay
-        means[name] = summ.mean
-        mean_ci[name] = paired_bootstrap_ci(summ.per_stay, np.zeros_like(summ.per_stay), n_boot, seed, level)
-        budget_fraction = summ.mean_budget_fraction
+    per_stay = {p: np.array([r["retention"][p] for r in rows], dtype=np.float64) for p in policies}
+    means = {p: float(per_stay[p].mean()) for p in policies}
+    mean_ci = {p: paired_bootstrap_ci(per_stay[p], np.zeros(len(rows)), n_boot, seed, level) for p in policies}
     diffs: dict[str, BootstrapCI] = {}
     tests: dict[str, dict[str, PairedTest | None]] = {}
     for name in policies:
@@ -187,8 +201,9 @@ def compare_retention(
                        "wilcoxon": _maybe(wilcoxon_test, per_stay["sv"], per_stay[name])}
     return RetentionComparison(
         per_stay=per_stay, means=means, mean_ci=mean_ci, diffs=diffs, tests=tests,
-        n_included=len(events_used), n_excluded=n_excluded, mean_budget_fraction=budget_fraction,
-        mean_support_size=float(np.mean(supports)),
+        n_included=len(rows), n_excluded=int(n_excluded),
+        mean_budget_fraction=float(np.mean([r["k"] / r["n"] for r in rows])),
+        mean_support_size=float(np.mean([r["k"] for r in rows])),
         config={"nu": nu, "sigma": sigma, "policies": list(policies), "seed": seed, "n_boot": n_boot,
                 "level": level, "budget": "k = |S∪E| per stay (SV support size)"},
     )

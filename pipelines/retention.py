@@ -21,9 +21,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from cohort.streams import iter_stays
-from evaluation.errors import MetricError
-from evaluation.metrics import event_hour_retention, paired_bootstrap_ci, paired_t_test, wilcoxon_test
-from evaluation.policies import SupportVectorPolicy, get_policy
 from evaluation.retention import RetentionComparison
 
 from .errors import StudyInputError
@@ -48,19 +45,14 @@ def stay_retention(keys: np.ndarray, events: np.ndarray, *, nu: float, sigma: fl
     ``build_gate`` the ``gate``, ``gate_score_dev`` (max gate-score gap to the refit on the keys)
     and ``gate_alpha_dev`` (max |α_C&P − α_refit|; non-zero on exact duplicates).
     """
-    # C order: sv_core.Gate.admit on an F-ordered array ends in a non-optimal state (reported)
+    from evaluation.retention import build_policies, stay_policy_retention
+
     X = np.ascontiguousarray(keys, dtype=np.float64)
-    ev = np.asarray(events, dtype=bool)
-    if not ev.any():
+    built = build_policies(policies, nu=nu, sigma=sigma, seed=0)
+    out = stay_policy_retention(X, events, built, rng=rng)
+    if out is None:
         return None
-    sv = SupportVectorPolicy(nu=nu, sigma=sigma)
-    k = sv.support_size(X)
-    out: dict[str, Any] = {"n": int(X.shape[0]), "k": int(k), "n_events": int(ev.sum()), "retention": {}}
-    for name in policies:
-        pol = sv if name == "sv" else get_policy(name, **({"sigma": sigma} if name in ("density", "h2o") else
-                                                        {"seed": 0} if name == "random" else {}))
-        kept = pol.select(X, k, rng=rng)
-        out["retention"][name] = event_hour_retention(kept, ev)
+    sv = built["sv"]
     if build_gate:
         from sv_core import Gate, GateError
 
@@ -117,13 +109,6 @@ def retention_for_stays(warehouse: str, stay_ids: Sequence[int], *, label: str =
     return out
 
 
-def _maybe(test, a, b):
-    try:
-        return test(a, b)
-    except MetricError:
-        return None
-
-
 def aggregate(rows: list[dict], *, policies: Sequence[str] = POLICIES, nu: float, sigma: float, seed: int = 0,
               n_boot: int = 10_000, level: float = 0.95) -> RetentionComparison:
     """Combine per-stay rows (any order) into a :class:`evaluation.retention.RetentionComparison`.
@@ -131,25 +116,11 @@ def aggregate(rows: list[dict], *, policies: Sequence[str] = POLICIES, nu: float
     Stays are ordered by stay id before the bootstrap, so the result does not depend on the
     order in which tasks finished.
     """
+    from evaluation.retention import comparison_from_rows
+
     rows = sorted(rows, key=lambda r: r["stay_id"])
     inc = [r for r in rows if r["included"]]
     if not inc:
         raise StudyInputError("no stay has an event hour; nothing to compare")
-    per_stay = {p: np.array([r["retention"][p] for r in inc], dtype=np.float64) for p in policies}
-    means = {p: float(per_stay[p].mean()) for p in policies}
-    mean_ci = {p: paired_bootstrap_ci(per_stay[p], np.zeros(len(inc)), n_boot, seed, level) for p in policies}
-    diffs, tests = {}, {}
-    for p in policies:
-        if p == "sv":
-            continue
-        diffs[p] = paired_bootstrap_ci(per_stay["sv"], per_stay[p], n_boot, seed, level)
-        tests[p] = {"t": _maybe(paired_t_test, per_stay["sv"], per_stay[p]),
-                    "wilcoxon": _maybe(wilcoxon_test, per_stay["sv"], per_stay[p])}
-    return RetentionComparison(
-        per_stay=per_stay, means=means, mean_ci=mean_ci, diffs=diffs, tests=tests,
-        n_included=len(inc), n_excluded=len(rows) - len(inc),
-        mean_budget_fraction=float(np.mean([r["k"] / r["n"] for r in inc])),
-        mean_support_size=float(np.mean([r["k"] for r in inc])),
-        config={"nu": nu, "sigma": sigma, "policies": list(policies), "seed": seed, "n_boot": n_boot,
-                "level": level, "budget": "k = |S∪E| per stay (SV support size)"},
-    )
+    return comparison_from_rows(inc, n_excluded=len(rows) - len(inc), policies=policies, nu=nu, sigma=sigma,
+                                seed=seed, n_boot=n_boot, level=level)
