@@ -6,7 +6,11 @@ median of 7 synchronised samples; the two variants are sampled alternately in th
 on the same device so background load affects both alike.
 
     python -m models.bench_throughput --json runs/throughput/result.json [--device cpu|cuda|mps]
-        [--batch 16] [--fista-tol 1e-4] [--fista-iters 80]
+        [--batch 16] [--fista-tol 1e-4] [--fista-iters 80] [--threads N]
+        [--kkt-solver cholesky|lu] [--reference-readout]
+
+``--kkt-solver lu --reference-readout`` times the reference implementations (the SPEC's
+``torch.linalg.solve`` KKT solve and the dense readout) for a before/after comparison.
 
 JSON keys: softmax_tokens_per_s, hybrid_tokens_per_s, ratio (hybrid step time / softmax step
 time, i.e. softmax_tokens_per_s / hybrid_tokens_per_s), device, torch_version, threads, plus
@@ -61,6 +65,8 @@ def run_benchmark(
     d_model: int = 256,
     n_layers: int = 4,
     n_heads: int = 4,
+    kkt_solver: str = "cholesky",
+    fused_readout: bool = True,
 ) -> dict:
     """Time both variants; returns the result dict (see module docstring)."""
     device = _resolve_device(device)
@@ -72,7 +78,8 @@ def run_benchmark(
             GPTConfig(
                 attention="sv_hybrid",
                 attn_kwargs={"chunk": 64, "C": 0.25, "sigma": 2.0, "fista_iters": fista_iters,
-                             "fista_tol": fista_tol},
+                             "fista_tol": fista_tol, "kkt_solver": kkt_solver,
+                             "fused_readout": fused_readout},
                 **base,
             )
         ).to(device),
@@ -116,6 +123,8 @@ def run_benchmark(
         "repeats": repeats,
         "fista_iters": fista_iters,
         "fista_tol": fista_tol,
+        "kkt_solver": kkt_solver,
+        "fused_readout": fused_readout,
         "fista_iterations_last_step": fista_its,
         "step_seconds": samples,
         "softmax_note": "unfused masked softmax (the seed's reference), not SDPA/FlashAttention",
@@ -135,12 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fista-tol", type=float, default=1e-4,
                    help="early-exit tolerance (<= 0 disables early exit: fixed iterations)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--kkt-solver", default="cholesky", choices=["cholesky", "lu"],
+                   help="ridged KKT solve: Schur-complement Cholesky (fast) or torch.linalg.solve")
+    p.add_argument("--reference-readout", action="store_true",
+                   help="dense reference readout instead of the chunked fused one")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
         res = run_benchmark(a.device, a.batch, a.block, a.warmup, a.repeats, a.fista_iters,
-                            a.fista_tol if a.fista_tol and a.fista_tol > 0 else None)
+                            a.fista_tol if a.fista_tol and a.fista_tol > 0 else None,
+                            kkt_solver=a.kkt_solver, fused_readout=not a.reference_readout)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,6 +15,12 @@ SPEC §1 "Causal hybrid layer" (preprint 000 §3.5, 001 §3.4):
   cache deletion, no support-vector certificate.
 
 LM configuration: chunk 64, C = 0.25, sigma = 2.
+
+Fast paths (each tested against its reference): the ridged KKT solve defaults to the
+Schur-complement Cholesky solve (``kkt_solver="cholesky"``; reference ``"lu"`` =
+``torch.linalg.solve`` as in the SPEC), and without a deletion mask the readout is computed chunk
+by chunk over the visible keys only, with a hand-written backward (`hybrid_attend_chunked`;
+reference `hybrid_weights` @ v, ``fused_readout=False``).
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from torch import nn
 
 from models.multihead import AttentionConfigError, MultiHeadIO
 from sv_core import torch_kernel
-from sv_core.batched import batched_gate, warmup_threshold
+from sv_core.batched import KKT_SOLVERS, batched_gate, warmup_threshold
 
 
 class HybridDeletionError(ValueError):
@@ -57,6 +63,7 @@ def prefix_gate_batched(
     ridge: float = 1e-3,
     fista_dtype: torch.dtype | None = torch.float32,
     keep: torch.Tensor | None = None,
+    kkt_solver: str = "cholesky",
 ) -> tuple[torch.Tensor, dict]:
     """Chunk-frozen gate coefficients for every (batch, head, chunk), solved as one batch.
 
@@ -71,6 +78,8 @@ def prefix_gate_batched(
     chunk, C, sigma : gate configuration.
     iters, tol, ridge, fista_dtype : batched-solver settings.
     keep : optional bool tensor (B, T); False slots are excluded from every prefix.
+    kkt_solver : "cholesky" (fast Schur-complement path, default) or "lu" (the SPEC reference
+        ``torch.linalg.solve``); see `sv_core.batched.ridged_kkt_solve`.
 
     Returns
     -------
@@ -94,7 +103,8 @@ def prefix_gate_batched(
     if keep is not None:
         mask = mask & keep[:, :n].to(torch.bool).view(B, 1, 1, n)
     mask = mask.reshape(B * H, J, n)
-    res = batched_gate(Kfull, C, mask, iters=iters, tol=tol, ridge=ridge, fista_dtype=fista_dtype)
+    res = batched_gate(Kfull, C, mask, iters=iters, tol=tol, ridge=ridge, fista_dtype=fista_dtype,
+                       kkt_solver=kkt_solver)
     alpha = res.alpha.view(B, H, J, n)
     gate = torch.cat([k.new_zeros(B, H, 1, T), nn.functional.pad(alpha, (0, T - n))], dim=2)
     stats = {
@@ -185,8 +195,105 @@ def hybrid_weights(
     return p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
 
 
-def hybrid_attend(q, k, v, gate, chunk, keep=None) -> torch.Tensor:
-    """Hybrid readout ``weights @ v``: (B, H, T, d) x3 + gate -> (B, H, T, d_v)."""
+class _ChunkedHybridReadout(torch.autograd.Function):
+    """Chunk-by-chunk hybrid readout with a hand-written backward (see `hybrid_attend_chunked`).
+
+    For query chunk c (rows ``[s, e)``) only keys ``[0, e)`` are visible, so scores are formed
+    for those columns only (about ``(n_chunks + 1) / (2 n_chunks)`` of the dense T x T work).
+    With ``p = exp(score - max)``, ``Z = sum_j p_j m_j`` and ``w = p m / Z``::
+
+        dL/dscore_j = w_j (g_j - r),   dL/dm_j = (p_j / Z) (g_j - r),   r = sum_j w_j g_j
+
+    where ``g = dL/dw = dy v^T``; the gate gradient of chunk c sums dL/dm over its queries on the
+    prefix columns ``[0, s)`` (the gate is zero elsewhere by contract).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, gate, chunk):
+        B, H, T, d = q.shape
+        scale = 1.0 / math.sqrt(d)
+        need_gate = ctx.needs_input_grad[3]
+        y = q.new_empty(B, H, T, v.shape[-1])
+        ws, pzs = [], []
+        for c, s in enumerate(chunk_starts(T, chunk)):
+            e = min(s + chunk, T)
+            qc = q[:, :, s:e]
+            sc = (qc * scale) @ k[:, :, :e].transpose(-1, -2)  # (B, H, L, e)
+            L = e - s
+            tri = torch.ones(L, L, dtype=torch.bool, device=q.device).triu_(1)
+            sc[..., s:e].masked_fill_(tri, float("-inf"))
+            sc.sub_(sc.amax(-1, keepdim=True)).exp_()  # p
+            if s > 0:
+                g = gate[:, :, c, :s].unsqueeze(-2)
+                if need_gate:
+                    pref = sc[..., :s].clone()
+                sc[..., :s].mul_(g)
+            Z = sc.sum(-1, keepdim=True).clamp_min_(torch.finfo(sc.dtype).tiny)
+            sc.div_(Z)  # w
+            if s > 0 and need_gate:
+                pzs.append(pref.div_(Z))
+            else:
+                pzs.append(None)
+            y[:, :, s:e] = sc @ v[:, :, :e]
+            ws.append(sc)
+        ctx.chunk, ctx.scale = chunk, scale
+        ctx.ws, ctx.pzs = ws, pzs
+        ctx.save_for_backward(q, k, v)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        q, k, v = ctx.saved_tensors
+        B, H, T, d = q.shape
+        chunk, scale = ctx.chunk, ctx.scale
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dgate = q.new_zeros(B, H, len(ctx.ws), T) if ctx.needs_input_grad[3] else None
+        for c, s in enumerate(chunk_starts(T, chunk)):
+            e = min(s + chunk, T)
+            w, pz = ctx.ws[c], ctx.pzs[c]
+            gyc = gy[:, :, s:e]
+            dv[:, :, :e] += w.transpose(-1, -2) @ gyc
+            gw = gyc @ v[:, :, :e].transpose(-1, -2)  # (B, H, L, e)
+            r = (w * gw).sum(-1, keepdim=True)
+            gw.sub_(r)
+            if dgate is not None and pz is not None:
+                dgate[:, :, c, :s] = (pz * gw[..., :s]).sum(-2)
+            gw.mul_(w)  # dL/dscore
+            dq[:, :, s:e] = (gw @ k[:, :, :e]) * scale
+            dk[:, :, :e] += (gw.transpose(-1, -2) @ q[:, :, s:e]) * scale
+        return dq, dk, dv, dgate, None
+
+
+def hybrid_attend_chunked(q, k, v, gate, chunk) -> torch.Tensor:
+    """Fast hybrid readout (no deletion mask): same value and gradients as
+    ``hybrid_weights(q, k, gate, chunk) @ v`` (the reference), computed one query chunk at a
+    time over its visible keys with a hand-written backward (first-order autograd only).
+
+    Parameters
+    ----------
+    q, k : tensors (B, H, T, d); v : tensor (B, H, T, d_v)
+    gate : tensor (B, H, n_chunks, T), zero outside each chunk's prefix ``[0, s_c)`` (as built
+        by `prefix_gate_batched` / `prefix_gate_exact`; entries outside are ignored here).
+    chunk : int
+
+    Returns
+    -------
+    tensor (B, H, T, d_v)
+    """
+    if chunk < 1:
+        raise AttentionConfigError(f"chunk must be >= 1, got {chunk}")
+    return _ChunkedHybridReadout.apply(q, k, v, gate, int(chunk))
+
+
+def hybrid_attend(q, k, v, gate, chunk, keep=None, fused: bool = True) -> torch.Tensor:
+    """Hybrid readout ``weights @ v``: (B, H, T, d) x3 + gate -> (B, H, T, d_v).
+
+    Without a deletion mask and with ``fused=True`` this is `hybrid_attend_chunked`; otherwise
+    the dense reference ``hybrid_weights(...) @ v``.
+    """
+    if keep is None and fused:
+        return hybrid_attend_chunked(q, k, v, gate, chunk)
     return hybrid_weights(q, k, gate, chunk, keep) @ v
 
 
@@ -204,6 +311,10 @@ class SVHybridAttention(nn.Module):
     gate : "batched" (training path) or "exact" (fp64 `sv_core.refit` per prefix, no gradient
         through the gate).
     fista_dtype : dtype of the partition finder (float32 as in the seed; None = model dtype).
+    kkt_solver : "cholesky" (default: Schur-complement fast path) or "lu" (reference
+        ``torch.linalg.solve``) for the ridged KKT solve.
+    fused_readout : use the chunked readout with a hand-written backward
+        (`hybrid_attend_chunked`) when no deletion mask is given; False: dense reference.
 
     Attributes
     ----------
@@ -224,6 +335,8 @@ class SVHybridAttention(nn.Module):
         gate: str = "batched",
         fista_dtype: torch.dtype | None = torch.float32,
         bias: bool = True,
+        kkt_solver: str = "cholesky",
+        fused_readout: bool = True,
     ):
         super().__init__()
         if gate not in ("batched", "exact"):
@@ -236,6 +349,9 @@ class SVHybridAttention(nn.Module):
         self.chunk, self.C, self.sigma = int(chunk), float(C), float(sigma)
         self.fista_iters, self.fista_tol, self.ridge = int(fista_iters), fista_tol, float(ridge)
         self.gate_mode, self.fista_dtype = gate, fista_dtype
+        if kkt_solver not in KKT_SOLVERS:
+            raise AttentionConfigError(f"kkt_solver must be one of {KKT_SOLVERS}, got {kkt_solver!r}")
+        self.kkt_solver, self.fused_readout = kkt_solver, bool(fused_readout)
         self.last_stats: dict = {}
 
     def compute_gate(self, k: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -253,6 +369,7 @@ class SVHybridAttention(nn.Module):
             ridge=self.ridge,
             fista_dtype=self.fista_dtype,
             keep=keep,
+            kkt_solver=self.kkt_solver,
         )
         return gate
 
@@ -260,7 +377,7 @@ class SVHybridAttention(nn.Module):
         """(B, T, d_model) [+ keep (B, T) bool] -> (B, T, d_model)."""
         q, k, v = self.io.split(x)
         gate = self.compute_gate(k, keep)
-        return self.io.merge(hybrid_attend(q, k, v, gate, self.chunk, keep))
+        return self.io.merge(hybrid_attend(q, k, v, gate, self.chunk, keep, self.fused_readout))
 
     @torch.no_grad()
     def freeze(self, x: torch.Tensor) -> "ExactHybridMemory":

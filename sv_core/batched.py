@@ -44,6 +44,7 @@ __all__ = [
     "AlphaReport",
     "warmup_threshold",
     "lambda_max_upper",
+    "fista_lipschitz",
     "project_capped_simplex",
     "fista_svdd",
     "FistaInfo",
@@ -119,7 +120,9 @@ def _kmul(K: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 4) -> torch.Tensor:
+def lambda_max_upper(
+    K: torch.Tensor, mask: torch.Tensor, iters: int = 4, nonnegative: bool | None = None
+) -> torch.Tensor:
     """Upper estimate of the largest eigenvalue of every masked principal block.
 
     Batched power iteration from the all-ones vector on the valid block. For entry-wise
@@ -132,6 +135,7 @@ def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 4) -> tor
     K : tensor (P, n, n), symmetric PSD on the valid blocks.
     mask : bool tensor (P, n) or (P, J, n).
     iters : power-iteration steps.
+    nonnegative : whether K is entry-wise non-negative (None: checked here).
 
     Returns
     -------
@@ -144,13 +148,26 @@ def lambda_max_upper(K: torch.Tensor, mask: torch.Tensor, iters: int = 4) -> tor
         w = _kmul(K, v) * m
         v = w / w.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     w = _kmul(K, v) * m
-    if bool((K >= 0).all()):
+    if nonnegative is None:
+        nonnegative = bool((K >= 0).all())
+    if nonnegative:
         ratio = torch.where(m3 & (v > 1e-12), w / v.clamp_min(1e-30), torch.zeros_like(w))
         lam = ratio.amax(dim=-1)
     else:
         lam = 1.1 * (v * w).sum(-1) / (v * v).sum(-1).clamp_min(1e-30)
     lam = lam.clamp_min(1e-12)
     return lam.squeeze(1) if flat else lam
+
+
+def fista_lipschitz(K: torch.Tensor, mask: torch.Tensor, power_iters: int | None = None) -> torch.Tensor:
+    """FISTA's Lipschitz constant ``L = 2 * lambda_max_upper(K, mask)`` (shared by the torch and
+    MLX finders). ``power_iters`` defaults to 1 for entry-wise non-negative K (the
+    Collatz-Wielandt bound is guaranteed after any number of steps; one step is within a few
+    per cent on RBF Grams) and 4 otherwise. Returns a tensor of shape mask.shape[:-1]."""
+    nonneg = bool((K >= 0).all())
+    if power_iters is None:
+        power_iters = 1 if nonneg else 4
+    return 2.0 * lambda_max_upper(K, mask, iters=power_iters, nonnegative=nonneg)
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,7 +291,7 @@ def fista_svdd(
     tol: float | None = None,
     check_every: int = 2,
     return_info: bool = False,
-    power_iters: int = 4,
+    power_iters: int | None = None,
 ):
     """Estimate SVDD coefficients for a batch of masked problems by FISTA (001 Algorithm 1).
 
@@ -299,7 +316,10 @@ def fista_svdd(
     check_every : iterations between residual checks (each check costs one projection, no
         Gram product: the gradient at the iterate is carried along).
     return_info : also return a `FistaInfo`.
-    power_iters : power-iteration steps of `lambda_max_upper` for the step size.
+    power_iters : power-iteration steps of `lambda_max_upper` for the step size; default 1
+        for an entry-wise non-negative K (any RBF Gram: the Collatz-Wielandt bound is then a
+        guaranteed upper bound after any number of steps, and one step is within a few per cent
+        of lambda_max), 4 otherwise.
 
     Returns
     -------
@@ -312,9 +332,10 @@ def fista_svdd(
     if check_every < 1:
         raise BatchedGateError(f"check_every must be >= 1, got {check_every}")
     K = K.detach()
+    m3 = m3.contiguous()  # an expanded (stride-0) mask sends every reduction down a slow path
     m = m3.to(K.dtype)
     diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
-    L = 2.0 * lambda_max_upper(K, m3, iters=power_iters)  # (P, J)
+    L = fista_lipschitz(K, m3, power_iters)  # (P, J)
     invL = (1.0 / L).unsqueeze(-1)
     a = m / m.sum(-1, keepdim=True).clamp_min(1.0)
     # K y is never formed directly: y is a linear combination of the last two iterates, so
@@ -433,7 +454,7 @@ class _BorderedSPDSolve(torch.autograd.Function):
         if g_a is None:
             g_a = torch.zeros_like(a)
         g_c0, g_hc = _schur_solve(L, x1, d, s, empty, g_rho, g_a)
-        g_A = -g_hc.unsqueeze(-1) * a.unsqueeze(-2) if ctx.needs_input_grad[0] else None
+        g_A = (-g_hc).unsqueeze(-1) * a.unsqueeze(-2) if ctx.needs_input_grad[0] else None
         return g_A, None, None, g_c0, g_hc, None
 
 
@@ -476,6 +497,54 @@ def bordered_spd_solve(
     return _BorderedSPDSolve.apply(A, L, s, c0, hc, empty)
 
 
+def _pack_margin(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Indices of the margin slots packed to the front (padded to m = max |S|), their validity
+    mask and m. S : bool (..., n) -> order (..., m) long, sb (..., m) bool."""
+    m = int(S.sum(-1).max()) if S.numel() else 0
+    order = torch.argsort((~S).to(torch.int8), dim=-1, stable=True)[..., :m]
+    return order, S.gather(-1, order), m
+
+
+def _packed_solve_lu(K, S, h, c0, empty, ridge):
+    """Reference: gather K_SS row- then column-wise for every (P, J) problem, build the full
+    bordered matrix and call ``torch.linalg.solve`` (autograd through everything)."""
+    P, J, n = S.shape
+    dt = K.dtype
+    order, sb, m = _pack_margin(S)  # (P, J, m)
+    s = sb.to(dt)
+    hc = h.gather(-1, order) * s
+    pair = sb.unsqueeze(-1) & sb.unsqueeze(-2)
+    rows = torch.gather(
+        K.unsqueeze(1).expand(P, J, n, n), 2, order.unsqueeze(-1).expand(P, J, m, n)
+    )
+    Kc = torch.gather(rows, 3, order.unsqueeze(-2).expand(P, J, m, m))  # (P, J, m, m)
+    block = (2.0 * Kc).masked_fill(~pair, 0.0) + torch.diag_embed(ridge * s + (1.0 - s))
+    M = bordered_matrix(block, s, empty)  # (P, J, m+1, m+1)
+    c = torch.cat([c0.unsqueeze(-1), hc], dim=-1).unsqueeze(-1)  # (P, J, m+1, 1)
+    u = torch.linalg.solve(M, c).squeeze(-1)
+    alpha = torch.zeros(P, J, n, dtype=dt, device=K.device).scatter(-1, order, u[..., 1:] * s)
+    return alpha, u[..., 0]
+
+
+def _packed_solve_cholesky(K, S, h, c0, empty, ridge):
+    """Fast path for one problem slot: S, h (P, n), c0, empty (P,). One flat gather of K_SS
+    (its backward is a single scatter_add into (P, n*n)), then `bordered_spd_solve`."""
+    P, n = S.shape
+    dt = K.dtype
+    order, sb, m = _pack_margin(S)  # (P, m)
+    if m == 0:
+        return torch.zeros(P, n, dtype=dt, device=K.device), c0
+    s = sb.to(dt)
+    hc = h.gather(-1, order) * s
+    flat_idx = (order.unsqueeze(-1) * n + order.unsqueeze(-2)).reshape(P, m * m)
+    Kc = K.reshape(P, n * n).gather(1, flat_idx).view(P, m, m)
+    A = Kc * ((2.0 * s).unsqueeze(-1) * s.unsqueeze(-2))  # 2 K_SS, zero on padded pairs
+    A.diagonal(dim1=-2, dim2=-1).add_(ridge * s + (1.0 - s))
+    rho, a_packed = bordered_spd_solve(A, s, c0, hc, empty)
+    alpha = torch.zeros(P, n, dtype=dt, device=K.device).scatter(-1, order, a_packed * s)
+    return alpha, rho
+
+
 def ridged_kkt_solve(
     K: torch.Tensor,
     C: float,
@@ -495,9 +564,10 @@ def ridged_kkt_solve(
     The margin indices of every problem are packed to the front and all systems padded to the
     largest |S| (padding rows are identity, ``u = 0``), so the whole batch is one
     ``torch.linalg.solve`` call of size ``max|S| + 1``; autograd differentiates the solve, the
-    gathers and the scatter back. A problem with empty S cannot fix rho from the system; rho is
-    then the midpoint of its KKT interval ``[max_R h_i, min_E h_i]`` with
-    ``h_i = K_ii - 2 C (K_{:,E} 1)_i``, also differentiable.
+    gathers and the scatter back. (The "cholesky" path pads per problem slot j instead: one
+    batched solve of size ``max_p |S_pj|`` for each j.) A problem with empty S cannot fix rho
+    from the system; rho is then the midpoint of its KKT interval ``[max_R h_i, min_E h_i]``
+    with ``h_i = K_ii - 2 C (K_{:,E} 1)_i``, also differentiable.
 
     Parameters
     ----------
@@ -554,33 +624,15 @@ def ridged_kkt_solve(
     else:
         c0 = 1.0 - C * nE
 
-    # pack margin indices to the front, pad to m = max |S|
-    m = int(S.sum(-1).max()) if S.numel() else 0
-    order = torch.argsort((~S).to(torch.int8), dim=-1, stable=True)[..., :m]  # (P, J, m)
-    sb = S.gather(-1, order)  # True on packed margin slots
-    s = sb.to(dt)
-    hc = h.gather(-1, order) * s
-    pair = sb.unsqueeze(-1) & sb.unsqueeze(-2)
     if solver == "lu":
-        # reference: gather K_SS row- then column-wise, full bordered matrix, torch.linalg.solve
-        rows = torch.gather(
-            K.unsqueeze(1).expand(P, J, n, n), 2, order.unsqueeze(-1).expand(P, J, m, n)
-        )
-        Kc = torch.gather(rows, 3, order.unsqueeze(-2).expand(P, J, m, m))  # (P, J, m, m)
-        block = (2.0 * Kc).masked_fill(~pair, 0.0) + torch.diag_embed(ridge * s + (1.0 - s))
-        M = bordered_matrix(block, s, empty)  # (P, J, m+1, m+1)
-        c = torch.cat([c0.unsqueeze(-1), hc], dim=-1).unsqueeze(-1)  # (P, J, m+1, 1)
-        u = torch.linalg.solve(M, c).squeeze(-1)
-        rho, a_packed = u[..., 0], u[..., 1:]
+        alpha, rho = _packed_solve_lu(K, S, h, c0, empty, ridge)
     else:
-        # fast path: one flat gather of K_SS (backward: one scatter_add into (P, n*n), no J
-        # expansion), then the Schur-complement solve of the bordered system by Cholesky.
-        flat_idx = (order.unsqueeze(-1) * n + order.unsqueeze(-2)).reshape(P, J * m * m)
-        Kc = K.reshape(P, n * n).gather(1, flat_idx).view(P, J, m, m)
-        A = (2.0 * Kc).masked_fill(~pair, 0.0)
-        A.diagonal(dim1=-2, dim2=-1).add_(ridge * s + (1.0 - s))
-        rho, a_packed = bordered_spd_solve(A, s, c0, hc, empty)
-    alpha = torch.zeros(P, J, n, dtype=dt, device=K.device).scatter(-1, order, a_packed * s)
+        # one packed solve per problem slot j: nested prefixes have very different |S|, and
+        # padding every slot to the global max |S| would waste up to (m / m_j)^3 of the work
+        out = [_packed_solve_cholesky(K, S[:, j], h[:, j], c0[:, j], empty[:, j], ridge)
+               for j in range(J)]
+        alpha = torch.stack([o[0] for o in out], dim=1)
+        rho = torch.stack([o[1] for o in out], dim=1)
     if has_E:
         alpha = alpha + C * e
     if flat:

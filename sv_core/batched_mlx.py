@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from sv_core.batched import BatchedGateError, lambda_max_upper
+from sv_core.batched import BatchedGateError, fista_lipschitz
 
 
 class MLXUnavailableError(ImportError):
@@ -76,7 +76,7 @@ def fista_svdd_mlx(K, C: float, mask, iters: int = 80):
         raise BatchedGateError(f"box C must be positive, got {C}")
     import torch  # Lipschitz bound: reuse the torch implementation (one definition)
 
-    L = 2.0 * lambda_max_upper(torch.as_tensor(Kn, dtype=torch.float32), torch.as_tensor(M3)).numpy()
+    L = fista_lipschitz(torch.as_tensor(Kn, dtype=torch.float32), torch.as_tensor(M3)).numpy()
     Km = mx.array(Kn.astype(np.float32))
     m = mx.array(M3.astype(np.float32))
     diagK = mx.expand_dims(mx.diagonal(Km, axis1=-2, axis2=-1), 1)

@@ -84,10 +84,12 @@ def test_lambda_max_is_upper_bound():
     mask = torch.ones(5, 30, dtype=torch.bool)
     mask[0, 12:] = False
     lam = lambda_max_upper(K, mask).numpy()
+    lam1 = lambda_max_upper(K, mask, iters=1, nonnegative=True).numpy()  # FISTA's default
     for g in range(5):
         nv = int(mask[g].sum())
         true = np.linalg.eigvalsh(K[g, :nv, :nv].numpy())[-1]
         assert true <= lam[g] <= 1.05 * true
+        assert true <= lam1[g] <= 1.2 * true
 
 
 # ------------------------------------------------------------------ ridged KKT solve
@@ -125,13 +127,14 @@ def test_ridged_solve_gradcheck_float64():
     assert torch.autograd.gradcheck(f, (X,), eps=1e-6, atol=1e-6)
 
 
-def test_empty_margin_rho_from_kkt_interval():
+@pytest.mark.parametrize("solver", ["lu", "cholesky"])
+def test_empty_margin_rho_from_kkt_interval(solver):
     # 4 keys, C = 0.25: every alpha = C, S empty; rho is the midpoint of [max_R h, min_E h] = min_E h
     rng = np.random.default_rng(6)
     X = random_keys(rng, 4)
     K = torch.tensor(rbf_kernel(X, X, 2.0))[None]
     E = torch.ones(1, 4, dtype=torch.bool)
-    a, r = ridged_kkt_solve(K, 0.25, torch.zeros_like(E), E)
+    a, r = ridged_kkt_solve(K, 0.25, torch.zeros_like(E), E, solver=solver)
     h = np.diag(K[0].numpy()) - 2 * 0.25 * K[0].numpy().sum(1)
     assert np.allclose(a.numpy(), 0.25)
     assert abs(float(r[0]) - h.min()) < 1e-12
@@ -250,3 +253,124 @@ def test_bad_input_raises_typed_errors():
         fista_svdd(torch.ones(4, 4), 0.5, torch.ones(4, dtype=torch.bool))
     with pytest.raises(BatchedGateError):
         ridged_kkt_solve(K, 0.5, torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------ fast paths vs references
+
+
+def test_bordered_spd_solve_hand_example():
+    # A = diag(2, 4), s = (1, 1), c = (1; 1, 1): x1 = A^-1 s = (1/2, 1/4), d = 3/4,
+    # rho = (s.x2 - c0) / d = (3/4 - 1) / (3/4) = -1/3, a = x2 - rho x1 = (2/3, 1/3)
+    from sv_core.batched import bordered_spd_solve
+
+    A = torch.tensor([[[2.0, 0.0], [0.0, 4.0]]], dtype=torch.float64)
+    s = torch.ones(1, 2, dtype=torch.float64)
+    rho, a = bordered_spd_solve(A, s, torch.tensor([1.0], dtype=torch.float64),
+                                torch.ones(1, 2, dtype=torch.float64), torch.tensor([False]))
+    assert abs(float(rho[0]) + 1.0 / 3.0) < 1e-15
+    assert torch.allclose(a[0], torch.tensor([2.0 / 3.0, 1.0 / 3.0], dtype=torch.float64), atol=1e-15)
+
+
+def test_bordered_spd_solve_matches_linalg_solve_and_falls_back_when_indefinite():
+    from sv_core.batched import bordered_matrix, bordered_spd_solve
+
+    rng = np.random.default_rng(11)
+    G, m = 5, 6
+    R = rng.normal(size=(G, m, m))
+    A = torch.tensor(R @ R.transpose(0, 2, 1) + 0.1 * np.eye(m))
+    s = torch.ones(G, m, dtype=torch.float64)
+    s[1, 4:] = 0.0  # padded slots: identity rows, zero right-hand side
+    A[1, 4:, :] = 0.0
+    A[1, :, 4:] = 0.0
+    A[1, 4, 4] = A[1, 5, 5] = 1.0
+    hc = torch.tensor(rng.normal(size=(G, m))) * s
+    c0 = torch.tensor(rng.normal(size=G))
+    empty = torch.zeros(G, dtype=torch.bool)
+    empty[2] = True
+    s[2] = 0.0
+    hc[2] = torch.tensor(rng.normal(size=m))
+    for AA in (A, A - 30.0 * torch.eye(m, dtype=torch.float64)):  # SPD, then indefinite
+        rho, a = bordered_spd_solve(AA, s, c0, hc, empty)
+        u = torch.linalg.solve(bordered_matrix(AA, s, empty),
+                               torch.cat([c0[:, None], hc], -1).unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(rho, u[:, 0], atol=1e-9) and torch.allclose(a, u[:, 1:], atol=1e-9)
+    assert float(rho[2]) == float(c0[2])  # empty margin: rho is the given c0
+
+
+@pytest.mark.parametrize("with_bound", [False, True])
+def test_cholesky_kkt_solve_matches_lu_reference_values_and_gradients(with_bound):
+    rng = np.random.default_rng(12)
+    X0 = rng.normal(size=(3, 30, 3))
+    C = 0.1 if with_bound else 0.25
+    X = torch.tensor(X0, requires_grad=True)
+    mask = torch.stack([torch.arange(30) < p for p in (18, 24, 30)]).expand(3, 3, 30)
+    with torch.no_grad():
+        a0 = fista_svdd(torch_kernel(X, X, 2.0), C, mask, iters=400, tol=1e-10)
+    S, E = partition_masks(a0, C, mask)
+    S[0, 0] = False  # one problem with an empty margin set (rho from the KKT interval)
+    assert bool(E.any()) == with_bound
+    w = torch.tensor(rng.normal(size=(3, 3, 30)))
+    out = {}
+    for solver in ("lu", "cholesky"):
+        K = torch_kernel(X, X, 2.0)
+        alpha, rho = ridged_kkt_solve(K, C, S, E, ridge=1e-3, mask=mask, solver=solver)
+        (g,) = torch.autograd.grad((alpha * w).sum() + 0.3 * rho.sum(), X)
+        out[solver] = (alpha.detach(), rho.detach(), g)
+    for ref, fast in zip(out["lu"], out["cholesky"]):
+        assert torch.allclose(ref, fast, atol=1e-10, rtol=0)
+    assert out["lu"][2].abs().max() > 1e-3  # gradients are really there
+
+
+def test_cholesky_kkt_solve_gradcheck_float64():
+    rng = np.random.default_rng(5)
+    X = torch.tensor(random_keys(rng, 9, d=2), requires_grad=True)
+    C = 0.25
+    with torch.no_grad():
+        K0 = torch_kernel(X, X, 2.0)[None]
+        a0 = fista_svdd(K0, C, torch.ones(1, 9, dtype=torch.bool), iters=2000, tol=1e-12)
+        S, E = partition_masks(a0, C, torch.ones(1, 9, dtype=torch.bool))
+    assert S.sum() >= 2
+
+    def f(X):
+        return ridged_kkt_solve(torch_kernel(X, X, 2.0)[None], C, S, E, solver="cholesky")
+
+    assert torch.autograd.gradcheck(f, (X,), eps=1e-6, atol=1e-6)
+
+
+def fista_reference(K, C, mask, iters):
+    """Slow, obvious FISTA (001 Algorithm 1): form K y at every step, plain projection."""
+    K = K.double()
+    m = mask.double()
+    diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)
+    L = 2.0 * lambda_max_upper(K, mask, iters=1)  # fista_svdd's step for non-negative K
+    a = m / m.sum(-1, keepdim=True)
+    y, t = a, 1.0
+    for _ in range(iters):
+        g = 2.0 * torch.einsum("pij,pkj->pki", K, y) - diagK
+        a_new = project_capped_simplex(y - g / L.unsqueeze(-1), C, mask)
+        t_new = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+        y = a_new + (t - 1.0) / t_new * (a_new - a)
+        a, t = a_new, t_new
+    return a
+
+
+def test_fista_gradient_recurrence_matches_direct_reference():
+    X, K, _, _ = _problems(13, G=4, n=30)
+    mask = torch.stack([torch.arange(30) < p for p in (15, 22, 30)]).expand(4, 3, 30)
+    for iters in (1, 7, 60):
+        fast = fista_svdd(K, 0.1, mask, iters=iters)
+        ref = fista_reference(K, 0.1, mask, iters)
+        assert torch.allclose(fast, ref, atol=1e-11, rtol=0), iters
+    with pytest.raises(BatchedGateError):
+        fista_svdd(K, 0.1, mask, iters=5, tol=1e-6, check_every=0)
+    with pytest.raises(BatchedGateError):
+        ridged_kkt_solve(K, 0.1, mask, ~mask, solver="qr")
+
+
+def test_batched_gate_cholesky_solver_equals_reference():
+    X, K, mask, nvalid = _problems(7)
+    ref = batched_gate(K, 0.1, mask, iters=80, fista_dtype=torch.float32)
+    fast = batched_gate(K, 0.1, mask, iters=80, fista_dtype=torch.float32, kkt_solver="cholesky")
+    assert torch.equal(ref.S, fast.S) and torch.equal(ref.E, fast.E)
+    assert torch.allclose(ref.alpha, fast.alpha, atol=1e-10)
+    assert torch.allclose(ref.rho, fast.rho, atol=1e-10)

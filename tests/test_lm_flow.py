@@ -82,6 +82,86 @@ def test_flow_writes_json_with_prefect(prefect_harness, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(_text())
     out = tmp_path / "r.json"
-    language_model_flow(corpus=str(corpus), seeds=[0], tiny=True, out=str(out))
+    language_model_flow(corpus=str(corpus), seeds=[0], tiny=True, out=str(out),
+                        references=["linear"])
     res = json.loads(out.read_text())
     assert res["study"] == "language_model" and res["per_seed"][0]["seed"] == 0
+    assert [r["variant"] for r in res["references"]] == ["linear"]
+    assert res["references"][0]["seed"] == 0 and 0.5 < res["references"][0]["best_val_bpb"] < 9.0
+
+
+def _fake_runner(calls):
+    """Records every training request; BPB encodes the variant so the wiring is checkable."""
+    bpb = {"sv_hybrid": 2.0, "sliding": 2.5, "deltanet": 3.0, "linear": 3.5, "softmax": 1.5}
+
+    def run(cfg, variant, seed, train, val, window, progress):
+        calls.append((variant, seed, window))
+        return {"variant": variant, "seed": seed, "window": window,
+                "best_val_bpb": bpb[variant] + (0.02 if variant == "sliding" else 0.01) * seed,
+                "mean_active_state": 10.0 if variant == "sv_hybrid" else float("nan"),
+                "curve": [{"step": 1, "val_bpb": bpb[variant]}], "wall_s": 0.5,
+                "params_non_embedding": 123}
+
+    return run
+
+
+def test_references_are_single_seed_rows_outside_the_paired_test():
+    from pipelines.flows.language_model import REFERENCE_VARIANTS
+
+    calls = []
+    res = run_comparison(TINY, [3, 4], _text(), runner=_fake_runner(calls), progress=False,
+                         references=["softmax", "deltanet", "linear", "softmax"])
+    window = 10 + TINY.chunk
+    assert calls == [("sv_hybrid", 3, None), ("sliding", 3, window), ("sv_hybrid", 4, None),
+                     ("sliding", 4, window), ("softmax", 3, None), ("deltanet", 3, None),
+                     ("linear", 3, None)]
+    assert [r["variant"] for r in res["references"]] == ["softmax", "deltanet", "linear"]
+    assert [r["best_val_bpb"] for r in res["references"]] == [1.53, 3.03, 3.53]
+    assert all(r["seed"] == 3 for r in res["references"])
+    # TINY: d_model 32, 2 heads -> d_head 16 -> 2 * 16 * 16 floats of matrix state per layer
+    assert res["references"][1]["state"]["floats_per_layer"] == 512
+    assert res["references"][0]["state"]["floats_per_layer"] is None
+    # the paired test is SV vs matched window only: means (2.03 + 2.04) / 2, (2.56 + 2.58) / 2
+    assert res["tests"]["mean_sv"] == pytest.approx(2.035)
+    assert res["tests"]["mean_swa"] == pytest.approx(2.57)
+    assert set(REFERENCE_VARIANTS) == {"deltanet", "linear", "softmax"}
+    # without references: no extra runs, empty list
+    calls.clear()
+    res0 = run_comparison(TINY, [3], _text(), runner=_fake_runner(calls), progress=False)
+    assert res0["references"] == [] and len(calls) == 2
+
+
+def test_unknown_reference_fails_before_training():
+    calls = []
+    with pytest.raises(LMStudyError, match="mamba"):
+        run_comparison(TINY, [0], _text(), runner=_fake_runner(calls), references=["mamba"])
+    assert calls == []
+
+
+def test_tiny_references_train_for_real():
+    res = run_comparison(TINY, [0], _text(), progress=False,
+                         references=["deltanet", "linear", "softmax"])
+    assert [r["variant"] for r in res["references"]] == ["deltanet", "linear", "softmax"]
+    for r in res["references"]:
+        assert 0.5 < r["best_val_bpb"] < 9.0 and len(r["curve"]) == 2  # evals at steps 3 and 6
+        assert r["params_non_embedding"] > 0
+    # same backbone: softmax and linear have identical parameter counts; DeltaNet adds its beta
+    p = {r["variant"]: r["params_non_embedding"] for r in res["references"]}
+    assert p["softmax"] == p["linear"] and p["deltanet"] == p["softmax"] + TINY.n_layers * (
+        TINY.d_model * TINY.n_heads + TINY.n_heads)
+    json.dumps(res)
+
+
+def test_cli_references_option_parsing():
+    import argparse
+
+    from pipelines.flows.language_model import add_cli
+
+    parser = argparse.ArgumentParser()
+    add_cli(parser.add_subparsers())
+    assert parser.parse_args(["lm"]).references is None
+    assert parser.parse_args(["lm", "--references"]).references == []  # -> all three in _cli
+    assert parser.parse_args(["lm", "--references", "linear", "softmax"]).references == [
+        "linear", "softmax"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["lm", "--references", "lstm"])

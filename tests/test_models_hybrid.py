@@ -156,3 +156,49 @@ def test_layer_freeze_builds_exact_memory_matching_exact_mode():
     ref = hybrid_weights(q, k, prefix_gate_exact(k, 8, 0.25, 2.0), 8) @ v
     assert torch.allclose(mem.readout(), ref[0], atol=1e-7)
     assert isinstance(mem.gates[(1, 2)], Gate)
+
+
+# ------------------------------------------------------------------ fast paths vs references
+
+
+@pytest.mark.parametrize("T,chunk", [(16, 4), (13, 4), (7, 8), (10, 3)])
+def test_chunked_readout_matches_dense_reference(T, chunk):
+    from models.sv_hybrid import hybrid_attend
+
+    torch.manual_seed(5)
+    B, H, d = 2, 2, 4
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    nc = -(-T // chunk)
+    prefix = torch.zeros(B, H, nc, T, dtype=torch.bool)
+    for c in range(1, nc):
+        prefix[:, :, c, : c * chunk] = True
+    gate = (torch.rand(B, H, nc, T, dtype=torch.float64) * prefix).requires_grad_(True)
+    w = torch.randn(B, H, T, d, dtype=torch.float64)
+    res = {}
+    for fused in (False, True):
+        y = hybrid_attend(q, k, v, gate, chunk, fused=fused)
+        grads = torch.autograd.grad((y * w).sum(), (q, k, v, gate))
+        res[fused] = (y.detach(),) + grads[:3] + (grads[3] * prefix,)
+    for ref, fast in zip(res[False], res[True]):
+        assert torch.allclose(ref, fast, atol=1e-12, rtol=0)
+    if nc > 1:
+        assert res[True][4].abs().max() > 1e-3  # the gate gradient is really exercised
+    assert torch.autograd.gradcheck(lambda *t: hybrid_attend(*t, chunk), (q, k, v, gate))
+
+
+def test_fast_layer_equals_reference_layer_values_and_gradients():
+    torch.manual_seed(6)
+    kw = dict(chunk=6, C=0.25, sigma=2.0, fista_iters=200, fista_tol=1e-10, fista_dtype=None)
+    fast = SVHybridAttention(8, 2, 24, **kw).double()
+    ref = SVHybridAttention(8, 2, 24, kkt_solver="lu", fused_readout=False, **kw).double()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 20, 8, dtype=torch.float64, requires_grad=True)
+    out = {}
+    for name, layer in (("fast", fast), ("ref", ref)):
+        y = layer(x)
+        (gx,) = torch.autograd.grad(y.square().sum(), x)
+        out[name] = (y.detach(), gx)
+    assert torch.allclose(out["fast"][0], out["ref"][0], atol=1e-10, rtol=0)
+    assert torch.allclose(out["fast"][1], out["ref"][1], atol=1e-9, rtol=0)
+    with pytest.raises(Exception, match="kkt_solver"):
+        SVHybridAttention(8, 2, 24, kkt_solver="qr")

@@ -3,12 +3,19 @@
 For each seed: train the SV hybrid (chunk 64, C 0.25, sigma 2, batched gate), measure its mean
 active long-range state |S u E| on held-out data, set the sliding-window Transformer's window to
 that state + chunk, train it with the same seed (initialisation, data order), and compare best
-validation bits per byte. Paired t-test and Wilcoxon signed-rank over seeds (scipy).
+validation bits per byte. Paired t-test and Wilcoxon signed-rank over seeds (scipy). That paired
+SV-vs-matched-window comparison is the primary result.
+
+Optional single-seed reference rows (001 App. C: "the DeltaNet, linear, and full-softmax rows are
+single-seed references"): with ``--references`` the same backbone, optimiser, schedule and token
+budget are trained once (first seed) with DeltaNet, linear attention and full causal softmax;
+they are recorded under ``references`` in the result JSON and enter no statistical test.
 
 Configuration (3.22M): byte vocab 256, d 256, 4 layers, 4 heads, block 256, batch 16, AdamW
 beta (0.9, 0.95), weight decay 0.1, clip 1.0, cosine schedule with linear warm-up.
 
     forgetful lm [--corpus PATH] [--steps N] [--seeds 0 1 2] [--tiny] [--out runs/lm/result.json]
+                 [--references [deltanet linear softmax]]
 
 The corpus defaults to the Shakespeare file built by ``python -m models.corpus fetch``.
 """
@@ -32,7 +39,10 @@ from models.corpus import CorpusMissingError, load_corpus
 
 
 class LMStudyError(ValueError):
-    """Invalid study configuration (corpus too small, bad steps/seeds)."""
+    """Invalid study configuration (corpus too small, bad steps/seeds, unknown reference)."""
+
+
+REFERENCE_VARIANTS = ("deltanet", "linear", "softmax")
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,8 @@ def build_model(cfg: LMConfig, variant: str, window: int | None = None) -> GPT:
         if window is None:
             raise LMStudyError("the sliding-window model needs a window")
         kw = {"window": int(window)}
+    elif variant == "deltanet":
+        kw = {"chunk": cfg.chunk}
     else:
         kw = {}
     return GPT(GPTConfig(vocab_size=256, block_size=cfg.block, d_model=cfg.d_model,
@@ -177,13 +189,37 @@ def paired_tests(sv: list[float], swa: list[float]) -> dict:
     return out
 
 
+def reference_state(cfg: LMConfig, variant: str) -> dict:
+    """The memory each reference carries per layer: a fixed ``n_heads x d_head x d_head`` matrix
+    state for DeltaNet and linear attention, the whole (unbounded) context for softmax."""
+    d_head = cfg.d_model // cfg.n_heads
+    if variant in ("deltanet", "linear"):
+        return {"kind": "fixed matrix state", "floats_per_layer": cfg.n_heads * d_head * d_head}
+    return {"kind": "unbounded (full causal context)", "floats_per_layer": None}
+
+
+def check_references(references) -> list[str]:
+    """Validate reference variant names (order kept, duplicates dropped)."""
+    refs = list(dict.fromkeys(references or []))
+    bad = [r for r in refs if r not in REFERENCE_VARIANTS]
+    if bad:
+        raise LMStudyError(f"unknown reference variant(s) {bad}; choose from {list(REFERENCE_VARIANTS)}")
+    return refs
+
+
 def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_run,
-                   progress: bool = True) -> dict:
-    """Paired SV-hybrid vs matched sliding-window comparison over seeds (plain function)."""
+                   progress: bool = True, references: list[str] | None = None) -> dict:
+    """Paired SV-hybrid vs matched sliding-window comparison over seeds (plain function).
+
+    ``references`` (subset of `REFERENCE_VARIANTS`) adds single-seed reference rows trained
+    with the first seed on the identical backbone and budget; they are reported beside, never
+    inside, the paired test.
+    """
     if not seeds:
         raise LMStudyError("need at least one seed")
     if cfg.steps < 1:
         raise LMStudyError("steps must be >= 1")
+    refs = check_references(references)
     train, val = split_corpus(data, cfg.val_frac, cfg.block)
     rows = []
     t0 = time.perf_counter()
@@ -193,11 +229,18 @@ def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_ru
         window = min(cfg.block, int(round(act if math.isfinite(act) else 0)) + cfg.chunk)
         swa = runner(cfg, "sliding", seed, train, val, window, progress)
         rows.append({"seed": seed, "sv": sv, "swa": swa, "window": window})
+    ref_rows = []
+    for variant in refs:
+        r = runner(cfg, variant, seeds[0], train, val, None, progress)
+        ref_rows.append({"variant": variant, "seed": seeds[0], "best_val_bpb": r["best_val_bpb"],
+                         "wall_s": r["wall_s"], "params_non_embedding": r["params_non_embedding"],
+                         "state": reference_state(cfg, variant), "curve": r["curve"]})
     return {
         "study": "language_model",
         "config": asdict(cfg),
         "corpus_bytes": len(data),
         "seeds": list(seeds),
+        "primary": "paired SV hybrid vs matched-state sliding window (per_seed, tests)",
         "per_seed": [{"seed": r["seed"], "sv_bpb": r["sv"]["best_val_bpb"],
                       "swa_bpb": r["swa"]["best_val_bpb"], "window": r["window"],
                       "mean_active_state": r["sv"]["mean_active_state"],
@@ -206,6 +249,9 @@ def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_ru
         "curves": {f"{r['seed']}": {"sv": r["sv"]["curve"], "swa": r["swa"]["curve"]} for r in rows},
         "tests": paired_tests([r["sv"]["best_val_bpb"] for r in rows],
                               [r["swa"]["best_val_bpb"] for r in rows]),
+        "references": ref_rows,
+        "references_note": "single-seed reference rows (same backbone, optimiser, schedule and "
+                           "token budget); not part of the paired test",
         "wall_s": time.perf_counter() - t0,
         "metric": "best validation bits per byte (= BPC for byte-level text)",
         "seed_figure": {"sv_bpc": 2.178, "swa_bpc": 2.383, "t_p": 0.001, "corpus": "enwik8 5M"},
@@ -218,31 +264,43 @@ train_task = task(train_run, name="lm-train-run")
 @flow(name="language-model")
 def language_model_flow(corpus: str | None = None, steps: int | None = None,
                         seeds: list[int] | None = None, tiny: bool = False,
-                        out: str = "runs/lm/result.json") -> dict:
-    """Prefect flow: load the corpus, run the paired comparison (each training run a task),
-    write the JSON result."""
+                        out: str = "runs/lm/result.json",
+                        references: list[str] | None = None) -> dict:
+    """Prefect flow: load the corpus, run the paired comparison (each training run a task) and
+    the optional single-seed reference rows, write the JSON result."""
+    refs = check_references(references)  # fail before any training or corpus loading
     cfg = TINY if tiny else LMConfig()
     if steps is not None:
         cfg = replace(cfg, steps=int(steps), eval_interval=min(cfg.eval_interval, int(steps)))
     data = load_corpus(corpus, cfg.max_bytes)
     res = run_comparison(cfg, list(seeds if seeds is not None else [0, 1, 2]), data,
-                         runner=lambda *a: train_task(*a), progress=not tiny)
+                         runner=lambda *a: train_task(*a), progress=not tiny, references=refs)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=2))
     return res
 
 
+def _reference_name(name: str) -> str:
+    if name not in REFERENCE_VARIANTS:
+        raise argparse.ArgumentTypeError(f"{name!r} is not one of {', '.join(REFERENCE_VARIANTS)}")
+    return name
+
+
 def _cli(args: argparse.Namespace) -> int:
+    if args.references is not None and not args.references:
+        args.references = list(REFERENCE_VARIANTS)  # bare --references: every reference row
     try:
         res = language_model_flow(corpus=args.corpus, steps=args.steps, seeds=args.seeds,
-                                  tiny=args.tiny, out=args.out)
+                                  tiny=args.tiny, out=args.out, references=args.references)
     except (CorpusMissingError, LMStudyError) as exc:
         print(f"error: {exc}")
         return 2
     t = res["tests"]
     print(f"SV {t['mean_sv']:.4f} vs swa {t['mean_swa']:.4f} bits/byte over {t['n']} seeds; "
           f"paired t p={t['t_p']:.3g}, Wilcoxon p={t['wilcoxon_p']:.3g} -> {args.out}")
+    for r in res["references"]:
+        print(f"  reference {r['variant']} (seed {r['seed']}): {r['best_val_bpb']:.4f} bits/byte")
     return 0
 
 
@@ -254,4 +312,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="paired seeds (default 0 1 2)")
     p.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
     p.add_argument("--out", default="runs/lm/result.json")
+    p.add_argument("--references", nargs="*", default=None, metavar="NAME",
+                   type=_reference_name,
+                   help="also train single-seed reference rows on the same backbone and budget "
+                        f"(no names: all of {', '.join(REFERENCE_VARIANTS)})")
     p.set_defaults(func=_cli)
