@@ -57,8 +57,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("deterioration", "Deterioration prediction", ("deterioration",),
             "Event within the next six hours, per hour: ROC curves and AUROC/AUPRC with bootstrap intervals."),
     Section("synthetic", "Synthetic selection and recall studies",
-            ("skewed_redundancy", "selective_copying", "capacity", "mqar_control", "learned_keys",
-             "retrieval_memory"),
+            ("planted_secret", "skewed_redundancy", "streaming_eviction", "selective_copying", "capacity",
+             "mqar_control", "learned_keys", "retrieval_memory"),
             "Fixed-context probes of when support selection helps (and a negative control where it cannot)."),
     Section("lm", "Language model", ("language_model", "throughput"),
             "Byte-level LM usability and throughput (the causal hybrid's local path has no SV certificate)."),
@@ -68,6 +68,7 @@ DATA_LABELS = {
     "demo": "MIMIC-IV demo (real records, 100 patients)",
     "synthetic": "synthetic",
     "mimic": "MIMIC-IV v3.1 (credentialed)",
+    "text": "public-domain text corpus",
 }
 
 CSS = """

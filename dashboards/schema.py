@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-DATA_SOURCES = ("demo", "synthetic", "mimic")
+DATA_SOURCES = ("demo", "synthetic", "mimic", "text")
 FIGURE_KINDS = ("bar", "line", "funnel", "histogram")
 #: Longest list allowed anywhere in a result (ROC curves are stored on a ≤ 201-point grid).
 MAX_ARRAY_LEN = 512
@@ -47,7 +47,9 @@ KNOWN_STUDIES: dict[str, str] = {
     "deletion_latency": "deletion",
     "patient_deletion": "deletion",
     "deterioration": "deterioration",
+    "planted_secret": "synthetic",
     "skewed_redundancy": "synthetic",
+    "streaming_eviction": "synthetic",
     "selective_copying": "synthetic",
     "capacity": "synthetic",
     "mqar_control": "synthetic",

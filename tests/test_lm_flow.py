@@ -84,8 +84,16 @@ def test_flow_writes_json_with_prefect(prefect_harness, tmp_path):
     out = tmp_path / "r.json"
     language_model_flow(corpus=str(corpus), seeds=[0], tiny=True, out=str(out),
                         references=["linear"])
-    res = json.loads(out.read_text())
-    assert res["study"] == "language_model" and res["per_seed"][0]["seed"] == 0
+    from dashboards.schema import validate_result
+
+    study = json.loads(out.read_text())
+    validate_result(study)  # the report can render it
+    assert study["study"] == "language_model" and study["data"] == "text"
+    assert study["tables"][0]["rows"][0][0] == 0  # seed 0
+    assert 0.5 < study["metrics"]["mean_sv_bpb"] < 9.0
+    res = json.loads(out.with_name("details.json").read_text())
+    assert res["kind"] == "language_model" and res["per_seed"][0]["seed"] == 0
+    assert res["per_seed"][0]["sv_bpb"] == study["metrics"]["mean_sv_bpb"]
     assert [r["variant"] for r in res["references"]] == ["linear"]
     assert res["references"][0]["seed"] == 0 and 0.5 < res["references"][0]["best_val_bpb"] < 9.0
 

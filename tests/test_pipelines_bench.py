@@ -16,3 +16,16 @@ def test_bench_delete_flow_writes_valid_result(prefect_harness, tmp_path):
     assert row[0] == 40
     assert row[1] > 0 and row[4] > 0  # decrement and refit medians were measured
     assert r["metrics"]["n40"]["count"] == 4
+
+
+def test_throughput_flow_writes_valid_result(prefect_harness, tmp_path):
+    from pipelines.flows.throughput_flow import throughput_flow
+
+    r = throughput_flow(batch=2, repeats=1, warmup=0, block=64, d_model=32, n_layers=1, n_heads=2,
+                        runs_dir=str(tmp_path))
+    saved = json.loads((tmp_path / "throughput" / "result.json").read_text())
+    validate_result(saved)
+    m = saved["metrics"]
+    assert m["softmax_tokens_per_s"] > 0 and m["hybrid_tokens_per_s"] > 0
+    assert abs(m["ratio"] - m["softmax_tokens_per_s"] / m["hybrid_tokens_per_s"]) < 1e-9 * m["ratio"]
+    assert r["config"]["block"] == 64

@@ -1,0 +1,72 @@
+"""``forgetful throughput``: training-step throughput, SV hybrid vs softmax, as a report study.
+
+Wraps :func:`models.bench_throughput.run_benchmark` (3.22M configuration, batch 16,
+forward + loss + backward, median of 7 after 3 warm-ups, both models on the same device in the
+same run) and writes the ``throughput`` study result. Speed is measured, never asserted.
+"""
+from __future__ import annotations
+
+import time
+
+from prefect import flow
+
+from pipelines import runner
+
+
+@flow(name="throughput")
+def throughput_flow(device: str = "cpu", batch: int = 16, threads: int | None = None, runs_dir: str = "runs",
+                    repeats: int = 7, warmup: int = 3, block: int = 256, d_model: int = 256, n_layers: int = 4,
+                    n_heads: int = 4) -> dict:
+    """Defaults are the seed's 3.22M configuration; smaller ones are for tests."""
+    import torch
+
+    from models.bench_throughput import run_benchmark
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    t0 = time.perf_counter()
+    r = run_benchmark(device=device, batch=batch, repeats=repeats, warmup=warmup, block=block, d_model=d_model,
+                      n_layers=n_layers, n_heads=n_heads)
+    result = {
+        "study": "throughput",
+        "title": f"Training-step throughput, 3.22M configuration ({r['device']}, {r['threads']} threads)",
+        "data": "synthetic",
+        "runtime_s": time.perf_counter() - t0,
+        "seed_figure": {},
+        "metrics": {"softmax_tokens_per_s": r["softmax_tokens_per_s"], "hybrid_tokens_per_s": r["hybrid_tokens_per_s"],
+                    "ratio": r["ratio"]},
+        "tables": [{"title": "median tokens/s (forward + loss + backward)",
+                    "columns": ["model", "tokens/s"],
+                    "rows": [["softmax (unfused masked)", r["softmax_tokens_per_s"]],
+                             ["SV hybrid (FISTA + Cholesky KKT, chunked readout)", r["hybrid_tokens_per_s"]]]}],
+        "figures": [{"kind": "bar", "title": "tokens per second", "ylabel": "tokens/s",
+                     "categories": ["softmax", "SV hybrid"],
+                     "values": [r["softmax_tokens_per_s"], r["hybrid_tokens_per_s"]]}],
+        "config": {k: r[k] for k in ("device", "torch_version", "threads", "batch", "block", "warmup", "repeats",
+                                     "fista_iters", "kkt_solver", "fused_readout") if k in r},
+        "notes": r.get("softmax_note", ""),
+    }
+    runner.write_study_result(result, runs_dir)
+    return result
+
+
+@runner.cli_errors
+def _main(args) -> int:
+    r = throughput_flow(device=args.device, batch=args.batch, threads=args.threads, runs_dir=args.runs,
+                        repeats=args.repeats, warmup=args.warmup)
+    m = r["metrics"]
+    print(f"softmax {m['softmax_tokens_per_s']:.0f} tok/s, hybrid {m['hybrid_tokens_per_s']:.0f} tok/s, "
+          f"ratio {m['ratio']:.2f} (seed: 6.1x on CPU, 35.8x on MPS)")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("throughput", help="training-step throughput: SV hybrid vs softmax (study result)",
+                       description=__doc__)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--runs", default="runs")
+    p.set_defaults(func=_main)
