@@ -13,6 +13,9 @@ import sys
 
 # Local, offline use: no telemetry calls (the machine may have no network at all).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Progress bars and the printed summaries carry the run; Prefect's per-task INFO lines would bury
+# them. Set PREFECT_LOGGING_LEVEL=INFO to see every flow and task run.
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from pipelines import flows as _flows
 
