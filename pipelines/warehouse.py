@@ -5,8 +5,10 @@ their cached results.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 
@@ -85,5 +87,21 @@ def stays(warehouse: str | os.PathLike, split: str | None = None) -> list[tuple[
             q += " WHERE split = ?"
             args.append(split)
         return [(int(a), int(b), str(c), int(d)) for a, b, c, d in con.execute(q + " ORDER BY stay_id", args).fetchall()]
+    finally:
+        con.close()
+
+
+@contextlib.contextmanager
+def transaction(warehouse: str | os.PathLike) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-write connection inside one transaction: COMMIT on success, ROLLBACK on any error."""
+    con = duckdb.connect(str(warehouse))
+    try:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
     finally:
         con.close()

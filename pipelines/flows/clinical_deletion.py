@@ -42,17 +42,8 @@ def _persist(warehouse: str, results: list[dict]) -> int:
 
     ctxs = [gate_store.StoredContext(Gate.from_state(r["gate_state"]), r["token_subject"], r["token_stay"],
                                      r["token_hour"]) for r in results if r.get("completed")]
-    con = duckdb.connect(warehouse)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        try:
-            gate_store.replace_study(con, "patient_deletion", ctxs)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    finally:
-        con.close()
+    with wh.transaction(warehouse) as con:
+        gate_store.replace_study(con, "patient_deletion", ctxs)
     return len(ctxs)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 
-import duckdb
 import numpy as np
 from prefect import flow, task
 
@@ -47,17 +46,8 @@ def _persist(warehouse: str, study: str, rows: list[dict]) -> int:
         n = g.n
         contexts.append(gate_store.StoredContext(g, np.full(n, r["subject_id"]), np.full(n, r["stay_id"]),
                                                  np.asarray(r["hours"])))
-    con = duckdb.connect(warehouse)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        try:
-            gate_store.replace_study(con, study, contexts)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    finally:
-        con.close()
+    with wh.transaction(warehouse) as con:
+        gate_store.replace_study(con, study, contexts)
     return len(contexts)
 
 
