@@ -223,8 +223,9 @@ class MaintainedSVDD:
             else:
                 self.Rinv = np.zeros((1, 1))
             return
-        Rn = R - np.outer(R[:, r], R[r, :]) / piv
-        self.Rinv = np.delete(np.delete(Rn, r, axis=0), r, axis=1)
+        keep = np.r_[0:r, r + 1 : R.shape[0]]
+        col = R[keep, r]
+        self.Rinv = R[np.ix_(keep, keep)] - np.outer(col, R[r, keep]) / piv
 
     # ------------------------------------------------------------------ gradients
     def recompute_g(self) -> None:
