@@ -8,6 +8,17 @@ with tight fp64 tolerances. The partition is read off the interior-point solutio
 KKT system is re-solved on its margin set, and a short primal-dual active-set repair moves keys
 whose bound or gradient sign is violated. KKT is then verified in this module's own code;
 :class:`RefitError` is raised if it does not hold to ``kkt_tol``.
+
+Near-twins (keys closer than ``TWIN_TOL`` in feature space) make the bordered system
+near-singular when several of them sit in the margin set, and an interior-point method spreads
+mass evenly over them. At the optimum, though, a group of near-twins has at most one margin
+member (generically): their gradients differ at first order in their distance while mass moved
+between them changes that difference only at second order. The read-off therefore fills each
+group in increasing-gradient order (members at C, then one margin member, then reserve), and the
+repair swaps a group member into the margin set in place of its margin mate instead of adding a
+second one. Exact duplicates are the zero-distance case (the optimum is then not unique; any
+split of their mass is optimal). This is a choice of starting partition and of repair moves
+only: the result is accepted on the same KKT check of the full problem.
 """
 from __future__ import annotations
 
@@ -15,7 +26,7 @@ import numpy as np
 
 from .errors import InfeasibleError, RefitError
 from .gate import _check_params, as_keys
-from .kernels import rbf_kernel
+from .kernels import rbf_kernel, sq_dists
 from .solver import ERROR, MARGIN, RESERVE, SNAP_TOL, rho_midpoint
 
 
@@ -43,6 +54,70 @@ def _clarabel(K: np.ndarray, C: float) -> np.ndarray:
     if "Solved" not in status:  # Solved or AlmostSolved
         raise RefitError(f"Clarabel terminated with status {status}")
     return np.clip(np.asarray(sol.x, dtype=np.float64), 0.0, C)
+
+
+#: feature-space squared distance ``2 - 2 k(x_i, x_j)`` below which keys are grouped as near-twins
+TWIN_TOL = 1e-8
+
+
+def twin_groups(X: np.ndarray, sigma: float, tol: float = TWIN_TOL) -> np.ndarray:
+    """Group labels of near-twin keys (single linkage on feature-space distance).
+
+    Parameters
+    ----------
+    X : (n, d) keys;  sigma : RBF bandwidth;  tol : feature-space squared-distance threshold
+
+    Returns
+    -------
+    labels : (n,) int array; keys ``i`` and ``j`` share a label when a chain of keys joins them
+        with every link at feature-space squared distance ``2 (1 - k) <= tol``. The label of a
+        group is its smallest member index.
+    """
+    n = X.shape[0]
+    # 2 - 2 exp(-d2/s^2) computed without cancellation
+    fd2 = -2.0 * np.expm1(-sq_dists(X, X) / sigma**2)
+    parent = np.arange(n)
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return int(i)
+
+    ii, jj = np.nonzero(np.triu(fd2 <= tol, k=1))
+    for i, j in zip(ii, jj):
+        ri, rj = find(int(i)), find(int(j))
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+    return np.array([find(i) for i in range(n)], dtype=np.int64)
+
+
+def read_off_partition(K: np.ndarray, C: float, a0: np.ndarray, groups: np.ndarray,
+                       tol: float) -> np.ndarray:
+    """Partition from an (interior-point) solution ``a0`` (n,), one margin key per twin group.
+
+    Singletons are classified by their coefficient (``<= tol`` reserve, ``>= C - tol`` error).
+    A group of near-twins keeps its total mass ``m`` and is filled in increasing-gradient order
+    (ties by index): members at C while ``m`` allows, one margin member with the remainder
+    (if above ``tol``), the rest reserve.
+    """
+    status = np.where(a0 <= tol, RESERVE, np.where(a0 >= C - tol, ERROR, MARGIN)).astype(np.int8)
+    h = 2.0 * K @ a0 - np.diag(K)  # gradient up to the common offset rho
+    labels, counts = np.unique(groups, return_counts=True)
+    for lab in labels[counts > 1]:
+        mem = np.flatnonzero(groups == lab)
+        mem = mem[np.lexsort((mem, h[mem]))]
+        rem = float(a0[mem].sum())
+        for k in mem:
+            if rem >= C - tol:
+                status[k] = ERROR
+                rem -= C
+            elif rem > tol:
+                status[k] = MARGIN
+                rem = 0.0
+            else:
+                status[k] = RESERVE
+    return status
 
 
 def solve_on_partition(K: np.ndarray, C: float, status: np.ndarray):
@@ -89,6 +164,45 @@ def kkt_violation(K: np.ndarray, C: float, a: np.ndarray, rho: float, status: np
     return float(max(v))
 
 
+def _neighbourhood_search(K, C, a, rho, status, viol, kkt_tol, passes: int = 30, width: int = 12):
+    """Last-resort polish for degenerate (near-vertex, near-duplicate) problems: try every
+    single-key status change, and every pair of bound keys entering the margin set together,
+    among the ``width`` keys closest to their KKT boundary (smallest |g| or coefficient nearest a
+    bound); keep the best partition and repeat while it improves."""
+    n = K.shape[0]
+    for _ in range(passes):
+        if viol <= kkt_tol:
+            break
+        g = rho - np.diag(K) + 2.0 * K @ a
+        near = np.minimum(np.abs(g), np.minimum(np.abs(a), np.abs(C - a)))
+        cand = np.argsort(near)[: min(width, n)]
+        best = (viol, a, rho, status)
+        for i in cand:
+            for new in (RESERVE, MARGIN, ERROR):
+                if new == status[i]:
+                    continue
+                st2 = status.copy()
+                st2[i] = new
+                a2, rho2 = solve_on_partition(K, C, st2)
+                v2 = kkt_violation(K, C, a2, rho2, st2)
+                if v2 < best[0]:
+                    best = (v2, a2, rho2, st2)
+        # near a vertex, two bound keys may have to enter the margin set together
+        bound = [i for i in cand if status[i] != MARGIN]
+        for x in range(len(bound)):
+            for y in range(x + 1, len(bound)):
+                st2 = status.copy()
+                st2[[bound[x], bound[y]]] = MARGIN
+                a2, rho2 = solve_on_partition(K, C, st2)
+                v2 = kkt_violation(K, C, a2, rho2, st2)
+                if v2 < best[0]:
+                    best = (v2, a2, rho2, st2)
+        if best[0] >= viol:
+            break
+        viol, a, rho, status = best
+    return a, rho, status, viol
+
+
 def refit(X, C: float, sigma: float, kkt_tol: float = 1e-9, return_info: bool = False):
     """Independent from-scratch solve of the fixed-C SVDD dual.
 
@@ -110,7 +224,8 @@ def refit(X, C: float, sigma: float, kkt_tol: float = 1e-9, return_info: bool = 
     K = rbf_kernel(X, X, sigma)
     a0 = _clarabel(K, C)
     tol = 1e-7 * C
-    status = np.where(a0 <= tol, RESERVE, np.where(a0 >= C - tol, ERROR, MARGIN)).astype(np.int8)
+    groups = twin_groups(X, sigma)
+    status = read_off_partition(K, C, a0, groups, tol)
     best = None
     for it in range(50):
         a, rho = solve_on_partition(K, C, status)
@@ -131,6 +246,11 @@ def refit(X, C: float, sigma: float, kkt_tol: float = 1e-9, return_info: bool = 
         v, k, new = max(cand, key=lambda t: t[0])
         if v <= 0:
             break
+        if new == MARGIN:
+            mate = np.flatnonzero((groups == groups[k]) & (status == MARGIN))
+            if mate.size:
+                # a near-twin is already in the margin set: swap roles instead of adding a second
+                status[mate] = status[k]
         status[k] = new
     viol, a, rho, status, iters = best
     # degenerate margin keys on a bound do not pin rho: snap them (same convention as the gate)
@@ -145,6 +265,24 @@ def refit(X, C: float, sigma: float, kkt_tol: float = 1e-9, return_info: bool = 
         status[on_hi] = ERROR
         a, rho = solve_on_partition(K, C, status)
         viol = kkt_violation(K, C, a, rho, status)
+    if viol > kkt_tol:
+        # near-vertex optima: margin coefficients within rounding of a bound leave a residual the
+        # one-key repair cannot remove; try the bound-snapped partition (accepted only if it is KKT)
+        for wide in (1e-8, 1e-6):
+            st2 = status.copy()
+            S = np.flatnonzero(st2 == MARGIN)
+            st2[S[a[S] <= wide * C]] = RESERVE
+            st2[S[a[S] >= C - wide * C]] = ERROR
+            if np.array_equal(st2, status):
+                continue
+            a2, rho2 = solve_on_partition(K, C, st2)
+            v2 = kkt_violation(K, C, a2, rho2, st2)
+            if v2 < viol:
+                a, rho, status, viol = a2, rho2, st2, v2
+            if viol <= kkt_tol:
+                break
+    if viol > kkt_tol:
+        a, rho, status, viol = _neighbourhood_search(K, C, a, rho, status, viol, kkt_tol)
     if viol > kkt_tol:
         raise RefitError(f"refit did not reach KKT tolerance {kkt_tol:g} (violation {viol:.3g})")
     a = np.clip(a, 0.0, C)

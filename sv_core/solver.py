@@ -38,8 +38,13 @@ RESERVE, MARGIN, ERROR, PENDING, DEAD = 0, 1, 2, 3, -1
 SNAP_TOL = 1e-10
 #: residual of the bordered system above which the maintained inverse is refactorised
 INVERSE_GUARD = 1e-11
-#: feature-space squared distance below which two keys are treated as exact duplicates
+#: feature-space squared distance below which two keys are treated as exact duplicates (keys
+#: that are bit-for-bit equal always are; with stored keys, a distinct key this close to a margin
+#: key on the C&P path is handled as a near-twin, see ``NEAR_TWIN_TOL``)
 DUPLICATE_TOL = 1e-12
+#: feature-space squared distance below which a key reaching the margin set next to a margin key
+#: is a *near-twin*: instead of joining S beside it (a near-singular bordered system) it swaps in
+NEAR_TWIN_TOL = 1e-9
 _NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
 
 
@@ -83,6 +88,9 @@ class MaintainedSVDD:
         self._updates = 0
         self.events = 0  # path events of the current operation
         self.refactorisations = 0
+        #: keys are stored (False for ``from_gram``): exact duplicates are then recognised by
+        #: equal keys rather than by a feature-space distance at rounding level
+        self._keyed = True
 
     # ------------------------------------------------------------------ storage
     def _grow(self, need: int) -> None:
@@ -120,6 +128,7 @@ class MaintainedSVDD:
         """A solver over a given symmetric Gram matrix (keys are not stored); call ``initialise``."""
         n = K.shape[0]
         core = cls(C, 1.0, 1, refactor_every)
+        core._keyed = False
         core._grow(n)
         core.K[:n, :n] = K
         core.kd[:n] = np.diag(K)
@@ -177,7 +186,14 @@ class MaintainedSVDD:
         self._updates = 0
         self.refactorisations += 1
 
-    def _border_add(self, k: int) -> None:
+    def _border_add(self, k: int, near_tol: float = 0.0) -> None:
+        """Add slot k to the margin set (rank-one border update of ``Rinv``).
+
+        Raises ``_Degenerate(k, j)`` if k duplicates margin key j (equal keys; else, or without
+        stored keys, feature-space squared distance ``<= DUPLICATE_TOL``), ``_Degenerate(k, j,
+        "near")`` if it is a distinct near-twin of j (``<= near_tol``; checked first when keys are
+        stored), and ``_Degenerate(k)`` if its Schur complement is ~0.
+        """
         S = np.asarray(self.S, dtype=np.int64)
         v = np.empty(S.size + 1)
         v[0] = 1.0
@@ -189,8 +205,16 @@ class MaintainedSVDD:
             # exact duplicate of a margin key (feature-space distance ~0): M would be singular
             d2 = self.kd[S] + self.K[k, k] - 2.0 * self.K[S, k]
             j = int(np.argmin(d2))
+            if self._keyed:
+                same = np.flatnonzero((self.X[S] == self.X[k]).all(axis=1))
+                if same.size:
+                    raise _Degenerate(int(k), int(S[same[0]]))
+                if d2[j] <= near_tol:
+                    raise _Degenerate(int(k), int(S[j]), "near")
             if d2[j] <= DUPLICATE_TOL:
                 raise _Degenerate(int(k), int(S[j]))
+            if d2[j] <= near_tol:
+                raise _Degenerate(int(k), int(S[j]), "near")
         if S.size and kappa <= 1e-6 * scale and self._updates > 0:
             # conditioning guard: a small Schur complement is computed with a fresh inverse
             self.refactor()
@@ -448,9 +472,12 @@ class MaintainedSVDD:
                 prev = self.status[k]
                 self.status[k] = MARGIN
                 try:
-                    self._border_add(k)
+                    self._border_add(k, near_tol=NEAR_TWIN_TOL)
                 except _Degenerate as exc:
                     self.status[k] = prev
+                    if len(exc.args) > 2:
+                        self._swap_near_twin(k, exc.args[1], prev)
+                        continue
                     if len(exc.args) > 1:
                         # exact duplicate of a margin key: g_k = 0 with its bound is valid KKT;
                         # it stays where it is and its gradient moves with its twin's (0)
@@ -463,6 +490,30 @@ class MaintainedSVDD:
                 self.rho = float(u[0])
                 self.alpha[np.asarray(self.S)] = u[1:]
                 self.recompute_g()
+
+    def _swap_near_twin(self, k: int, j: int, prev: int) -> None:
+        """Key k (at its bound, status ``prev``) reaches ``g_k = 0`` beside its near-twin j in S.
+
+        Along the exact path the pair's gradient difference changes at first order in their
+        distance while moving mass between them changes it only at second order, so the mass
+        moves at a rate ~ 1/distance^2 until j reaches the bound k left: a step of length
+        ~distance^2. It is taken in one go: k joins S, j takes k's bound (0 from the reserve set,
+        C from the error set; total mass is unchanged), and the margin system is re-solved on
+        the new partition (which is well conditioned: j has left it).
+        """
+        self._border_remove(j)
+        self.status[j] = prev
+        self.alpha[j] = 0.0 if prev == RESERVE else self.C
+        self.status[k] = MARGIN
+        try:
+            self._border_add(k)
+        except _Degenerate as exc:
+            raise PathError("a near-twin swapped into the margin set duplicates it") from exc
+        self.refactor()
+        u = self.Rinv @ self._cvec()
+        self.rho = float(u[0])
+        self.alpha[np.asarray(self.S, dtype=np.int64)] = u[1:]
+        self.recompute_g()
 
     def _classify_settled(self, c: int, prefer_margin: bool = False) -> None:
         a = self.alpha[c]

@@ -206,3 +206,43 @@ def test_many_exact_duplicates_reach_the_refit_optimum(draw):
     assert np.abs(h.score(X) - g.score(X)).max() < 1e-12
     for tid in rng.choice(g.ids, size=3, replace=False):
         assert g.forget(int(tid), verify=True).verification["max_abs_score_dev"] < 1e-9
+
+
+def test_near_duplicate_regime_deletions_match_refit(monkeypatch):
+    """Near-twins (1e-6 jitter) reaching the margin set beside a twin swap in instead of making
+    the bordered system near-singular; before, 1 in 3 such audit trials raised PathError or drifted
+    from the refit by up to 2e-2."""
+    from sv_core.audit import run_audit
+    from sv_core.solver import MaintainedSVDD
+
+    calls = []
+    orig = MaintainedSVDD._swap_near_twin
+    monkeypatch.setattr(MaintainedSVDD, "_swap_near_twin",
+                        lambda self, *a: (calls.append(a), orig(self, *a))[1])
+    res = run_audit(trials=25, regimes=["duplicates"], progress=False)
+    s = res["regimes"]["duplicates"]
+    assert res["failures"] == []
+    assert s["completed"] == 25
+    assert s["score_dev_worst"] <= 1e-12
+    assert s["kkt_residual_worst"] <= 1e-12
+    assert calls  # the near-twin swap was exercised
+
+
+def test_exact_duplicate_keys_are_recognised_by_equality():
+    """Bit-equal keys take the exact-twin path (pinned gradient / mass transfer); a key 1e-7 away
+    is a near-twin, not a duplicate, even though its feature distance^2 (2.5e-15) < DUPLICATE_TOL."""
+    from sv_core.solver import MARGIN, MaintainedSVDD, _Degenerate
+
+    core = MaintainedSVDD(C=0.5, sigma=2.0, dim=2)
+    core.append(np.array([[0.0, 0.0], [3.0, 0.0], [0.0, 0.0], [1e-7, 0.0]]))
+    core.S = [0]
+    core.status[0] = MARGIN
+    core.refactor()
+    with pytest.raises(_Degenerate) as exact:
+        core._border_add(2, near_tol=1e-9)
+    assert exact.value.args == (2, 0)
+    with pytest.raises(_Degenerate) as near:
+        core._border_add(3, near_tol=1e-9)
+    assert near.value.args == (3, 0, "near")
+    core._border_add(1, near_tol=1e-9)  # a distinct key joins normally
+    assert core.S == [0, 1]
