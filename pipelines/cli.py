@@ -42,9 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_run_failures() -> None:
+    """Typed project errors are printed as one line by each command; Prefect's own ERROR log of
+    the failed run (with a traceback) would repeat them. Unexpected errors still raise."""
+    import logging
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING") != "INFO":
+        _quiet_run_failures()
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
