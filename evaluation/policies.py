@@ -15,6 +15,9 @@ Policies
 ``RecencyPolicy``         keeps the last ``k`` tokens (score = position).
 ``RandomPolicy``          keeps ``k`` tokens uniformly at random without replacement.
 
+The strongest published peers (ridge / kernel leverage, KeyDiff, SnapKV, TOVA) live in
+:mod:`evaluation.peers` and are registered here: ``get_policy("keydiff")`` etc.
+
 Tie-breaking is deterministic: equal scores are ordered by ascending index (earlier token wins).
 
 Each fast path has a slow, obvious ``*_reference`` implementation beside it for tests.
@@ -376,14 +379,21 @@ _ALIASES = {
 }
 
 
+def _registry() -> dict[str, type[SelectionPolicy]]:
+    """Built-in policies plus the peers of :mod:`evaluation.peers` (imported lazily: it imports us)."""
+    from evaluation.peers import PEER_POLICIES
+
+    return {**_REGISTRY, **PEER_POLICIES}
+
+
 def available_policies() -> list[str]:
     """Registered canonical policy names."""
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def get_policy(name: str, **kwargs: Any) -> SelectionPolicy:
-    """Instantiate a policy by name (``sv``, ``density``, ``oracle``, ``recency``, ``random``;
-    aliases ``support_vector``, ``h2o``/``h2o_density``, ``h2o_oracle``).
+    """Instantiate a policy by name (``sv``, ``density``, ``oracle``, ``recency``, ``random``, and the
+    peers ``leverage``, ``kernel_leverage``, ``keydiff``, ``snapkv``, ``tova``; aliases ``support_vector``, ``h2o``/``h2o_density``, ``h2o_oracle``).
 
     Raises
     ------
@@ -395,9 +405,10 @@ def get_policy(name: str, **kwargs: Any) -> SelectionPolicy:
     if not isinstance(name, str):
         raise UnknownPolicyError(f"policy name must be a string; got {name!r}")
     key = _ALIASES.get(name.lower(), name.lower())
-    if key not in _REGISTRY:
+    registry = _registry()
+    if key not in registry:
         raise UnknownPolicyError(f"unknown policy {name!r}; available: {', '.join(available_policies())}")
-    cls = _REGISTRY[key]
+    cls = registry[key]
     try:
         return cls(**kwargs)
     except TypeError as exc:

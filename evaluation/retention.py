@@ -5,6 +5,13 @@ least one event hour, the budget is the stay's support size ``k = |S∪E|`` (SV 
 ``C = 1/(ν·n)``); every policy keeps exactly ``k`` hours; retention is the fraction of event hours
 kept; stays are the bootstrap units. The caller decides which channels the selectors see (for the
 held-out control, pass keys without the SpO₂ column and events defined from raw SpO₂).
+
+The query-free peers of :mod:`evaluation.peers` (ridge leverage, kernel leverage in the gate's RBF
+space, KeyDiff) run in the same protocol (:data:`PEERS`, part of the default policy list); the
+query-stream peers (SnapKV, TOVA) and the oracle need queries, which an ICU stay does not have.
+Every SV-minus-policy difference is a paired percentile bootstrap over stays with the same seed, so
+every comparison uses the same resampled stays. ``metrics["peer_beats_sv"]`` lists the policies
+whose interval lies entirely above SV (``diff_sv_minus_<p>.high < 0``).
 """
 from __future__ import annotations
 
@@ -22,9 +29,17 @@ from evaluation.metrics import (
     event_hour_retention,
     wilcoxon_test,
 )
+from evaluation.peers import QUERY_FREE_PEERS
 from evaluation.policies import SelectionPolicy, SupportVectorPolicy, get_policy
 
-__all__ = ["RetentionComparison", "compare_retention"]
+__all__ = ["RetentionComparison", "compare_retention", "PEERS", "DEFAULT_POLICIES"]
+
+#: the query-free peers, reported beside the seed's baselines
+PEERS = QUERY_FREE_PEERS
+#: default policy list of :func:`compare_retention`
+DEFAULT_POLICIES = ("sv", "density", "recency", "random") + PEERS
+#: policies whose constructor takes the gate's bandwidth
+_SIGMA_POLICIES = ("density", "h2o", "h2o_density", "kernel_leverage")
 
 
 @dataclass
@@ -64,6 +79,11 @@ class RetentionComparison:
             "mean_budget_fraction": self.mean_budget_fraction,
             "mean_support_size": self.mean_support_size,
             "retention": {p: self.means[p] for p in pols},
+            "peer_beats_sv": sorted(p for p, ci in self.diffs.items() if ci.high < 0),
+            # what SV offers that the peers do not (none of them has a certificate or a deletion path)
+            "sv_offers": {"evicted_hours_certified_inert": "every evicted hour has α = 0 at k = |S∪E|: the gated "
+                                                           "readout and gate score are unchanged by its removal",
+                          "exact_deletion": "C&P decrement equal to a same-C refit (forgetful forget; deletion audit)"},
         }
         for p, ci in self.diffs.items():
             metrics[f"diff_sv_minus_{p}"] = {"mean": ci.mean_diff, "low": ci.low, "high": ci.high}
@@ -87,7 +107,12 @@ class RetentionComparison:
         return {
             "metrics": metrics,
             "tables": [{"title": "retention by policy", "columns": ["policy", "mean", "ci low", "ci high"],
-                        "rows": rows}],
+                        "rows": rows},
+                       {"title": f"SV minus policy, paired bootstrap over stays ({int(level * 100)}% CI, "
+                                 "same resampled stays for every policy)",
+                        "columns": ["policy", "SV − policy", "ci low", "ci high", "beats SV"],
+                        "rows": [[p, ci.mean_diff, ci.low, ci.high, bool(ci.high < 0)]
+                                 for p, ci in self.diffs.items()]}],
             "figures": figures,
             "claims": claims,
             "config": dict(self.config),
@@ -100,7 +125,7 @@ def compare_retention(
     *,
     nu: float = 0.3,
     sigma: float = 3.0,
-    policies: Sequence[str] = ("sv", "density", "recency", "random"),
+    policies: Sequence[str] = DEFAULT_POLICIES,
     seed: int = 0,
     n_boot: int = 10_000,
     level: float = 0.95,
@@ -116,7 +141,8 @@ def compare_retention(
         Event hours of each stay (may use channels absent from the keys).
     nu, sigma : SVDD calibration (``C = 1/(ν·n_s)``) and RBF bandwidth, shared by SV and density.
     policies : names for :func:`evaluation.policies.get_policy`; must include ``"sv"``.
-        ``"oracle"`` is not allowed (no evaluation queries here).
+        Policies that need queries (``oracle``, ``snapkv``, ``tova``) are not allowed (an ICU stay
+        has no query stream). Default: SV, density, recency, random and the peers :data:`PEERS`.
     seed : seeds the random policy (one generator threaded through the stays) and the bootstrap.
     n_boot, level : paired bootstrap settings (units = included stays).
     progress : show a tqdm bar over stays.
@@ -125,8 +151,6 @@ def compare_retention(
         raise MetricError(f"{len(keys_per_stay)} key arrays but {len(events_per_stay)} event masks")
     if "sv" not in policies:
         raise MetricError("policies must include 'sv' (it defines the budget)")
-    if "oracle" in policies:
-        raise MetricError("the oracle policy needs evaluation queries; it is not part of this protocol")
     if len(set(policies)) != len(policies):
         raise MetricError(f"duplicate policy names in {list(policies)}")
     built = build_policies(policies, nu=nu, sigma=sigma, seed=seed)
@@ -148,17 +172,25 @@ def compare_retention(
 
 
 def build_policies(policies: Sequence[str], *, nu: float, sigma: float, seed: int) -> dict[str, SelectionPolicy]:
-    """The protocol's policies by name (``"sv"`` first: it defines the budget)."""
+    """The protocol's policies by name (``"sv"`` first: it defines the budget).
+
+    Kernel policies (density, kernel leverage) get the gate's ``sigma``; peers keep their documented
+    defaults (λ of :mod:`evaluation.peers`). Raises :class:`MetricError` for policies that need
+    queries (oracle, SnapKV, TOVA).
+    """
     built: dict[str, SelectionPolicy] = {"sv": SupportVectorPolicy(nu=nu, sigma=sigma)}
     for name in policies:
         if name == "sv":
             continue
         kw: dict[str, Any] = {}
-        if name in ("density", "h2o"):
+        if name in _SIGMA_POLICIES or name in ("oracle", "snapkv", "tova"):
             kw = {"sigma": sigma}
         elif name == "random":
             kw = {"seed": seed}
-        built[name] = get_policy(name, **kw)
+        pol = get_policy(name, **kw)
+        if pol.requires_queries:
+            raise MetricError(f"the {name!r} policy needs a query stream; it is not part of this protocol")
+        built[name] = pol
     return built
 
 

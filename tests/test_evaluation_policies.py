@@ -115,7 +115,8 @@ def test_random_is_seeded_uniform_and_uses_given_rng():
 
 # ---------------------------------------------------------------- registry
 def test_registry_names_aliases_and_errors():
-    assert available_policies() == ["density", "oracle", "random", "recency", "sv"]
+    assert available_policies() == ["density", "kernel_leverage", "keydiff", "leverage", "oracle", "random", "recency",
+                                    "snapkv", "sv", "tova"]
     assert isinstance(get_policy("h2o", sigma=2.0), DensityPolicy)
     assert isinstance(get_policy("SV", nu=0.3, sigma=3.0), SupportVectorPolicy)
     assert get_policy("random", seed=3).seed == 3

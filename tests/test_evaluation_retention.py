@@ -49,7 +49,9 @@ def test_result_fields_are_schema_valid_aggregates():
     result = {"study": "icu_retention", "title": "t", "data": "synthetic", "runtime_s": 0.1, "seed_figure": {},
               **fields}
     validate_result(result)
-    assert fields["figures"][0]["categories"] == ["sv", "density", "recency", "random"]
+    assert fields["figures"][0]["categories"] == ["sv", "density", "recency", "random", "leverage", "kernel_leverage",
+                                                  "keydiff"]
+    assert fields["metrics"]["peer_beats_sv"] == []
     assert fields["metrics"]["retention"]["sv"] == 1.0
     assert all(c["holds"] for c in fields["claims"] if "density" in c["statement"])
 
@@ -64,3 +66,23 @@ def test_compare_retention_input_errors():
         compare_retention(keys[1:], events[1:], progress=False)
     with pytest.raises(MetricError, match="do not match"):
         compare_retention([keys[0]], [events[0][:5]], progress=False)
+
+
+def test_a_policy_that_beats_sv_is_listed_plainly():
+    keys, events = _stays(n_stays=4, seed=2)
+    events = [~e if e.any() else e for e in events]  # events = the typical hours: density keeps them, SV does not
+    res = compare_retention(keys, events, policies=("sv", "density", "kernel_leverage"), n_boot=200, progress=False)
+    fields = res.to_result_fields()
+    assert "density" in fields["metrics"]["peer_beats_sv"]
+    assert res.diffs["density"].high < 0
+    beats = {r[0]: r[-1] for r in fields["tables"][1]["rows"]}
+    assert beats["density"] is True
+    assert not next(c for c in fields["claims"] if c["statement"].endswith("minus density (95% paired bootstrap "
+                                                                             "over stays)"))["holds"]
+
+
+def test_query_policies_are_rejected_by_the_icu_protocol():
+    keys, events = _stays(n_stays=1)
+    for pol in ("snapkv", "tova"):
+        with pytest.raises(MetricError, match="query stream"):
+            compare_retention(keys, events, policies=("sv", pol), progress=False)

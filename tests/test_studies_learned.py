@@ -26,6 +26,11 @@ def test_forget_and_edit_on_frozen_keys(model):
     assert m["edit"]["exact"]["answers_new"] == 1.0
     assert m["edit"]["decay_0.1"]["residual_median"] > 1e-3    # decay keeps the old binding's influence
     assert m["edit"]["decay_0.1"]["old_weight_mean"] > m["edit"]["decay_0.01"]["old_weight_mean"] > 0
+    sel = m["selection"]
+    assert set(sel["vs_sv"]["diffs"]) == set(learned_keys.SELECTION_POLICIES) - {"sv"}
+    if sel["trials_with_budget_below_P"] == 0:  # budget = P: every policy keeps every key, differences exactly 0
+        assert all(d["mean"] == 0.0 for d in sel["vs_sv"]["diffs"].values())
+    assert m["peer_beats_sv"] == sel["vs_sv"]["peer_beats_sv"]
 
 
 def test_learned_regime_in_audit(model):
@@ -76,3 +81,8 @@ def test_retrieval_memory_forget_returns_no_record():
     assert m["other_answers_unchanged"] is True
     assert m["top_cos_after"][0] < 0.5 <= min(m["top_cos_before"])
     assert m["redundancy"]["sv"]["answered"] > m["redundancy"]["density"]["answered"]
+    vs = m["redundancy"]["vs_sv"]
+    assert {"leverage", "kernel_leverage", "keydiff"} <= set(vs["diffs"]) and vs["unit"] == "question"
+    for p in ("leverage", "kernel_leverage", "keydiff"):
+        assert m["redundancy"][p]["answered"] == 7 - round(7 * vs["diffs"][p]["mean"])  # SV answers all 7
+    assert m["peer_beats_sv"] == vs["peer_beats_sv"]

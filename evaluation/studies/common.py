@@ -70,3 +70,46 @@ def finite(x: float | None) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+def paired_vs_sv(per_unit: dict, *, metric: str, unit: str = "trial", ref: str = "sv", n_boot: int = 10_000,
+                 seed: int = 0, level: float = 0.95) -> dict:
+    """Paired bootstrap differences ``ref − policy`` over units (trials/stays), for every policy.
+
+    ``per_unit`` maps policy -> per-unit values aligned across policies (NaN marks a unit where the
+    metric is undefined; a pair uses the units finite for both). Every pair is resampled with the
+    same seed, so all comparisons with the same units use the same resampled units
+    (:func:`evaluation.metrics.paired_bootstrap_ci`, percentile interval).
+
+    Returns ``{"metric", "unit", "level", "n_boot", "diffs": {policy: {"mean", "low", "high",
+    "n_units"}}, "peer_beats_sv": [policies whose interval lies entirely above SV]}``.
+    """
+    from evaluation.metrics import paired_bootstrap_ci
+
+    a_all = np.asarray(per_unit[ref], dtype=np.float64)
+    diffs, beats = {}, []
+    for pol, vals in per_unit.items():
+        if pol == ref:
+            continue
+        b_all = np.asarray(vals, dtype=np.float64)
+        ok = np.isfinite(a_all) & np.isfinite(b_all)
+        if not ok.any():
+            diffs[pol] = {"mean": None, "low": None, "high": None, "n_units": 0}
+            continue
+        ci = paired_bootstrap_ci(a_all[ok], b_all[ok], n_boot, seed, level)
+        diffs[pol] = {"mean": ci.mean_diff, "low": ci.low, "high": ci.high, "n_units": int(ok.sum())}
+        if ci.high < 0:
+            beats.append(pol)
+    return {"metric": metric, "unit": unit, "level": level, "n_boot": n_boot, "diffs": diffs, "peer_beats_sv": beats}
+
+
+def vs_sv_table(title: str, vs: dict, offers: dict | None = None) -> dict:
+    """A result table of :func:`paired_vs_sv` (one row per policy); ``offers`` maps a policy to what
+    it certifies (SV's certificate / exact deletion; peers: none)."""
+    offers = offers or {}
+    rows = [["sv (reference)", None, None, None, None, offers.get("sv", "")]]
+    rows += [[p, d["mean"], d["low"], d["high"], p in vs["peer_beats_sv"], offers.get(p, "none")]
+             for p, d in vs["diffs"].items()]
+    return {"title": f"{title}: SV − policy ({vs['metric']}), paired bootstrap over {vs['unit']}s "
+                     f"({int(vs['level'] * 100)} % CI)",
+            "columns": ["policy", "SV − policy", "ci low", "ci high", "beats SV", "certifies"], "rows": rows}

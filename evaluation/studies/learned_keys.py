@@ -21,6 +21,14 @@ readout. Then
   Residual = ‖logits(q) − logits_ref(q)‖₂ at the edited question; the old binding's weight share
   is reported beside it.
 
+* **select** at a matched budget ``k = |S∪E|`` (the gate's support size on the frozen keys): SV
+  (top-k α), H2O-style density, recency, random and the query-free peers of
+  :mod:`evaluation.peers` (ridge leverage, kernel leverage with the model's σ, KeyDiff) each keep
+  ``k`` keys; recall@1 of all ``P`` questions under the uniform-RBF readout over the kept keys.
+  ``metrics["selection"]["vs_sv"]``: paired SV − policy recall, bootstrap over trials. With
+  distinct facts the gate usually keeps every key (``k = P``); then every policy keeps the same
+  set and the differences are exactly 0 — the fraction of trials with ``k < P`` is reported.
+
 :func:`learned_key_sampler` turns the trained model into an audit regime (``fn(rng) -> keys``).
 """
 from __future__ import annotations
@@ -34,10 +42,11 @@ from torch import nn
 
 from sv_core import Gate, calibrate_C, refit
 
-from .common import check_int, check_pos, envelope, mean_ci
+from .common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
 from .readout import kernel_readout, kernel_weights
 
 STUDY = "learned_keys"
+SELECTION_POLICIES = ("sv", "density", "recency", "random", "leverage", "kernel_leverage", "keydiff")
 
 
 class RecallModel(nn.Module):
@@ -200,7 +209,22 @@ def run_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, nu: f
             "residual": float(np.linalg.norm(logit_dec - logit_ref)),
             "old_weight": float(kernel_weights(Q[j : j + 1], K_dd, a, sigma)[0, j]),
             "answers_new": bool(logit_dec.argmax() == new_city)}
+    # ---- matched-budget selection (no rng drawn: the trial's numbers above are unchanged)
+    from evaluation.policies import get_policy, select_top_k
+
+    alpha0 = np.asarray(state0["alpha"], dtype=np.float64)
+    k = int(np.count_nonzero(alpha0 > 0))
+    selection = {"k": k}
+    for pol in SELECTION_POLICIES:
+        if pol == "sv":
+            kept = select_top_k(alpha0, k)
+        else:
+            kw = {"sigma": sigma} if pol in ("density", "kernel_leverage") else ({"seed": 0} if pol == "random" else {})
+            kept = get_policy(pol, **kw).select(K, k)
+        pred_k = logits_of(model, kernel_readout(Q, K[kept], np.ones(kept.size), U[kept], sigma)).argmax(1)
+        selection[pol] = float(np.mean(pred_k == cities))
     return {
+        "selection": selection,
         "recall_before": recall_before,
         "forgotten_recall": float(pred_f[j] == cities[j]),
         "others_recall": float(np.mean(pred_f[keep] == cities[keep])),
@@ -253,6 +277,17 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
             REGIMES.pop("learned", None)
         metrics["audit_learned"] = aud["regimes"]["learned"]
         metrics["audit_failures"] = len(aud["failures"])
+    sel_vs = paired_vs_sv({p: [r["selection"][p] for r in rows] for p in SELECTION_POLICIES},
+                          metric="recall@1 of all P questions", seed=seed)
+    metrics["selection"] = {
+        "budget_mean": float(np.mean([r["selection"]["k"] for r in rows])),
+        "trials_with_budget_below_P": int(sum(r["selection"]["k"] < P for r in rows)),
+        "recall": {p: mean_ci(r["selection"][p] for r in rows) for p in SELECTION_POLICIES},
+        "vs_sv": sel_vs,
+    }
+    metrics["peer_beats_sv"] = list(sel_vs["peer_beats_sv"])
+    metrics["sv_offers"] = {"forgotten_weight_max": metrics["forgotten_weight_max"],
+                            "score_dev_vs_refit_max": metrics["score_dev_vs_refit_max"]}
     rt = time.perf_counter() - t0
     e = metrics["edit"]
     tables = [
@@ -268,6 +303,11 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
          "rows": [[k, v["residual_median"], v["residual_max"], v["old_weight_mean"], v["answers_new"],
                    "~0" if k == "exact" else "1.15 (decay)"] for k, v in e.items()]},
     ]
+    tables.append(vs_sv_table(
+        f"matched budget k = |S∪E| (mean {metrics['selection']['budget_mean']:.2f} of P = {P}; "
+        f"k < P in {metrics['selection']['trials_with_budget_below_P']}/{trials} trials)", sel_vs,
+        {"sv": f"exact forget: forgotten weight {metrics['forgotten_weight_max']:.0e}, max |Δ score| vs refit "
+               f"{metrics['score_dev_vs_refit_max']:.1e}; remove-add edit residual {e['exact']['residual_max']:.1e}"}))
     if "audit_learned" in metrics:
         a = metrics["audit_learned"]
         tables.append({"title": "deletion audit, learned-key regime (ν = 0.4, σ = 2, 2 removals)",

