@@ -39,5 +39,8 @@ bench: install
 	$(BIN)/python -m sv_core.bench_delete --json runs/bench_delete/result.json
 	$(BIN)/python -m sv_core.audit --trials 300 --json runs/audit/result.json
 
+# Derived data only: the forget registry (runs/forget-registry) is kept, so a forgotten patient
+# stays forgotten across `make clean && make demo`.
 clean:
-	rm -rf runs warehouse.duckdb .pytest_cache .hypothesis
+	find runs -mindepth 1 -maxdepth 1 ! -name forget-registry -exec rm -rf {} + 2>/dev/null || true
+	rm -rf warehouse.duckdb .pytest_cache .hypothesis

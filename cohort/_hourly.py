@@ -170,8 +170,11 @@ def hourly_means(k: np.ndarray, v: np.ndarray, n_hours: np.ndarray):
     return sidx[hstarts], hour[hstarts], out
 
 
-def fill_within_stays(pos: np.ndarray, values: np.ndarray, n_hours: np.ndarray):
+def fill_within_stays(pos: np.ndarray, values: np.ndarray, n_hours: np.ndarray, fill: str = "backfill"):
     """Dense hourly grid of a run of consecutive stays, forward- then back-filled within each stay.
+
+    ``fill="causal"`` forward-fills only (no value from a later hour reaches an earlier one): a
+    leading gap stays NaN and the caller gives it the (frozen/training) cohort median.
 
     Parameters
     ----------
@@ -181,9 +184,12 @@ def fill_within_stays(pos: np.ndarray, values: np.ndarray, n_hours: np.ndarray):
 
     Returns
     -------
-    filled : (N, n_vitals) float64, NaN only where the stay never records the vital.
+    filled : (N, n_vitals) float64, NaN only where the stay never records the vital (causal:
+        also before the vital's first record).
     observed : (N, n_vitals) bool, the hour had a measurement of the vital.
     """
+    if fill not in ("backfill", "causal"):
+        raise ValueError(f"fill must be 'backfill' or 'causal', got {fill!r}")
     n = int(n_hours.sum())
     nv = values.shape[1]
     filled = np.full((n, nv), np.nan)
@@ -197,7 +203,10 @@ def fill_within_stays(pos: np.ndarray, values: np.ndarray, n_hours: np.ndarray):
     ar = np.arange(n, dtype=np.int64)[:, None]
     prev = np.maximum.accumulate(np.where(observed, ar, -1), axis=0)
     nxt = np.minimum.accumulate(np.where(observed, ar, n)[::-1], axis=0)[::-1]
-    src = np.where(prev >= first, prev, np.where(nxt <= last, nxt, -1))
+    if fill == "causal":
+        src = np.where(prev >= first, prev, -1)
+    else:
+        src = np.where(prev >= first, prev, np.where(nxt <= last, nxt, -1))
     has = src >= 0
     cols = np.broadcast_to(np.arange(nv), src.shape)
     out = np.where(has, filled[np.where(has, src, 0), cols], np.nan)

@@ -65,7 +65,7 @@ from ._hourly import (
     HOUR_MS, MAX_STAYS, MS_MASK, MS_SHIFT, SIDX_SHIFT, BucketSpool, Moments, events, fill_within_stays,
     hourly_means,
 )
-from .errors import BadParameterError, CohortError, EmptyCohortError, UnreadableInputError, format_funnel
+from .errors import BadParameterError, CohortError, EmptyCohortError, UnreadableInputError, format_funnel, redact
 from .selection import assign_splits, sample_stays
 from .sources import make_adapter
 
@@ -232,7 +232,7 @@ def _scan(con, sql: str, files, what: str, stream: bool = False):
     def wrap(exc):
         names = ", ".join(str(f) for f in files)
         return UnreadableInputError(
-            f"reading {what} from {names} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
+            f"reading {what} from {names} failed ({type(exc).__name__}: {redact(str(exc).splitlines()[0][:300])})"
         )
 
     readable = (duckdb.IOException, duckdb.InvalidInputException, duckdb.ConversionException)
@@ -253,8 +253,40 @@ def _stream(con, sql, readable, wrap, rows: int = 1 << 20):
         raise wrap(exc) from exc
 
 
+def _exclude_registered(con, exclude_subjects, funnel: "_Funnel") -> None:
+    """Drop the stays of excluded (forgotten) subjects from ``_src_stays`` before anything else
+    reads them: their measurements never leave the scan's join, and no output holds them."""
+    ids = con.execute("SELECT DISTINCT subject_id FROM _src_stays WHERE subject_id IS NOT NULL").fetchnumpy()["subject_id"]
+    ids = np.asarray(ids, dtype=np.int64)
+    mask = np.asarray(exclude_subjects(ids), dtype=bool)
+    if mask.shape != ids.shape:
+        raise BadParameterError("exclude_subjects must return one boolean per subject id")
+    if mask.any():
+        con.register("_x_subjects", pa.table({"subject_id": pa.array(ids[mask])}))
+        con.execute("DELETE FROM _src_stays WHERE subject_id IN (SELECT subject_id FROM _x_subjects)")
+        con.unregister("_x_subjects")
+    funnel.add("not_in_forget_registry", con.execute("SELECT count(*) FROM _src_stays").fetchone()[0])
+
+
+def check_frozen(frozen) -> dict[str, tuple[float, float, float]]:
+    """Validate a frozen standardisation: vital -> ``{"mean", "sd", "median"}`` (or a 3-tuple)
+    for every vital; returns vital -> (mean, sd, median) as floats."""
+    if not isinstance(frozen, dict) or set(frozen) != set(VITALS):
+        raise BadParameterError(f"a frozen standardisation needs exactly the vitals {list(VITALS)}")
+    out = {}
+    for v in VITALS:
+        x = frozen[v]
+        m, sd, med = (x["mean"], x["sd"], x["median"]) if isinstance(x, dict) else x
+        m, sd, med = float(m), float(sd), float(med)
+        if not (np.isfinite(m) and np.isfinite(sd) and np.isfinite(med)) or sd <= 0:
+            raise BadParameterError(f"frozen standardisation of {v!r} must be finite with sd > 0")
+        out[v] = (m, sd, med)
+    return out
+
+
 def _build_into(con, source: str, root: Path, min_hours: float, sample: int | None, seed: int,
-                progress: bool, batch_stays: int, scratch: Path) -> tuple[_Funnel, dict]:
+                progress: bool, batch_stays: int, scratch: Path, exclude_subjects=None,
+                fill: str = "backfill", frozen: dict | None = None) -> tuple[_Funnel, dict]:
     adapter = make_adapter(source, root, con)
     funnel = _Funnel(con)
     q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
@@ -262,6 +294,8 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     # 1. stays ---------------------------------------------------------------------------
     _scan(con, f"CREATE TABLE _src_stays AS {adapter.stays_sql()}", [adapter.scan_files[0].parent], "ICU stays")
     funnel.add("icu_stays_in_source", q("SELECT count(*) FROM _src_stays")[0])
+    if exclude_subjects is not None:
+        _exclude_registered(con, exclude_subjects, funnel)
     con.execute(
         "CREATE TABLE _valid AS SELECT *, epoch_us(intime) AS in_us, epoch_us(outtime) AS out_us "
         "FROM _src_stays WHERE stay_id IS NOT NULL AND subject_id IS NOT NULL AND intime IS NOT NULL "
@@ -396,7 +430,7 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
             has = ~np.isnan(col)
             values.append((col[has & is_tr], col[has & ~is_tr]))
         filled, observed = fill_within_stays(grid_start[o_sidx] - int(grid_start[lo]) + o_hour, o_val,
-                                             grid_hours[lo:hi])
+                                             grid_hours[lo:hi], fill=fill)
         np.save(scratch / f"filled_{b:05d}.npy", filled)
         np.save(scratch / f"observed_{b:05d}.npy", observed)
         row_train = np.repeat(train[lo:hi], grid_hours[lo:hi])
@@ -431,25 +465,36 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
         vals = np.fromfile(med_files[(j, "train")])
         if vals.size == 0:
             vals = np.fromfile(med_files[(j, "other")])
-        if vals.size == 0:
+        if frozen is not None:
+            medians[j] = frozen[v][2]
+        elif vals.size == 0:
             raise EmptyCohortError(f"vital {v!r} is never observed in the cohort; cannot impute", funnel.rows)
-        medians[j] = float(np.median(vals))
+        else:
+            medians[j] = float(np.median(vals))
         del vals
         for part in ("train", "other"):
             med_files[(j, part)].unlink()
 
     # 7. standardisation on the training split only (the never-recorded vitals of a training
     # stay take the median), then the output rows bucket by bucket ---------------------------
-    con.execute("CREATE TABLE standardisation (vital VARCHAR PRIMARY KEY, mean DOUBLE NOT NULL, sd DOUBLE NOT NULL)")
+    # causal / frozen builds also record the medians (the frozen table of a streaming warehouse)
+    with_median = fill == "causal" or frozen is not None
+    std_ddl = ("standardisation (vital VARCHAR PRIMARY KEY, mean DOUBLE NOT NULL, sd DOUBLE NOT NULL"
+               + (", median DOUBLE NOT NULL)" if with_median else ")"))
+    con.execute("CREATE TABLE " + std_ddl)
     stats = {}
     for j, v in enumerate(VITALS):
-        moments.add_group(j, n_unfilled[j], medians[j], 0.0)
-        if moments.n[j] == 0:
-            raise EmptyCohortError("no training-split hour to standardise on", funnel.rows)
-        sd = moments.sd(j)
-        sd = 1.0 if sd is None or not np.isfinite(sd) or sd <= 0 else sd
-        stats[v] = (float(moments.mean[j]), sd)
-        con.execute("INSERT INTO standardisation VALUES (?, ?, ?)", [v, stats[v][0], sd])
+        if frozen is not None:  # supplied: never recomputed
+            stats[v] = (frozen[v][0], frozen[v][1])
+        else:
+            moments.add_group(j, n_unfilled[j], medians[j], 0.0)
+            if moments.n[j] == 0:
+                raise EmptyCohortError("no training-split hour to standardise on", funnel.rows)
+            sd = moments.sd(j)
+            sd = 1.0 if sd is None or not np.isfinite(sd) or sd <= 0 else sd
+            stats[v] = (float(moments.mean[j]), sd)
+        con.execute(f"INSERT INTO standardisation VALUES (?, ?, ?{', ?' if with_median else ''})",
+                    [v, stats[v][0], stats[v][1]] + ([float(medians[j])] if with_median else []))
     schema = pa.schema(
         [("stay_id", pa.int64()), ("hour", pa.int32())] + [(v, pa.float64()) for v in VITALS]
         + [(c, pa.bool_()) for c in OBSERVED_COLUMNS] + [(f"{v}_z", pa.float64()) for v in VITALS]
@@ -502,7 +547,7 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
         "CREATE TABLE wh.cohort_stays (stay_id BIGINT PRIMARY KEY, subject_id BIGINT NOT NULL, hadm_id BIGINT, "
         "intime TIMESTAMP NOT NULL, outtime TIMESTAMP NOT NULL, n_hours INTEGER NOT NULL, split VARCHAR NOT NULL)")
     con.execute("INSERT INTO wh.cohort_stays SELECT * FROM cohort_stays ORDER BY stay_id")
-    con.execute("CREATE TABLE wh.standardisation (vital VARCHAR PRIMARY KEY, mean DOUBLE NOT NULL, sd DOUBLE NOT NULL)")
+    con.execute("CREATE TABLE wh." + std_ddl)
     con.execute("INSERT INTO wh.standardisation SELECT * FROM standardisation")
     for tname in ("_src_stays", "_valid", "_long", "_cohort0", "_sidx", "_final", "cohort_stays", "standardisation"):
         con.execute(f"DROP TABLE IF EXISTS {tname}")
@@ -512,7 +557,8 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
 def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path = "warehouse.duckdb",
                     min_hours: float = 48, sample: int | None = None, seed: int = 0,
                     memory_limit: str = "4GB", progress: bool = True, threads: int | None = None,
-                    export_parquet: str | Path | None = None, batch_stays: int = 1000) -> BuildSummary:
+                    export_parquet: str | Path | None = None, batch_stays: int = 1000,
+                    exclude_subjects=None, fill: str = "backfill", frozen: dict | None = None) -> BuildSummary:
     """Build the warehouse and return a :class:`BuildSummary`.
 
     Parameters
@@ -530,12 +576,25 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     threads : DuckDB threads (default: DuckDB's choice, all cores).
     batch_stays : stays per scratch bucket (at most 256 buckets); a bucket's rows are what the
         hourly step holds in memory at once.
+    exclude_subjects : optional ``f(subject_ids: int64 array) -> bool array`` naming subjects that
+        must never enter the warehouse (the forget registry, :meth:`pipelines.warehouse.Warehouse.exclusion`);
+        applied to the source's stays before any measurement is scanned. The funnel gains the
+        step ``not_in_forget_registry`` (a count only).
+    fill : "backfill" (default: forward fill, back fill, cohort median) or "causal" (forward
+        fill within the stay, the cohort median for leading gaps; no value from the future).
+    frozen : optional frozen standardisation, vital -> {"mean", "sd", "median"} (see
+        :func:`check_frozen`; e.g. a streaming warehouse's): used instead of the training-split
+        moments and medians, never recomputed. Causal and frozen builds add a ``median`` column
+        to ``standardisation``.
     """
     t0 = time.perf_counter()
     if min_hours < 0:
         raise BadParameterError(f"min_hours must be ≥ 0, got {min_hours}")
     if sample is not None and sample < 1:
         raise BadParameterError(f"sample must be ≥ 1, got {sample}")
+    if fill not in ("backfill", "causal"):
+        raise BadParameterError(f"fill must be 'backfill' or 'causal', got {fill!r}")
+    frozen = None if frozen is None else check_frozen(frozen)
     if source == "demo":
         from .demo_data import ensure_demo
 
@@ -555,9 +614,13 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     con = _connect(tmp, memory_limit, threads)
     try:
         funnel, hashed = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays,
-                             tmp.parent / (tmp.name + ".buckets"))
+                                     tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen)
         h = content_hash(con, "wh.", _precomputed=hashed)
         params = {"source": source, "min_hours": min_hours, "sample": sample, "seed": seed}
+        if fill != "backfill":
+            params["fill"] = fill
+        if frozen is not None:
+            params["frozen_standardisation"] = True
         con.execute("CREATE TABLE wh.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
         info = {"content_hash": h, "params": json.dumps(params), "duckdb": duckdb.__version__,
                 "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -1,6 +1,8 @@
 """Typed errors of the cohort package. Every message says what was expected and where."""
 from __future__ import annotations
 
+import re
+
 
 class CohortError(Exception):
     """Base class of every cohort error."""
@@ -10,16 +12,29 @@ class InputMissingError(CohortError, FileNotFoundError):
     """An input table is absent. The message names the expected path(s) and the layout."""
 
 
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_ ]{0,63}$")
+
+
+def redact(text: str) -> str:
+    """Strip what could be record-level data from a library's error text: quoted values become
+    ``'…'`` and runs of 4+ digits (ids, times, values) become ``#``."""
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", str(text))
+    return re.sub(r"\d{4,}", "#", text)
+
+
 class MissingColumnsError(CohortError, ValueError):
-    """An input table lacks required columns. The message names them and the file."""
+    """An input table lacks required columns. The message names them and the file — and the
+    present columns only when they look like a header (a headerless file would otherwise print
+    its first data row: ids and times)."""
 
     def __init__(self, path: str, missing: list[str], present: list[str]):
         self.path = path
         self.missing = list(missing)
-        super().__init__(
-            f"{path}: missing required column(s) {', '.join(missing)} "
-            f"(present: {', '.join(present) or 'none'})"
-        )
+        if present and all(_IDENT.match(c) and not c.strip("_ ").isdigit() for c in present):
+            seen = f"present: {', '.join(present)}"
+        else:
+            seen = f"the first line does not look like a header ({len(present)} fields); is the header row missing?"
+        super().__init__(f"{path}: missing required column(s) {', '.join(missing)} ({seen})")
 
 
 class UnreadableInputError(CohortError, OSError):

@@ -24,7 +24,7 @@ from pathlib import Path
 import duckdb
 
 from .constants import CLIF_CATEGORIES, FAHRENHEIT_ITEMID, ITEMIDS, VITAL_CODE
-from .errors import InputMissingError, MissingColumnsError, UnreadableInputError
+from .errors import InputMissingError, MissingColumnsError, UnreadableInputError, redact
 
 NATIVE_LAYOUT = (
     "MIMIC-IV v3.1 native layout: <root>/icu/icustays, <root>/icu/chartevents, "
@@ -78,7 +78,7 @@ class Table:
             kind = "parquet" if is_parquet else "CSV/gzip"
             raise UnreadableInputError(
                 f"{self.path}: cannot be read as {kind} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:300]})"
+                f"{redact(str(exc).splitlines()[0][:300])})"
             ) from exc
         self.columns = [r[0] for r in desc]
         missing = [c for c in required if c not in self.columns]

@@ -50,7 +50,7 @@ SECTIONS: tuple[Section, ...] = (
             "keeps the same k per stay. Error bars: 95 % bootstrap intervals over stays."),
     Section("heldout", "Held-out SpO₂ control", ("heldout_spo2",),
             "Events are raw SpO₂ < 90 %; the SpO₂ channel is removed from every selector's input."),
-    Section("deletion", "Deletion audit and receipts", ("deletion_audit", "patient_deletion", "deletion_latency"),
+    Section("deletion", "Deletion audit and receipts", ("ledger", "deletion_audit", "patient_deletion", "deletion_latency"),
             "Decrement (maintained fp64 C&P path) against a fresh retained-key refit at the same C; "
             "coefficient decay as the comparator. Gate-score and readout audits, not a formal privacy "
             "guarantee or deletion from model weights."),
@@ -99,6 +99,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 .badge { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 11.5px; margin-left: 6px;
          background: #e7eef6; color: #16324f; }
 .badge.demo { background: #e8f4ea; color: #1e5a2c; }
+.badge.stale { background: #fde8e8; color: #8a1c1c; }
 .badge.mimic { background: #fbeee0; color: #7a3e06; }
 .notrun { color: #8a6d00; background: #fff8db; border: 1px dashed #e2c35b; padding: 8px 12px; border-radius: 4px; }
 .ok { color: #1e6b34; font-weight: 600; }
@@ -220,15 +221,39 @@ def _img(spec: Mapping[str, Any], *, seed: bool) -> str:
 # --------------------------------------------------------------------------------------------
 # blocks
 # --------------------------------------------------------------------------------------------
+_STALE: dict[str, int] = {}  # result path -> receipt seq it predates (set by render_report)
+
+
+def _ledger_html(m: Mapping[str, Any]) -> str:
+    """The ledger card's headline: receipts, verification, head, last deletion (no identifiers)."""
+    ok = bool(m.get("chain_verified"))
+    status = ('<span class="ok">verified</span>' if ok else '<span class="bad">NOT verified</span>')
+    n = int(m.get("receipts", 0))
+    text = (f"<p>{n:,} deletion receipt(s); keyed chain {status}"
+            + (f"; {int(m.get('pending_erasures', 0))} erasure(s) pending" if m.get("pending_erasures") else "")
+            + (f"; last deletion {_e(m['last_deletion_utc'])}" if m.get("last_deletion_utc") else "")
+            + ".</p>")
+    if n:
+        text += (f'<p class="meta">head <code>{_e(m.get("head", ""))}</code> — an auditor keeps it and later runs '
+                 f'<code>forgetful receipts verify --head HEAD --min-count {n}</code>.</p>')
+    else:
+        text += '<p class="meta">No patient has been forgotten: the ledger is empty (nothing to verify yet).</p>'
+    return text
+
+
 def _run_block(res: LoadedResult) -> str:
     p = res.payload
     data = p["data"]
+    stale = _STALE.get(res.path)
     parts = [
-        f'<h3>{_e(p["title"])}<span class="badge {_e(data)}">{_e(DATA_LABELS.get(data, data))}</span></h3>',
+        f'<h3>{_e(p["title"])}<span class="badge {_e(data)}">{_e(DATA_LABELS.get(data, data))}</span>'
+        + (f'<span class="badge stale">stale since receipt #{stale}: rerun</span>' if stale else "") + "</h3>",
         f'<p class="meta">study <code>{_e(p["study"])}</code> · file <code>{_e(res.path)}</code> · '
         f'runtime {_e(_fmt(float(p["runtime_s"])))} s'
         + (f' · created {_e(p["created"])}' if "created" in p else "") + "</p>",
     ]
+    if p["study"] == "ledger":
+        parts.append(_ledger_html(p["metrics"]))
     for fig in p["figures"]:
         parts.append(_img(fig, seed=False))
     if p.get("claims"):
@@ -359,6 +384,14 @@ def _summary_html(results: Sequence[LoadedResult], skipped: Sequence[str]) -> st
 def render_report(runs_dir: str | os.PathLike, *, title: str = "forgetful — study report") -> str:
     """Validate every result under ``runs_dir`` and return the report as one HTML string."""
     results, skipped = load_results(runs_dir)
+    _STALE.clear()
+    stale_file = Path(runs_dir) / "stale.json"
+    if stale_file.is_file():
+        try:
+            st = json.loads(stale_file.read_text())
+            _STALE.update({str(f): int(st["receipt_seq"]) for f in st.get("files", [])})
+        except (ValueError, KeyError, TypeError):
+            pass
     by_study: dict[str, list[LoadedResult]] = {}
     for r in results:
         by_study.setdefault(r.payload["study"], []).append(r)

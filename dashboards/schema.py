@@ -45,6 +45,7 @@ KNOWN_STUDIES: dict[str, str] = {
     "heldout_spo2": "heldout",
     "deletion_audit": "deletion",
     "deletion_latency": "deletion",
+    "ledger": "deletion",
     "patient_deletion": "deletion",
     "deterioration": "deterioration",
     "planted_secret": "synthetic",

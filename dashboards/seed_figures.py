@@ -59,6 +59,13 @@ SEED_FIGURES: dict[str, dict[str, Any]] = {
                    "categories": ["gaussian", "redundant", "mimic", "learned", "decay (lo)", "decay (hi)"],
                    "values": [2.4e-9, 5.7e-7, 1.6e-9, 4.5e-13, 2.2e-2, 2.4e-1]},
     },
+    "ledger": {
+        "source": "none (a product guarantee, not a seed study)",
+        "text": "Neither seed keeps a deletion ledger: the receipt chain, forget registry and physical erasure are "
+        "this project's additions (README, Deletion guarantees).",
+        "values": {},
+        "figure": None,
+    },
     "deletion_latency": {
         "source": "seed 001 §4 (deletion cost)",
         "text": "n ∈ {120, 256, 384, 512}, 30 uniform deletions each, d = 6, ν = 0.4: median maintained-deletion "

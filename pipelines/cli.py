@@ -1,14 +1,16 @@
 """The ``forgetful`` command line.
 
-Every flow module in :mod:`pipelines.flows` exposes ``add_cli(subparsers)``; this module discovers
-them, so a new study is a new file, never an edit here.
+Every flow module in :mod:`pipelines.flows` exposes ``add_cli(subparsers)``. :data:`COMMANDS`
+maps each command to its module and one-line help, so ``forgetful --help`` and a command like
+``forget`` import only what they need (no torch, no Prefect): a command's module is imported
+when that command runs. ``tests/test_cli_table.py`` keeps the table equal to what the modules
+register.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
-import pkgutil
 import sys
 
 # Local, offline use: no telemetry calls (the machine may have no network at all).
@@ -17,28 +19,63 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # them. Set PREFECT_LOGGING_LEVEL=INFO to see every flow and task run.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from pipelines import flows as _flows
+DESCRIPTION = ("Auditable support-vector memory: certified retention, verified deletion, "
+               "clinical and synthetic studies as Prefect flows.")
+
+#: command -> (module under pipelines.flows, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "build-cohort": ("clinical_cohort", "build the hourly vital-sign warehouse (default: the real MIMIC-IV demo)"),
+    "retention": ("clinical_retention", "certified event-hour retention per ICU stay (SV vs peers)"),
+    "heldout-spo2": ("clinical_retention", "held-out SpO2 control (SpO2 < 90 label, 5-d keys without SpO2)"),
+    "patient-deletion": ("clinical_deletion", "forget one of five patients sharing a context (leakage, KKT, decay)"),
+    "deterioration": ("clinical_deterioration", "predict a composite event within 6 h: LSTM vs softmax vs SV attention"),
+    "audit": ("audit_flow", "fixed-C deletion audit incl. the real ICU-key regime"),
+    "bench-delete": ("bench_delete_flow", "deletion latency: decrement vs same-C refit (study result)"),
+    "run-all": ("run_all", "the main job: demo check, warehouse, every clinical study, report"),
+    "forget": ("forget_cli", "forget one patient everywhere, durably, with one tamper-evident receipt"),
+    "receipts": ("receipts_cli", "verify, list or export the deletion-receipt ledger"),
+    "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),
+    "gate-demo": ("gate_demo", "admit a stream, certify, evict, forget with verification"),
+    "lm": ("language_model", "language model: SV hybrid vs matched sliding window"),
+    "throughput": ("throughput_flow", "training-step throughput: SV hybrid vs softmax (study result)"),
+    "learned-keys": ("study_learned_keys", "study: forget/edit facts on the frozen keys of a trained recall model"),
+    "retrieval-memory": ("study_retrieval_memory", "study: forgettable retrieval memory over MiniLM embeddings"),
+    "planted-secret": ("study_synthetic", "study: planted secret, retrieved before and after forgetting"),
+    "skewed-redundancy": ("study_synthetic", "study: rare-token recall under skewed redundancy"),
+    "streaming-eviction": ("study_synthetic", "study: streaming eviction, SV vs streaming H2O"),
+    "selective-copying": ("study_synthetic", "study: selective copying with the SV readout"),
+    "capacity": ("study_synthetic", "study: recall capacity vs stored items"),
+    "mqar-control": ("study_synthetic", "study: distinct-key MQAR control (gated vs ungated)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="forgetful",
-        description="Auditable support-vector memory: certified retention, verified deletion, "
-        "clinical and synthetic studies as Prefect flows.",
-    )
+def _light_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every command listed, without importing any command module."""
+    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for info in sorted(pkgutil.iter_modules(_flows.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
+    for name, (_, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return parser
+
+
+def build_parser(commands=None) -> argparse.ArgumentParser:
+    """The full parser (imports the modules of ``commands``, default: all)."""
+    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    modules = []
+    for name in commands or COMMANDS:
+        mod = COMMANDS[name][0]
+        if mod not in modules:
+            modules.append(mod)
+    for mod in modules:
         try:
-            module = importlib.import_module(f"pipelines.flows.{info.name}")
+            module = importlib.import_module(f"pipelines.flows.{mod}")
         except ImportError as exc:  # an optional extra is missing: say so, keep the rest usable
-            print(f"forgetful: command module {info.name!r} unavailable ({exc})", file=sys.stderr)
+            print(f"forgetful: command module {mod!r} unavailable ({exc})", file=sys.stderr)
             continue
-        add = getattr(module, "add_cli", None)
-        if add is not None:
-            add(sub)
+        module.add_cli(sub)
     return parser
 
 
@@ -52,7 +89,12 @@ def _quiet_run_failures() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = next((a for a in argv if not a.startswith("-")), None)
+    if cmd not in COMMANDS:
+        _light_parser().parse_args(argv)  # prints help / the usage error and exits
+        return 2
+    parser = build_parser([cmd])
     args = parser.parse_args(argv)
     if os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING") != "INFO":
         _quiet_run_failures()

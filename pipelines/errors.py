@@ -41,3 +41,16 @@ class GateStoreError(PipelineError):
 
 class StudyInputError(PipelineError, ValueError):
     """A study cannot run on this warehouse (too few stays, no events, bad parameter)."""
+
+
+class LedgerKeyError(LedgerError):
+    """The ledger key is missing, too short, readable by others, or differs from the ledger's."""
+
+
+class WarehouseBusyError(PipelineError):
+    """Another forgetful command holds the warehouse's writer lock past the wait limit."""
+
+
+class ErasureError(PipelineError):
+    """A warehouse table cannot be erased safely (it holds no subject/stay column and is not a
+    known aggregate table), so the forget was not applied."""

@@ -1,39 +1,45 @@
-"""Right to be forgotten, end to end: one patient out of every gate state and every derived table,
-with one hash-chained receipt, atomically.
+"""Right to be forgotten, end to end, durable.
 
-:func:`forget_subject`
+:func:`forget_subject` (``forgetful forget``), inside :meth:`Warehouse.open` (writer lock held,
+pending erasures completed first):
 
-1. resolves the patient (``subject_id``, or the owner of ``stay_id``) — unknown → :class:`UnknownSubjectError`,
-   already in the ledger → :class:`AlreadyForgottenError`; nothing is changed in either case;
-2. for every stored context holding the patient's tokens, loads the gate and removes them by the
-   maintained C&P decremental path (:meth:`sv_core.Gate.forget_many`), then verifies the result
-   against an independent same-C refit (gate-score deviation on retained, removed and jittered
-   probes; KKT residual). A context whose retained set would be empty or infeasible at the fixed
-   C (``(n-k)·C < 1``) is dropped whole instead (recorded as ``dropped``);
-3. in ONE DuckDB transaction: rewrites those gate states, deletes the tokens' rows, deletes the
-   patient from every derived cohort table (:func:`cohort.purge.purge_subject`), refreshes the
-   warehouse content hash (so cached study results keyed on it are not reused), and appends one
-   receipt to the ledger. Any error rolls everything back.
+1. resolves the patient (``subject_id``, or the owner of ``stay_id``); unknown →
+   :class:`UnknownSubjectError` (``allow_absent`` registers a subject the warehouse does not hold,
+   so no future build admits them); already registered → :class:`AlreadyForgottenError`;
+2. plans every stored context holding the patient's tokens (pure computation): the maintained
+   C&P decremental path (:meth:`sv_core.Gate.forget_many`) verified against an independent
+   same-C refit, or — when the context held only this patient, or the rest is infeasible at the
+   fixed C — the context is removed whole (a certified outcome: nothing of it remains);
+3. **commits the receipt to the ledger first** (fsynced, :mod:`pipelines.ledger`): from this
+   moment the subject is in the forget registry — every build excludes them at scan time and
+   every command completes the erasure before reading anything;
+4. erases physically (:func:`pipelines.erasure.rewrite`): the warehouse is rewritten into a fresh
+   file without the patient, atomically swapped in; the task cache is removed; result files of
+   the warehouse's runs directories are marked stale with the receipt number.
 
-The receipt holds counts, opaque context ids, tolerances and the salted hashes — never a raw id.
+A crash after step 3 leaves a *pending* erasure that :func:`complete_pending` finishes on the
+next command (idempotent: the rewrite only ever removes registered subjects). The receipt holds
+counts, opaque context ids, tolerances and keyed hashes — never a raw id.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import numpy as np
 
-from cohort.purge import purge_subject
+from . import erasure, gate_store
+from .errors import AlreadyForgottenError, UnknownSubjectError
+from .ledger import FORGET_KIND
+from .warehouse import Warehouse, _tables, get_meta
 
-from . import gate_store, ledger
-from .errors import AlreadyForgottenError, UnknownSubjectError, WarehouseMissingError
-
-KIND = "forget_subject"
+KIND = FORGET_KIND
+STALE_FILE = "stale.json"
 
 
 @dataclass
@@ -41,156 +47,255 @@ class ForgetResult:
     """What :func:`forget_subject` did (aggregates only; safe to print)."""
 
     receipt_seq: int
-    receipt_sha256: str
+    receipt_mac: str
     rows_deleted: dict
     contexts: list
     certified: bool
     seconds: float
+    recovered: bool = False
 
     def to_dict(self) -> dict:
-        return {"receipt_seq": self.receipt_seq, "receipt_sha256": self.receipt_sha256,
-                "rows_deleted": self.rows_deleted, "contexts": self.contexts,
-                "certified": self.certified, "seconds": round(self.seconds, 4)}
+        return {"receipt_seq": self.receipt_seq, "receipt_mac": self.receipt_mac, "rows_deleted": self.rows_deleted,
+                "contexts": self.contexts, "certified": self.certified, "recovered": self.recovered,
+                "seconds": round(self.seconds, 4)}
+
+    def summary_line(self) -> str:
+        c = self.contexts
+        dec = sum(x["action"] == "decrement" for x in c)
+        rem = sum(x["action"] == "removed" for x in c)
+        line = (f"forgotten: receipt #{self.receipt_seq}; {self.rows_deleted.get('cohort_stays', 0)} stays, "
+                f"{sum(self.rows_deleted.values())} rows erased; {dec} contexts decremented, {rem} removed; "
+                f"certified: {str(self.certified).lower()}")
+        bad = [x.get("reason", "") for x in c if not x.get("certified")]
+        if bad:
+            line += f" ({len(bad)} uncertified: {bad[0]})"
+        return line + f"; {self.seconds:.2f} s"
 
 
-def _table_names(con) -> set[str]:
-    return {r[0] for r in con.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()").fetchall()}
+# ------------------------------------------------------------------------------------ planning
+def plan_contexts(con, subject_id: int, keys, verify: bool = True, score_tol: float = 1e-6,
+                  kkt_tol: float = 1e-9) -> tuple[dict[int, tuple | None], list[dict]]:
+    """New gate states for every context holding ``subject_id``'s tokens (nothing is written).
 
-
-def stay_hash(stay_id: int, key: bytes) -> str:
-    import hashlib
-    import hmac
-
-    return hmac.new(key, f"stay:{int(stay_id)}".encode(), hashlib.sha256).hexdigest()
-
-
-def _already(con, subj_hash: str | None, st_hash: str | None) -> bool:
-    for r in ledger.rows(con):
-        if r.kind != KIND:
+    Returns (gate_updates for :func:`erasure.rewrite`, per-context receipt info)."""
+    updates: dict[int, tuple | None] = {}
+    infos = []
+    for cid, tids in sorted(gate_store.tokens_of_subject(con, subject_id).items()):
+        study, _ = gate_store.context_info(con, cid)
+        g = gate_store.load_gate(con, cid, keys)
+        info = {"context_id": int(cid), "study": study, "n_before": int(g.n), "removed": int(tids.size)}
+        remaining = g.n - tids.size
+        if remaining <= 0:
+            info.update(action="removed", n_after=0, certified=True,
+                        certificate="context removed: it held only this patient's tokens")
+            updates[cid] = None
+            infos.append(info)
             continue
-        if subj_hash is not None and r.subject_id_hash == subj_hash:
-            return True
-        if st_hash is not None and st_hash in r.payload.get("stay_id_hashes", []):
-            return True
-    return False
+        if g.gated and remaining * g.C < 1.0 - 1e-12:
+            info.update(action="removed", n_after=0, certified=True,
+                        certificate="context removed: the other tokens are infeasible at the fixed C")
+            updates[cid] = None
+            infos.append(info)
+            continue
+        pos = {int(t): i for i, t in enumerate(g.ids)}
+        removed_keys = g.keys[[pos[int(t)] for t in tids]]
+        was_gated = g.gated
+        recs = g.forget_many([int(t) for t in tids])
+        info.update(action="decrement", n_after=int(g.n), path_events=int(sum(r.path_events for r in recs)),
+                    forgotten_tokens_live_after=int(np.isin(g.ids, tids).sum()), C=g.C, sigma=g.sigma,
+                    fallbacks=int(sum(bool(getattr(r, "fallback", False)) for r in recs)))
+        if not g.gated:
+            info.update(certified=True, certificate="ungated (warm-up) context: uniform readout over the remaining tokens")
+        elif not was_gated:
+            info.update(certified=False, reason="context was ungated before the deletion")
+        else:
+            ok = all(r.certified for r in recs)
+            info.update(certified=ok, certificate="maintained C&P decrement at the fixed C")
+            if not ok:
+                info["reason"] = "the decremental path did not certify"
+            if verify:
+                v = g.verify_against_refit(removed=removed_keys)
+                info.update(max_abs_score_dev=v["max_abs_score_dev"], kkt_residual=v["kkt_residual"],
+                            partition_match=v["partition_match"])
+                if ok and not (v["max_abs_score_dev"] <= score_tol and v["kkt_residual"] <= kkt_tol):
+                    info.update(certified=False, reason="refit check exceeded its tolerance")
+        blob = gate_store.gate_to_blob(g)
+        rows = [r for r in gate_store.token_rows(con, cid) if r[1] != int(subject_id)]
+        updates[cid] = (blob, gate_store.state_mac(keys, cid, study, blob, rows), int(g.n))
+        infos.append(info)
+    return updates, infos
 
 
-def _resolve(con, subject_id: int | None, stay_id: int | None, key: bytes) -> int:
-    tables = _table_names(con)
+# ------------------------------------------------------------------------------------ applying
+def _mark_stale(runs_dirs: list[Path], seq: int) -> None:
+    """Record in each runs directory that its warehouse-derived results predate receipt ``seq``,
+    and re-render an existing report so it says so at once."""
+    for d in runs_dirs:
+        if not d.is_dir():
+            continue
+        files = sorted(str(p.relative_to(d)) for p in d.glob("*/result.json"))
+        tmp = d / f".{STALE_FILE}.tmp{os.getpid()}"
+        tmp.write_text(json.dumps({"receipt_seq": int(seq), "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                   "files": files}, indent=1))
+        os.replace(tmp, d / STALE_FILE)
+        if (d / "report.html").is_file():
+            try:
+                from dashboards.report import write_report
+
+                write_report(d, d / "report.html")
+            except Exception as exc:  # a report problem must never undo an erasure
+                print(f"[forgetful] report not re-rendered ({type(exc).__name__})", file=sys.stderr)
+
+
+def _apply(w: Warehouse, subjects: dict[int, str], updates: dict, seq_applied: int) -> dict[str, int]:
+    """Rewrite the warehouse without ``subjects`` (physically), purge caches, mark results stale."""
+    from cohort.build import content_hash
+
+    runs = w.runs_dirs()
+    n, head = w.ledger.head()
+    removed = erasure.rewrite(w.path, set(subjects), updates, {"ledger_seq": str(n), "ledger_head": head},
+                              content_hash_fn=content_hash)
+    shutil.rmtree(w.cache_dir, ignore_errors=True)
+    _mark_stale(runs, seq_applied)
+    return removed
+
+
+def complete_pending(w: Warehouse) -> dict[str, int]:
+    """Finish every erasure the registry holds but the warehouse does not reflect yet (a forget
+    killed after its commit, a warehouse built without the registry, re-inserted rows).
+    Returns subject hash -> receipt seq for the subjects erased now."""
+    reg = w.ledger.registry()
+    con = w.connect(read_only=True)
+    try:
+        present = w.present_registered(con) if reg else {}
+        applied = get_meta(con, "ledger_seq")
+        updates: dict[int, tuple | None] = {}
+        for sid in sorted(present):
+            u, _ = plan_contexts(con, sid, w.keys, verify=False)
+            for cid, val in u.items():  # a context shared by two pending subjects: drop it whole
+                updates[cid] = None if cid in updates else val
+    finally:
+        con.close()
+    n, _ = w.ledger.head()
+    if not present:
+        if n and applied != str(n) and w.cache_dir.exists():
+            shutil.rmtree(w.cache_dir, ignore_errors=True)  # caches may predate the last receipt
+        return {}
+    _apply(w, present, updates, max(reg[h] for h in present.values()))
+    print(f"[forgetful] completed {len(present)} pending erasure(s) from the forget registry", file=sys.stderr)
+    return {h: reg[h] for h in present.values()}
+
+
+def _resolve(con, subject_id: int | None, stay_id: int | None) -> int | None:
     if (subject_id is None) == (stay_id is None):
         raise UnknownSubjectError("give exactly one of subject_id or stay_id")
-    if stay_id is not None:
-        sh = stay_hash(stay_id, key)
-        if _already(con, None, sh):
-            raise AlreadyForgottenError("that stay's patient was already forgotten (a receipt exists)")
-        row = None
-        if "cohort_stays" in tables:
-            row = con.execute("SELECT subject_id FROM cohort_stays WHERE stay_id = ?", [int(stay_id)]).fetchone()
-        if row is None and gate_store.has_tables(con):
-            row = con.execute(f"SELECT subject_id FROM {gate_store.TOKENS} WHERE stay_id = ? LIMIT 1",
-                              [int(stay_id)]).fetchone()
-        if row is None:
-            raise UnknownSubjectError("no warehouse table or stored gate holds the given stay id; nothing changed")
-        return int(row[0])
-    return int(subject_id)
+    for name, v in (("subject_id", subject_id), ("stay_id", stay_id)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise UnknownSubjectError(f"{name} must be an integer, got {type(v).__name__}")
+    if subject_id is not None:
+        return int(subject_id)
+    tables = _tables(con)
+    for t in ("cohort_stays", gate_store.TOKENS):
+        if t in tables:
+            row = con.execute(f"SELECT subject_id FROM {t} WHERE stay_id = ? LIMIT 1", [int(stay_id)]).fetchone()
+            if row is not None:
+                return int(row[0])
+    return None
 
 
 def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, stay_id: int | None = None,
-                   *, verify: bool = True, cache_dirs: tuple[str | os.PathLike, ...] = ()) -> ForgetResult:
+                   *, verify: bool = True, ledger_dir: str | os.PathLike | None = None, wait: float | None = None,
+                   allow_absent: bool = False) -> ForgetResult:
     """Forget one patient everywhere; see the module docstring. Returns the receipt summary.
 
     Parameters
     ----------
-    warehouse : path of the DuckDB warehouse (opened read-write).
+    warehouse : path of the DuckDB warehouse.
     subject_id, stay_id : exactly one; a stay id forgets the patient who owns it (all their stays).
     verify : compare every decremented gate with an independent same-C refit.
-    cache_dirs : derived result caches to delete after the commit (they may hold the patient's keys).
+    ledger_dir : the ledger/registry directory (default ``$FORGETFUL_LEDGER_DIR`` or ``<warehouse dir>/forget-registry``).
+    wait : seconds to wait for another command's writer lock.
+    allow_absent : register a subject the warehouse does not hold (so future builds exclude them).
     """
     t0 = time.perf_counter()
-    wh = Path(warehouse)
-    if not wh.is_file():
-        raise WarehouseMissingError(f"warehouse {wh} does not exist; build it with `forgetful build-cohort`")
-    key = ledger.ledger_key(wh)
-    con = duckdb.connect(str(wh))
-    try:
-        sid = _resolve(con, subject_id, stay_id, key)
-        h = ledger.subject_hash(sid, key)
-        if _already(con, h, None):
-            raise AlreadyForgottenError("that patient was already forgotten (a receipt exists); nothing changed")
-        tables = _table_names(con)
-        stays = [int(r[0]) for r in con.execute(
-            "SELECT stay_id FROM cohort_stays WHERE subject_id = ?", [sid]).fetchall()] if "cohort_stays" in tables else []
-        per_ctx = gate_store.tokens_of_subject(con, sid)
-        if gate_store.has_tables(con):
-            stays = sorted(set(stays) | {int(r[0]) for r in con.execute(
-                f"SELECT DISTINCT stay_id FROM {gate_store.TOKENS} WHERE subject_id = ?", [sid]).fetchall()})
-        if not stays and not per_ctx:
-            raise UnknownSubjectError("no warehouse table or stored gate holds the given subject id; nothing changed")
-
-        # -- compute the new gate states (pure computation, nothing written yet) ------------
-        plans = []  # (context_id, action, gate or None, info)
-        for cid, tids in sorted(per_ctx.items()):
-            study, n_before = gate_store.context_info(con, cid)
-            g = gate_store.load_gate(con, cid)
-            info = {"context_id": int(cid), "study": study, "n_before": int(g.n), "removed": int(tids.size)}
-            remaining = g.n - tids.size
-            if remaining <= 0 or (g.gated and remaining * g.C < 1.0 - 1e-12):
-                info.update(action="dropped", n_after=0, certified=False,
-                            reason="retained set empty or infeasible at the fixed C; context dropped whole")
-                plans.append((cid, "dropped", None, info))
-                continue
-            pos = {int(t): i for i, t in enumerate(g.ids)}
-            removed_keys = g.keys[[pos[int(t)] for t in tids]]
-            was_gated = g.gated
-            recs = g.forget_many([int(t) for t in tids])
-            live_left = int(np.isin(g.ids, tids).sum())
-            info.update(action="decrement", n_after=int(g.n), path_events=int(sum(r.path_events for r in recs)),
-                        certified=bool(was_gated and g.gated and all(r.certified for r in recs)),
-                        forgotten_tokens_live_after=live_left, C=g.C, sigma=g.sigma)
-            if verify and g.gated:
-                v = g.verify_against_refit(removed=removed_keys)
-                info.update(max_abs_score_dev=v["max_abs_score_dev"], kkt_residual=v["kkt_residual"],
-                            partition_match=v["partition_match"])
-            plans.append((cid, "decrement", g, info))
-
-        # -- one transaction: gate states, derived tables, content hash, receipt ------------
-        con.execute("BEGIN TRANSACTION")
+    with Warehouse.open(warehouse, write=True, ledger_dir=ledger_dir, wait=wait) as w:
+        con = w.connect(read_only=True)
         try:
-            for cid, action, g, _info in plans:
-                if action == "dropped":
-                    gate_store.drop_context(con, cid)
-                else:
-                    gate_store.update_gate(con, cid, g)
-                    con.execute(f"DELETE FROM {gate_store.TOKENS} WHERE context_id = ? AND subject_id = ?",
-                                [int(cid), sid])
-            n_tok = sum(i["removed"] for _, _, _, i in plans)
-            rows_deleted = {"gate_tokens": int(n_tok)}
-            if "cohort_stays" in tables:
-                rows_deleted.update(purge_subject(con, sid))
-            if "build_info" in tables and "cohort_stays" in tables:
-                from cohort.build import content_hash
+            sid = _resolve(con, subject_id, stay_id)
+            if sid is None:
+                raise UnknownSubjectError("no warehouse table or stored gate holds the given stay id; nothing changed")
+            h = w.keys.subject_hash(sid)
+            reg = w.ledger.registry()
+            if h in reg:
+                seq = reg[h]
+                if h in w.completed:  # the earlier forget died after its commit: finished now
+                    r = next(r for r in w.ledger.rows() if r.seq == seq)
+                    return ForgetResult(seq, r.mac, r.payload.get("rows_deleted", {}), r.payload.get("contexts", []),
+                                        bool(r.payload.get("certified")), time.perf_counter() - t0, recovered=True)
+                raise AlreadyForgottenError(f"that patient was already forgotten (receipt #{seq}); nothing changed")
+            tables = _tables(con)
+            stays = set()
+            for t in ("cohort_stays", gate_store.TOKENS):
+                if t in tables:
+                    stays |= {int(r[0]) for r in con.execute(f"SELECT DISTINCT stay_id FROM {t} WHERE subject_id = ?",
+                                                             [sid]).fetchall()}
+            counts = {}
+            for (t,) in con.execute("SELECT table_name FROM duckdb_columns() WHERE column_name = 'subject_id' "
+                                    "AND database_name = current_database()").fetchall():
+                counts[t] = int(con.execute(f"SELECT count(*) FROM {t} WHERE subject_id = ?", [sid]).fetchone()[0])
+            if "vitals_hourly" in tables and stays:
+                counts["vitals_hourly"] = int(con.execute(
+                    "SELECT count(*) FROM vitals_hourly WHERE stay_id IN (SELECT unnest(?::BIGINT[]))",
+                    [sorted(stays)]).fetchone()[0])
+            if not stays and not any(counts.values()) and not allow_absent:
+                raise UnknownSubjectError("no warehouse table or stored gate holds the given subject id; nothing changed "
+                                          "(--allow-absent registers it anyway, so no future build admits it)")
+            updates, infos = plan_contexts(con, sid, w.keys, verify=verify)
+        finally:
+            con.close()
+        certified = all(i.get("certified", False) for i in infos)
+        payload = {
+            "rows_deleted": counts,
+            "n_stays": len(stays),
+            "stay_id_hashes": sorted(w.keys.stay_hash(s) for s in stays),
+            "contexts": infos,
+            "certified": certified,
+            "verified_against_refit": bool(verify),
+            "erasure": "warehouse rewritten into a fresh file and swapped; task cache removed",
+            "reference": "fresh retained-key refit at the same fixed C",
+            "path": "maintained fp64 C&P decremental path",
+        }
+        row = w.ledger.append(KIND, h, payload)  # the durable commitment (registry entry)
+        if stays or any(counts.values()):
+            _apply(w, {sid: h}, updates, row.seq)
+        else:
+            shutil.rmtree(w.cache_dir, ignore_errors=True)
+        _write_ledger_result(w)
+    return ForgetResult(receipt_seq=row.seq, receipt_mac=row.mac, rows_deleted=counts, contexts=infos,
+                        certified=certified, seconds=time.perf_counter() - t0)
 
-                con.execute("UPDATE build_info SET value = ? WHERE key = 'content_hash'", [content_hash(con)])
-            payload = {
-                "rows_deleted": rows_deleted,
-                "n_stays": len(stays),
-                "stay_id_hashes": sorted(stay_hash(s, key) for s in stays),
-                "contexts": [i for _, _, _, i in plans],
-                "certified": bool(plans) and all(i.get("certified", False) for _, _, _, i in plans),
-                "verified_against_refit": bool(verify),
-                "reference": "fresh retained-key refit at the same fixed C",
-                "path": "maintained fp64 C&P decremental path",
-            }
-            row = ledger.append(con, KIND, h, payload)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    finally:
-        con.close()
-    for d in cache_dirs:
-        shutil.rmtree(d, ignore_errors=True)
-    return ForgetResult(receipt_seq=row.seq, receipt_sha256=row.sha256, rows_deleted=rows_deleted,
-                        contexts=payload["contexts"], certified=payload["certified"],
-                        seconds=time.perf_counter() - t0)
+
+def ledger_result(w: Warehouse, runtime_s: float = 0.0) -> dict:
+    """The report's ledger card (aggregates only: counts, head, status, last deletion time)."""
+    s = w.ledger.summary()
+    pending = len(w.present_registered()) if s["chain_verified"] else 0
+    return {
+        "study": "ledger", "title": "Deletion-receipt ledger", "data": "demo", "runtime_s": float(runtime_s),
+        "seed_figure": {},
+        "metrics": {"receipts": s["count"], "certified": s["certified"], "chain_verified": s["chain_verified"],
+                    "pending_erasures": pending, "head": s["head"] or "", "last_deletion_utc": s["last_ts"] or "",
+                    "key_fingerprint": w.keys.fingerprint},
+        "tables": [], "figures": [],
+        "notes": "verify independently: forgetful receipts verify --head HEAD --min-count N",
+    }
+
+
+def _write_ledger_result(w: Warehouse) -> None:
+    from .runner import write_study_result
+    from .warehouse import data_kind
+
+    res = ledger_result(w)
+    res["data"] = data_kind(w.path)
+    for d in w.runs_dirs():
+        if d.is_dir():
+            write_study_result(res, d, "ledger")

@@ -2,14 +2,18 @@
 
 Tables
 ------
-``gate_states(context_id, study, created, C, sigma, n_tokens, state_npz, state_sha256)``
+``gate_states(context_id, study, created, C, sigma, n_tokens, state_npz, state_mac)``
     one row per stored context; ``state_npz`` is :meth:`sv_core.Gate.to_state` saved with
-    :func:`numpy.savez` (no pickles), ``state_sha256`` its SHA-256.
+    :func:`numpy.savez` (no pickles), ``state_mac`` an HMAC (gate sub-key, :mod:`pipelines.keys`)
+    over the context id, study, the blob and the context's token map.
 ``gate_tokens(context_id, token_id, subject_id, stay_id, hour)``
     which patient/stay/hour every live token of a context came from.
 
-Context ids are opaque integers (never derived from a record id), so receipts may name them.
-Writers run inside the caller's transaction.
+:func:`load_gate` checks the MAC (an edited blob, or a token map edited to hide a patient's
+tokens, is :class:`GateStoreError`, never a certified gate) and then
+:meth:`sv_core.Gate.from_state`, which validates shapes, finiteness, feasibility and the KKT
+residual. Context ids are opaque integers (never derived from a record id), so receipts may name
+them. Writers run inside the caller's transaction.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ TOKENS = "gate_tokens"
 DDL = (
     f"CREATE TABLE IF NOT EXISTS {STATES} (context_id BIGINT PRIMARY KEY, study VARCHAR NOT NULL, "
     "created VARCHAR NOT NULL, C DOUBLE NOT NULL, sigma DOUBLE NOT NULL, n_tokens INTEGER NOT NULL, "
-    "state_npz BLOB NOT NULL, state_sha256 VARCHAR NOT NULL)",
+    "state_npz BLOB NOT NULL, state_mac VARCHAR NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {TOKENS} (context_id BIGINT NOT NULL, token_id BIGINT NOT NULL, "
     "subject_id BIGINT NOT NULL, stay_id BIGINT NOT NULL, hour INTEGER NOT NULL)",
 )
@@ -82,9 +86,29 @@ def blob_to_gate(blob: bytes) -> Gate:
     return Gate.from_state(npz_to_state(blob))
 
 
-def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: list[StoredContext]) -> list[int]:
+def token_digest(rows) -> bytes:
+    """SHA-256 of a context's token map, rows ``(token_id, subject_id, stay_id, hour)`` in any order."""
+    a = np.asarray(sorted((int(t), int(s), int(st), int(h)) for t, s, st, h in rows), dtype=np.int64).reshape(-1, 4)
+    return hashlib.sha256(a.tobytes()).digest()
+
+
+def state_mac(keys, context_id: int, study: str, blob: bytes, token_rows) -> str:
+    head = f"{int(context_id)}\0{study}\0".encode()
+    return keys.mac("gate", head + hashlib.sha256(bytes(blob)).digest() + token_digest(token_rows))
+
+
+def _keys(keys):
+    if keys is None:
+        from .keys import Keys
+
+        return Keys.load()
+    return keys
+
+
+def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: list[StoredContext], keys=None) -> list[int]:
     """Replace every stored context of ``study`` by ``contexts`` (inside the caller's
     transaction). Returns the new opaque context ids."""
+    keys = _keys(keys)
     ensure_tables(con)
     old = [r[0] for r in con.execute(f"SELECT context_id FROM {STATES} WHERE study = ?", [study]).fetchall()]
     if old:
@@ -103,8 +127,9 @@ def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: list[Sto
             if np.asarray(arr).shape != (n,):
                 raise GateStoreError(f"{name} has shape {np.shape(arr)}, expected ({n},) (one per live token)")
         blob = gate_to_blob(g)
+        rows = zip(np.asarray(tok), np.asarray(ctx.token_subject), np.asarray(ctx.token_stay), np.asarray(ctx.token_hour))
         con.execute(f"INSERT INTO {STATES} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [cid, study, created, g.C, g.sigma, int(n), blob, hashlib.sha256(blob).hexdigest()])
+                    [cid, study, created, g.C, g.sigma, int(n), blob, state_mac(keys, cid, study, blob, rows)])
         tbl = pa.table({"context_id": pa.array(np.full(n, cid, dtype=np.int64)),
                         "token_id": pa.array(np.asarray(tok, dtype=np.int64)),
                         "subject_id": pa.array(np.asarray(ctx.token_subject, dtype=np.int64)),
@@ -117,22 +142,34 @@ def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: list[Sto
     return ids
 
 
-def load_gate(con: duckdb.DuckDBPyConnection, context_id: int) -> Gate:
-    """The stored gate of one context; its checksum is verified first."""
-    row = con.execute(f"SELECT state_npz, state_sha256 FROM {STATES} WHERE context_id = ?",
+def token_rows(con: duckdb.DuckDBPyConnection, context_id: int) -> list[tuple[int, int, int, int]]:
+    return [tuple(int(x) for x in r) for r in con.execute(
+        f"SELECT token_id, subject_id, stay_id, hour FROM {TOKENS} WHERE context_id = ? ORDER BY token_id",
+        [int(context_id)]).fetchall()]
+
+
+def load_gate(con: duckdb.DuckDBPyConnection, context_id: int, keys=None) -> Gate:
+    """The stored gate of one context: MAC checked, then validated by ``Gate.from_state``; its
+    ids must equal the context's token map."""
+    from sv_core import GateError
+
+    keys = _keys(keys)
+    row = con.execute(f"SELECT state_npz, state_mac, study FROM {STATES} WHERE context_id = ?",
                       [int(context_id)]).fetchone()
     if row is None:
         raise GateStoreError(f"no stored gate state for context {context_id}")
-    blob = bytes(row[0])
-    if hashlib.sha256(blob).hexdigest() != row[1]:
-        raise GateStoreError(f"stored gate state of context {context_id} fails its sha256 check")
-    return blob_to_gate(blob)
-
-
-def update_gate(con: duckdb.DuckDBPyConnection, context_id: int, g: Gate) -> None:
-    blob = gate_to_blob(g)
-    con.execute(f"UPDATE {STATES} SET state_npz = ?, state_sha256 = ?, n_tokens = ? WHERE context_id = ?",
-                [blob, hashlib.sha256(blob).hexdigest(), int(g.n), int(context_id)])
+    blob, study = bytes(row[0]), str(row[2])
+    toks = token_rows(con, context_id)
+    if not keys.equal(state_mac(keys, context_id, study, blob, toks), str(row[1])):
+        raise GateStoreError(f"stored gate state of context {context_id} fails its MAC check "
+                             "(blob or token map edited, or written under another key)")
+    try:
+        g = blob_to_gate(blob)
+    except (GateError, ValueError, KeyError, OSError) as exc:
+        raise GateStoreError(f"stored gate state of context {context_id} is invalid ({type(exc).__name__}: {exc})") from None
+    if sorted(int(i) for i in g.ids) != [t[0] for t in toks]:
+        raise GateStoreError(f"stored gate state of context {context_id} does not match its token map")
+    return g
 
 
 def drop_context(con: duckdb.DuckDBPyConnection, context_id: int) -> None:

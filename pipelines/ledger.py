@@ -1,51 +1,45 @@
-"""Hash-chained deletion-receipt ledger, stored in the warehouse.
+"""The deletion-receipt ledger and forget registry: an append-only, keyed (HMAC) chain of receipts
+that lives in its own directory, never inside the (rebuildable) warehouse.
 
-Table ``deletion_receipts(seq, ts, kind, subject_id_hash, payload_json, prev_sha256, sha256)``:
+File ``<ledger dir>/receipts.jsonl``, one canonical JSON object per line::
 
-* ``seq`` counts 1, 2, 3, … without gaps;
-* ``payload_json`` is canonical JSON (sorted keys, no spaces) with aggregates only;
-* ``sha256`` is the SHA-256 of the row's canonical content
-  ``json.dumps([seq, ts, kind, subject_id_hash, payload_json, prev_sha256])`` and
-  ``prev_sha256`` is the previous row's ``sha256`` (64 zeros for the first row).
+    {"seq": 1, "ts": "...", "kind": "forget_subject", "subject_id_hash": "<hmac>",
+     "payload": {...aggregates...}, "key_fp": "<16 hex>", "prev": "<mac of seq-1>", "mac": "<hmac>"}
 
-Editing any field of a row breaks that row's own hash; deleting or reordering rows breaks
-``seq`` contiguity or the ``prev_sha256`` link of the next row. (Truncating the newest rows
-leaves a valid shorter chain: keep the head hash printed by ``forgetful receipts verify``
-elsewhere to detect that.)
+* ``seq`` counts 1, 2, 3, … without gaps; ``prev`` is the previous row's ``mac`` (64 zeros first);
+* ``mac`` = HMAC-SHA256 under the ledger sub-key (:mod:`pipelines.keys`) of the canonical JSON of
+  every other field. Without the key no row can be edited, forged, appended or recomputed;
+* ``key_fp`` is the key's public fingerprint: a ledger read with a different key is refused
+  (:class:`LedgerKeyError`), never silently re-hashed;
+* **anchors** against truncation and rollback (which a chain alone cannot see): every append
+  also records the head ``(seq, mac)`` in the config directory (beside the key, not beside the
+  ledger), and ``verify(head=…, min_count=…)`` checks an auditor's own copy of the head. A
+  warehouse also records the head it has applied.
 
-Subject ids are never stored: ``subject_id_hash`` is HMAC-SHA256 of the id under a secret key
-(the *salt*), read from ``$FORGETFUL_LEDGER_KEY`` or from ``<warehouse>.ledger-key`` (created
-with mode 0600 on first use). Without the key the hash cannot be inverted by enumerating ids.
-
-:func:`append` runs inside the caller's transaction (no BEGIN/COMMIT here) so a deletion and
-its receipt commit together or not at all.
+The *registry* is the set of ``subject_id_hash`` values of ``forget_subject`` rows: every build
+excludes those subjects at scan time, and every command completes pending erasures first.
+Appends are serialised by an exclusive lock on ``<ledger dir>/.lock`` and fsynced before return.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
-import hmac
 import json
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
+from .errors import LedgerError, LedgerKeyError, LedgerTamperedError
+from .keys import Keys, config_dir
 
-from .errors import LedgerError, LedgerTamperedError
-
-TABLE = "deletion_receipts"
+FILE = "receipts.jsonl"
 GENESIS = "0" * 64
-KEY_ENV = "FORGETFUL_LEDGER_KEY"
-
-DDL = (
-    f"CREATE TABLE IF NOT EXISTS {TABLE} ("
-    "seq BIGINT PRIMARY KEY, ts VARCHAR NOT NULL, kind VARCHAR NOT NULL, "
-    "subject_id_hash VARCHAR NOT NULL, payload_json VARCHAR NOT NULL, "
-    "prev_sha256 VARCHAR NOT NULL, sha256 VARCHAR NOT NULL)"
-)
+LEDGER_ENV = "FORGETFUL_LEDGER_DIR"
+FORGET_KIND = "forget_subject"
+_FIELDS = ("seq", "ts", "kind", "subject_id_hash", "payload", "key_fp", "prev", "mac")
 
 
 def canonical_json(obj: Any) -> str:
@@ -53,162 +47,196 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
-def row_digest(seq: int, ts: str, kind: str, subject_id_hash: str, payload_json: str, prev_sha256: str) -> str:
-    """SHA-256 (hex) of a row's canonical content."""
-    content = json.dumps([int(seq), ts, kind, subject_id_hash, payload_json, prev_sha256],
-                         separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(content.encode("ascii")).hexdigest()
-
-
-# ------------------------------------------------------------------------------ subject hashing
-def key_path(warehouse: str | os.PathLike) -> Path:
-    p = Path(warehouse)
-    return p.parent / (p.name + ".ledger-key")
-
-
-def ledger_key(warehouse: str | os.PathLike | None, create: bool = True) -> bytes:
-    """The HMAC key: ``$FORGETFUL_LEDGER_KEY`` if set, else the key file beside the warehouse
-    (created with 32 random bytes, mode 0600, when ``create``)."""
-    env = os.environ.get(KEY_ENV)
-    if env:
-        return env.encode()
-    if warehouse is None:
-        raise LedgerError(f"no ledger key: set ${KEY_ENV} or pass the warehouse path")
-    p = key_path(warehouse)
-    if p.is_file():
-        return p.read_bytes().strip()
-    if not create:
-        raise LedgerError(f"no ledger key at {p} (and ${KEY_ENV} is unset)")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_hex(32))
-    return p.read_bytes().strip()
-
-
-def subject_hash(subject_id: int, key: bytes) -> str:
-    """HMAC-SHA256 (hex) of ``subject:<id>`` under ``key``."""
-    return hmac.new(key, f"subject:{int(subject_id)}".encode(), hashlib.sha256).hexdigest()
-
-
-# ------------------------------------------------------------------------------ rows
 @dataclass(frozen=True)
-class LedgerRow:
+class Row:
     seq: int
     ts: str
     kind: str
     subject_id_hash: str
-    payload_json: str
-    prev_sha256: str
-    sha256: str
+    payload: dict
+    key_fp: str
+    prev: str
+    mac: str
 
-    @property
-    def payload(self) -> dict:
-        return json.loads(self.payload_json)
+    def body(self) -> bytes:
+        return canonical_json([self.seq, self.ts, self.kind, self.subject_id_hash, self.payload, self.key_fp,
+                               self.prev]).encode("ascii")
 
-
-def ensure_table(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(DDL)
-
-
-def has_table(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = ? AND table_schema = current_schema()",
-        [TABLE]).fetchone()[0])
+    def to_json(self) -> dict:
+        return {f: getattr(self, f) for f in _FIELDS}
 
 
-def rows(con: duckdb.DuckDBPyConnection) -> list[LedgerRow]:
-    """All ledger rows in ``seq`` order (empty when the table does not exist)."""
-    if not has_table(con):
-        return []
-    return [LedgerRow(*r) for r in con.execute(
-        f"SELECT seq, ts, kind, subject_id_hash, payload_json, prev_sha256, sha256 FROM {TABLE} ORDER BY seq"
-    ).fetchall()]
+def default_dir(warehouse: str | os.PathLike) -> Path:
+    """``$FORGETFUL_LEDGER_DIR``, else ``<warehouse folder>/forget-registry``."""
+    env = os.environ.get(LEDGER_ENV)
+    return Path(env).expanduser().resolve() if env else Path(warehouse).resolve().parent / "forget-registry"
 
 
-def append(con: duckdb.DuckDBPyConnection, kind: str, subject_id_hash: str, payload: dict,
-           ts: str | None = None) -> LedgerRow:
-    """Append one receipt (inside the caller's transaction). Returns the stored row.
+class Ledger:
+    """One ledger directory under one key. Reading verifies the whole chain every time (a few
+    µs per row), so a caller never acts on a tampered registry."""
 
-    ``payload`` must hold aggregates only (counts, tolerances, opaque context ids)."""
-    if not kind or not isinstance(kind, str):
-        raise LedgerError(f"kind must be a non-empty string, got {kind!r}")
-    ensure_table(con)
-    last = con.execute(f"SELECT seq, sha256 FROM {TABLE} ORDER BY seq DESC LIMIT 1").fetchone()
-    seq, prev = (1, GENESIS) if last is None else (int(last[0]) + 1, str(last[1]))
-    ts = ts or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    try:
-        pj = canonical_json(payload)
-    except (TypeError, ValueError) as exc:
-        raise LedgerError(f"receipt payload is not canonical JSON: {exc}") from exc
-    digest = row_digest(seq, ts, kind, subject_id_hash, pj, prev)
-    con.execute(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [seq, ts, kind, subject_id_hash, pj, prev, digest])
-    return LedgerRow(seq, ts, kind, subject_id_hash, pj, prev, digest)
+    def __init__(self, directory: str | os.PathLike, keys: Keys):
+        self.dir = Path(directory).resolve()
+        self.path = self.dir / FILE
+        self.keys = keys
 
+    # -- anchors -------------------------------------------------------------------------
+    def _anchor_path(self) -> Path:
+        h = hashlib.sha256(str(self.path).encode()).hexdigest()[:32]
+        return config_dir() / "anchors" / f"{h}.json"
 
-def verify_rows(rs: list[LedgerRow]) -> str:
-    """Check the chain; return the head hash (GENESIS when empty).
-
-    Raises :class:`LedgerTamperedError` at the first row whose seq, link, payload or hash fails."""
-    prev = GENESIS
-    for expected_seq, r in enumerate(rs, start=1):
-        if r.seq != expected_seq:
-            raise LedgerTamperedError(r.seq, f"expected seq {expected_seq} (rows missing or reordered)")
-        if r.prev_sha256 != prev:
-            raise LedgerTamperedError(r.seq, "prev_sha256 does not match the previous row's sha256")
-        if row_digest(r.seq, r.ts, r.kind, r.subject_id_hash, r.payload_json, r.prev_sha256) != r.sha256:
-            raise LedgerTamperedError(r.seq, "sha256 does not match the row's content")
+    def anchor(self) -> dict | None:
+        p = self._anchor_path()
+        if not p.is_file():
+            return None
         try:
-            if canonical_json(json.loads(r.payload_json)) != r.payload_json:
-                raise LedgerTamperedError(r.seq, "payload_json is not in canonical form")
-        except json.JSONDecodeError:
-            raise LedgerTamperedError(r.seq, "payload_json is not JSON") from None
-        prev = r.sha256
-    return prev
+            a = json.loads(p.read_text())
+            return {"seq": int(a["seq"]), "head": str(a["head"])}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerTamperedError(0, f"the head anchor {p} is unreadable ({type(exc).__name__})") from None
 
+    def _write_anchor(self, seq: int, head: str) -> None:
+        p = self._anchor_path()
+        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = p.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(canonical_json({"seq": seq, "head": head, "ledger": str(self.path)}))
+        os.replace(tmp, p)
 
-def verify_rows_reference(rs: list[LedgerRow]) -> int | None:
-    """Slow, obvious reference: recompute every hash from scratch for every prefix; return the
-    first bad seq (None when the chain holds)."""
-    for i, r in enumerate(rs):
-        prev = GENESIS if i == 0 else rs[i - 1].sha256
-        content = json.dumps([r.seq, r.ts, r.kind, r.subject_id_hash, r.payload_json, r.prev_sha256],
-                             separators=(",", ":"), ensure_ascii=True)
-        ok = (r.seq == i + 1 and r.prev_sha256 == prev
-              and hashlib.sha256(content.encode("ascii")).hexdigest() == r.sha256)
-        if ok:
+    # -- reading -------------------------------------------------------------------------
+    def _parse(self) -> list[Row]:
+        if not self.path.is_file():
+            return []
+        out = []
+        raw = self.path.read_bytes()
+        if raw and not raw.endswith(b"\n"):
+            raise LedgerTamperedError(0, "the last line is incomplete (truncated write or edit)")
+        for i, line in enumerate(raw.splitlines(), start=1):
             try:
-                ok = json.dumps(json.loads(r.payload_json), sort_keys=True, separators=(",", ":"),
-                                ensure_ascii=True) == r.payload_json
-            except json.JSONDecodeError:
-                ok = False
-        if not ok:
-            return r.seq
-    return None
+                d = json.loads(line)
+                if not isinstance(d, dict) or set(d) != set(_FIELDS):
+                    raise ValueError("fields")
+                r = Row(int(d["seq"]), str(d["ts"]), str(d["kind"]), str(d["subject_id_hash"]), d["payload"],
+                        str(d["key_fp"]), str(d["prev"]), str(d["mac"]))
+                if not isinstance(r.payload, dict) or canonical_json(r.to_json()) != line.decode("ascii"):
+                    raise ValueError("not canonical")
+            except (ValueError, TypeError, UnicodeDecodeError):
+                raise LedgerTamperedError(i, "line is not a canonical receipt row") from None
+            out.append(r)
+        return out
 
+    def verify(self, head: str | None = None, min_count: int | None = None) -> dict:
+        """Check every row, the chain, the key, the stored anchor and (optionally) an auditor's
+        head hash / minimum count. Returns ``{"n_rows", "head", "key_fp", "anchor"}``; raises
+        :class:`LedgerTamperedError` (or :class:`LedgerKeyError` for a different key)."""
+        rows = self._parse()
+        prev = GENESIS
+        fp = self.keys.fingerprint
+        for i, r in enumerate(rows, start=1):
+            if r.seq != i:
+                raise LedgerTamperedError(r.seq, f"expected seq {i} (rows missing, duplicated or reordered)")
+            if r.key_fp != fp:
+                raise LedgerKeyError(f"receipt {r.seq} was written under key fingerprint {r.key_fp}, the configured key "
+                                     f"is {fp}: restore the original key (see README, deletion guarantees)")
+            if r.prev != prev:
+                raise LedgerTamperedError(r.seq, "prev does not match the previous row's mac")
+            if not Keys.equal(self.keys.mac("ledger", r.body()), r.mac):
+                raise LedgerTamperedError(r.seq, "mac does not match the row's content (edited or forged)")
+            prev = r.mac
+        a = self.anchor()
+        if a is not None and a["seq"] > 0:
+            if len(rows) < a["seq"]:
+                raise LedgerTamperedError(len(rows) + 1, f"the ledger holds {len(rows)} rows but its anchor records "
+                                                          f"{a['seq']} (rows or the whole ledger deleted)")
+            if not Keys.equal(rows[a["seq"] - 1].mac, a["head"]):
+                raise LedgerTamperedError(a["seq"], "row does not match the anchored head (ledger replaced or rolled back)")
+        if min_count is not None and len(rows) < int(min_count):
+            raise LedgerTamperedError(len(rows) + 1, f"{len(rows)} rows, fewer than the expected {int(min_count)}")
+        if head is not None and not any(Keys.equal(r.mac, head) for r in rows):
+            if not (head == GENESIS and not rows):
+                raise LedgerTamperedError(len(rows), "the given head hash is not in the chain (truncated or replaced)")
+        return {"n_rows": len(rows), "head": prev, "key_fp": fp,
+                "anchor": "none" if a is None else f"seq {a['seq']} matched"}
 
-def verify(con: duckdb.DuckDBPyConnection) -> dict:
-    """Verify the chain on an open connection: ``{"n_rows", "head_sha256"}`` or raise."""
-    rs = rows(con)
-    return {"n_rows": len(rs), "head_sha256": verify_rows(rs)}
+    def rows(self) -> list[Row]:
+        """Verified rows, in order."""
+        self.verify()
+        return self._parse()
 
+    def registry(self) -> dict[str, int]:
+        """Forgotten subjects: subject hash -> receipt seq (verified first)."""
+        return {r.subject_id_hash: r.seq for r in self.rows() if r.kind == FORGET_KIND}
 
-def summary(con: duckdb.DuckDBPyConnection) -> dict:
-    """Aggregate fields only: counts by kind, certified counts, chain status (no hashes of ids)."""
-    rs = rows(con)
-    by_kind: dict[str, int] = {}
-    certified = 0
-    contexts = 0
-    for r in rs:
-        by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
-        p = r.payload
-        certified += int(bool(p.get("certified", False)))
-        contexts += len(p.get("contexts", []))
-    try:
-        head = verify_rows(rs)
-        ok, where = True, None
-    except LedgerTamperedError as exc:
-        head, ok, where = None, False, exc.seq
-    return {"count": len(rs), "certified": certified, "by_kind": by_kind, "contexts_touched": contexts,
-            "chain_verified": ok, "first_bad_seq": where, "head_sha256": head}
+    def head(self) -> tuple[int, str]:
+        v = self.verify()
+        return v["n_rows"], v["head"]
+
+    # -- writing -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def append(self, kind: str, subject_id_hash: str, payload: dict, ts: str | None = None) -> Row:
+        """Append one receipt (aggregates only in ``payload``); durable (fsynced) on return."""
+        if not kind or not isinstance(kind, str):
+            raise LedgerError(f"kind must be a non-empty string, got {type(kind).__name__}")
+        try:
+            canonical_json(payload)
+        except (TypeError, ValueError) as exc:
+            raise LedgerError(f"receipt payload is not canonical JSON: {exc}") from exc
+        with self._locked():
+            seq, prev = self.head()
+            row = Row(seq + 1, ts or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), kind, str(subject_id_hash),
+                      json.loads(canonical_json(payload)), self.keys.fingerprint, prev, "")
+            row = Row(**{**row.to_json(), "mac": self.keys.mac("ledger", row.body())})
+            line = (canonical_json(row.to_json()) + "\n").encode("ascii")
+            new = not self.path.exists()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if new:
+                dfd = os.open(self.dir, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            self._write_anchor(row.seq, row.mac)
+        return row
+
+    # -- auditor exports -----------------------------------------------------------------
+    def export(self, out_dir: str | os.PathLike) -> dict:
+        """Write ``receipt-<seq>.json`` per row and ``head.json``; returns the head record."""
+        v = self.verify()
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for r in self._parse():
+            (out / f"receipt-{r.seq:06d}.json").write_text(json.dumps(r.to_json(), indent=1, sort_keys=True) + "\n")
+        head = {"n_rows": v["n_rows"], "head": v["head"], "key_fp": v["key_fp"],
+                "verify": f"forgetful receipts verify --head {v['head']} --min-count {v['n_rows']}"}
+        (out / "head.json").write_text(json.dumps(head, indent=1, sort_keys=True) + "\n")
+        return head
+
+    def summary(self) -> dict:
+        """Aggregates only (no hashes of ids): counts, chain status, head, last deletion time."""
+        try:
+            v = self.verify()
+            rows = self._parse()
+            ok, where, reason = True, None, None
+        except LedgerTamperedError as exc:
+            rows, v, ok, where, reason = [], {"n_rows": 0, "head": None}, False, exc.seq, exc.reason
+        by_kind: dict[str, int] = {}
+        for r in rows:
+            by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
+        certified = sum(bool(r.payload.get("certified")) for r in rows)
+        return {"count": v["n_rows"], "certified": certified, "by_kind": by_kind, "chain_verified": ok,
+                "first_bad_seq": where, "reason": reason, "head": v["head"],
+                "last_ts": rows[-1].ts if rows else None}

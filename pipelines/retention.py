@@ -6,7 +6,8 @@ Per stay with at least one event hour:
 * keys = z-scored vitals (6-d; 5-d for the held-out SpO₂ control, the SpO₂ column removed);
 * the gate is solved exactly at ``C = 1/(ν·n)`` (ν = 0.3, σ = 3, the whole stay) by the
   independent fp64 refit (:class:`evaluation.policies.SupportVectorPolicy`); budget
-  ``k = |S∪E|``; SV, H2O-style density, recency and random policies each keep ``k`` hours;
+  ``k = |S∪E|``; SV, H2O-style density, recency, random and the key-only peers (ridge and
+  kernel leverage, KeyDiff; :mod:`evaluation.peers`) each keep ``k`` hours;
 * optionally the same gate is also built by the maintained C&P path (:class:`sv_core.Gate`),
   checked against the refit (max |Δα|), and returned for persistence in the warehouse.
 
@@ -21,11 +22,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from cohort.streams import iter_stays
-from evaluation.retention import RetentionComparison
+from evaluation.retention import DEFAULT_POLICIES, RetentionComparison
 
 from .errors import StudyInputError
 
-POLICIES = ("sv", "density", "recency", "random")
+#: SV, H2O-style density, recency, random and the key-only peers (leverage, kernel leverage, KeyDiff)
+POLICIES = DEFAULT_POLICIES
 LABELS = ("event_composite", "event_spo2")
 
 

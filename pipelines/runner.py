@@ -2,12 +2,12 @@
 
 * :func:`make_task_runner` — ``ThreadPoolTaskRunner(max_workers=2)`` by default, or
   ``prefect_dask.DaskTaskRunner(address=...)`` for an existing Dask scheduler.
-* :func:`cache_key` — the cache key of a task run: task name, :data:`CODE_VERSION` and the task's
-  parameters except paths (``warehouse``/``runs_dir``). Tasks take the warehouse *content hash*
-  as a parameter, so a changed warehouse (a rebuild, a forgotten patient) never hits a stale
-  result, and a rerun after a crash skips every task that had finished.
-* :func:`results_context` — persisted results go under ``<runs>/.prefect-results`` (deleted by
-  ``forgetful forget``: cached per-stay results hold record-level data).
+* task results are cached by :mod:`pipelines.task_cache` (authenticated JSON beside the
+  warehouse, keyed on the task source and its non-path parameters; never pickles). Tasks take
+  the warehouse *content hash* as a parameter, so a changed warehouse (a rebuild, a forgotten
+  patient) never hits a stale result, and a rerun after a crash skips every task that had finished.
+* :func:`run_cli_flow` — every CLI flow runs inside :meth:`pipelines.warehouse.Warehouse.open`:
+  writer lock, stale-temporary clean-up, pending erasures completed, runs directory registered.
 * :func:`gather` — wait on futures with a tqdm bar.
 * :func:`write_study_result` — validate with :func:`dashboards.schema.validate_result` and write
   ``<runs>/<study>/result.json`` atomically.
@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-#: bump when a task's computation changes, so old cached results are not reused
-CODE_VERSION = "pipelines-3"
 RESULTS_SUBDIR = ".prefect-results"
 DEFAULT_RUNS = Path("runs")
 _PATH_PARAMS = ("warehouse", "runs_dir")
@@ -58,24 +56,18 @@ def hash_parts(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(_jsonable(list(parts)), separators=(",", ":")).encode()).hexdigest()
 
 
-def cache_key(context, parameters: dict) -> str:
-    """Prefect ``cache_key_fn``: task name + code version + parameters other than paths."""
-    params = {k: v for k, v in parameters.items() if k not in _PATH_PARAMS}
-    return f"{context.task.name}-{hash_parts(CODE_VERSION, context.task.name, params)[:40]}"
-
-
 def results_dir(runs_dir: str | os.PathLike) -> Path:
     return Path(runs_dir) / RESULTS_SUBDIR
 
 
 @contextlib.contextmanager
 def results_context(runs_dir: str | os.PathLike):
-    """Persist task results (and look up cached ones) under ``<runs>/.prefect-results``."""
-    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    """Prefect's local result storage, pointed at ``<runs>/.prefect-results`` and never
+    persisting by default (record-level results live in :mod:`pipelines.task_cache`)."""
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, PREFECT_RESULTS_PERSIST_BY_DEFAULT, temporary_settings
 
     d = results_dir(runs_dir).resolve()
-    d.mkdir(parents=True, exist_ok=True)
-    with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: str(d)}):
+    with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: str(d), PREFECT_RESULTS_PERSIST_BY_DEFAULT: False}):
         yield d
 
 
@@ -105,7 +97,28 @@ def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | N
     path = Path(runs_dir) / study / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_result(result, path)
+    _unstale(Path(runs_dir), f"{study}/result.json")
     return path
+
+
+def _unstale(runs_dir: Path, rel: str) -> None:
+    """A result written now is current again: drop it from ``<runs>/stale.json``."""
+    p = runs_dir / "stale.json"
+    if not p.is_file():
+        return
+    try:
+        st = json.loads(p.read_text())
+        files = [f for f in st.get("files", []) if f != rel]
+    except (ValueError, AttributeError):
+        p.unlink(missing_ok=True)
+        return
+    if files:
+        st["files"] = files
+        tmp = runs_dir / f".stale.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(st, indent=1))
+        os.replace(tmp, p)
+    else:
+        p.unlink(missing_ok=True)
 
 
 def add_common_args(p, *, warehouse: bool = True) -> None:
@@ -117,12 +130,68 @@ def add_common_args(p, *, warehouse: bool = True) -> None:
                    help="run tasks on the Dask scheduler at ADDRESS (prefect_dask.DaskTaskRunner)")
     p.add_argument("--workers", type=int, default=2, help="thread-pool size when --dask is not given (default: 2)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_lock_args(p)
 
 
-def run_cli_flow(flow_obj, args, **params) -> Any:
-    """Run ``flow_obj`` for a CLI subcommand: the chosen task runner and the runs-dir result cache."""
+def add_lock_args(p) -> None:
+    """``--ledger DIR`` and ``--wait SECONDS`` (every command that opens a warehouse)."""
+    p.add_argument("--ledger", default=None, metavar="DIR",
+                   help="forget registry / receipt ledger directory (default: $FORGETFUL_LEDGER_DIR or "
+                        "<warehouse folder>/forget-registry)")
+    p.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                   help="how long to wait for another command's writer lock (default: $FORGETFUL_LOCK_WAIT or 300)")
+
+
+@contextlib.contextmanager
+def warehouse_session(args, must_exist: bool = True):
+    """The command's warehouse handle (writer lock, pending erasures completed, runs directory
+    registered), or nothing when the command has no warehouse."""
+    from .ledger import LEDGER_ENV
+    from .locking import WAIT_ENV
+    from .warehouse import Warehouse
+
+    # one setting for the whole process, so every flow and task resolves the same ledger and wait
+    if getattr(args, "ledger", None):
+        os.environ[LEDGER_ENV] = str(Path(args.ledger).resolve())
+    if getattr(args, "wait", None) is not None:
+        os.environ[WAIT_ENV] = str(float(args.wait))
+    path = getattr(args, "warehouse", None)
+    if not path:
+        yield None
+        return
+    with Warehouse.open(path, write=True, must_exist=must_exist) as w:
+        if w.path.is_file() and getattr(args, "runs", None):
+            w.register_runs_dir(args.runs)
+        yield w
+
+
+def warehouse_locked(fn):
+    """Decorate a flow function whose ``warehouse`` parameter names an existing warehouse: the
+    flow body runs inside :meth:`Warehouse.open` (lock, clean-up, pending erasures completed),
+    however the flow is started (CLI, ``serve`` deployment, another flow)."""
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        path = bound.arguments.get("warehouse")
+        if not path or not Path(path).is_file():  # the flow itself says what is missing
+            return fn(*args, **kwargs)
+        from .warehouse import Warehouse
+
+        with Warehouse.open(path, write=True, must_exist=True):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def run_cli_flow(flow_obj, args, *, must_exist: bool = True, **params) -> Any:
+    """Run ``flow_obj`` for a CLI subcommand inside the warehouse session, with the chosen task runner."""
     runner = make_task_runner(getattr(args, "dask", None), getattr(args, "workers", 2))
-    with results_context(args.runs):
+    with warehouse_session(args, must_exist=must_exist), results_context(args.runs):
         return flow_obj.with_options(task_runner=runner)(**params)
 
 

@@ -1,7 +1,11 @@
-"""Warehouse facts the flows need: existence, content hash, data kind, stays with subjects.
+"""The warehouse handle, and the warehouse facts the flows need.
 
-Tasks receive the warehouse *path* and its *content hash* (never DataFrames); the hash keys
-their cached results.
+:class:`Warehouse` is the one seam every command goes through: ``Warehouse.open(path)`` takes the
+writer lock (:mod:`pipelines.locking`), loads the key (:mod:`pipelines.keys`) and the forget
+registry (:mod:`pipelines.ledger`), removes stale temporary files of killed processes, and
+*completes any pending erasure* (a forget that died after its receipt was committed) before the
+caller sees a single row. Inside the block, tasks still receive the warehouse *path* and its
+*content hash* (never DataFrames); the hash keys their cached results.
 """
 from __future__ import annotations
 
@@ -12,9 +16,145 @@ from typing import Iterator
 
 import duckdb
 
+from . import locking
 from .errors import WarehouseMissingError
 
 META = "forgetful_meta"
+
+
+def cache_dir(warehouse: str | os.PathLike) -> Path:
+    """The task cache of a warehouse: ``.<name>.cache`` beside it (located from the warehouse,
+    never from the current directory), removed by every forget."""
+    p = Path(warehouse).resolve()
+    return p.parent / f".{p.name}.cache"
+
+
+def subjects_present(con) -> set[int]:
+    """Every subject id held by any table of the warehouse (connection ``con``)."""
+    out: set[int] = set()
+    for (t,) in con.execute("SELECT table_name FROM duckdb_columns() WHERE column_name = 'subject_id' "
+                            "AND schema_name = current_schema() AND database_name = current_database()").fetchall():
+        out.update(int(r[0]) for r in con.execute(f"SELECT DISTINCT subject_id FROM {t}").fetchall() if r[0] is not None)
+    return out
+
+
+def get_meta(con, key: str) -> str | None:
+    if META not in _tables(con):
+        return None
+    row = con.execute(f"SELECT value FROM {META} WHERE key = ?", [key]).fetchone()
+    return None if row is None else str(row[0])
+
+
+class Warehouse:
+    """An open warehouse: path, key, ledger (forget registry), lock. Use :meth:`open`.
+
+    Attributes
+    ----------
+    path : absolute path of the DuckDB file (may not exist yet for a build).
+    keys : :class:`pipelines.keys.Keys`
+    ledger : :class:`pipelines.ledger.Ledger`
+    completed : subject hashes whose pending erasure this open completed.
+    """
+
+    def __init__(self, path: Path, keys, ledger):
+        self.path = path
+        self.keys = keys
+        self.ledger = ledger
+        self.completed: dict[str, int] = {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, path: str | os.PathLike, *, write: bool = True, must_exist: bool = True,
+             ledger_dir: str | os.PathLike | None = None, wait: float | None = None,
+             reconcile: bool = True) -> Iterator["Warehouse"]:
+        """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures."""
+        from . import ledger as ledger_mod
+        from .keys import Keys
+
+        p = Path(path).resolve()
+        if must_exist:
+            require(p)
+        keys = Keys.load()
+        led = ledger_mod.Ledger(ledger_dir or ledger_mod.default_dir(p), keys)
+        with locking.hold(p, exclusive=write, wait=wait):
+            w = cls(p, keys, led)
+            if write:
+                locking.clean_stale(p)
+            if reconcile and p.is_file():
+                if write:
+                    from .forget import complete_pending
+
+                    w.completed = complete_pending(w)
+                else:
+                    led.verify()
+            yield w
+
+    def connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+        return duckdb.connect(str(require(self.path)), read_only=read_only)
+
+    @property
+    def cache_dir(self) -> Path:
+        return cache_dir(self.path)
+
+    def present_registered(self, con=None) -> dict[int, str]:
+        """subject id -> hash, for subjects in this warehouse that the registry says are forgotten."""
+        reg = self.ledger.registry()
+        if not reg or not self.path.is_file():
+            return {}
+        own = con is None
+        con = con or self.connect(read_only=True)
+        try:
+            out = {}
+            for s in subjects_present(con):
+                h = self.keys.subject_hash(s)
+                if h in reg:
+                    out[s] = h
+            return out
+        finally:
+            if own:
+                con.close()
+
+    def exclusion(self):
+        """Scan-time filter for :func:`cohort.build.build_warehouse`: maps an int64 array of
+        subject ids to a boolean mask of registered (forgotten) subjects."""
+        import numpy as np
+
+        reg = self.ledger.registry()
+
+        def excluded(subject_ids) -> "np.ndarray":
+            ids = np.asarray(subject_ids, dtype=np.int64)
+            return np.fromiter((self.keys.subject_hash(int(s)) in reg for s in ids), dtype=bool, count=ids.size)
+        return excluded
+
+    def ledger_meta(self) -> dict[str, str]:
+        n, head = self.ledger.head()
+        return {"ledger_seq": str(n), "ledger_head": head}
+
+    def register_runs_dir(self, runs_dir: str | os.PathLike) -> None:
+        """Remember a runs directory that holds results of this warehouse (so a forget can mark
+        them stale and purge them, wherever it is run from)."""
+        import json
+
+        d = str(Path(runs_dir).resolve())
+        con = self.connect()
+        try:
+            con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
+            cur = json.loads(get_meta(con, "runs_dirs") or "[]")
+            if d not in cur:
+                con.execute(f"INSERT OR REPLACE INTO {META} VALUES ('runs_dirs', ?)", [json.dumps(sorted(cur + [d]))])
+        finally:
+            con.close()
+
+    def runs_dirs(self) -> list[Path]:
+        import json
+
+        if not self.path.is_file():
+            return []
+        con = self.connect(read_only=True)
+        try:
+            return [Path(d) for d in json.loads(get_meta(con, "runs_dirs") or "[]")]
+        finally:
+            con.close()
 
 
 def require(warehouse: str | os.PathLike) -> Path:

@@ -2,10 +2,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The project key and ledger anchors go to a throw-away config dir, never the user's ~/.config.
+os.environ.pop("FORGETFUL_LEDGER_KEY", None)
+os.environ.pop("FORGETFUL_KEY_FILE", None)
+os.environ.pop("FORGETFUL_LEDGER_DIR", None)
+os.environ["FORGETFUL_CONFIG_DIR"] = tempfile.mkdtemp(prefix="forgetful-test-config-")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 

@@ -87,15 +87,28 @@ def test_patient_deletion_flow_and_forget(prefect_harness, small):
     sid = con.execute("SELECT t.subject_id FROM gate_tokens t JOIN gate_states s USING (context_id) "
                       "WHERE s.study = 'patient_deletion' LIMIT 1").fetchone()[0]
     con.close()
-    assert main(["forget", "--subject-id", str(sid), "--warehouse", w, "--runs", runs]) == 0
-    assert not (runs_path(runs) / ".prefect-results").exists()  # derived cache cleared
-    assert main(["forget", "--subject-id", str(sid), "--warehouse", w, "--runs", runs]) == 2
+    from pipelines.warehouse import cache_dir
+
+    assert any(cache_dir(w).iterdir())  # the flow's per-context results are cached beside the warehouse
+    assert main(["forget", "--subject-id", str(sid), "--warehouse", w]) == 0
+    assert not cache_dir(w).exists()  # derived cache cleared
+    assert main(["forget", "--subject-id", str(sid), "--warehouse", w]) == 2
     assert main(["receipts", "verify", "--warehouse", w]) == 0
     assert main(["receipts", "list", "--warehouse", w]) == 0
-    con = duckdb.connect(w)
-    con.execute("UPDATE deletion_receipts SET payload_json = replace(payload_json, 'true', 'false') WHERE seq = 1")
-    con.close()
+    from pipelines.ledger import default_dir
+
+    ledger_file = default_dir(w) / "receipts.jsonl"
+    good = ledger_file.read_text()
+    ledger_file.write_text(good.replace('"certified":true', '"certified":false', 1))
     assert main(["receipts", "verify", "--warehouse", w]) == 1
+    from pipelines.errors import LedgerTamperedError
+    from pipelines.warehouse import Warehouse
+
+    with pytest.raises(LedgerTamperedError):  # a tampered registry stops every command
+        with Warehouse.open(w):
+            pass
+    ledger_file.write_text(good)
+    assert main(["receipts", "verify", "--warehouse", w]) == 0
 
 
 def test_deterioration_and_audit_flows(prefect_harness, small):
@@ -131,7 +144,10 @@ def test_dask_runner_matches_threads(prefect_harness, small, tmp_path):
     ref = _run(heldout_flow, str(tmp_path / "runs_thr"), warehouse=w, runs_dir=str(tmp_path / "runs_thr"),
                n_boot=300, stays_per_task=6, progress=False)
     assert r["metrics"]["retention"] == ref["metrics"]["retention"]
-    assert any((tmp_path / "runs_dask" / ".prefect-results").iterdir())
+    from pipelines.warehouse import cache_dir
+
+    assert any(cache_dir(w).iterdir())  # task results cached as authenticated JSON, never pickles
+    assert not (tmp_path / "runs_dask" / ".prefect-results").exists()
 
 
 def test_serve_builds_scheduled_deployments():

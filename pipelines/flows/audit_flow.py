@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
+from pipelines import task_cache
 from pipelines import runner
 from pipelines import warehouse as wh
 
@@ -24,7 +26,8 @@ LEARNED_REGIME = "learned"
 DEFAULT_REGIMES = ("gaussian", "clustered", "icu_like", ICU_REGIME, LEARNED_REGIME)
 
 
-@task(name="audit-regime", cache_key_fn=runner.cache_key, persist_result=True)
+@task(name="audit-regime", cache_policy=NO_CACHE, persist_result=False)
+@task_cache.cached
 def audit_task(warehouse: str | None, content_hash: str | None, regime: str, trials: int, seed: int) -> dict:
     from sv_core import audit
 
@@ -40,6 +43,7 @@ def audit_task(warehouse: str | None, content_hash: str | None, regime: str, tri
 
 
 @flow(name="deletion-audit")
+@runner.warehouse_locked
 def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = "runs", trials: int = 300,
                regimes: tuple[str, ...] = DEFAULT_REGIMES, seed: int = 0,
                progress: bool = True) -> dict:

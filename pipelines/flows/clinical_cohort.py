@@ -29,11 +29,28 @@ def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
 
 @task(name="build-warehouse")
 def build_task(source: str, root: str | None, warehouse: str, min_hours: float, sample: int | None, seed: int,
-               memory_limit: str, progress: bool) -> dict:
+               memory_limit: str, progress: bool, ledger_dir: str | None = None, runs_dir: str | None = None) -> dict:
+    """Build with the forget registry applied at scan time; the new warehouse records the
+    ledger head it reflects."""
+    import json
+
+    import duckdb
+
     from cohort.build import build_warehouse
 
-    s = build_warehouse(source, root, warehouse, min_hours=min_hours, sample=sample, seed=seed,
-                        memory_limit=memory_limit, progress=progress)
+    from pipelines.warehouse import META, Warehouse
+
+    with Warehouse.open(warehouse, write=True, must_exist=False, ledger_dir=ledger_dir, reconcile=False) as w:
+        runs = [str(d) for d in w.runs_dirs()] + ([str(Path(runs_dir).resolve())] if runs_dir else [])
+        s = build_warehouse(source, root, warehouse, min_hours=min_hours, sample=sample, seed=seed,
+                            memory_limit=memory_limit, progress=progress, exclude_subjects=w.exclusion())
+        con = duckdb.connect(str(w.path))
+        try:
+            con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
+            for k, v in {**w.ledger_meta(), "runs_dirs": json.dumps(sorted(set(runs)))}.items():
+                con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [k, v])
+        finally:
+            con.close()
     return s.to_json()
 
 
@@ -41,7 +58,7 @@ def build_task(source: str, root: str | None, warehouse: str, min_hours: float, 
 def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: str = "runs/warehouse.duckdb",
                       runs_dir: str = "runs", stays: int = 1500, seed: int = 0, min_hours: float = 48,
                       sample: int | None = None, memory_limit: str = "4GB", fetch: bool = False,
-                      progress: bool = True) -> dict:
+                      progress: bool = True, ledger_dir: str | None = None) -> dict:
     """Build the warehouse; returns the build summary (counts, content hash, seconds)."""
     t0 = time.perf_counter()
     kind = source
@@ -53,7 +70,7 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
         gen_dir = Path(warehouse).resolve().parent / f"synthetic_{stays}_seed{seed}"
         root = generate_synthetic(str(gen_dir / "mimic"), stays, seed)
         source = "mimic"
-    summary = build_task(source, root, warehouse, min_hours, sample, seed, memory_limit, progress)
+    summary = build_task(source, root, warehouse, min_hours, sample, seed, memory_limit, progress, ledger_dir, runs_dir)
     wh.set_data_kind(warehouse, {"demo": "demo", "synthetic": "synthetic"}.get(kind, "mimic"))
     funnel = summary["funnel"]
     result = {
@@ -82,7 +99,8 @@ def _main(args) -> int:
     if args.source in ("mimic", "clif") and not args.root:
         print(f"error: --source {args.source} needs --root DIR", flush=True)
         return 2
-    s = runner.run_cli_flow(build_cohort_flow, args, source=args.source, root=args.root,
+    s = runner.run_cli_flow(build_cohort_flow, args, must_exist=False, ledger_dir=args.ledger,
+                            source=args.source, root=args.root,
                             warehouse=args.warehouse, runs_dir=args.runs, stays=args.stays, seed=args.seed,
                             min_hours=args.min_hours, sample=args.sample, memory_limit=args.memory_limit,
                             fetch=args.fetch, progress=not args.no_progress)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 
-import duckdb
 import numpy as np
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
+from pipelines import task_cache
 from pipelines import gate_store, ledger, runner
 from pipelines import patient_deletion as pdel
 from pipelines import warehouse as wh
@@ -23,7 +24,8 @@ from pipelines import warehouse as wh
 SEED_TEXT = "seed 000 §6: forgotten patient's leakage 0 vs 0.29 (decay γ=0.1) / 0.09 (γ=0.01); KKT residual ~1e-12"
 
 
-@task(name="patient-deletion-context", cache_key_fn=runner.cache_key, persist_result=True)
+@task(name="patient-deletion-context", cache_policy=NO_CACHE, persist_result=False)
+@task_cache.cached
 def context_task(warehouse: str, content_hash: str, stay_ids: list[int], target: int, nu: float, sigma: float,
                  max_hours: int, dedupe_tol: float, gammas: list[float]) -> dict:
     from sv_core import GateError
@@ -48,14 +50,15 @@ def _persist(warehouse: str, results: list[dict]) -> int:
 
 
 def _ledger_verified(warehouse: str) -> bool:
-    con = duckdb.connect(warehouse, read_only=True)
+    """Whether the project's receipt ledger (not this study's in-memory receipts) verifies."""
+    from pipelines.errors import LedgerError
+    from pipelines.keys import Keys
+
     try:
-        ledger.verify(con)
+        ledger.Ledger(ledger.default_dir(warehouse), Keys.load()).verify()
         return True
-    except Exception:
+    except LedgerError:
         return False
-    finally:
-        con.close()
 
 
 def aggregate(done: list[dict], attempted: int, gammas: list[float]) -> dict:
@@ -89,6 +92,7 @@ def aggregate(done: list[dict], attempted: int, gammas: list[float]) -> dict:
 
 
 @flow(name="patient-deletion")
+@runner.warehouse_locked
 def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.5,
                           sigma: float = 2.0, per_context: int = 5, max_hours: int = 48, dedupe_tol: float = 0.1,
                           max_contexts: int | None = None, seed: int = 0, gammas: tuple[float, ...] = (0.1, 0.01),

@@ -11,7 +11,9 @@ import time
 
 import numpy as np
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
+from pipelines import task_cache
 from pipelines import deterioration as det
 from pipelines import runner
 from pipelines import warehouse as wh
@@ -20,7 +22,8 @@ SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (
 LABELS = {"lstm": "LSTM", "softmax": "causal softmax", "sv_attention": "causal SV attention"}
 
 
-@task(name="deterioration-train", cache_key_fn=runner.cache_key, persist_result=True)
+@task(name="deterioration-train", cache_policy=NO_CACHE, persist_result=False)
+@task_cache.cached
 def train_task(warehouse: str, content_hash: str, model: str, seed: int, window: int, size: dict,
                max_epochs: int, n_boot: int) -> dict:
     data = {s: det.load_split(warehouse, s, window) for s in ("train", "val", "test")}
@@ -42,6 +45,7 @@ def aggregate(runs: list[dict], models: list[str]) -> dict:
 
 
 @flow(name="deterioration")
+@runner.warehouse_locked
 def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs",
                        models: tuple[str, ...] = det.MODELS, seeds: int = 3, window: int = 48,
                        max_epochs: int = 12, n_boot: int = 500, size: dict | None = None,

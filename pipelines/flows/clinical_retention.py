@@ -16,7 +16,9 @@ import time
 
 import numpy as np
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
+from pipelines import task_cache
 from pipelines import gate_store, runner
 from pipelines import retention as ret
 from pipelines import warehouse as wh
@@ -28,7 +30,8 @@ SEED_TEXT = {
 }
 
 
-@task(name="retention-batch", cache_key_fn=runner.cache_key, persist_result=True)
+@task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False)
+@task_cache.cached
 def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
                     nu: float, sigma: float, seed: int, build_gate: bool) -> list[dict]:
     return ret.retention_for_stays(warehouse, stay_ids, label=label, drop=drop, nu=nu, sigma=sigma, seed=seed,
@@ -90,6 +93,7 @@ def run_retention(warehouse: str, runs_dir: str, study: str, *, label: str, drop
 
 
 @flow(name="icu-retention")
+@runner.warehouse_locked
 def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
                    sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = 8,
                    persist_gates: bool = True, progress: bool = True) -> dict:
@@ -101,6 +105,7 @@ def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "ru
 
 
 @flow(name="heldout-spo2")
+@runner.warehouse_locked
 def heldout_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
                  sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = 8,
                  progress: bool = True) -> dict:

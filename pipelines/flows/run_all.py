@@ -30,6 +30,26 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
                  fetch: bool = False, skip: tuple[str, ...] = (), dask_address: str | None = None,
                  workers: int = 2, progress: bool = True) -> dict:
     """Run every step; returns {step: seconds} plus the report path."""
+    warehouse = warehouse or str(Path(runs_dir) / "warehouse.duckdb")
+    report = report or str(Path(runs_dir) / "report.html")
+    tr = lambda: runner.make_task_runner(dask_address, workers)  # noqa: E731
+    if source == "demo":
+        from cohort.demo_data import ensure_demo
+
+        root = str(ensure_demo(root, fetch=fetch))  # raises DemoDataMissing with the fetch command
+    steps = [s for s in STEPS if s not in set(skip)]
+    from pipelines.warehouse import Warehouse
+
+    with Warehouse.open(warehouse, write=True, must_exist=False) as w:
+        if w.path.is_file():
+            w.register_runs_dir(runs_dir)
+        times = _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
+                           det_max_epochs, audit_trials, report)
+    return {"seconds": times, "report": report, "warehouse": warehouse}
+
+
+def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
+               det_max_epochs, audit_trials, report) -> dict[str, float]:
     from tqdm.auto import tqdm
 
     from .audit_flow import audit_flow
@@ -38,15 +58,7 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
     from .clinical_deterioration import deterioration_flow
     from .clinical_retention import heldout_flow, retention_flow
 
-    warehouse = warehouse or str(Path(runs_dir) / "warehouse.duckdb")
-    report = report or str(Path(runs_dir) / "report.html")
-    tr = lambda: runner.make_task_runner(dask_address, workers)  # noqa: E731
     times: dict[str, float] = {}
-    if source == "demo":
-        from cohort.demo_data import ensure_demo
-
-        root = str(ensure_demo(root, fetch=fetch))  # raises DemoDataMissing with the fetch command
-    steps = [s for s in STEPS if s not in set(skip)]
     bar = tqdm(steps, desc="run-all", disable=not progress, file=sys.stderr)
     for step in bar:
         bar.set_postfix_str(step)
@@ -74,10 +86,24 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
         elif step == "report":
             from dashboards.report import write_report
 
+            from pipelines.forget import _write_ledger_result
+            from pipelines.warehouse import Warehouse
+
+            with Warehouse.open(warehouse, write=True) as w:
+                w.register_runs_dir(runs_dir)
+                _write_ledger_result(w)
             write_report(runs_dir, report)
         times[step] = round(time.perf_counter() - t0, 2)
     bar.close()
-    return {"seconds": times, "report": report, "warehouse": warehouse}
+    return times
+
+
+def argparse_ns_without_warehouse(args):
+    """The CLI arguments with the warehouse left to the flow (it may not exist before the build):
+    the session only applies ``--ledger``/``--wait``."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), "warehouse": None})
 
 
 @runner.cli_errors
@@ -85,7 +111,7 @@ def _main(args) -> int:
     import json
 
     t0 = time.perf_counter()
-    with runner.results_context(args.runs):
+    with runner.warehouse_session(argparse_ns_without_warehouse(args)), runner.results_context(args.runs):
         r = run_all_flow.with_options(task_runner=runner.make_task_runner(args.dask, args.workers))(
             source=args.source, root=args.root, stays=args.stays, seed=args.seed, warehouse=args.warehouse,
             runs_dir=args.runs, report=args.report, audit_trials=args.audit_trials, det_seeds=args.det_seeds,

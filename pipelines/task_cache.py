@@ -1,0 +1,132 @@
+"""Resumable task results without pickles: a keyed, authenticated JSON cache per warehouse.
+
+Prefect's own result persistence stores cloudpickle payloads, and the serializer a stored record
+names is the one used to read it back (``ResultRecord.deserialize``), so a file planted in the
+result folder runs code on the next cache hit — measured: a crafted record executed
+``os.system``. Record-level task results are therefore kept out of Prefect's result store
+(``persist_result=False``) and cached here instead:
+
+* location: :func:`pipelines.warehouse.cache_dir` — beside the warehouse, found from the
+  warehouse path (never the current directory), removed by every forget;
+* key: task name + SHA-256 of the task's **source** + its parameters except paths (inputs +
+  task source; the warehouse content hash is a parameter, so a changed warehouse never hits);
+* format: canonical JSON; NumPy arrays as ``{"__ndarray__": [dtype, shape, base64]}`` restricted
+  to bool/int/uint/float dtypes and read with :func:`numpy.frombuffer` — nothing can execute code;
+* integrity: each file starts with an HMAC (cache sub-key, :mod:`pipelines.keys`) of its body; a
+  file that fails it is deleted and recomputed (a forged result can never be served).
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+PATH_PARAMS = ("warehouse", "runs_dir")
+_SAFE_KINDS = "biuf"
+
+
+def _enc(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in _SAFE_KINDS:
+            raise TypeError(f"array dtype {x.dtype} is not cacheable")
+        a = np.ascontiguousarray(x)
+        return {"__ndarray__": [a.dtype.str, list(a.shape), base64.b64encode(a.tobytes()).decode("ascii")]}
+    if isinstance(x, dict):
+        if "__ndarray__" in x:
+            raise TypeError("reserved key __ndarray__")
+        return {str(k): _enc(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_enc(v) for v in x]
+    if isinstance(x, (np.bool_,)):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return x
+    raise TypeError(f"{type(x).__name__} is not cacheable")
+
+
+def _dec(x: Any) -> Any:
+    if isinstance(x, dict):
+        if set(x) == {"__ndarray__"}:
+            dt, shape, data = x["__ndarray__"]
+            dtype = np.dtype(str(dt))
+            if dtype.kind not in _SAFE_KINDS:
+                raise ValueError("unsafe dtype")
+            return np.frombuffer(base64.b64decode(data), dtype=dtype).reshape([int(s) for s in shape]).copy()
+        return {k: _dec(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_dec(v) for v in x]
+    return x
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(_enc(obj), sort_keys=True, separators=(",", ":"))
+
+
+def loads(text: str) -> Any:
+    return _dec(json.loads(text))
+
+
+def _source_digest(fn: Callable) -> str:
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = fn.__qualname__
+    return hashlib.sha256(src.encode()).hexdigest()
+
+
+def cached(fn: Callable) -> Callable:
+    """Decorate a task body: results are cached per (task source, non-path parameters) in the
+    cache of the ``warehouse`` parameter. Tasks without a warehouse run uncached."""
+    sig = inspect.signature(fn)
+    digest = _source_digest(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        warehouse = bound.arguments.get("warehouse")
+        if not warehouse:
+            return fn(*args, **kwargs)
+        from .keys import Keys
+        from .warehouse import cache_dir
+
+        params = {k: v for k, v in bound.arguments.items() if k not in PATH_PARAMS}
+        key = hashlib.sha256(dumps([fn.__qualname__, digest, params]).encode()).hexdigest()[:40]
+        keys = Keys.load()
+        d = cache_dir(warehouse)
+        p = d / f"{fn.__name__}-{key}.json"
+        if p.is_file():
+            try:
+                mac, body = p.read_text().split("\n", 1)
+                if keys.equal(keys.mac("cache", body.encode()), mac):
+                    return loads(body)
+            except (ValueError, OSError):
+                pass
+            p.unlink(missing_ok=True)  # tampered or truncated: recompute
+        out = fn(*args, **kwargs)
+        body = dumps(out)
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = d / f".{p.name}.tmp{os.getpid()}-{id(out)}"
+        tmp.write_text(keys.mac("cache", body.encode()) + "\n" + body)
+        os.replace(tmp, p)
+        return out
+    return wrapper
+
+
+def clear(warehouse: str | os.PathLike) -> None:
+    import shutil
+
+    from .warehouse import cache_dir
+
+    shutil.rmtree(cache_dir(Path(warehouse)), ignore_errors=True)
