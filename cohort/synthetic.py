@@ -3,25 +3,34 @@
 Command line::
 
     python -m cohort.synthetic --out DIR --stays N --seed S [--rows R] [--format csv.gz|parquet]
+        [--params FILE] [--short-stay-share F]
+    python -m cohort.synthetic --calibrate [--demo-root DIR] [--params-out FILE]
+    python -m cohort.synthetic --fidelity [--stays N] [--seed S] [--json PATH]
 
-Physiology per stay: a per-patient baseline, a slow within-stay random-walk drift with small
-measurement noise (long redundant stretches), and rare deterioration episodes (tachycardia,
-hypotension, desaturation to < 90 %, fever, tachypnoea) with a smooth rise and fall.
+Physiology per stay (:class:`cohort.synthetic_calibration.Model`, calibrated to the real
+MIMIC-IV demo; committed default ``cohort/synthetic_params.json``): a copula onto the demo's
+marginals of a between-stay offset, a slow diagonal VAR(1) and heavy-tailed (multivariate t)
+hour-to-hour variation, with the demo's between-stay covariance, within-stay correlation, lag
+structure, per-vital observed-hour shares, all-vital charting gaps, rows per charted hour and
+stay lengths. No episode is injected: deterioration events are the build's threshold crossings
+of these values (``cohort.constants.EVENT_THRESHOLDS``), and SpO₂ is coupled to HR/RR only
+through the demo's weak correlations and the shared size of large hourly moves.
+``--fidelity`` compares synthetic with the demo (:mod:`cohort.fidelity`).
 Charting mimics the real quirks the build must handle: °F (223761) and °C (223762)
 temperature, arterial and non-invasive BP in the same hour, charting gaps, implausible values
 (HR 0, SpO₂ 29, ...), a Celsius-charted value that is plainly °F, ``valuenum`` null with text in
 ``value``, duplicated charttimes, rows before intime and after outtime, stays under 48 h, stays
 that never record a vital, and non-vital itemids that the scan must skip.
 
-Deterministic per (seed, stays or rows): the stays are generated in fixed chunks of
+Deterministic per (seed, stays or rows, parameters): the stays are generated in fixed chunks of
 ``CHUNK_STAYS`` with one RNG stream per chunk, and each chunk is written out before the next is
-drawn, so 100M+ rows never sit in memory at once.
+drawn, so 100M+ rows never sit in memory at once. ``synthetic_manifest.json`` labels the output
+``"source_kind": "synthetic"``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -30,8 +39,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
+
+from .constants import VITALS
+from .synthetic_calibration import DEFAULT_PARAMS, Model
+from .synthetic_io import _small_tables, _Writer
 
 CHUNK_STAYS = 1000
 HOUR_US = 3_600_000_000
@@ -96,11 +107,10 @@ def _segments(rng, n_h: np.ndarray, starts: np.ndarray, per_hour: float, lo: int
     return (starts[stay_of[seg]] + local)[ok], seg[ok], pos[ok], length[seg[ok]]
 
 
-def _stay_chunk(rng, k0: int, n: int):
-    """Stay-level attributes for global stay numbers k0..k0+n-1."""
+def _stay_chunk(rng, k0: int, n: int, model: Model, short_share: float | None = None):
+    """Stay-level attributes for global stay numbers k0..k0+n-1 (LOS from the calibrated quantiles)."""
     k = np.arange(k0, k0 + n, dtype=np.int64)
-    short = rng.random(n) < 0.28
-    los_h = np.where(short, rng.uniform(3.0, 47.5, n), 48.0 + np.minimum(rng.lognormal(math.log(70.0), 0.8, n), 1400.0))
+    los_h = model.los_hours(rng, n, short_share)
     intime = EPOCH_2110_US + rng.integers(0, 90 * 365 * 86400, n) * 1_000_000
     outtime = intime + np.round(los_h * 3600).astype(np.int64) * 1_000_000
     return dict(
@@ -111,88 +121,63 @@ def _stay_chunk(rng, k0: int, n: int):
     )
 
 
-def _physiology(rng, st, H, sidx, starts, n_h):
-    """Hourly true state per vital, shape (H,) each."""
-    n = st["k"].size
-    base = {
-        "hr": rng.normal(84, 11, n), "sbp": rng.normal(121, 14, n), "dbp": rng.normal(63, 8, n),
-        "rr": rng.normal(18, 2.5, n), "spo2": np.minimum(rng.normal(97.2, 1.2, n), 99.5),
-        "temp": rng.normal(36.95, 0.3, n),
-    }
-    step = {"hr": 0.6, "sbp": 0.9, "dbp": 0.5, "rr": 0.25, "spo2": 0.12, "temp": 0.03}
-    clipv = {"hr": 14, "sbp": 18, "dbp": 10, "rr": 4, "spo2": 1.8, "temp": 0.5}
-    state = {}
-    for v in base:
-        s = rng.normal(0.0, step[v], H)
-        cs = np.cumsum(s)
-        cs -= np.repeat(cs[starts] - s[starts], n_h)
-        state[v] = base[v][sidx] + np.clip(cs, -clipv[v], clipv[v])
-    # deterioration episodes: (vital, lo, hi) magnitudes
-    kinds = [
-        (("hr", 45, 70),),
-        (("sbp", -55, -35), ("dbp", -25, -12), ("hr", 10, 25)),
-        (("spo2", -16, -10), ("rr", 4, 9), ("hr", 8, 18)),
-        (("temp", 1.7, 2.6), ("hr", 10, 20)),
-        (("rr", 13, 20),),
-    ]
-    probs = np.array([0.22, 0.22, 0.28, 0.16, 0.12])
-    g, seg, pos, length = _segments(rng, n_h, starts, 1 / 55.0, 3, 10)
-    m = int(seg.max()) + 1 if seg.size else 0
-    kind = rng.choice(len(kinds), size=m, p=probs)
-    shape = np.sin(np.pi * (pos + 0.5) / length)
-    for ki, effects in enumerate(kinds):
-        sel = kind[seg] == ki
-        for v, lo, hi in effects:
-            mag = rng.uniform(lo, hi, m)
-            np.add.at(state[v], g[sel], (mag[seg] * shape)[sel])
-    state["spo2"] = np.minimum(state["spo2"], 100.0)
-    return state
-
-
 def _rows_for(hours_mask, itemid, values, offsets, H):
     idx = np.nonzero(hours_mask)[0]
     return idx, np.full(idx.size, itemid, dtype=np.int64), values[idx], offsets[idx]
 
 
-def _chunk_table(rng, st) -> pa.Table:
+def _chunk_table(rng, st, model: Model) -> pa.Table:
     n_h = st["n_h"]
     n = n_h.size
     H = int(n_h.sum())
     sidx, hh = _within(n_h)
     starts = np.cumsum(n_h) - n_h
-    state = _physiology(rng, st, H, sidx, starts, n_h)
+    # hourly true values from the calibrated process; events are whatever crosses a threshold
+    x = model.values(model.latent(rng, n_h, sidx, hh))
     gap = np.zeros(H, dtype=bool)
-    g, _, _, _ = _segments(rng, n_h, starts, 1 / 96.0, 2, 8)
+    g, _, _, _ = _segments(rng, n_h, starts, model.gap_share / 5.0, 2, 8)
     gap[g] = True
     live = ~gap & ~st["never"][sidx]
     # within-hour charting offsets (minutes) so that charttime stays inside the hour
     off_main = rng.integers(0, 60, H) * MIN_US
     off_bp = rng.integers(0, 60, H) * MIN_US
     off_t = rng.integers(0, 60, H) * MIN_US
+    off_x = (off_main + 30 * MIN_US) % HOUR_US
     noise = lambda sd: rng.normal(0, sd, H)  # noqa: E731
-    hr = np.round(state["hr"] + noise(2.0))
-    spo2 = np.minimum(np.round(state["spo2"] + noise(0.6)), 100.0)
-    rr = np.round(state["rr"] + noise(1.0))
-    sbp_a = np.round(state["sbp"] + noise(3.0))
-    dbp_a = np.round(state["dbp"] + noise(2.0))
-    sbp_n = np.round(state["sbp"] + 4 + noise(5.0))
-    dbp_n = np.round(state["dbp"] + 2 + noise(3.0))
-    temp_c = np.round(state["temp"] + noise(0.1), 1)
-    temp_f = np.round(state["temp"] * 9 / 5 + 32 + noise(0.18), 1)
+    j = {v: i for i, v in enumerate(VITALS)}
+    hr = np.round(x[:, j["hr"]])
+    spo2 = np.minimum(np.round(x[:, j["spo2"]]), 100.0)
+    rr = np.round(x[:, j["rr"]])
+    sbp, dbp, temp = x[:, j["sbp"]], x[:, j["dbp"]], x[:, j["temp_c"]]
+    sbp_a, dbp_a = np.round(sbp + noise(1.0)), np.round(dbp + noise(1.0))
+    sbp_n, dbp_n = np.round(sbp + noise(1.0)), np.round(dbp + noise(1.0))
+    temp_c = np.round(temp, 1)
+    temp_f = np.round(temp * 9 / 5 + 32, 1)
+    p_obs, extra = model.observed_share, model.extra_rows
+    obs = {v: live & (rng.random(H) < p_obs[j[v]]) for v in ("hr", "sbp", "rr", "spo2", "temp_c")}
     art = st["art"][sidx]
     is_f = rng.random(H) < st["f_frac"][sidx]
-    has_t = live & (rng.random(H) < 0.22)
-    has_art = live & art & (rng.random(H) < 0.9)
-    has_nibp = live & (rng.random(H) < np.where(art, 0.25, 0.8))
+    has_t = obs["temp_c"]
+    has_art = obs["sbp"] & art & (rng.random(H) < 0.9)
+    has_nibp = obs["sbp"] & (~has_art | (rng.random(H) < 0.25))
+    more = {v: rng.random(H) < extra[j[v]] for v in ("hr", "sbp", "rr", "spo2")}
+    sbp_x, dbp_x = np.round(sbp + noise(1.0)), np.round(dbp + noise(1.0))
     parts = [
-        _rows_for(live & (rng.random(H) < 0.93), 220045, hr, off_main, H),
-        _rows_for(live & (rng.random(H) < 0.08), 220045, np.round(hr + noise(2.0)), (off_main + 30 * MIN_US) % HOUR_US, H),
-        _rows_for(live & (rng.random(H) < 0.92), 220277, spo2, off_main, H),
-        _rows_for(live & (rng.random(H) < 0.90), 220210, rr, off_main, H),
+        _rows_for(obs["hr"], 220045, hr, off_main, H),
+        _rows_for(obs["hr"] & more["hr"], 220045, np.round(x[:, j["hr"]] + noise(1.0)), off_x, H),
+        _rows_for(obs["spo2"], 220277, spo2, off_main, H),
+        _rows_for(obs["spo2"] & more["spo2"], 220277, np.minimum(np.round(x[:, j["spo2"]] + noise(0.5)), 100.0),
+                  off_x, H),
+        _rows_for(obs["rr"], 220210, rr, off_main, H),
+        _rows_for(obs["rr"] & more["rr"], 220210, np.round(x[:, j["rr"]] + noise(0.5)), off_x, H),
         _rows_for(has_art, 220050, sbp_a, off_bp, H),
         _rows_for(has_art, 220051, dbp_a, off_bp, H),
+        _rows_for(has_art & more["sbp"], 220050, sbp_x, off_x, H),
+        _rows_for(has_art & more["sbp"], 220051, dbp_x, off_x, H),
         _rows_for(has_nibp, 220179, sbp_n, off_bp, H),
         _rows_for(has_nibp, 220180, dbp_n, off_bp, H),
+        _rows_for(has_nibp & ~has_art & more["sbp"], 220179, sbp_x, off_x, H),
+        _rows_for(has_nibp & ~has_art & more["sbp"], 220180, dbp_x, off_x, H),
         _rows_for(has_t & is_f, 223761, temp_f, off_t, H),
         _rows_for(has_t & ~is_f, 223762, temp_c, off_t, H),
     ]
@@ -237,6 +222,7 @@ def _chunk_table(rng, st) -> pa.Table:
     for it, (_, _, _, _, lo, hi, txt) in OTHER_ITEMS.items():
         s = o_item == it
         if txt is None:
+            assert lo is not None and hi is not None
             o_val[s] = rng.integers(lo, hi + 1, int(s.sum()))
         else:
             o_text[s] = True
@@ -253,10 +239,10 @@ def _chunk_table(rng, st) -> pa.Table:
 
     valuenum = pa.array(val_all, mask=text_all | yes_all | np.isnan(val_all))
     value = pc.cast(valuenum, pa.string())
-    txt_choice = pa.array(TEXT_VALUES[rng.integers(0, TEXT_VALUES.size, nr)].astype(str))
+    txt_choice = pc.take(pa.array(TEXT_VALUES.astype(str)), pa.array(rng.integers(0, TEXT_VALUES.size, nr)))
     value = pc.if_else(pa.array(text_all), txt_choice, value)
     value = pc.if_else(pa.array(yes_all), pa.scalar("Yes"), value)
-    units = {it: u for it, (_, _, u, _) in VITAL_ITEMS.items()}
+    units: dict[int, str | None] = {it: u for it, (_, _, u, _) in VITAL_ITEMS.items()}
     units.update({it: v[2] for it, v in OTHER_ITEMS.items()})
     uom_keys = np.array(sorted(units))
     uom_dict = pa.array([units[i] for i in uom_keys], pa.string())
@@ -272,94 +258,32 @@ def _chunk_table(rng, st) -> pa.Table:
     }, schema=CHARTEVENTS_SCHEMA)
 
 
-class _Writer:
-    """Streams tables to ``<path>.csv.gz`` or ``<path>.parquet`` chunk by chunk."""
-
-    def __init__(self, path_no_ext: Path, schema: pa.Schema, fmt: str):
-        self.fmt = fmt
-        self.schema = schema
-        path_no_ext.parent.mkdir(parents=True, exist_ok=True)
-        if fmt == "parquet":
-            self.path = path_no_ext.with_name(path_no_ext.name + ".parquet")
-            self.w = pq.ParquetWriter(self.path, schema, compression="zstd")
-        else:
-            self.path = path_no_ext.with_name(path_no_ext.name + ".csv.gz")
-            self.stream = pa.CompressedOutputStream(str(self.path), "gzip")
-            self.csv_schema = pa.schema([pa.field(f.name, pa.string() if pa.types.is_timestamp(f.type) else f.type)
-                                         for f in schema])
-            self.w = pacsv.CSVWriter(self.stream, self.csv_schema,
-                                     write_options=pacsv.WriteOptions(quoting_style="needed"))
-
-    def write(self, t: pa.Table) -> None:
-        if self.fmt == "parquet":
-            self.w.write_table(t)
-            return
-        cols = []
-        for f in t.schema:
-            c = t[f.name]
-            if pa.types.is_timestamp(f.type):
-                c = pc.strftime(c.cast(pa.timestamp("s")), format="%Y-%m-%d %H:%M:%S")
-            cols.append(c)
-        self.w.write_table(pa.Table.from_arrays(cols, schema=self.csv_schema))
-
-    def close(self) -> None:
-        self.w.close()
-        if self.fmt != "parquet":
-            self.stream.close()
-
-
-def _small_tables(stays: dict) -> dict[str, pa.Table]:
-    ts = lambda a: pa.array(a, pa.timestamp("us"))  # noqa: E731
-    los_d = (stays["outtime"] - stays["intime"]) / (86400 * 1e6)
-    units = np.array(["Medical Intensive Care Unit (MICU)", "Surgical Intensive Care Unit (SICU)",
-                      "Cardiac Vascular Intensive Care Unit (CVICU)", "Trauma SICU (TSICU)"])
-    cu = units[stays["stay_id"] % len(units)]
-    icustays = pa.table({
-        "subject_id": stays["subject_id"], "hadm_id": stays["hadm_id"], "stay_id": stays["stay_id"],
-        "first_careunit": cu, "last_careunit": cu, "intime": ts(stays["intime"]), "outtime": ts(stays["outtime"]),
-        "los": np.round(los_d, 6),
-    })
-    subj, first = np.unique(stays["subject_id"], return_index=True)
-    patients = pa.table({
-        "subject_id": subj, "gender": np.where(subj % 2 == 0, "F", "M"),
-        "anchor_age": 18 + (subj * 7919) % 72, "anchor_year": 2110 + (subj % 90),
-        "anchor_year_group": np.full(subj.size, "2014 - 2016"), "dod": pa.nulls(subj.size, pa.date32()),
-    })
-    admissions = pa.table({
-        "subject_id": stays["subject_id"], "hadm_id": stays["hadm_id"],
-        "admittime": ts(stays["intime"] - 6 * HOUR_US), "dischtime": ts(stays["outtime"] + 30 * HOUR_US),
-        "deathtime": pa.nulls(stays["k"].size, pa.timestamp("us")),
-        "admission_type": np.full(stays["k"].size, "EW EMER."),
-        "hospital_expire_flag": np.zeros(stays["k"].size, dtype=np.int64),
-    })
-    items = [(i, lab, ab, "chartevents", cat, u, "Numeric", None, None) for i, (lab, ab, u, cat) in VITAL_ITEMS.items()]
-    items += [(i, v[0], v[1], "chartevents", v[3], v[2], "Text" if v[6] else "Numeric", None, None)
-              for i, v in OTHER_ITEMS.items()]
-    names = ["itemid", "label", "abbreviation", "linksto", "category", "unitname", "param_type",
-             "lownormalvalue", "highnormalvalue"]
-    d_items = pa.table({nm: [r[j] for r in items] for j, nm in enumerate(names)},
-                       schema=pa.schema([("itemid", pa.int64())] + [(nm, pa.string()) for nm in names[1:7]]
-                                        + [("lownormalvalue", pa.float64()), ("highnormalvalue", pa.float64())]))
-    return {"icu/icustays": icustays, "hosp/patients": patients, "hosp/admissions": admissions, "icu/d_items": d_items}
-
-
 def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, target_rows: int | None = None,
-             fmt: str = "csv.gz", progress: bool = False) -> GenerateSummary:
+             fmt: str = "csv.gz", progress: bool = False, params: str | Path | dict | None = None,
+             short_stay_share: float | None = None) -> GenerateSummary:
     """Write a synthetic MIMIC-IV native layout into ``out_dir``.
 
     Parameters
     ----------
     out_dir : folder receiving ``icu/`` and ``hosp/``
-    stays : number of ICU stays (all lengths; about 28 % are under 48 h)
-    seed : RNG seed (the output is a deterministic function of seed and stays/target_rows)
+    stays : number of ICU stays (all lengths; with the default parameters about 54 % are under
+        48 h, as in the demo, and the build keeps the others)
+    seed : RNG seed (the output is a deterministic function of seed, stays/target_rows and the
+        parameters)
     target_rows : instead of ``stays``, keep adding chunks of stays until chartevents has at
         least this many rows
     fmt : "csv.gz" (as distributed) or "parquet"
+    params : calibration parameters (dict or JSON path, from ``--calibrate``); None: the
+        committed default ``cohort/synthetic_params.json``
+    short_stay_share : share of stays under 48 h (None: the calibrated share)
     """
     if fmt not in ("csv.gz", "parquet"):
         raise ValueError(f"fmt must be 'csv.gz' or 'parquet', got {fmt!r}")
     if (stays is None) == (target_rows is None):
         raise ValueError("give exactly one of stays, target_rows")
+    if short_stay_share is not None and not 0.0 <= short_stay_share < 1.0:
+        raise ValueError(f"short_stay_share must be in [0, 1), got {short_stay_share}")
+    model = Model(params)
     t0 = time.perf_counter()
     out = Path(out_dir)
     for old in list(out.glob("icu/*")) + list(out.glob("hosp/*")):
@@ -383,12 +307,12 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
                 if n <= 0:
                     break
             else:
-                if n_rows >= target_rows:
+                if n_rows >= int(target_rows or 0):
                     break
                 n = CHUNK_STAYS
             rng = np.random.default_rng([int(seed), chunk, 0xC0])
-            st = _stay_chunk(rng, n_done, n)
-            t = _chunk_table(rng, st)
+            st = _stay_chunk(rng, n_done, n, model, short_stay_share)
+            t = _chunk_table(rng, st, model)
             writer.write(t)
             n_rows += t.num_rows
             all_stays.append({k: st[k] for k in ("k", "stay_id", "hadm_id", "subject_id", "intime", "outtime")})
@@ -403,15 +327,24 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
     merged = {k: np.concatenate([s[k] for s in all_stays]) for k in all_stays[0]} if all_stays else None
     if merged is None:
         raise ValueError("no stays generated")
-    for rel, table in _small_tables(merged).items():
+    for rel, table in _small_tables(merged, VITAL_ITEMS, OTHER_ITEMS).items():
         w = _Writer(out / rel, table.schema, fmt)
         w.write(table)
         w.close()
     summary = GenerateSummary(out, n_done, n_rows, time.perf_counter() - t0, fmt)
     (out / "synthetic_manifest.json").write_text(json.dumps(
-        {"generator": "cohort.synthetic", "seed": seed, "stays": n_done, "chartevents_rows": n_rows,
-         "format": fmt, "note": "synthetic data in the MIMIC-IV v3.1 native layout; no real patient"}, indent=1))
+        {"generator": "cohort.synthetic", "source_kind": "synthetic", "seed": seed, "stays": n_done,
+         "chartevents_rows": n_rows, "format": fmt, "model": model.params.get("model"),
+         "calibrated_from": model.params.get("calibrated_from"),
+         "params": "default" if params is None else ("dict" if isinstance(params, dict) else str(params)),
+         "short_stay_share": model.short_share if short_stay_share is None else short_stay_share,
+         "note": "synthetic data in the MIMIC-IV v3.1 native layout; no real patient"}, indent=1))
     return summary
+
+
+#: Short-stay share of :func:`make_small_warehouse`: kept at the pre-calibration 28 % so that
+#: other packages' small test warehouses keep about 70 % of their generated stays.
+SMALL_WAREHOUSE_SHORT_SHARE = 0.28
 
 
 def make_small_warehouse(tmp_dir: str | Path, stays: int = 40, seed: int = 0) -> Path:
@@ -420,22 +353,51 @@ def make_small_warehouse(tmp_dir: str | Path, stays: int = 40, seed: int = 0) ->
     from .build import build_warehouse
 
     tmp = Path(tmp_dir)
-    generate(tmp / "mimic", stays=stays, seed=seed, fmt="parquet")
+    generate(tmp / "mimic", stays=stays, seed=seed, fmt="parquet", short_stay_share=SMALL_WAREHOUSE_SHORT_SHARE)
     s = build_warehouse("mimic", tmp / "mimic", tmp / "warehouse.duckdb", seed=seed, progress=False, memory_limit="1GB")
     return s.warehouse
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cohort.synthetic", description="Synthetic MIMIC-IV native layout.")
-    p.add_argument("--out", required=True)
-    g = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("--out", default=None, help="output folder (required unless --calibrate/--fidelity)")
+    g = p.add_mutually_exclusive_group()
     g.add_argument("--stays", type=int)
     g.add_argument("--rows", type=int, help="generate chunks of stays until chartevents has ≥ this many rows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=["csv.gz", "parquet"], default="csv.gz")
+    p.add_argument("--params", default=None, help=f"calibration JSON (default {DEFAULT_PARAMS.name})")
+    p.add_argument("--short-stay-share", type=float, default=None,
+                   help="share of stays under 48 h (default: calibrated)")
+    p.add_argument("--calibrate", action="store_true", help="estimate the parameters from the real demo and write them")
+    p.add_argument("--demo-root", default=None, help="demo CLIF folder (default: cohort.demo_data's cache)")
+    p.add_argument("--params-out", default=None, help=f"--calibrate: output JSON (default {DEFAULT_PARAMS})")
+    p.add_argument("--fidelity", action="store_true", help="print the synthetic-vs-demo fidelity table")
+    p.add_argument("--json", default=None, help="--fidelity: also write the table as JSON here")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
-    s = generate(a.out, stays=a.stays, seed=a.seed, target_rows=a.rows, fmt=a.format, progress=not a.quiet)
+    if a.calibrate:
+        from .errors import DemoDataMissing
+        from .synthetic_calibration import calibrate
+
+        try:
+            out = Path(a.params_out) if a.params_out else DEFAULT_PARAMS
+            prm = calibrate(a.demo_root, out)
+        except DemoDataMissing as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"params": str(out), "calibrated_from": prm["calibrated_from"], "n_stays": prm["n_stays"],
+                          "n_hours": prm["n_hours"]}))
+        return 0
+    if a.fidelity:
+        from .fidelity import run_fidelity
+
+        return run_fidelity(stays=a.stays or 1500, seed=a.seed, params=a.params, demo_root=a.demo_root,
+                            json_path=a.json, short_stay_share=a.short_stay_share)
+    if a.out is None or (a.stays is None) == (a.rows is None):
+        p.error("give --out and exactly one of --stays/--rows (or --calibrate, or --fidelity)")
+    s = generate(a.out, stays=a.stays, seed=a.seed, target_rows=a.rows, fmt=a.format, progress=not a.quiet,
+                 params=a.params, short_stay_share=a.short_stay_share)
     print(json.dumps({"out": str(s.out_dir), "stays": s.n_stays, "chartevents_rows": s.n_chartevents,
                       "seconds": round(s.seconds, 2), "format": s.fmt}))
     return 0

@@ -1,6 +1,9 @@
 """Synthetic MIMIC-schema generator, the fast build against the slow reference, and the
-guarantee that standardisation (and the imputation median) never read val/test stays."""
+guarantee that standardisation (and the imputation median) never read val/test stays.
+(Fidelity to the real demo: tests/test_cohort_fidelity.py.)"""
 from __future__ import annotations
+
+import json
 
 import duckdb
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 
 from cohort.build import build_warehouse
 from cohort.constants import VITALS
-from cohort.synthetic import generate, make_small_warehouse
+from cohort.synthetic import generate, main, make_small_warehouse
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +141,26 @@ def test_multi_bucket_build_equals_single_bucket(syn, tmp_path, batch_stays):
     for col in a1:
         np.testing.assert_allclose(np.asarray(a1[col], dtype=float), np.asarray(a2[col], dtype=float), atol=1e-12,
                                    err_msg=col)
+
+
+def test_cli_keeps_its_generate_signature(tmp_path, capsys):
+    """`python -m cohort.synthetic --out DIR --stays N --seed S` works as before; --out is still
+    required to generate (only --calibrate / --fidelity run without it)."""
+    assert main(["--out", str(tmp_path / "x"), "--stays", "5", "--seed", "2", "--format", "parquet", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stays"] == 5 and (tmp_path / "x" / "icu" / "chartevents.parquet").is_file()
+    with pytest.raises(SystemExit):
+        main(["--stays", "5"])
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "y")])
+
+
+def test_short_stay_share_option(tmp_path):
+    los = {}
+    for share in (0.0, 0.9):
+        generate(tmp_path / str(share), stays=200, seed=0, fmt="parquet", short_stay_share=share)
+        st = pq.read_table(tmp_path / str(share) / "icu" / "icustays.parquet").to_pydict()
+        los[share] = np.array([(o - i).total_seconds() / 3600 for i, o in zip(st["intime"], st["outtime"])])
+    assert (los[0.0] >= 48).all() and 0.8 <= (los[0.9] < 48).mean() <= 0.97
+    with pytest.raises(ValueError):
+        generate(tmp_path / "bad", stays=5, short_stay_share=1.5)
