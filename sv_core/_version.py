@@ -1,0 +1,3 @@
+"""The distribution's version (single source: ``pyproject.toml`` reads it from here)."""
+
+__version__ = "0.1.0"
