@@ -67,7 +67,8 @@ SECTIONS: tuple[Section, ...] = (
 DATA_LABELS = {
     "demo": "MIMIC-IV demo (real records, 100 patients)",
     "synthetic": "synthetic",
-    "mimic": "MIMIC-IV v3.1 (credentialed)",
+    "mimic": "MIMIC-IV (user-supplied root)",
+    "clif": "CLIF (user-supplied root)",
     "text": "public-domain text corpus",
 }
 

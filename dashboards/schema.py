@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-DATA_SOURCES = ("demo", "synthetic", "mimic", "text")
+DATA_SOURCES = ("demo", "synthetic", "mimic", "clif", "text")
 FIGURE_KINDS = ("bar", "line", "funnel", "histogram")
 #: Longest list allowed anywhere in a result (ROC curves are stored on a ≤ 201-point grid).
 MAX_ARRAY_LEN = 512

@@ -5,6 +5,10 @@ maps each command to its module and one-line help, so ``forgetful --help`` and a
 ``forget`` import only what they need (no torch, no Prefect): a command's module is imported
 when that command runs. ``tests/test_cli_table.py`` keeps the table equal to what the modules
 register.
+
+Global options (before the command): ``--version``, ``-v/--verbose`` (Prefect's INFO logs),
+``-q/--quiet`` (no progress bars or Prefect warnings). Exit codes: 0 ok, 1 a verification
+failed (``receipts verify``), 2 usage error, 3 a domain error (one typed line on stderr).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "forget": ("forget_cli", "forget one patient everywhere, durably, with one tamper-evident receipt"),
     "receipts": ("receipts_cli", "verify, list or export the deletion-receipt ledger"),
     "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),
+    "ingest": ("ingest_flow", "incremental ingest of new chartevents/vitals files into a streaming warehouse"),
     "gate-demo": ("gate_demo", "admit a stream, certify, evict, forget with verification"),
     "lm": ("language_model", "language model: SV hybrid vs matched sliding window"),
     "throughput": ("throughput_flow", "training-step throughput: SV hybrid vs softmax (study result)"),
@@ -49,9 +54,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+EPILOG = "exit codes: 0 ok, 1 verification failed, 2 usage error, 3 domain error (one typed line)"
+
+
+def _version() -> str:
+    from sv_core._version import __version__
+
+    return __version__
+
+
+def _global_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"forgetful {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect's INFO logs of every flow and task")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no Prefect warnings")
+
+
 def _light_parser() -> argparse.ArgumentParser:
     """The top-level parser with every command listed, without importing any command module."""
-    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION, epilog=EPILOG)
+    _global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (_, help_) in COMMANDS.items():
@@ -61,7 +82,8 @@ def _light_parser() -> argparse.ArgumentParser:
 
 def build_parser(commands=None) -> argparse.ArgumentParser:
     """The full parser (imports the modules of ``commands``, default: all)."""
-    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION, epilog=EPILOG)
+    _global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     modules = []
@@ -92,10 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = next((a for a in argv if not a.startswith("-")), None)
     if cmd not in COMMANDS:
-        _light_parser().parse_args(argv)  # prints help / the usage error and exits
+        _light_parser().parse_args(argv)  # prints help / the version / the usage error and exits
         return 2
+    pre = argv[:argv.index(cmd)]
+    if "-v" in pre or "--verbose" in pre:
+        os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+    elif "-q" in pre or "--quiet" in pre:
+        os.environ["PREFECT_LOGGING_LEVEL"] = "ERROR"
     parser = build_parser([cmd])
     args = parser.parse_args(argv)
+    if args.quiet and hasattr(args, "no_progress"):
+        args.no_progress = True
     if os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING") != "INFO":
         _quiet_run_failures()
     func = getattr(args, "func", None)

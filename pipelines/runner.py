@@ -195,20 +195,27 @@ def run_cli_flow(flow_obj, args, *, must_exist: bool = True, **params) -> Any:
         return flow_obj.with_options(task_runner=runner)(**params)
 
 
+#: exit codes of every ``forgetful`` command (README, "Commands")
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_USAGE, EXIT_DOMAIN = 0, 1, 2, 3
+
+
 def cli_errors(fn):
-    """Wrap a CLI ``func``: typed pipeline/cohort/evaluation errors print one line and exit 2."""
+    """Wrap a CLI ``func``: a typed project error (pipelines, cohort, evaluation, sv_core,
+    dashboards) prints one line and exits 3; usage errors stay argparse's 2."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(args) -> int:
         from cohort.errors import CohortError
+        from dashboards.errors import ReportError
         from evaluation.errors import EvaluationError
+        from sv_core.errors import GateError
 
         from .errors import PipelineError
 
         try:
             return int(fn(args) or 0)
-        except (PipelineError, CohortError, EvaluationError) as exc:
+        except (PipelineError, CohortError, EvaluationError, GateError, ReportError) as exc:
             print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_DOMAIN
     return wrapper

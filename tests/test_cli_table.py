@@ -41,3 +41,21 @@ def test_unknown_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main(["no-such-command"])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_version_and_exit_codes(capsys, tmp_path):
+    import pytest
+
+    from pipelines.cli import main
+    from sv_core import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and __version__ in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["forget"])  # usage: --subject-id or --stay-id is required
+    assert e.value.code == 2
+    capsys.readouterr()
+    assert main(["-q", "forget", "--subject-id", "1", "--warehouse", str(tmp_path / "none.duckdb")]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: WarehouseMissingError")

@@ -99,3 +99,14 @@ def test_future_event_labels():
     assert np.array_equal(y, y2) and np.array_equal(m, m2)
     assert y.tolist() == [1, 1, 0, 1, 1, 1, 1, 1, 1, 0]
     assert m.tolist() == [True, True, True, True, False, False, False, False, False, False]
+
+
+def test_data_kind_badges_say_what_the_data_is(tmp_path):
+    from pipelines.flows.clinical_cohort import data_kind_of
+
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "synthetic_manifest.json").write_text("{}")
+    assert data_kind_of("mimic", str(gen)) == "synthetic"  # the generator's files read by the MIMIC adapter
+    assert data_kind_of("mimic", str(tmp_path)) == "mimic" and data_kind_of("clif", str(tmp_path)) == "clif"
+    assert data_kind_of("demo", None) == "demo" and data_kind_of("synthetic", None) == "synthetic"

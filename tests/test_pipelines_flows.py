@@ -92,7 +92,7 @@ def test_patient_deletion_flow_and_forget(prefect_harness, small):
     assert any(cache_dir(w).iterdir())  # the flow's per-context results are cached beside the warehouse
     assert main(["forget", "--subject-id", str(sid), "--warehouse", w]) == 0
     assert not cache_dir(w).exists()  # derived cache cleared
-    assert main(["forget", "--subject-id", str(sid), "--warehouse", w]) == 2
+    assert main(["forget", "--subject-id", str(sid), "--warehouse", w]) == 3  # domain error: already forgotten
     assert main(["receipts", "verify", "--warehouse", w]) == 0
     assert main(["receipts", "list", "--warehouse", w]) == 0
     from pipelines.ledger import default_dir
@@ -176,5 +176,5 @@ def test_cli_help_lists_every_subcommand(capsys):
 def test_missing_warehouse_is_a_typed_error(tmp_path, capsys):
     from pipelines.cli import main
 
-    assert main(["receipts", "verify", "--warehouse", str(tmp_path / "none.duckdb")]) == 2
+    assert main(["receipts", "verify", "--warehouse", str(tmp_path / "none.duckdb")]) == 3
     assert "WarehouseMissingError" in capsys.readouterr().err

@@ -54,6 +54,16 @@ def build_task(source: str, root: str | None, warehouse: str, min_hours: float, 
     return s.to_json()
 
 
+def data_kind_of(source: str, root: str | None) -> str:
+    """What the data *is*, for the report's badge: the demo, synthetic (the generator's own files,
+    recognised by its manifest, whichever adapter reads them), or a user's MIMIC-IV / CLIF root."""
+    if source == "demo":
+        return "demo"
+    if source == "synthetic" or (root and (Path(root) / "synthetic_manifest.json").is_file()):
+        return "synthetic"
+    return "clif" if source == "clif" else "mimic"
+
+
 @flow(name="build-cohort")
 def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: str = "runs/warehouse.duckdb",
                       runs_dir: str = "runs", stays: int = 1500, seed: int = 0, min_hours: float = 48,
@@ -71,7 +81,7 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
         root = generate_synthetic(str(gen_dir / "mimic"), stays, seed)
         source = "mimic"
     summary = build_task(source, root, warehouse, min_hours, sample, seed, memory_limit, progress, ledger_dir, runs_dir)
-    wh.set_data_kind(warehouse, {"demo": "demo", "synthetic": "synthetic"}.get(kind, "mimic"))
+    wh.set_data_kind(warehouse, data_kind_of(kind, root))
     funnel = summary["funnel"]
     result = {
         "study": "cohort",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -347,8 +348,8 @@ def _cli(args: argparse.Namespace) -> int:
         res = language_model_flow(corpus=args.corpus, steps=args.steps, seeds=args.seeds,
                                   tiny=args.tiny, out=args.out, references=args.references)
     except (CorpusMissingError, LMStudyError) as exc:
-        print(f"error: {exc}")
-        return 2
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
     t = res["tests"]
     print(f"SV {t['mean_sv']:.4f} vs swa {t['mean_swa']:.4f} bits/byte over {t['n']} seeds; "
           f"paired t p={t['t_p']:.3g}, Wilcoxon p={t['wilcoxon_p']:.3g} -> {args.out}")

@@ -38,7 +38,7 @@ def _cli(args) -> int:
         load_encoder()
     except OptionalDependencyMissing as exc:
         print(f"forgetful retrieval-memory: {exc}", file=sys.stderr)
-        return 2
+        return 3
     path = retrieval_memory_flow(args.seed, args.tau, args.out)
     print_summary(json.loads(Path(path).read_text()), Path(path))
     return 0
