@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Iterable
@@ -98,7 +99,36 @@ def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | N
     path.parent.mkdir(parents=True, exist_ok=True)
     write_result(result, path)
     _unstale(Path(runs_dir), f"{study}/result.json")
+    publish_artifacts(result, path)
     return path
+
+
+def _in_flow_run() -> bool:
+    try:
+        from prefect.context import FlowRunContext
+
+        return FlowRunContext.get() is not None
+    except Exception:  # Prefect missing or no context
+        return False
+
+
+def publish_artifacts(result: dict, path: Path) -> None:
+    """Inside a flow run: the study's headline table as a Prefect table artifact (it shows in the
+    Prefect UI) and a markdown artifact pointing at the result file. Aggregates only — the same
+    validated content as the result file."""
+    if not _in_flow_run():
+        return
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    key = re.sub(r"[^a-z0-9-]", "-", str(result["study"]).lower())
+    tables = result.get("tables") or []
+    if tables:
+        t = tables[0]
+        create_table_artifact([dict(zip(t["columns"], r)) for r in t["rows"]], key=f"{key}-table",
+                              description=f"{result['title']}: {t.get('title', '')}")
+    create_markdown_artifact(f"**{result['title']}** ({result['data']}, {result['runtime_s']:.1f} s) — "
+                             f"result file `{path.resolve()}`", key=f"{key}-result",
+                             description="forgetful study result")
 
 
 def _unstale(runs_dir: Path, rel: str) -> None:

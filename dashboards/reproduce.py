@@ -1,0 +1,219 @@
+"""Generated figure documentation: ``docs/FIGURES.md`` and the README's headline table, written from
+stored result files (never hand-copied numbers).
+
+    python -m dashboards.reproduce --runs runs [--runs runs_synth …] --write      # regenerate
+    python -m dashboards.reproduce --runs runs --check                          # exit 1 if stale
+
+``docs/FIGURES.md`` holds, per study, its headline table(s) and claims as the result file states
+them (numbers at 3 significant digits), its data source and run time. The README's headline
+table sits between ``<!-- headline:begin -->`` and ``<!-- headline:end -->`` and is rebuilt from
+the same files (:data:`HEADLINE`). ``tests/test_reproduce_docs.py`` reruns the cheap synthetic
+studies and fails when the committed ``docs/FIGURES.md`` disagrees with them.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from dashboards.report import load_results
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "docs" / "FIGURES.md"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
+
+#: (section title, studies in order)
+ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Clinical studies", ("cohort", "icu_retention", "heldout_spo2", "patient_deletion", "deterioration", "ledger")),
+    ("Exact gate", ("deletion_audit", "deletion_latency")),
+    ("Synthetic, learned-key and retrieval studies",
+     ("planted_secret", "skewed_redundancy", "streaming_eviction", "selective_copying", "capacity", "mqar_control",
+      "learned_keys", "retrieval_memory")),
+    ("Language model", ("language_model", "throughput")),
+)
+#: studies cheap enough to rerun in the default test suite (seconds, seeded)
+CHEAP = ("planted_secret", "skewed_redundancy", "streaming_eviction")
+COMMANDS = {
+    "cohort": "forgetful build-cohort", "icu_retention": "forgetful retention", "heldout_spo2": "forgetful heldout-spo2",
+    "patient_deletion": "forgetful patient-deletion", "deterioration": "forgetful deterioration",
+    "ledger": "forgetful receipts verify", "deletion_audit": "forgetful audit", "deletion_latency": "forgetful bench-delete",
+    "planted_secret": "forgetful planted-secret", "skewed_redundancy": "forgetful skewed-redundancy",
+    "streaming_eviction": "forgetful streaming-eviction", "selective_copying": "forgetful selective-copying",
+    "capacity": "forgetful capacity", "mqar_control": "forgetful mqar-control", "learned_keys": "forgetful learned-keys",
+    "retrieval_memory": "forgetful retrieval-memory", "language_model": "forgetful lm", "throughput": "forgetful throughput",
+}
+DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic (not comparable to the seed's real-data figures)",
+        "mimic": "user MIMIC-IV root", "clif": "user CLIF root", "text": "text corpus"}
+
+
+def fmt(x: Any) -> str:
+    """3 significant digits for floats (exact zeros stay 0), integers with separators."""
+    if isinstance(x, bool) or x is None:
+        return "–" if x is None else str(x).lower()
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return str(x)
+        if x == 0:
+            return "0"
+        if abs(x) >= 1e5 or abs(x) < 1e-3:
+            return f"{x:.2e}"
+        return f"{x:.3g}"
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(fmt(v) for v in x) + "]"
+    if isinstance(x, Mapping):
+        return "; ".join(f"{k} {fmt(v)}" for k, v in x.items())
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(fmt(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def study_section(p: Mapping[str, Any], source: str) -> list[str]:
+    """Markdown of one result: title, provenance, headline tables, claims."""
+    out = [f"### {p['title']}", "",
+           f"`{COMMANDS.get(p['study'], p['study'])}` · data: {DATA.get(p['data'], p['data'])} · file `{source}`", "",
+           f"runtime: {fmt(float(p['runtime_s']))} s", ""]
+    for tab in p.get("tables", [])[:3]:
+        if tab.get("title"):
+            out += [f"*{fmt(tab['title'])}*", ""]
+        out += _table(tab["columns"], tab["rows"]) + [""]
+    for c in p.get("claims", []):
+        holds = c.get("holds")
+        mark = "" if holds is None else (" — holds" if holds else " — **does not hold**")
+        out.append(f"- {fmt(c['statement'])}: {fmt(c.get('value'))}{mark}")
+    if p.get("claims"):
+        out.append("")
+    return out
+
+
+def render_figures(runs_dirs: Sequence[str | Path], studies: Sequence[str] | None = None) -> str:
+    """``docs/FIGURES.md`` from the result files of ``runs_dirs`` (first directory wins per study)."""
+    found: dict[str, tuple[Mapping, str]] = {}
+    for d in runs_dirs:
+        results, _ = load_results(d)
+        for r in results:
+            found.setdefault(r.payload["study"], (r.payload, f"{Path(d).name}/{r.path}"))
+    lines = ["# Figures (generated — do not edit)", "",
+             "Written by `python -m dashboards.reproduce --write` from the stored result files; every number below "
+             "is read from a result JSON. Seed figures live in the report and `REPRODUCE.md`; synthetic results "
+             "are labelled synthetic and are not comparable to the seed's real-data figures.", ""]
+    for title, names in ORDER:
+        names = [s for s in names if s in found and (studies is None or s in studies)]
+        if not names:
+            continue
+        lines += [f"## {title}", ""]
+        for s in names:
+            lines += study_section(*found[s])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------- README
+def _get(p: Mapping | None, *path: str) -> Any:
+    for k in path:
+        if not isinstance(p, Mapping) or k not in p:
+            return None
+        p = p[k]
+    return p
+
+
+def _ret(p):
+    r = _get(p, "metrics", "retention") or {}
+    if not r:
+        return None
+    d = _get(p, "metrics", "diff_sv_minus_density") or {}
+    lev = _get(p, "metrics", "diff_sv_minus_leverage") or {}
+    s = f"SV {fmt(r.get('sv'))} vs density {fmt(r.get('density'))}"
+    if isinstance(d, Mapping) and "low" in d:
+        s += f", diff {fmt(d.get('mean', d.get('diff')))} [{fmt(d['low'])}, {fmt(d['high'])}]"
+    if "leverage" in r:
+        s += f"; ridge leverage {fmt(r['leverage'])}"
+        if isinstance(lev, Mapping) and "low" in lev:
+            s += f" (SV − leverage {fmt(lev.get('mean', lev.get('diff')))} [{fmt(lev['low'])}, {fmt(lev['high'])}])"
+    beats = _get(p, "metrics", "peer_beats_sv")
+    if beats:
+        s += f"; **beats SV: {', '.join(map(str, beats))}**"
+    n = _get(p, "metrics", "n_stays_included")
+    return s + (f" ({n} stays)" if n else "")
+
+
+HEADLINE: tuple[tuple[str, str, Callable[[Mapping], str | None], str], ...] = (
+    ("deletion audit, decrement vs same-C refit", "deletion_audit",
+     lambda p: (f"{fmt(_get(p, 'metrics', 'completed'))}/{fmt(_get(p, 'metrics', 'attempted'))} complete, "
+                f"worst max |Δ score| {fmt(max(v['score_dev_worst'] for v in p['metrics'].values() if isinstance(v, Mapping) and 'score_dev_worst' in v))}")
+     if _get(p, "metrics", "completed") is not None else None, "1,199/1,200, worst 1.1e-2"),
+    ("ICU event-hour retention at budget |S∪E|", "icu_retention", _ret, "0.80 vs 0.05"),
+    ("held-out SpO₂ control", "heldout_spo2", _ret, "0.464 vs 0.225, diff 0.239 [0.194, 0.284]"),
+    ("patient deletion: forgotten patient's readout weight; decay γ = 0.1 / 0.01", "patient_deletion",
+     lambda p: (f"{fmt(_get(p, 'metrics', 'leakage_after_max'))}; "
+                f"{fmt(_get(p, 'metrics', 'decay_leakage_mean', 'gamma_0.1'))} / "
+                f"{fmt(_get(p, 'metrics', 'decay_leakage_mean', 'gamma_0.01'))}")
+     if _get(p, "metrics", "leakage_after_max") is not None else None, "0; 0.29 / 0.09"),
+    ("receipt ledger after the main job", "ledger",
+     lambda p: (f"{fmt(_get(p, 'metrics', 'receipts'))} receipts, chain "
+                f"{'verified' if _get(p, 'metrics', 'chain_verified') else 'NOT verified'}"), "– (no ledger in the seed)"),
+)
+
+
+def render_headline(runs_dirs: Sequence[str | Path]) -> str:
+    found: dict[str, Mapping] = {}
+    for d in runs_dirs:
+        for r in load_results(d)[0]:
+            found.setdefault(r.payload["study"], r.payload)
+    rows = []
+    for claim, study, fn, seed in HEADLINE:
+        p = found.get(study)
+        val = fn(p) if p is not None else None
+        if val is None:
+            continue
+        data = DATA.get(p["data"], p["data"]).split(" (")[0]
+        rows.append(f"| {claim} ({data}) | {val} | {seed} |")
+    return "\n".join([BEGIN, "| claim | here | seed |", "|---|---|---|", *rows, END])
+
+
+def _replace_block(text: str, block: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README has no {BEGIN} … {END} block")
+    return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+
+
+def _normal(text: str) -> str:
+    """Run times vary between runs; the check compares everything else."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("runtime:"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dashboards.reproduce", description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", action="append", default=None, help="runs directory (repeatable; default: runs)")
+    ap.add_argument("--figures", default=str(FIGURES), help="output markdown (default: docs/FIGURES.md)")
+    ap.add_argument("--readme", default=str(README))
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write", action="store_true", help="regenerate docs/FIGURES.md and the README headline table")
+    g.add_argument("--check", action="store_true", help="exit 1 when the committed docs differ from the results")
+    a = ap.parse_args(argv)
+    runs = a.runs or ["runs"]
+    fig = render_figures(runs)
+    readme = Path(a.readme).read_text()
+    new_readme = _replace_block(readme, render_headline(runs))
+    if a.write:
+        Path(a.figures).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.figures).write_text(fig)
+        Path(a.readme).write_text(new_readme)
+        print(f"wrote {a.figures} and the headline table of {a.readme}")
+        return 0
+    ok = _normal(Path(a.figures).read_text()) == _normal(fig) and new_readme == readme
+    print("docs match the results" if ok else "docs differ from the results: run python -m dashboards.reproduce --write",
+          file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
