@@ -4,7 +4,7 @@ Command line::
 
     python -m cohort.build --source {mimic,clif,demo} --root DIR --warehouse FILE \\
         [--min-hours 48] [--sample N --seed S | --all-stays] [--memory-limit 4GB] \\
-        [--export-parquet DIR]
+        [--export-parquet DIR] [--convention {seed,mimic_code}]
 
 Pipeline (SPEC §2)
 ------------------
@@ -65,6 +65,7 @@ from ._hourly import (
     HOUR_MS, MAX_STAYS, MS_MASK, MS_SHIFT, SIDX_SHIFT, BucketSpool, Moments, events, fill_within_stays,
     hourly_means,
 )
+from .conventions import CONVENTIONS, SEED, get_convention
 from .errors import BadParameterError, CohortError, EmptyCohortError, UnreadableInputError, format_funnel, redact
 from .selection import assign_splits, sample_stays
 from .sources import make_adapter
@@ -108,8 +109,11 @@ def _parse_memory(limit: str) -> str:
     return s
 
 
-def _value_sql() -> str:
-    """Converted value: °F itemid always; Celsius-charted temperature > 50 is plainly °F."""
+def _value_sql(convention: str = SEED) -> str:
+    """Converted value: °F itemid always; Celsius-charted temperature > 50 is plainly °F (seed;
+    other conventions: :meth:`cohort.conventions.Convention.value_sql`)."""
+    if convention != SEED:
+        return get_convention(convention).value_sql()
     t = VITAL_CODE["temp_c"]
     return (
         f"CASE WHEN vital = {t} AND (unit_f OR value > {PLAINLY_FAHRENHEIT_ABOVE}) "
@@ -123,8 +127,11 @@ def _plausible_sql(col: str = "value") -> str:
     ) + ")"
 
 
-def _plausible_case_sql(col: str = "value", code: str = "vs // 4") -> str:
-    """Plausible-range test as one CASE on the vital code (cheaper than an OR chain)."""
+def _plausible_case_sql(col: str = "value", code: str = "vs // 4", convention: str = SEED) -> str:
+    """Plausible-range test as one CASE on the vital code (cheaper than an OR chain); other
+    conventions: :meth:`cohort.conventions.Convention.plausible_case_sql` (may read ``unit_f``)."""
+    if convention != SEED:
+        return get_convention(convention).plausible_case_sql(col, code)
     whens = " ".join(f"WHEN {VITAL_CODE[v]} THEN {col} BETWEEN {lo} AND {hi}" for v, (lo, hi) in PLAUSIBLE.items())
     return f"(CASE {code} {whens} ELSE false END)"
 
@@ -286,8 +293,9 @@ def check_frozen(frozen) -> dict[str, tuple[float, float, float]]:
 
 def _build_into(con, source: str, root: Path, min_hours: float, sample: int | None, seed: int,
                 progress: bool, batch_stays: int, scratch: Path, exclude_subjects=None,
-                fill: str = "backfill", frozen: dict | None = None) -> tuple[_Funnel, dict]:
-    adapter = make_adapter(source, root, con)
+                fill: str = "backfill", frozen: dict | None = None,
+                convention: str = SEED) -> tuple[_Funnel, dict]:
+    adapter = make_adapter(source, root, con, convention)
     funnel = _Funnel(con)
     q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
 
@@ -345,11 +353,11 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     t = time.perf_counter()
     sql = f"""
         WITH m AS (
-            SELECT c.sidx, CAST(m.vital * 4 + m.src AS BIGINT) AS vs, m.ts_us, c.in_us,
-                   {_value_sql()} AS value,
+            SELECT c.sidx, CAST(m.vital * 4 + m.src AS BIGINT) AS vs, m.ts_us, c.in_us, m.unit_f,
+                   {_value_sql(convention)} AS value,
                    (m.ts_us >= c.in_us AND m.ts_us <= c.out_us) AS in_win
             FROM ({adapter.measurements_sql('_cohort0')}) AS m JOIN _sidx AS c USING (stay_id)),
-        m2 AS (SELECT *, COALESCE(in_win AND {_plausible_case_sql()}, false) AS ok FROM m)
+        m2 AS (SELECT *, COALESCE(in_win AND {_plausible_case_sql(convention=convention)}, false) AS ok FROM m)
         SELECT CASE WHEN ok THEN (sidx << {SIDX_SHIFT}) | (((ts_us - in_us) // 1000) << {MS_SHIFT}) | vs
                     ELSE -(sidx * 4 + (CASE WHEN value IS NULL THEN 0 WHEN NOT in_win THEN 1 ELSE 2 END)) - 1
                END AS k, value AS v
@@ -558,7 +566,8 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
                     min_hours: float = 48, sample: int | None = None, seed: int = 0,
                     memory_limit: str = "4GB", progress: bool = True, threads: int | None = None,
                     export_parquet: str | Path | None = None, batch_stays: int = 1000,
-                    exclude_subjects=None, fill: str = "backfill", frozen: dict | None = None) -> BuildSummary:
+                    exclude_subjects=None, fill: str = "backfill", frozen: dict | None = None,
+                    convention: str = SEED) -> BuildSummary:
     """Build the warehouse and return a :class:`BuildSummary`.
 
     Parameters
@@ -586,6 +595,9 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
         :func:`check_frozen`; e.g. a streaming warehouse's): used instead of the training-split
         moments and medians, never recomputed. Causal and frozen builds add a ``median`` column
         to ``standardisation``.
+    convention : vital-sign convention, "seed" (default: the seed's itemids and ranges) or
+        "mimic_code" (mimic-code's ``vitalsign`` itemids and limits); see :mod:`cohort.conventions`
+        and docs/VITALS.md. A non-default convention is recorded in ``build_info`` params.
     """
     t0 = time.perf_counter()
     if min_hours < 0:
@@ -595,6 +607,7 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     if fill not in ("backfill", "causal"):
         raise BadParameterError(f"fill must be 'backfill' or 'causal', got {fill!r}")
     frozen = None if frozen is None else check_frozen(frozen)
+    convention = get_convention(convention).name
     if source == "demo":
         from .demo_data import ensure_demo
 
@@ -614,13 +627,16 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     con = _connect(tmp, memory_limit, threads)
     try:
         funnel, hashed = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays,
-                                     tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen)
+                                     tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen,
+                                     convention=convention)
         h = content_hash(con, "wh.", _precomputed=hashed)
         params = {"source": source, "min_hours": min_hours, "sample": sample, "seed": seed}
         if fill != "backfill":
             params["fill"] = fill
         if frozen is not None:
             params["frozen_standardisation"] = True
+        if convention != SEED:
+            params["convention"] = convention
         con.execute("CREATE TABLE wh.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
         info = {"content_hash": h, "params": json.dumps(params), "duckdb": duckdb.__version__,
                 "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -674,13 +690,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-limit", default="4GB")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--export-parquet", default=None, help="folder for one Parquet file per output table")
+    p.add_argument("--convention", choices=list(CONVENTIONS), default=SEED,
+                   help="vital-sign itemids and ranges: seed (default) or mimic_code (docs/VITALS.md)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     try:
         s = build_warehouse(a.source, a.root, a.warehouse, min_hours=a.min_hours,
                             sample=None if a.all_stays else a.sample, seed=a.seed,
                             memory_limit=a.memory_limit, progress=not a.quiet, threads=a.threads,
-                            export_parquet=a.export_parquet)
+                            export_parquet=a.export_parquet, convention=a.convention)
     except CohortError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

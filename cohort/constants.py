@@ -3,6 +3,10 @@
 One place holds the MIMIC-IV itemids, the CLIF categories, the plausibility ranges and the
 deterioration thresholds, so that the fast build, the slow reference and the synthetic
 generator cannot disagree.
+
+``ITEMIDS`` and ``PLAUSIBLE`` are the seed's vital-sign convention (the build's default); the
+mimic-code ``vitalsign`` alternative and both tables are in :mod:`cohort.conventions` and
+docs/VITALS.md.
 """
 from __future__ import annotations
 

@@ -13,6 +13,9 @@ build two SQL relations over DuckDB:
   ``unit_f`` marks a Fahrenheit itemid. Unit conversion and the
   plausibility filter are applied by the build, identically for both adapters.
 
+Which itemids (CLIF categories) are read is the adapter's ``convention``
+(:mod:`cohort.conventions`; default ``"seed"``, the itemids of :data:`cohort.constants.ITEMIDS`).
+
 Times are carried as microseconds since the epoch (``epoch_us``), which treats a naive
 timestamp as UTC and converts a ``TIMESTAMPTZ`` to UTC, so both layouts compare alike.
 """
@@ -23,7 +26,8 @@ from pathlib import Path
 
 import duckdb
 
-from .constants import CLIF_CATEGORIES, FAHRENHEIT_ITEMID, ITEMIDS, VITAL_CODE
+from .constants import FAHRENHEIT_ITEMID, VITAL_CODE
+from .conventions import SEED, Convention, get_convention
 from .errors import InputMissingError, MissingColumnsError, UnreadableInputError, redact
 
 NATIVE_LAYOUT = (
@@ -108,6 +112,7 @@ class Adapter:
 
     name: str = ""
     scan_files: list[Path]
+    convention: Convention = get_convention(SEED)
 
     def stays_sql(self) -> str:  # pragma: no cover - interface
         raise NotImplementedError
@@ -121,7 +126,8 @@ class MimicNativeAdapter(Adapter):
 
     name = "mimic"
 
-    def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection):
+    def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection, convention: str | Convention = SEED):
+        self.convention = get_convention(convention)
         root = Path(root)
         if not root.is_dir():
             raise InputMissingError(f"MIMIC-IV root {root} is not a directory. Expected {NATIVE_LAYOUT}.")
@@ -146,9 +152,10 @@ class MimicNativeAdapter(Adapter):
         )
 
     def measurements_sql(self, cohort_table: str) -> str:
-        ids = ", ".join(str(i) for i in ITEMIDS)
-        vital_case = " ".join(f"WHEN {i} THEN {VITAL_CODE[v]}" for i, (v, _, _) in ITEMIDS.items())
-        src_case = " ".join(f"WHEN {i} THEN {s}" for i, (_, s, _) in ITEMIDS.items())
+        itemids = self.convention.itemids
+        ids = ", ".join(str(i) for i in itemids)
+        vital_case = " ".join(f"WHEN {i} THEN {VITAL_CODE[v]}" for i, (v, _, _) in itemids.items())
+        src_case = " ".join(f"WHEN {i} THEN {s}" for i, (_, s, _) in itemids.items())
         # valuenum only: a null valuenum (text such as "Unable to assess" in ``value``) is not a
         # measurement, and not reading the text column keeps the 430M-row scan lean.
         value = "CAST(ce.valuenum AS DOUBLE)"
@@ -172,11 +179,17 @@ class ClifAdapter(Adapter):
     gives ``subject_id`` from ``patient_id`` and ``hadm_id`` from ``hospitalization_id``.
     Arterial BP is recognised by ``vital_name`` containing "arterial" or "art bp"; every other
     BP row (non-invasive, manual) counts as non-invasive.
+
+    CLIF has no itemids, so a convention selects only by ``vital_category`` (the same six
+    categories under both conventions); what the CLIF ETL mapped into a category (for the MIMIC
+    demo: "ART BP" arterial pressures and manual cuff pressures in ``sbp``/``dbp``) is read
+    under either (docs/VITALS.md).
     """
 
     name = "clif"
 
-    def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection):
+    def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection, convention: str | Convention = SEED):
+        self.convention = get_convention(convention)
         root = Path(root)
         if not root.is_dir():
             raise InputMissingError(f"CLIF root {root} is not a directory. Expected {CLIF_LAYOUT}.")
@@ -221,8 +234,9 @@ class ClifAdapter(Adapter):
         """
 
     def measurements_sql(self, cohort_table: str) -> str:
-        cats = ", ".join(f"'{c}'" for c in CLIF_CATEGORIES)
-        vital_case = " ".join(f"WHEN '{c}' THEN {VITAL_CODE[v]}" for c, v in CLIF_CATEGORIES.items())
+        categories = self.convention.clif_categories
+        cats = ", ".join(f"'{c}'" for c in categories)
+        vital_case = " ".join(f"WHEN '{c}' THEN {VITAL_CODE[v]}" for c, v in categories.items())
         if "vital_name" in self.vitals.columns:
             art = "(lower(v.vital_name) LIKE '%arterial%' OR lower(v.vital_name) LIKE '%art bp%')"
             src = f"CASE WHEN v.vital_category IN ('sbp', 'dbp') THEN CASE WHEN {art} THEN 1 ELSE 2 END ELSE 0 END"
@@ -238,12 +252,14 @@ class ClifAdapter(Adapter):
         )
 
 
-def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection) -> Adapter:
-    """Adapter for ``source`` in {"mimic", "clif"} (``demo`` is resolved by the caller)."""
+def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection,
+                 convention: str | Convention = SEED) -> Adapter:
+    """Adapter for ``source`` in {"mimic", "clif"} (``demo`` is resolved by the caller), reading
+    the itemids / categories of ``convention`` (:mod:`cohort.conventions`)."""
     if source == "mimic":
-        return MimicNativeAdapter(root, con)
+        return MimicNativeAdapter(root, con, convention)
     if source == "clif":
-        return ClifAdapter(root, con)
+        return ClifAdapter(root, con, convention)
     from .errors import BadParameterError
 
     raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
