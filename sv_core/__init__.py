@@ -3,23 +3,39 @@
 Kernels, the exact maintained fp64 Cauwenberghs-Poggio solver, reserve certificates, deletion
 receipts, the independent refit oracle, and differentiable paths.
 """
+from ._version import __version__
 from .calibrate import calibrate_C, warmup_size
 from .errors import (
     GateError,
     InfeasibleError,
     InvalidKeysError,
     InvalidParameterError,
+    InvalidStateError,
+    InvalidTokenIdError,
     PathError,
     RefitError,
     UnknownTokenError,
+    VerificationError,
 )
 from .gate import Gate, WarmupError
 from .kernels import rbf_kernel, torch_kernel
 from .receipts import Certificate, Receipt
 from .refit import refit
+from .streaming import StreamingGate
 
 __all__ = [
-    "Gate", "refit", "calibrate_C", "warmup_size", "rbf_kernel", "torch_kernel",
+    "Gate", "StreamingGate", "refit", "calibrate_C", "warmup_size", "rbf_kernel", "torch_kernel",
     "Certificate", "Receipt", "GateError", "InfeasibleError", "InvalidKeysError",
     "InvalidParameterError", "PathError", "RefitError", "UnknownTokenError", "WarmupError",
+    "InvalidStateError", "InvalidTokenIdError", "VerificationError",
+    "SVDDGate", "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """Lazy ``SVDDGate``: importing ``sv_core`` does not import scikit-learn."""
+    if name == "SVDDGate":
+        from .estimator import SVDDGate
+
+        return SVDDGate
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
