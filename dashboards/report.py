@@ -131,6 +131,8 @@ def load_results(runs_dir: str | os.PathLike) -> tuple[list[LoadedResult], list[
         Sorted by (study, path).
     skipped : list of str
         Relative paths of JSON files that are not result files (no ``"study"`` key).
+        Hidden files and folders (``.<warehouse>.cache/``, the task cache; ``.prefect-results``)
+        and the forget registry are never read.
 
     Raises
     ------
@@ -146,6 +148,9 @@ def load_results(runs_dir: str | os.PathLike) -> tuple[list[LoadedResult], list[
     skipped: list[str] = []
     for path in sorted(root.rglob("*.json")):
         rel = path.relative_to(root).as_posix()
+        parts = path.relative_to(root).parts
+        if any(p.startswith(".") for p in parts) or parts[0] == "forget-registry":
+            continue
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -276,3 +276,14 @@ def test_schema_doc_example_validates():
     doc = (Path(__file__).resolve().parents[1] / "dashboards" / "SCHEMA.md").read_text(encoding="utf-8")
     example = doc.split("```json", 1)[1].split("```", 1)[0]
     validate_result(json.loads(example))
+
+
+def test_task_cache_and_registry_are_never_read(tmp_path):
+    from dashboards.report import load_results
+
+    (tmp_path / ".warehouse.duckdb.cache").mkdir()
+    (tmp_path / ".warehouse.duckdb.cache" / "retention-batch-x.json").write_text("0123abcd\n{\"a\": 1}")
+    (tmp_path / "forget-registry").mkdir()
+    (tmp_path / "forget-registry" / "x.json").write_text("not json")
+    results, skipped = load_results(tmp_path)
+    assert results == [] and skipped == []

@@ -27,11 +27,11 @@ STUDIES = [
     ("streaming-eviction", "streaming_eviction", "streaming_eviction:run", 60,
      "study: online bounded-budget eviction (gate vs streaming H2O)"),
     ("selective-copying", "selective_copying", "recall_tasks:run_selective_copying", 100,
-     "study: selective copying, 8 informative + F filler"),
+     "study: selective copying, 8 informative + F filler (gate vs gate-off ablation)"),
     ("capacity", "capacity", "recall_tasks:run_capacity", 100,
-     "study: capacity sweep (SV vs DeltaNet vs linear)"),
+     "study: capacity sweep (SV gate vs gate-off ablation)"),
     ("mqar-control", "mqar_control", "recall_tasks:run_mqar_control", 200,
-     "study: distinct-key recall control (gate vs ungated vs softmax)"),
+     "study: distinct-key recall control (gate vs ungated)"),
 ]
 
 
