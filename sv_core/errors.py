@@ -29,6 +29,18 @@ class UnknownTokenError(GateError, KeyError):
         return str(self.args[0]) if self.args else "unknown token"
 
 
+class InvalidTokenIdError(UnknownTokenError, TypeError):
+    """A token id that is not a Python/NumPy integer (bool, float, str, ... are refused)."""
+
+
+class InvalidStateError(GateError, ValueError):
+    """A state passed to :meth:`sv_core.Gate.from_state` is malformed, inconsistent or not KKT."""
+
+
+class VerificationError(GateError, RuntimeError):
+    """``verify=True`` could not certify an operation; the gate was restored to its prior state."""
+
+
 class PathError(GateError, RuntimeError):
     """A Cauwenberghs-Poggio path could not complete; the gate was restored to its prior state."""
 

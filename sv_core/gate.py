@@ -7,62 +7,74 @@
 """
 from __future__ import annotations
 
-import math
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
+from ._blas import single_thread
 from .calibrate import warmup_size
 from .errors import (
     GateError,
     InfeasibleError,
     InvalidKeysError,
-    InvalidParameterError,
+    InvalidParameterError,  # noqa: F401  (re-exported for callers that import it from here)
+    InvalidStateError,
     PathError,
+    RefitError,
     UnknownTokenError,
+    VerificationError,
 )
 from .kernels import rbf_kernel
 from .receipts import Certificate, Receipt
-from .solver import DEAD, ERROR, MARGIN, PENDING, RESERVE, MaintainedSVDD
+from .refit import refit, smo_polish
+from .solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
+from .validation import as_keys, check_finite_kernel, check_params, check_token_id
 
 #: probes are jittered with Gaussian noise of this scale in ``verify`` (SPEC §3 deletion audit)
 JITTER_SCALE = 0.1
+#: largest KKT violation (read from the maintained gradient) accepted at the end of an operation;
+#: above it the operation completes by the exact fallback (fresh refit of the current keys)
+KKT_GUARD = 1e-9
+#: above this residual (but within the guard) the state is tightened by a warm SMO polish
+TIGHTEN_AT = 1e-12
+#: ``verify=True`` accepts a deletion when the score deviation from the independent refit is at
+#: most this and the KKT residual at most ``VERIFY_KKT``; otherwise the exact fallback is taken
+VERIFY_SCORE_TOL = 1e-6
+VERIFY_KKT = 1e-9
+#: ``from_state`` accepts a solved state whose recomputed KKT residual is at most this
+STATE_KKT_TOL = 1e-8
+
+_check_params = check_params  # backward-compatible private alias
+
+
+def _consolidate_repeats(X: np.ndarray, a: np.ndarray, status: np.ndarray, C: float):
+    """Bit-identical keys have identical kernel columns, so any split of their mass is optimal;
+    gather it (members at C, one remainder, the rest 0) so at most one of them is a margin key
+    and the bordered system stays non-singular. Gradients and scores are unchanged."""
+    _, inv, counts = np.unique(X, axis=0, return_inverse=True, return_counts=True)
+    if counts.max(initial=1) < 2:
+        return a, status
+    a = a.copy()
+    status = status.copy()
+    inv = inv.ravel()
+    for grp in np.flatnonzero(counts > 1):
+        mem = np.flatnonzero(inv == grp)
+        m = float(a[mem].sum())
+        for k in mem:
+            take = min(C, m)
+            if take >= C:
+                a[k], status[k] = C, ERROR
+            elif take > 0.0:
+                a[k], status[k] = take, MARGIN
+            else:
+                a[k], status[k] = 0.0, RESERVE
+            m -= take
+    return a, status
 
 
 class WarmupError(GateError):
     """The gate has fewer than ``ceil(1/C) + 2`` keys: it is not solved and has no gate score."""
-
-
-def _check_params(C, sigma) -> tuple[float, float]:
-    try:
-        C = float(C)
-        sigma = float(sigma)
-    except (TypeError, ValueError) as exc:
-        raise InvalidParameterError(f"C and sigma must be numbers, got C={C!r}, sigma={sigma!r}") from exc
-    if not math.isfinite(C) or not (0.0 < C <= 1.0):
-        raise InvalidParameterError(f"C must be in (0, 1], got {C!r} (use calibrate_C(nu, n0))")
-    if not math.isfinite(sigma) or sigma <= 0.0:
-        raise InvalidParameterError(f"sigma must be a finite positive bandwidth, got {sigma!r}")
-    return C, sigma
-
-
-def as_keys(X, dim: int | None = None) -> np.ndarray:
-    """Validate keys: finite float array of shape (n, d) (a single (d,) key is promoted)."""
-    try:
-        A = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InvalidKeysError(f"keys must be numeric, got {type(X).__name__}") from exc
-    if A.ndim == 1:
-        A = A[None, :]
-    if A.ndim != 2 or A.shape[1] == 0:
-        raise InvalidKeysError(f"keys must have shape (n, d) or (d,), got {np.shape(X)}")
-    if dim is not None and A.shape[1] != dim:
-        raise InvalidKeysError(f"keys must have dimension {dim}, got {A.shape[1]}")
-    if not np.all(np.isfinite(A)):
-        bad = int((~np.isfinite(A)).any(axis=1).sum())
-        raise InvalidKeysError(f"{bad} key(s) contain NaN or inf; nothing was admitted")
-    return A
 
 
 class Gate:
@@ -92,6 +104,12 @@ class Gate:
         self._id_of_slot: list[int] = []
         self._next_id = 0
         self._forgotten: set[int] = set()
+        #: operations completed by the exact fallback (fresh refit, maintained state rebuilt)
+        self.fallbacks = 0
+        #: one ``{"op", "reason"}`` dict per fallback taken, in order
+        self.fallback_log: list[dict] = []
+        #: operations whose end state was tightened by a warm SMO polish (see ``_tighten``)
+        self.tightenings = 0
 
     # ------------------------------------------------------------------ properties
     @property
@@ -166,37 +184,128 @@ class Gate:
         p = self.partition()
         return np.asarray(sorted(p["margin"] + p["error"]), dtype=np.int64)
 
+    # ------------------------------------------------------------------ exact fallback
+    def _exact_fallback(self, op: str, reason: str) -> None:
+        """Complete an operation exactly when the maintained path cannot: solve the current live
+        keys afresh with the independent refit oracle and rebuild the maintained state from it
+        (margin set, bordered inverse and gradient recomputed). Counted in ``fallbacks``."""
+        core = self._core
+        slots = core.live()
+        try:
+            a, rho, info = refit(core.X[slots], C=self.C, sigma=self.sigma, return_info=True)
+        except RefitError as exc:
+            raise PathError(f"{op}: maintained path failed ({reason}) and the exact fallback "
+                            f"failed too ({exc})") from exc
+        a, status = _consolidate_repeats(core.X[slots], a, info["status"], self.C)
+        core.load_solution(slots, a, status, rho)
+        v = core.maintained_violation()
+        if not v <= VERIFY_KKT:
+            raise PathError(f"{op}: exact fallback left KKT violation {v:.3g} ({reason})")
+        self.fallbacks += 1
+        self.fallback_log.append({"op": op, "reason": reason})
+
+    def _guarded(self, op: str, step, on_fail=None, snap=None) -> tuple[int, str | None]:
+        """Run ``step()`` (a maintained-path operation returning its event count) and check the
+        maintained KKT residual; on a path error (state restored to before ``step``, then
+        ``on_fail()`` applies the structural change) or a tripped guard, complete exactly by
+        :meth:`_exact_fallback`. Returns (events, fallback reason or None)."""
+        core = self._core
+        if snap is None:
+            snap = core.snapshot()
+        try:
+            with single_thread(core.n_slots):
+                events = step()
+                core.end_operation()
+        except PathError as exc:
+            core.restore(snap)
+            if on_fail is not None:
+                on_fail()
+            reason = f"{type(exc).__name__}: {exc}"
+            self._exact_fallback(op, reason)
+            return 0, reason
+        v = max(core.maintained_violation(), core.margin_residual())
+        if not v <= TIGHTEN_AT:
+            # the residual guard: recompute the gradient exactly before judging
+            core.recompute_g()
+            v = max(core.maintained_violation(), core.margin_residual())
+            if v > TIGHTEN_AT and np.isfinite(v):
+                v = self._tighten(v)
+            if not v <= KKT_GUARD:
+                reason = f"KKT guard: maintained-path residual {v:.3g} > {KKT_GUARD:g}"
+                self._exact_fallback(op, reason)
+                return events, reason
+        return events, None
+
+    def _tighten(self, v: float) -> float:
+        """Ill-conditioned (near-duplicate) margin systems leave KKT residuals of 1e-11..1e-9
+        that the score at off-data probes amplifies; a warm pairwise SMO polish of the current
+        coefficients drives the KKT gap to rounding level. Kept only if it lowers the residual."""
+        core = self._core
+        slots = core.live()
+        snap = core.snapshot()
+        K = core.K[np.ix_(slots, slots)]
+        a2, rho2, st2 = smo_polish(K, self.C, core.alpha[slots])
+        a2, st2 = _consolidate_repeats(core.X[slots], a2, st2, self.C)
+        try:
+            core.load_solution(slots, a2, st2, rho2)
+            v2 = max(core.maintained_violation(), core.margin_residual())
+        except PathError:
+            v2 = float("inf")
+        if v2 < v:
+            self.tightenings += 1
+            return v2
+        core.restore(snap)
+        return v
+
     # ------------------------------------------------------------------ admit
     def admit(self, X) -> np.ndarray:
         """Admit one key ``(d,)`` or many ``(n, d)`` by C&P increments.
 
         Returns the new stable token ids, shape (n,). Below ``warmup_size`` keys the keys are
         stored unsolved; the first admission that reaches it solves the gate from the feasible
-        start ``alpha = 1/n`` with the same event loop. On any error the gate is unchanged.
+        start ``alpha = 1/n`` with the same event loop. If the maintained path cannot complete
+        (or its KKT residual guard trips) the admission completes by the exact fallback
+        (``fallbacks`` is incremented). On any error the gate is unchanged.
         """
         A = as_keys(X, self.dim)
+        if A.shape[0] == 0:
+            return np.zeros(0, dtype=np.int64)
         if self._core is None:
-            self._core = MaintainedSVDD(self.C, self.sigma, A.shape[1], self.refactor_every)
-        core = self._core
+            core = MaintainedSVDD(self.C, self.sigma, A.shape[1], self.refactor_every)
+        else:
+            core = self._core
         snap = core.snapshot()
-        ids_before = (dict(self._slot_of), list(self._id_of_slot), self._next_id)
+        ids_before = (len(self._id_of_slot), self._next_id, self.fallbacks, len(self.fallback_log))
+        new_ids = np.arange(self._next_id, self._next_id + A.shape[0], dtype=np.int64)
         try:
             slots = core.append(A)
-            new_ids = np.arange(self._next_id, self._next_id + A.shape[0], dtype=np.int64)
+            check_finite_kernel(core.K[slots[0] : slots[-1] + 1, : core.n_slots])
+            self._core = core
             self._next_id += A.shape[0]
             for s, i in zip(slots, new_ids):
                 self._slot_of[int(i)] = int(s)
                 self._id_of_slot.append(int(i))
             if not core.solved:
                 if self.n >= self.warmup_size:
-                    core.initialise()
+                    self._guarded("initialise", core.initialise)
             else:
-                for s in slots:
-                    core.admit_slot(int(s))
-                core.polish()
+                def step():
+                    ev = 0
+                    for s in slots:
+                        ev += core.admit_slot(int(s))
+                    core.finish()
+                    return ev
+
+                self._guarded("admit", step)
         except BaseException:
             core.restore(snap)
-            self._slot_of, self._id_of_slot, self._next_id = ids_before
+            n_ids, self._next_id, self.fallbacks, n_log = ids_before
+            for i in new_ids:
+                self._slot_of.pop(int(i), None)
+            del self._id_of_slot[n_ids:]
+            del self.fallback_log[n_log:]
+            if self._core is core and snap["n_slots"] == 0 and not self._slot_of:
+                self._core = None if ids_before[0] == 0 else core
             raise
         return new_ids
 
@@ -281,48 +390,53 @@ class Gate:
 
     # ------------------------------------------------------------------ forget
     def _slot(self, token_id) -> int:
-        try:
-            tid = int(token_id)
-        except (TypeError, ValueError) as exc:
-            raise UnknownTokenError(f"token id must be an integer, got {token_id!r}") from exc
+        tid = check_token_id(token_id)
         if tid in self._forgotten:
             raise UnknownTokenError(f"token {tid} was already forgotten")
         if tid not in self._slot_of:
             raise UnknownTokenError(f"token {tid} is not in the gate (live ids: {self.n})")
         return self._slot_of[tid]
 
-    def forget(self, token_id: int, verify: bool = False, probe_seed: int = 0) -> Receipt:
-        """Delete a token by the C&P decremental path; returns a JSON-serialisable receipt.
+    def _preflight(self, k: int, what: str) -> None:
+        if self.gated and (self.n - k) * self.C < 1.0 - 1e-12:
+            if k == 1:
+                raise InfeasibleError(
+                    f"forgetting {what} would leave n={self.n - 1} keys with C={self.C:.6g}: "
+                    f"(n-1)*C = {(self.n - 1) * self.C:.6g} < 1 (the fixed-C problem is infeasible)"
+                )
+            raise InfeasibleError(
+                f"forgetting {k} tokens would leave (n-k)*C = {(self.n - k) * self.C:.6g} < 1"
+            )
 
-        Preflight (no state change on failure): the id must be live, and ``(n-1) C >= 1``.
-        If the path cannot complete a :class:`PathError` is raised and the gate is restored
-        bit-for-bit. ``verify=True`` compares the result with an independent :func:`refit`
-        on retained, removed and jittered probes and records the KKT residual.
-        """
-        slot = self._slot(token_id)
-        tid = int(token_id)
+    def _forget_slot(self, tid: int, slot: int) -> Receipt:
+        """Delete one live token (no compaction, no verification). On error the core is restored
+        and the id maps are untouched."""
         core = self._core
         n_before = self.n
-        if core.solved and (n_before - 1) * self.C < 1.0 - 1e-12:
-            raise InfeasibleError(
-                f"forgetting token {tid} would leave n={n_before - 1} keys with C={self.C:.6g}: "
-                f"(n-1)*C = {(n_before - 1) * self.C:.6g} < 1 (the fixed-C problem is infeasible)"
-            )
         gated_before = self.gated
         status_before = self.status_of(tid)
         alpha_before = float(core.alpha[slot]) if gated_before else float("nan")
         part_before = core.partition_counts() if gated_before else None
-        removed_key = core.X[slot].copy()
         snap = core.snapshot()
         t0 = time.perf_counter()
+        reason = None
         try:
             if core.solved:
                 was_reserve = core.status[slot] == RESERVE
-                events = core.remove_slot(slot)
-                # a reserve removal changes no coefficient (Proposition 1); only with S empty
-                # does it move rho, whose KKT interval (and so its midpoint) it bounds
-                if not was_reserve or not core.S:
-                    core.polish()
+
+                def step():
+                    ev = core.remove_slot(slot)
+                    # a reserve removal changes no coefficient (Proposition 1); only with S
+                    # empty does it move rho, whose KKT interval (and midpoint) it bounds
+                    if not was_reserve or not core.S:
+                        core.finish()
+                    return ev
+
+                def on_fail():
+                    core.status[slot] = DEAD
+                    core.alpha[slot] = 0.0
+
+                events, reason = self._guarded("forget", step, on_fail, snap)
             else:
                 events = 0
                 core.status[slot] = DEAD
@@ -332,7 +446,7 @@ class Gate:
         elapsed = time.perf_counter() - t0
         del self._slot_of[tid]
         self._forgotten.add(tid)
-        receipt = Receipt(
+        return Receipt(
             token_id=tid,
             C=self.C,
             sigma=self.sigma,
@@ -345,39 +459,97 @@ class Gate:
             path_events=int(events),
             elapsed_s=elapsed,
             certified=bool(gated_before and self.gated),
+            fallback=reason is not None,
+            fallback_reason=reason,
         )
+
+    def _save(self) -> tuple:
+        core = self._core
+        return (core.snapshot() if core is not None else None, dict(self._slot_of),
+                set(self._forgotten), self.fallbacks, len(self.fallback_log))
+
+    def _rollback(self, saved: tuple) -> None:
+        snap, slot_of, forgotten, fallbacks, n_log = saved
+        if snap is not None:
+            self._core.restore(snap)
+        self._slot_of, self._forgotten, self.fallbacks = slot_of, forgotten, fallbacks
+        del self.fallback_log[n_log:]
+
+    def _verify_or_fallback(self, receipt: Receipt, removed, seed: int) -> None:
+        """Attach the verification; if it fails its tolerances, take the exact fallback and
+        verify again; raise :class:`VerificationError` if it still fails (caller rolls back)."""
+        try:
+            ver = self.verify_against_refit(removed=removed, seed=seed)
+            if not (ver["max_abs_score_dev"] <= VERIFY_SCORE_TOL and ver["kkt_residual"] <= VERIFY_KKT):
+                reason = (f"verification: score deviation {ver['max_abs_score_dev']:.3g}, "
+                          f"KKT {ver['kkt_residual']:.3g}")
+                self._exact_fallback("forget", reason)
+                receipt.fallback, receipt.fallback_reason = True, reason
+                ver = self.verify_against_refit(removed=removed, seed=seed)
+                if not (ver["max_abs_score_dev"] <= VERIFY_SCORE_TOL and ver["kkt_residual"] <= VERIFY_KKT):
+                    raise VerificationError(
+                        f"deletion of token {receipt.token_id} could not be verified: score deviation "
+                        f"{ver['max_abs_score_dev']:.3g}, KKT {ver['kkt_residual']:.3g}; gate restored"
+                    )
+        except (RefitError, PathError) as exc:
+            raise VerificationError(
+                f"deletion of token {receipt.token_id} could not be verified ({type(exc).__name__}: "
+                f"{exc}); gate restored"
+            ) from exc
+        receipt.verification = ver
+
+    def forget(self, token_id: int, verify: bool = False, probe_seed: int = 0) -> Receipt:
+        """Delete a token by the C&P decremental path; returns a JSON-serialisable receipt.
+
+        Preflight (no state change on failure): the id must be a live integer id, and
+        ``(n-1) C >= 1``. If the maintained path cannot complete, or its KKT residual guard trips,
+        the deletion completes by the exact fallback (fresh refit of the retained keys, state
+        rebuilt from it) and ``receipt.fallback`` is True. ``verify=True`` compares the result
+        with an independent :func:`refit` on retained, removed and jittered probes; if that
+        comparison cannot be made or fails its tolerances after the fallback, a
+        :class:`VerificationError` is raised and the gate is restored bit-for-bit.
+        """
+        slot = self._slot(token_id)
+        tid = int(token_id)
+        self._preflight(1, f"token {tid}")
+        removed_key = self._core.X[slot].copy()
+        saved = self._save() if verify else None
+        receipt = self._forget_slot(tid, slot)
         if verify and self.gated:
-            receipt.verification = self.verify_against_refit(removed=removed_key[None, :], seed=probe_seed)
+            try:
+                self._verify_or_fallback(receipt, removed_key[None, :], probe_seed)
+            except BaseException:
+                self._rollback(saved)
+                raise
         self._maybe_compact()
         return receipt
 
     def forget_many(self, token_ids: Iterable[int], verify: bool = False) -> list[Receipt]:
         """Forget several tokens; all-or-nothing (the gate is restored if any deletion fails)."""
-        token_ids = [int(t) for t in token_ids]
-        if len(set(token_ids)) != len(token_ids):
-            raise UnknownTokenError("token ids to forget contain repeats")
-        for t in token_ids:
-            self._slot(t)
-        if self._core.solved and (self.n - len(token_ids)) * self.C < 1.0 - 1e-12:
-            raise InfeasibleError(
-                f"forgetting {len(token_ids)} tokens would leave (n-k)*C = "
-                f"{(self.n - len(token_ids)) * self.C:.6g} < 1"
-            )
-        state = self.to_state()
         try:
-            out = [self.forget(t) for t in token_ids]
+            token_ids = list(token_ids)
+        except TypeError as exc:
+            raise UnknownTokenError(f"token ids must be an iterable of integers, got {token_ids!r}") from exc
+        tids = [check_token_id(t) for t in token_ids]
+        if len(set(tids)) != len(tids):
+            raise UnknownTokenError("token ids to forget contain repeats")
+        if not tids:
+            return []
+        slots = [self._slot(t) for t in tids]
+        self._preflight(len(tids), f"{len(tids)} tokens")
+        saved = self._save()
+        try:
+            out = [self._forget_slot(t, s) for t, s in zip(tids, slots)]
+            if verify and self.gated:
+                self._verify_or_fallback(out[-1], None, 0)
         except BaseException:
-            restored = Gate.from_state(state)
-            self.__dict__.update(restored.__dict__)
+            self._rollback(saved)
             raise
-        if verify and self.gated:
-            out[-1].verification = self.verify_against_refit(removed=None)
+        self._maybe_compact()
         return out
 
     def verify_against_refit(self, removed=None, seed: int = 0) -> dict:
         """Max |gate score difference| between this state and an independent :func:`refit`."""
-        from .refit import refit
-
         X = self.keys
         a_ref, rho_ref = refit(X, C=self.C, sigma=self.sigma)
         rng = np.random.default_rng(seed)
@@ -436,31 +608,60 @@ class Gate:
             "solved": bool(core.solved) if core is not None else False,
             "next_id": self._next_id,
             "forgotten": np.asarray(sorted(self._forgotten), dtype=np.int64),
+            "fallbacks": int(self.fallbacks),
         }
 
     @classmethod
-    def from_state(cls, state: dict) -> "Gate":
-        g = cls(float(state["C"]), float(state["sigma"]), int(state.get("refactor_every", 64)))
-        keys = np.asarray(state["keys"], dtype=np.float64)
-        ids = np.asarray(state["ids"], dtype=np.int64)
-        g._next_id = int(state["next_id"])
-        g._forgotten = set(int(i) for i in np.asarray(state["forgotten"]).ravel())
-        if keys.size == 0:
+    def from_state(cls, state: dict) -> Gate:
+        """Rebuild a gate from :meth:`to_state`, validating everything first.
+
+        Checks shapes, dtypes, finiteness, the C and sigma ranges, unique integer ids disjoint
+        from the forgotten ones, the margin set, and for a solved state ``sum(alpha) = 1``, the
+        box, the partition and the KKT residual (``<= STATE_KKT_TOL``, recomputed from scratch).
+        Raises :class:`InvalidStateError` (one line saying what is wrong).
+        """
+        from .validation import load_state
+
+        try:
+            st = load_state(state, warmup_size)
+        except (InvalidKeysError, InvalidParameterError) as exc:
+            raise InvalidStateError(f"invalid gate state: {exc}") from exc
+        g = cls(st["C"], st["sigma"], st["refactor_every"])
+        g._next_id = st["next_id"]
+        g._forgotten = set(st["forgotten"])
+        g.fallbacks = st["fallbacks"]
+        keys, ids = st["keys"], st["ids"]
+        if keys.shape[0] == 0:
+            if keys.shape[1]:
+                g._core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
             return g
         core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
-        core.append(keys)
-        core.alpha[: ids.size] = np.asarray(state["alpha"], dtype=np.float64)
-        core.status[: ids.size] = np.asarray(state["status"], dtype=np.int8)
-        core.rho = float(state["rho"])
-        core.solved = bool(state["solved"])
+        slots = core.append(keys)
+        try:
+            check_finite_kernel(core.K[: core.n_slots, : core.n_slots])
+        except InvalidKeysError as exc:
+            raise InvalidStateError(f"invalid gate state: {exc}") from exc
+        core.alpha[slots] = st["alpha"]
+        core.status[slots] = st["status"]
+        core.rho = st["rho"]
+        core.solved = st["solved"]
         g._core = core
         g._id_of_slot = [int(i) for i in ids]
         g._slot_of = {int(i): s for s, i in enumerate(ids)}
-        core.S = [g._slot_of[int(i)] for i in np.asarray(state["margin_ids"]).ravel()]
+        core.S = [g._slot_of[int(i)] for i in st["margin_ids"]]
         if core.solved:
-            if core.S:
-                core.refactor()
+            try:
+                if core.S:
+                    core.refactor()
+            except PathError as exc:
+                raise InvalidStateError(f"invalid gate state: {exc}") from exc
             core.recompute_g()
+            v = core.kkt_residual()["max"]
+            if not v <= STATE_KKT_TOL:
+                raise InvalidStateError(
+                    f"invalid gate state: KKT residual {v:.3g} > {STATE_KKT_TOL:g} (alpha, rho or "
+                    "partition do not solve the fixed-C problem for these keys, C and sigma)"
+                )
         return g
 
     def __repr__(self) -> str:

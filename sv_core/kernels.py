@@ -23,6 +23,13 @@ def sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """
     A = np.asarray(A, dtype=np.float64)
     B = np.asarray(B, dtype=np.float64)
+    if B.shape[0] and A.shape[0]:
+        # distances are translation invariant: centring on a point of the data avoids the
+        # cancellation of ||a||^2 + ||b||^2 - 2 a.b for keys far from the origin
+        c = B[0]
+        if np.abs(c).max(initial=0.0) > 1.0:
+            A = A - c
+            B = B - c
     an = np.einsum("ij,ij->i", A, A)
     bn = np.einsum("ij,ij->i", B, B)
     D = an[:, None] + bn[None, :] - 2.0 * (A @ B.T)

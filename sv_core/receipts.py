@@ -40,7 +40,7 @@ class Receipt:
 
     ``verification`` (with ``verify=True``) holds the max |gate-score difference| against an
     independent same-C refit on retained, removed and jittered probes, the partition match and
-    the KKT residual.
+    the KKT residual. ``fallback`` records that the exact fallback completed the deletion.
     """
 
     token_id: int
@@ -57,6 +57,11 @@ class Receipt:
     certified: bool
     reference: str = "fresh retained-key refit at the same C (seed 001, Proposition 3)"
     verification: dict | None = field(default=None)
+    #: True when the maintained path could not complete (or its KKT guard tripped) and the
+    #: deletion was completed by the exact fallback: a fresh refit of the retained keys from
+    #: which the maintained state was rebuilt; ``fallback_reason`` says why
+    fallback: bool = False
+    fallback_reason: str | None = None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

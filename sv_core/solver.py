@@ -24,35 +24,45 @@ then sweeps ``rho`` instead (every ``g`` moves at rate 1) until an error or rese
 ``g = 0`` and joins the margin set. This is what lets a decrement complete when S empties
 mid-path (the seed's reference raised there).
 
+The gradient is updated incrementally along the path and by every margin re-solve
+(``O(|S| n)``); it is recomputed exactly every ``G_REFRESH`` operations, after any degenerate
+handling, and whenever the gate's KKT guard reads a residual above ``1e-12``.
+
+Layout: this module holds storage, the event loop and the operations; the bordered-inverse
+algebra (``Rinv`` updates, margin re-solves, polish) is :mod:`sv_core._bordered`; the handling of
+(near-)duplicate keys (twin hand-over, near-twin swap, degenerate pivot, state rebuild for the
+exact fallback) is :mod:`sv_core._degenerate`.
+
 Slots are internal positions; the public :class:`sv_core.Gate` maps stable token ids to slots.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ._bordered import (  # noqa: F401  (re-exported: the solver's public constants)
+    _NAMES,
+    DEAD,
+    DUPLICATE_TOL,
+    ERROR,
+    G_REFRESH,
+    INVERSE_GUARD,
+    MARGIN,
+    NEAR_TWIN_TOL,
+    PENDING,
+    POLISH_EVERY,
+    RESERVE,
+    RISKY_RATE,
+    SNAP_TOL,
+    BorderedMixin,
+    _Degenerate,
+    rho_midpoint,
+)
+from ._degenerate import DegenerateMixin
 from .errors import PathError
 from .kernels import rbf_kernel
 
-RESERVE, MARGIN, ERROR, PENDING, DEAD = 0, 1, 2, 3, -1
-#: a margin coefficient within SNAP_TOL * C of a bound is snapped to it at the end of an operation
-SNAP_TOL = 1e-10
-#: residual of the bordered system above which the maintained inverse is refactorised
-INVERSE_GUARD = 1e-11
-#: feature-space squared distance below which two keys are treated as exact duplicates (keys
-#: that are bit-for-bit equal always are; with stored keys, a distinct key this close to a margin
-#: key on the C&P path is handled as a near-twin, see ``NEAR_TWIN_TOL``)
-DUPLICATE_TOL = 1e-12
-#: feature-space squared distance below which a key reaching the margin set next to a margin key
-#: is a *near-twin*: instead of joining S beside it (a near-singular bordered system) it swaps in
-NEAR_TWIN_TOL = 1e-9
-_NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
 
-
-class _Degenerate(Exception):
-    """A key cannot join the margin set: its Schur complement is ~0 (it duplicates margin keys)."""
-
-
-class MaintainedSVDD:
+class MaintainedSVDD(BorderedMixin, DegenerateMixin):
     """Slot-based maintained C&P state (fp64). Not thread-safe.
 
     Parameters
@@ -88,6 +98,11 @@ class MaintainedSVDD:
         self._updates = 0
         self.events = 0  # path events of the current operation
         self.refactorisations = 0
+        self._ops = 0  # operations since the last exact gradient recompute
+        self._since_polish = 0
+        #: set by degenerate handling (near-twin swap, twin hand-over, pivot, snaps) in an
+        #: operation: its end recomputes g exactly before the KKT guard reads it
+        self._risky = False
         #: keys are stored (False for ``from_gram``): exact duplicates are then recognised by
         #: equal keys rather than by a feature-space distance at rounding level
         self._keyed = True
@@ -124,7 +139,7 @@ class MaintainedSVDD:
         return np.arange(lo, hi)
 
     @classmethod
-    def from_gram(cls, K: np.ndarray, C: float, refactor_every: int = 64) -> "MaintainedSVDD":
+    def from_gram(cls, K: np.ndarray, C: float, refactor_every: int = 64) -> MaintainedSVDD:
         """A solver over a given symmetric Gram matrix (keys are not stored); call ``initialise``."""
         n = K.shape[0]
         core = cls(C, 1.0, 1, refactor_every)
@@ -156,148 +171,24 @@ class MaintainedSVDD:
         return old_to_new
 
     # ------------------------------------------------------------------ linear algebra
-    def _cvec(self) -> np.ndarray:
-        """Right-hand side ``c`` of ``M u = c`` given all non-margin coefficients."""
-        S = np.asarray(self.S, dtype=np.int64)
-        n = self.n_slots
-        a = self.alpha[:n].copy()
-        a[S] = 0.0  # fixed (non-margin) coefficients only; dead slots hold 0
-        c = np.empty(S.size + 1)
-        c[0] = 1.0 - a.sum()
-        c[1:] = self.kd[S] - 2.0 * (self.K[S, :n] @ a)
-        return c
 
-    def _bordered(self) -> np.ndarray:
-        S = np.asarray(self.S, dtype=np.int64)
-        m = S.size
-        M = np.zeros((m + 1, m + 1))
-        M[0, 1:] = 1.0
-        M[1:, 0] = 1.0
-        M[1:, 1:] = 2.0 * self.K[np.ix_(S, S)]
-        return M
-
-    def refactor(self) -> None:
-        """Recompute ``Rinv = M^{-1}`` from scratch."""
-        M = self._bordered()
-        try:
-            self.Rinv = np.linalg.inv(M)
-        except np.linalg.LinAlgError as exc:  # pragma: no cover - guarded by callers
-            raise PathError(f"bordered KKT matrix is singular with |S|={len(self.S)}") from exc
-        self._updates = 0
-        self.refactorisations += 1
-
-    def _border_add(self, k: int, near_tol: float = 0.0) -> None:
-        """Add slot k to the margin set (rank-one border update of ``Rinv``).
-
-        Raises ``_Degenerate(k, j)`` if k duplicates margin key j (equal keys; else, or without
-        stored keys, feature-space squared distance ``<= DUPLICATE_TOL``), ``_Degenerate(k, j,
-        "near")`` if it is a distinct near-twin of j (``<= near_tol``; checked first when keys are
-        stored), and ``_Degenerate(k)`` if its Schur complement is ~0.
-        """
-        S = np.asarray(self.S, dtype=np.int64)
-        v = np.empty(S.size + 1)
-        v[0] = 1.0
-        v[1:] = 2.0 * self.K[S, k]
-        b = -self.Rinv @ v
-        kappa = 2.0 * self.K[k, k] + v @ b
-        scale = max(1.0, 2.0 * self.K[k, k])
-        if S.size:
-            # exact duplicate of a margin key (feature-space distance ~0): M would be singular
-            d2 = self.kd[S] + self.K[k, k] - 2.0 * self.K[S, k]
-            j = int(np.argmin(d2))
-            if self._keyed:
-                same = np.flatnonzero((self.X[S] == self.X[k]).all(axis=1))
-                if same.size:
-                    raise _Degenerate(int(k), int(S[same[0]]))
-                if d2[j] <= near_tol:
-                    raise _Degenerate(int(k), int(S[j]), "near")
-            if d2[j] <= DUPLICATE_TOL:
-                raise _Degenerate(int(k), int(S[j]))
-            if d2[j] <= near_tol:
-                raise _Degenerate(int(k), int(S[j]), "near")
-        if S.size and kappa <= 1e-6 * scale and self._updates > 0:
-            # conditioning guard: a small Schur complement is computed with a fresh inverse
-            self.refactor()
-            b = -self.Rinv @ v
-            kappa = 2.0 * self.K[k, k] + v @ b
-        if S.size and kappa <= self.GUARD * scale:
-            raise _Degenerate(int(k))
-        self.S.append(int(k))
-        self._updates += 1
-        if S.size == 0 or self._updates >= self.refactor_every:
-            self.refactor()
-            return
-        m = S.size + 1
-        R = np.zeros((m + 1, m + 1))
-        R[:m, :m] = self.Rinv
-        bb = np.append(b, 1.0)
-        R += np.outer(bb, bb) / kappa
-        self.Rinv = R
-
-    def _border_remove(self, k: int) -> None:
-        p = self.S.index(int(k))
-        r = p + 1
-        R = self.Rinv
-        piv = R[r, r]
-        self.S.pop(p)
-        self._updates += 1
-        if abs(piv) < 1e-14 or self._updates >= self.refactor_every or not self.S:
-            if self.S:
-                self.refactor()
-            else:
-                self.Rinv = np.zeros((1, 1))
-            return
-        keep = np.r_[0:r, r + 1 : R.shape[0]]
-        col = R[keep, r]
-        self.Rinv = R[np.ix_(keep, keep)] - np.outer(col, R[r, keep]) / piv
 
     # ------------------------------------------------------------------ gradients
     def recompute_g(self) -> None:
         """``g = rho - diag K + 2 K alpha`` from scratch on live slots."""
+        self._ops = 0
         n = self.n_slots
         # dense mat-vec over all slots (dead/pending slots have alpha 0): faster than a gather
         self.g[:n] = self.rho - self.kd[:n] + 2.0 * (self.K[:n, :n] @ self.alpha[:n])
 
-    def polish(self) -> None:
-        """Re-solve ``u = Rinv c`` on the margin set and recompute g (end of every operation).
 
-        With S empty, ``rho`` is not unique; it is set to the midpoint of its KKT interval
-        (the same convention as :func:`sv_core.refit`).
-        """
-        tol = SNAP_TOL * self.C
-        while self.S:
-            cv = self._cvec()
-            u = self.Rinv @ cv
-            M = self._bordered()
-            r = cv - M @ u
-            if np.abs(r).max() > INVERSE_GUARD:
-                # conditioning guard: the maintained inverse has drifted; refactorise
-                self.refactor()
-                u = np.linalg.solve(M, cv)
-            else:
-                u += self.Rinv @ r  # one step of iterative refinement
-            S = np.asarray(self.S, dtype=np.int64)
-            aS = u[1:]
-            low = aS <= tol
-            high = aS >= self.C - tol
-            if not (low.any() or high.any()):
-                self.rho = float(u[0])
-                self.alpha[S] = aS
-                self.recompute_g()
-                return
-            # a margin coefficient sitting on its bound: the partition is degenerate and rho
-            # is not pinned by it; move it to the bound so rho follows the canonical convention
-            for k, lo_, hi_ in zip(S, low, high):
-                if lo_ or hi_:
-                    self.alpha[k] = 0.0 if lo_ else self.C
-                    self.status[k] = RESERVE if lo_ else ERROR
-                    self._border_remove(int(k))
-                    break
-        if not self.S:
-            self.rho = 0.0
+    def end_operation(self) -> None:
+        """Bookkeeping at the end of a maintained operation: periodic exact gradient refresh."""
+        self._ops += 1
+        if self._ops >= G_REFRESH or self._risky:
             self.recompute_g()
-            self.rho = rho_midpoint(self.g, self.status, self.live())
-            self.recompute_g()
+        self._risky = False
+
 
     # ------------------------------------------------------------------ the event loop
     def _rates(self, c: int):
@@ -307,16 +198,28 @@ class MaintainedSVDD:
         v[0] = 1.0
         v[1:] = 2.0 * self.K[S, c]
         beta = -self.Rinv @ v
+        if not self._risky and np.abs(beta).max(initial=0.0) > RISKY_RATE:
+            # an ill-conditioned margin system: incremental gradient updates lose digits
+            self._risky = True
         n = self.n_slots
         # contiguous row gather of K[S, :n] (K is symmetric) instead of a column gather
         gam_all = 2.0 * self.K[c, :n] + beta[0] + 2.0 * (beta[1:] @ self.K[S, :n])
         return S, beta, gam_all
 
-    def _sweep(self, c: int, mode: str, max_events: int | None = None) -> int:
+    def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen=()) -> int:
+        """See :meth:`_sweep_events` (this wrapper silences 0/0 in the vectorised ratio tests)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self._sweep_events(c, mode, max_events, frozen)
+
+    def _sweep_events(self, c: int, mode: str, max_events: int | None = None, frozen=()) -> int:
         """Move ``alpha_c`` keeping KKT on every other settled key.
 
         mode ``"settle"``: stop when ``g_c = 0`` (c joins S) or ``alpha_c`` hits its bound.
         mode ``"remove"``: stop when ``alpha_c = 0``.
+        mode ``"pivot"``: degenerate entry of c (``g_c = 0`` at a bound, its bordered Schur
+        complement ~0, so ``g_c`` does not move with ``alpha_c``): move ``alpha_c`` into the box
+        until a margin key leaves S and c can take its place, or ``alpha_c`` reaches the other
+        bound. ``frozen`` slots (an enclosing sweep's moving key) take no gradient events.
         Returns the number of path events. Raises :class:`PathError` if it cannot complete.
         """
         C = self.C
@@ -325,6 +228,8 @@ class MaintainedSVDD:
             max_events = 20 * max(self.n_slots, 1) + 200
         zero_steps = 0
         pinned: dict[int, int] = {}  # exact duplicates of margin keys: g pinned at 0 with their twin
+        swapped: set[int] = set()  # keys involved in a near-twin swap during this sweep
+        deg_pins: set[int] = set()  # numerically degenerate entrants, held at their bound until S changes
         while True:
             if events > max_events:
                 raise PathError(f"C&P path did not terminate within {max_events} events")
@@ -332,6 +237,14 @@ class MaintainedSVDD:
                 s = -1.0
                 if self.alpha[c] <= 0.0:
                     self.alpha[c] = 0.0
+                    return events
+            elif mode == "pivot":
+                self._risky = True
+                s = 1.0 if self.status[c] == RESERVE else -1.0
+                if not self.S:
+                    self.g[c] = 0.0
+                    self.status[c] = MARGIN
+                    self._border_add(c)
                     return events
             else:
                 gc = self.g[c]
@@ -402,32 +315,30 @@ class MaintainedSVDD:
                     if t < best_t:
                         best_t, best = t, ("c_g", c)
             # margin keys reach 0 or C
-            rS = beta[1:] * s
-            aS = self.alpha[S]
-            t_S = np.full(S.size, np.inf)
-            down = rS < -eps
-            up = rS > eps
-            t_S[down] = aS[down] / -rS[down]
-            t_S[up] = (C - aS[up]) / rS[up]
             if S.size:
+                rS = beta[1:] * s
+                aS = self.alpha[S]
+                t_S = np.where(rS < -eps, aS / -rS, np.where(rS > eps, (C - aS) / rS, np.inf))
                 j = int(np.argmin(t_S))
                 if t_S[j] < best_t:
-                    best_t, best = max(t_S[j], 0.0), ("S_to_R" if down[j] else "S_to_E", int(S[j]))
-            # error / reserve keys' gradients reach 0 (status arrays over all slots; c excluded)
+                    best_t, best = max(t_S[j], 0.0), ("S_to_R" if rS[j] < 0 else "S_to_E", int(S[j]))
+            # error / reserve keys' gradients reach 0: with sgn = +1 (error), -1 (reserve), 0
+            # (margin, pending, dead), a key's gradient approaches 0 iff sgn * rate > eps, after
+            # t = max(-sgn g, 0) / (sgn rate)
             st = self.status[:n]
-            ro = gam_all * s
-            go = self.g[:n]
-            t_o = np.full(n, np.inf)
-            e_sel = (st == ERROR) & (ro > eps)
-            r_sel = (st == RESERVE) & (ro < -eps)
-            e_sel[c] = r_sel[c] = False
+            sgn = (st == ERROR).astype(np.float64)
+            sgn -= st == RESERVE
+            den = gam_all * (s * sgn)
+            excl = [c, *frozen, *deg_pins]
             for k_, tw in list(pinned.items()):
                 if st[tw] != MARGIN or st[k_] == MARGIN:
                     del pinned[k_]
                 else:
-                    e_sel[k_] = r_sel[k_] = False
-            t_o[e_sel] = np.maximum(-go[e_sel], 0.0) / ro[e_sel]
-            t_o[r_sel] = np.maximum(go[r_sel], 0.0) / -ro[r_sel]
+                    excl.append(k_)
+            den[excl] = 0.0
+            num = self.g[:n] * -sgn
+            np.maximum(num, 0.0, out=num)
+            t_o = np.where(den > eps, num / den, np.inf)
             j = int(np.argmin(t_o))
             if t_o[j] < best_t:
                 best_t, best = t_o[j], ("E_to_S" if st[j] == ERROR else "R_to_S", j)
@@ -451,12 +362,18 @@ class MaintainedSVDD:
                 self.alpha[c] = C if s > 0 else 0.0
                 if mode == "remove":
                     return events
+                if mode == "pivot":
+                    self.status[c] = ERROR if s > 0 else RESERVE
+                    self.g[c] = 0.0
+                    return events
                 self._classify_settled(c)
                 return events
             if kind == "c_g":
                 self.g[c] = 0.0
                 self._join_margin_or_yield(c)
                 return events
+            if kind in ("S_to_R", "S_to_E"):
+                deg_pins.clear()
             if kind == "S_to_R":
                 self.alpha[k] = 0.0
                 self.g[k] = 0.0
@@ -472,90 +389,63 @@ class MaintainedSVDD:
                 prev = self.status[k]
                 self.status[k] = MARGIN
                 try:
-                    self._border_add(k, near_tol=NEAR_TWIN_TOL)
+                    # a key that already swapped with a near-twin in this sweep joins beside
+                    # it instead (swapping again at a zero-length step would cycle)
+                    self._border_add(k, near_tol=0.0 if k in swapped else NEAR_TWIN_TOL)
+                    if t == 0.0 and not self._enters_consistently(c, k, s, prev):
+                        # numerically degenerate entry (its rate in S contradicts the direction
+                        # it entered from, so it would leave again at once: a zero-step cycle).
+                        # It is handled as a degenerate pivot (inside a pivot: held at its bound
+                        # with g_k = 0, taking no events until S changes)
+                        self._border_remove(k)
+                        self.status[k] = prev
+                        if mode != "pivot":
+                            self._sweep(k, "pivot", frozen=(c, *frozen, *pinned))
+                        else:
+                            deg_pins.add(k)
+                        continue
+                    deg_pins.clear()
                 except _Degenerate as exc:
                     self.status[k] = prev
                     if len(exc.args) > 2:
-                        self._swap_near_twin(k, exc.args[1], prev)
-                        continue
+                        swapped.add(k)
+                        swapped.add(exc.args[1])
+                        if self._swap_near_twin(k, exc.args[1], prev):
+                            continue
+                        self.status[k] = MARGIN
+                        try:
+                            self._border_add(k)
+                            deg_pins.clear()
+                        except _Degenerate:
+                            self.status[k] = prev
+                            self.g[k] = 0.0
+                            self._sweep(k, "pivot", frozen=(c, *frozen, *pinned))
+                            continue
                     if len(exc.args) > 1:
                         # exact duplicate of a margin key: g_k = 0 with its bound is valid KKT;
                         # it stays where it is and its gradient moves with its twin's (0)
                         pinned[k] = exc.args[1]
                         continue
-                    raise PathError("a key reaching the margin duplicates the margin set") from exc
+                    # k's bordered column is (numerically) dependent on the margin set's: a
+                    # degenerate pivot moves its mass into the box until a margin key leaves
+                    self.g[k] = 0.0
+                    self._sweep(k, "pivot", frozen=(c, *frozen, *pinned))
+                    continue
+            if mode == "pivot" and kind in ("S_to_R", "S_to_E"):
+                # a margin key left: c may now take its place in a well-posed margin system
+                prev = self.status[c]
+                self.status[c] = MARGIN
+                try:
+                    self._border_add(c)
+                except _Degenerate:
+                    self.status[c] = prev
+                else:
+                    self.g[c] = 0.0
+                    return events
             if self._updates == 0 and self.S:
                 # just refactorised: re-solve the margin system so drift does not accumulate
-                u = self.Rinv @ self._cvec()
-                self.rho = float(u[0])
-                self.alpha[np.asarray(self.S)] = u[1:]
-                self.recompute_g()
+                self._resolve_margin()
 
-    def _swap_near_twin(self, k: int, j: int, prev: int) -> None:
-        """Key k (at its bound, status ``prev``) reaches ``g_k = 0`` beside its near-twin j in S.
-
-        Along the exact path the pair's gradient difference changes at first order in their
-        distance while moving mass between them changes it only at second order, so the mass
-        moves at a rate ~ 1/distance^2 until j reaches the bound k left: a step of length
-        ~distance^2. It is taken in one go: k joins S, j takes k's bound (0 from the reserve set,
-        C from the error set; total mass is unchanged), and the margin system is re-solved on
-        the new partition (which is well conditioned: j has left it).
-        """
-        self._border_remove(j)
-        self.status[j] = prev
-        self.alpha[j] = 0.0 if prev == RESERVE else self.C
-        self.status[k] = MARGIN
-        try:
-            self._border_add(k)
-        except _Degenerate as exc:
-            raise PathError("a near-twin swapped into the margin set duplicates it") from exc
-        self.refactor()
-        u = self.Rinv @ self._cvec()
-        self.rho = float(u[0])
-        self.alpha[np.asarray(self.S, dtype=np.int64)] = u[1:]
-        self.recompute_g()
-
-    def _classify_settled(self, c: int, prefer_margin: bool = False) -> None:
-        a = self.alpha[c]
-        if a <= 0.0:
-            self.alpha[c] = 0.0
-            self.status[c] = RESERVE
-        elif a >= self.C:
-            self.alpha[c] = self.C
-            self.status[c] = ERROR
-        else:
-            # strictly inside the box: must be a margin key
-            self._join_margin_or_yield(c)
-
-    def _join_margin_or_yield(self, c: int) -> None:
-        """Put c (g_c = 0, alpha_c inside the box) in S; if it duplicates margin keys, hand its
-        coefficient to them instead (drive alpha_c to 0 along the path; g_c stays 0)."""
-        try:
-            self.status[c] = MARGIN
-            self._border_add(c)
-        except _Degenerate as exc:
-            twin = exc.args[1] if len(exc.args) > 1 else None
-            if twin is not None:
-                # exact duplicate: K columns are identical, so moving mass between the two keys
-                # changes no gradient; the twin takes what fits under C, c keeps the rest
-                total = self.alpha[c] + self.alpha[twin]
-                if total <= self.C:
-                    self.alpha[twin] = total
-                    self.alpha[c] = 0.0
-                    self.status[c] = RESERVE
-                else:
-                    self.alpha[twin] = self.C
-                    self.alpha[c] = total - self.C
-                    self.status[twin] = ERROR
-                    self.g[twin] = 0.0
-                    self.S[self.S.index(twin)] = int(c)  # same row of M: Rinv is unchanged
-                    self.status[c] = MARGIN
-                self.g[c] = 0.0
-                return
-            self.status[c] = ERROR  # fixed while it is swept
-            self._sweep(c, "remove")
-            self.alpha[c] = 0.0
-            self.status[c] = RESERVE
 
     # ------------------------------------------------------------------ operations
     def settle(self, c: int) -> int:
@@ -588,6 +478,7 @@ class MaintainedSVDD:
         if self.S:
             self.refactor()
         self.polish()
+        self._risky = True  # the first solve ends with an exact gradient
         return events
 
     def admit_slot(self, c: int) -> int:
@@ -608,7 +499,35 @@ class MaintainedSVDD:
         self.status[c] = DEAD
         return ev
 
+    # ------------------------------------------------------------------ exact fallback
+
+    def maintained_violation(self) -> float:
+        """Largest KKT violation read from the maintained gradient (O(n); no kernel products)."""
+        n = self.n_slots
+        st = self.status[:n]
+        if (st == PENDING).any():
+            return float("inf")
+        a = self.alpha[:n]  # dead slots hold alpha 0
+        g = self.g[:n]
+        sgn = (st == ERROR).astype(np.float64)
+        sgn -= st == RESERVE
+        v = max(abs(a.sum() - 1.0), -a.min(initial=0.0), (a - self.C).max(initial=0.0),
+                (sgn * g).max(initial=0.0))  # error: g <= 0, reserve: g >= 0
+        if self.S:
+            v = max(v, np.abs(g[self.S]).max())
+        return float(v)
+
     # ------------------------------------------------------------------ diagnostics
+    def margin_residual(self) -> float:
+        """Exact ``max |g_S|`` (O(|S| n)): the path sets the maintained ``g_S`` to 0 at every
+        event, which would hide an inaccurate margin solve from :meth:`maintained_violation`."""
+        if not self.S:
+            return 0.0
+        n = self.n_slots
+        S = self.S
+        gS = self.rho - self.kd[S] + 2.0 * (self.K[S, :n] @ self.alpha[:n])
+        return float(np.abs(gS).max())
+
     def kkt_residual(self) -> dict:
         """KKT violations recomputed from scratch (not from the maintained g)."""
         live = self.live()
@@ -667,20 +586,3 @@ class MaintainedSVDD:
         self._updates = snap["_updates"]
 
 
-def rho_midpoint(g_at_rho0: np.ndarray, status: np.ndarray, idx: np.ndarray) -> float:
-    """Midpoint of the KKT interval for rho when the margin set is empty.
-
-    ``g_at_rho0`` holds ``g_i`` evaluated at ``rho = 0``; reserve keys need ``rho >= -g_i``,
-    error keys ``rho <= -g_i``.
-    """
-    st = status[idx]
-    g0 = g_at_rho0[idx]
-    lo = (-g0[st == RESERVE]).max(initial=-np.inf)
-    hi = (-g0[st == ERROR]).min(initial=np.inf)
-    if np.isfinite(lo) and np.isfinite(hi):
-        return float(0.5 * (lo + hi))
-    if np.isfinite(lo):
-        return float(lo)
-    if np.isfinite(hi):
-        return float(hi)
-    return 0.0

@@ -5,8 +5,13 @@ import numpy as np
 import pytest
 
 from sv_core import (
-    Gate, InfeasibleError, InvalidKeysError, InvalidParameterError, UnknownTokenError,
-    calibrate_C, refit,
+    Gate,
+    InfeasibleError,
+    InvalidKeysError,
+    InvalidParameterError,
+    UnknownTokenError,
+    calibrate_C,
+    refit,
 )
 from sv_core.errors import GateError, PathError
 
@@ -95,9 +100,8 @@ def test_infeasible_deletion_is_refused_without_change():
     assert _fingerprint(g) == before
 
 
-def test_failed_path_restores_state_bit_for_bit(monkeypatch):
+def test_failed_path_takes_the_exact_fallback_and_records_it(monkeypatch):
     g = _gate()
-    before = _fingerprint(g)
     from sv_core import solver
 
     def boom(self, c, mode, max_events=None):
@@ -106,11 +110,39 @@ def test_failed_path_restores_state_bit_for_bit(monkeypatch):
 
     monkeypatch.setattr(solver.MaintainedSVDD, "_sweep", boom)
     active = g.partition()["margin"][0]
-    with pytest.raises(PathError):
+    r = g.forget(active)
+    assert r.fallback and "injected failure" in r.fallback_reason
+    assert g.fallbacks == 1 and g.fallback_log[-1]["op"] == "forget"
+    assert g.kkt_residual()["max"] <= 1e-9
+    a, rho = refit(g.keys, C=g.C, sigma=g.sigma)
+    from sv_core import rbf_kernel
+    assert np.abs(g.score(g.keys) - (2 * rbf_kernel(g.keys, g.keys, g.sigma) @ a - rho)).max() <= 1e-9
+    ids = g.admit(np.random.default_rng(5).normal(size=(1, 4)) * 10)
+    assert g.fallbacks in (1, 2) and ids.size == 1  # a reserve admission needs no sweep
+
+
+def test_failed_path_and_failed_fallback_restore_state_bit_for_bit(monkeypatch):
+    g = _gate()
+    before = _fingerprint(g)
+    from sv_core import gate as gate_mod
+    from sv_core import solver
+    from sv_core.errors import RefitError
+
+    def boom(self, c, mode, max_events=None):
+        self.alpha[c] = 123.0
+        raise PathError("injected failure")
+
+    def no_refit(*a, **k):
+        raise RefitError("injected refit failure")
+
+    monkeypatch.setattr(solver.MaintainedSVDD, "_sweep", boom)
+    monkeypatch.setattr(gate_mod, "refit", no_refit)
+    active = g.partition()["margin"][0]
+    with pytest.raises(PathError, match="exact fallback failed"):
         g.forget(active)
     assert _fingerprint(g) == before
     with pytest.raises(PathError):
-        g.admit(np.random.default_rng(5).normal(size=(1, 4)) * 10)
+        g.admit(np.random.default_rng(5).normal(size=(1, 4)) * 0.01)
     assert _fingerprint(g) == before
 
 
