@@ -22,6 +22,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Progress bars and the printed summaries carry the run; Prefect's per-task INFO lines would bury
 # them. Set PREFECT_LOGGING_LEVEL=INFO to see every flow and task run.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# A loaded 2-core machine can need more than Prefect's default 20 s to start the ephemeral API.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 DESCRIPTION = ("Auditable support-vector memory: certified retention, verified deletion, "
                "clinical and synthetic studies as Prefect flows.")
