@@ -298,6 +298,20 @@ def run_audit(trials: int = 300, regimes: list[str] | None = None, seed: int = 0
     return out
 
 
+def _finite_or_none(x):
+    """JSON-safe summaries: a statistic over an empty group (e.g. no reserve removal drawn) or an
+    infinite condition number is ``None`` (JSON null), never NaN/inf."""
+    if isinstance(x, dict):
+        return {k: _finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
+
+
+def _f(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
 def _run_regime(name, trials, rng, failures, nu, sigma, gamma, progress) -> dict:
     from tqdm.auto import tqdm
 
@@ -310,7 +324,7 @@ def _run_regime(name, trials, rng, failures, nu, sigma, gamma, progress) -> dict
         except GateError as exc:
             results.append(None)
             failures.append({"regime": name, "trial": t, "error": f"{type(exc).__name__}: {exc}"})
-    return summarise(results, trials, failed_removals)
+    return _finite_or_none(summarise(results, trials, failed_removals))
 
 
 def format_table(res: dict) -> str:
@@ -320,13 +334,13 @@ def format_table(res: dict) -> str:
     rows = list(res["regimes"].items()) + list(res.get("jitter_sweep", {}).items())
     for name, s in rows:
         by = s.get("by_removal", {})
-        act = by.get("active", {}).get("score_dev_worst", float("nan"))
-        rsv = by.get("reserve", {}).get("score_dev_worst", float("nan"))
+        act = _f(by.get("active", {}).get("score_dev_worst"))
+        rsv = _f(by.get("reserve", {}).get("score_dev_worst"))
         lines.append(
             f"{name:<14}{s['completed']:>6}/{s['attempted']:<5}{s.get('fallbacks', 0):>7}"
-            f"{s['partition_match_pct']:>10.1f}%"
-            f"{s['score_dev_median']:>10.1e}{s['score_dev_p95']:>10.1e}{s['score_dev_worst']:>10.1e}"
-            f"{s['decay_median']:>11.1e}{act:>11.1e}{rsv:>11.1e}{s.get('cond_K_support_median', float('nan')):>10.1e}"
+            f"{_f(s['partition_match_pct']):>10.1f}%"
+            f"{_f(s['score_dev_median']):>10.1e}{_f(s['score_dev_p95']):>10.1e}{_f(s['score_dev_worst']):>10.1e}"
+            f"{_f(s['decay_median']):>11.1e}{act:>11.1e}{rsv:>11.1e}{_f(s.get('cond_K_support_median')):>10.1e}"
         )
     return "\n".join(lines)
 

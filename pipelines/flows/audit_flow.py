@@ -23,7 +23,7 @@ SEED_TEXT = ("seed 001 §4: 1,199/1,200 complete; median |Δs| 2.4e-9 / 5.7e-7 /
              "(Gaussian / clustered / ICU / learned); worst 1.1e-2; decay median 2.2e-2…2.4e-1")
 ICU_REGIME = "icu_warehouse"
 LEARNED_REGIME = "learned"
-DEFAULT_REGIMES = ("gaussian", "clustered", "icu_like", ICU_REGIME, LEARNED_REGIME)
+DEFAULT_REGIMES = ("gaussian", "clustered", "icu_like", "redundant", ICU_REGIME, LEARNED_REGIME)
 
 
 @task(name="audit-regime", cache_policy=NO_CACHE, persist_result=False)
