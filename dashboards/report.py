@@ -280,6 +280,19 @@ def _run_block(res: LoadedResult) -> str:
     return '<div class="run">' + "".join(parts) + "</div>"
 
 
+#: clinical studies whose seed figures come from real MIMIC-IV records
+REAL_DATA_STUDIES = frozenset({"cohort", "icu_retention", "heldout_spo2", "patient_deletion", "deterioration"})
+
+
+def _seed_for(study: str, payload: Mapping[str, Any]) -> str:
+    """The seed block beside a run — except a synthetic run of a real-data study, which is never
+    placed beside the seed's real-data figures as if comparable."""
+    if study in REAL_DATA_STUDIES and payload.get("data") == "synthetic":
+        return ('<div class="seed"><h4>Seed figure</h4><p class="notrun">Not shown: this run used synthetic data; the '
+                'seed figure is from real MIMIC-IV records and is not comparable.</p></div>')
+    return _seed_block(study, payload["seed_figure"])
+
+
 def _seed_block(study: str, from_result: Mapping[str, Any] | None) -> str:
     seed = dict(SEED_FIGURES.get(study, {}))
     if from_result:
@@ -331,7 +344,7 @@ def _section_html(sec: Section, by_study: Mapping[str, list[LoadedResult]]) -> s
             parts.append(f'<div class="pair">{run}{_seed_block(study, None)}</div>')
             continue
         for res in found:
-            parts.append(f'<div class="pair">{_run_block(res)}{_seed_block(study, res.payload["seed_figure"])}</div>')
+            parts.append(f'<div class="pair">{_run_block(res)}{_seed_for(study, res.payload)}</div>')
     if sec.key == "deletion":
         with_receipts = [r for rs in by_study.values() for r in rs if "receipts" in r.payload]
         parts.append("<h3>Receipts summary (all studies)</h3>")

@@ -175,7 +175,8 @@ def render_headline(runs_dirs: Sequence[str | Path]) -> str:
         if val is None:
             continue
         data = DATA.get(p["data"], p["data"]).split(" (")[0]
-        rows.append(f"| {claim} ({data}) | {val} | {seed} |")
+        esc = lambda t: str(t).replace("|", "\\|")  # noqa: E731
+        rows.append(f"| {esc(claim)} ({data}) | {esc(val)} | {esc(seed)} |")
     return "\n".join([BEGIN, "| claim | here | seed |", "|---|---|---|", *rows, END])
 
 

@@ -195,7 +195,11 @@ def test_report_renders_sections_not_run_and_seed_beside_run(tmp_path):
     # one run image per run figure + seed images where the seed has a figure
     n_run_figs = sum(len(r["figures"]) for r in fixture_results())
     assert page.count('alt="figure:') == n_run_figs
-    n_seed_figs = sum(1 for sec in SECTIONS for s in sec.studies if SEED_FIGURES[s].get("figure"))
+    from dashboards.report import REAL_DATA_STUDIES
+
+    synthetic_real = {r["study"] for r in fixture_results() if r["data"] == "synthetic"} & REAL_DATA_STUDIES
+    n_seed_figs = sum(1 for sec in SECTIONS for s in sec.studies
+                      if SEED_FIGURES[s].get("figure") and s not in synthetic_real)
     assert page.count('alt="seed figure:') == n_seed_figs
     # receipts summary and the contract-card evidence column
     assert '<span class="ok">verified</span>' in page
@@ -287,3 +291,15 @@ def test_task_cache_and_registry_are_never_read(tmp_path):
     (tmp_path / "forget-registry" / "x.json").write_text("not json")
     results, skipped = load_results(tmp_path)
     assert results == [] and skipped == []
+
+
+def test_synthetic_runs_are_not_placed_beside_real_data_seed_figures(tmp_path):
+    from dashboards.report import render_report
+    from dashboards.schema import write_result
+
+    res = {"study": "icu_retention", "title": "ICU retention (synthetic)", "data": "synthetic", "runtime_s": 1.0,
+           "seed_figure": {}, "metrics": {}, "tables": [], "figures": []}
+    write_result(res, tmp_path / "icu_retention" / "result.json")
+    page = render_report(tmp_path)
+    sec = page[page.index('id="retention"'):page.index('id="heldout"')]
+    assert "not comparable" in sec and "0.80" not in sec
