@@ -247,7 +247,7 @@ def run_fidelity(stays: int = 1500, seed: int = 0, params=None, demo_root=None, 
           f"event_hour_share within {EVENT_SHARE_FACTOR:g}x of the demo's: "
           + ("all met" if not bad else "; ".join(bad)))
     if json_path:
-        out = {"study": "synthetic_fidelity", "source_kind": "synthetic", "demo_source": demo_from,
+        out = {"kind": "synthetic_fidelity", "source_kind": "synthetic", "demo_source": demo_from,
                "config": {"stays": stays, "seed": seed, "params": "default" if params is None else str(params),
                           "short_stay_share": short_stay_share, "model": prm.get("model")},
                "bounds": {"distance_ratio": list(DISTANCE_RATIO_BOUNDS), "trivial_auroc_max": TRIVIAL_AUROC_MAX,

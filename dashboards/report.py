@@ -58,7 +58,7 @@ SECTIONS: tuple[Section, ...] = (
             "Event within the next six hours, per hour: ROC curves and AUROC/AUPRC with bootstrap intervals."),
     Section("synthetic", "Synthetic selection and recall studies",
             ("planted_secret", "skewed_redundancy", "streaming_eviction", "selective_copying", "capacity",
-             "mqar_control", "learned_keys", "retrieval_memory"),
+             "mqar_control", "learned_keys", "retrieval_memory", "synthetic_fidelity"),
             "Fixed-context probes of when support selection helps (and a negative control where it cannot)."),
     Section("lm", "Language model", ("language_model", "throughput"),
             "Byte-level LM usability and throughput (the causal hybrid's local path has no SV certificate)."),

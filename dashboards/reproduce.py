@@ -32,7 +32,7 @@ ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Exact gate", ("deletion_audit", "deletion_latency")),
     ("Synthetic, learned-key and retrieval studies",
      ("planted_secret", "skewed_redundancy", "streaming_eviction", "selective_copying", "capacity", "mqar_control",
-      "learned_keys", "retrieval_memory")),
+      "learned_keys", "retrieval_memory", "synthetic_fidelity")),
     ("Language model", ("language_model", "throughput")),
 )
 #: studies cheap enough to rerun in the default test suite (seconds, seeded)
@@ -44,7 +44,8 @@ COMMANDS = {
     "planted_secret": "forgetful planted-secret", "skewed_redundancy": "forgetful skewed-redundancy",
     "streaming_eviction": "forgetful streaming-eviction", "selective_copying": "forgetful selective-copying",
     "capacity": "forgetful capacity", "mqar_control": "forgetful mqar-control", "learned_keys": "forgetful learned-keys",
-    "retrieval_memory": "forgetful retrieval-memory", "language_model": "forgetful lm", "throughput": "forgetful throughput",
+    "retrieval_memory": "forgetful retrieval-memory", "synthetic_fidelity": "python -m cohort.synthetic --fidelity",
+    "language_model": "forgetful lm", "throughput": "forgetful throughput",
 }
 DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic (not comparable to the seed's real-data figures)",
         "mimic": "user MIMIC-IV root", "clif": "user CLIF root", "text": "text corpus"}

@@ -56,6 +56,7 @@ KNOWN_STUDIES: dict[str, str] = {
     "mqar_control": "synthetic",
     "learned_keys": "synthetic",
     "retrieval_memory": "synthetic",
+    "synthetic_fidelity": "synthetic",
     "language_model": "lm",
     "throughput": "lm",
 }

@@ -59,6 +59,13 @@ SEED_FIGURES: dict[str, dict[str, Any]] = {
                    "categories": ["gaussian", "redundant", "mimic", "learned", "decay (lo)", "decay (hi)"],
                    "values": [2.4e-9, 5.7e-7, 1.6e-9, 4.5e-13, 2.2e-2, 2.4e-1]},
     },
+    "synthetic_fidelity": {
+        "source": "issue 11 (the demo's own figures are the reference)",
+        "text": "Demo: event/other distance ratio 1.65, trivial-detector AUROC 0.874 (the seed's synthetic data is "
+        "not published).",
+        "values": {},
+        "figure": None,
+    },
     "ledger": {
         "source": "none (a product guarantee, not a seed study)",
         "text": "Neither seed keeps a deletion ledger: the receipt chain, forget registry and physical erasure are "
