@@ -15,8 +15,11 @@ DEFAULT_CRON = "0 3 * * *"
 
 
 def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehouse: str | None = None,
-                      source: str = "demo") -> list:
-    """``RunnerDeployment`` objects (built, not served): run-all on ``cron``, the studies on demand."""
+                      source: str = "demo", ingest_root: str | None = None, ingest_source: str = "mimic",
+                      ingest_interval_s: float = 3600, ingest_warehouse: str | None = None) -> list:
+    """``RunnerDeployment`` objects (built, not served): run-all on ``cron``, the studies on demand,
+    and — with ``ingest_root`` — the incremental ingest every ``ingest_interval_s`` seconds with
+    concurrency limit 1 (a run never overlaps the previous one)."""
     from .audit_flow import audit_flow
     from .clinical_deletion import patient_deletion_flow
     from .clinical_deterioration import deterioration_flow
@@ -32,6 +35,14 @@ def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehous
                     (audit_flow, "audit")):
         deps.append(f.to_deployment(name=f"forgetful-{name}", parameters={"warehouse": wh, "runs_dir": runs_dir},
                                     tags=["forgetful"]))
+    if ingest_root:
+        from .ingest_flow import ingest_flow
+
+        deps.append(ingest_flow.to_deployment(
+            name="forgetful-ingest", interval=float(ingest_interval_s), concurrency_limit=1,
+            parameters={"source": ingest_source, "root": ingest_root, "runs_dir": runs_dir,
+                        "warehouse": ingest_warehouse or f"{runs_dir}/stream.duckdb"},
+            tags=["forgetful"]))
     return deps
 
 
@@ -39,13 +50,20 @@ def describe(deps: list) -> list[dict]:
     out = []
     for d in deps:
         crons = [getattr(s.schedule, "cron", None) for s in (d.schedules or [])]
-        out.append({"name": d.name, "flow": d.flow_name, "cron": [c for c in crons if c], "parameters": d.parameters})
+        item = {"name": d.name, "flow": d.flow_name, "cron": [c for c in crons if c], "parameters": d.parameters}
+        ivs = [getattr(s.schedule, "interval", None) for s in (d.schedules or [])]
+        if any(ivs):
+            item["interval_s"] = [iv.total_seconds() for iv in ivs if iv]
+            lim = getattr(d, "concurrency_limit", None)
+            item["concurrency_limit"] = getattr(lim, "limit", lim)
+        out.append(item)
     return out
 
 
 @runner.cli_errors
 def _main(args) -> int:
-    deps = build_deployments(args.cron, args.runs, args.warehouse, args.source)
+    deps = build_deployments(args.cron, args.runs, args.warehouse, args.source, args.ingest_root,
+                             args.ingest_source, args.ingest_interval, args.ingest_warehouse)
     print(json.dumps(describe(deps), indent=1))
     if args.dry_run:
         return 0
@@ -64,4 +82,10 @@ def add_cli(sub) -> None:
     p.add_argument("--warehouse", default=None)
     p.add_argument("--source", default="demo", choices=["demo", "mimic", "clif", "synthetic"])
     p.add_argument("--dry-run", action="store_true", help="build and print the deployments, do not serve")
+    p.add_argument("--ingest-root", default=None, metavar="DIR",
+                   help="also schedule `forgetful ingest` on this growing source root (concurrency limit 1)")
+    p.add_argument("--ingest-source", default="mimic", choices=["mimic", "clif"])
+    p.add_argument("--ingest-interval", type=float, default=3600, metavar="SECONDS",
+                   help="ingest schedule interval (default: %(default)s s)")
+    p.add_argument("--ingest-warehouse", default=None, help="streaming warehouse (default: <runs>/stream.duckdb)")
     p.set_defaults(func=_main)

@@ -1,0 +1,374 @@
+"""Incremental (streaming) ingest building blocks: new-file discovery, one DuckDB scan per new
+measurement file, closed-hour logic and the causal fill with a frozen standardisation.
+
+Source increments are extra measurement files beside the stays tables (append-only contract):
+
+* ``mimic``: ``<root>/icu/chartevents*.parquet|.csv.gz|.csv`` (plus ``icu/icustays``);
+* ``clif``: ``<root>/clif_vitals*.parquet`` (plus ``clif_adt`` and ``clif_hospitalization``).
+
+Each file is identified by its relative name, size and the sha256 of its bytes; a file whose
+bytes change after it was ingested is refused (:class:`SourceChangedError`), never re-read.
+
+Hours and the watermark. ``W`` is the largest charttime of every vital row ingested so far
+(optionally raised by an explicit ``as_of``). Contract: every row with charttime ≤ W has arrived.
+Hour ``h`` of a stay covers ``[intime + h, intime + h + 1)``; the last hour also takes rows at
+``outtime`` (as in the batch build). An hour is *closed* when its end (``intime + h + 1`` h, the
+last one: ``outtime``) is ≤ W; only closed hours become rows/tokens. A usable row that falls in
+an already closed hour is *late*; :mod:`pipelines.ingest` re-opens its stay from that hour.
+
+The hourly means reuse :func:`cohort._hourly.hourly_means` on the same packed keys as the batch
+build; the fill is causal (forward within the stay, the frozen median before the first record).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from ._hourly import HOUR_MS, MS_SHIFT, SIDX_SHIFT, events, fill_within_stays, hourly_means
+from .build import HOUR_US, _plausible_case_sql, _value_sql
+from .constants import VITALS
+from .errors import BadParameterError, CohortError, InputMissingError
+
+PATTERNS = {"mimic": ("icu", "chartevents"), "clif": (".", "clif_vitals")}
+_EXTS = (".parquet", ".csv.gz", ".csv")
+STAYS_TABLE = "_ing_stays"
+
+
+class SourceChangedError(CohortError):
+    """An already-ingested source file changed (append-only contract broken); nothing changed."""
+
+
+@dataclass(frozen=True)
+class FileId:
+    name: str          # path relative to the root
+    size: int
+    sha256: str
+
+
+def measurement_files(source: str, root: str | Path) -> list[Path]:
+    """Every measurement part file of the source root, sorted by name."""
+    if source not in PATTERNS:
+        raise BadParameterError(f"unknown ingest source {source!r}; expected mimic or clif")
+    sub, stem = PATTERNS[source]
+    d = Path(root) / sub
+    exts = (".parquet",) if source == "clif" else _EXTS
+    out = [p for p in d.glob(stem + "*") if p.is_file() and any(p.name.endswith(e) for e in exts)]
+    return sorted(out, key=lambda p: p.name)
+
+
+def file_identity(root: str | Path, path: Path, chunk: int = 1 << 22) -> FileId:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return FileId(str(Path(path).resolve().relative_to(Path(root).resolve())), path.stat().st_size, h.hexdigest())
+
+
+def _adapter(source: str, root: Path, con, part: Path | None):
+    """The batch adapter's SQL (stays, measurements) over one part file (no full layout needed)."""
+    from .sources import CLIF_LAYOUT, NATIVE_LAYOUT, ClifAdapter, MimicNativeAdapter, Table, _find
+
+    def fresh(cls):
+        obj = cls.__new__(cls)
+        try:  # the seed vital-sign convention (cohort.conventions), where the adapters have one
+            from .conventions import SEED, get_convention
+
+            obj.convention = get_convention(SEED)
+        except ImportError:  # pragma: no cover
+            pass
+        return obj
+
+    if source == "mimic":
+        a = fresh(MimicNativeAdapter)
+        a.icustays = _find(root, "icu/icustays", NATIVE_LAYOUT)
+        a.icustays.check(con, ["subject_id", "hadm_id", "stay_id", "intime", "outtime"])
+        if part is not None:
+            a.chartevents = Table("icu/chartevents", part)
+            a.chartevents.check(con, ["stay_id", "charttime", "itemid", "valuenum"])
+        a.scan_files = [part or a.icustays.path]
+        return a
+    a = fresh(ClifAdapter)
+    pq = (".parquet",)
+    a.adt = _find(root, "clif_adt", CLIF_LAYOUT, pq)
+    a.hosp = _find(root, "clif_hospitalization", CLIF_LAYOUT, pq)
+    a.adt.check(con, ["hospitalization_id", "in_dttm", "out_dttm", "location_category"])
+    a.hosp.check(con, ["hospitalization_id", "patient_id"])
+    if part is not None:
+        a.vitals = Table("clif_vitals", part)
+        a.vitals.check(con, ["hospitalization_id", "recorded_dttm", "vital_category", "vital_value"])
+    a.scan_files = [part or a.adt.path]
+    a._con = con
+    return a
+
+
+def load_stays(con, source: str, root: str | Path, min_hours: float, exclude_subjects=None) -> int:
+    """Create the temp table ``_ing_stays`` of eligible stays (the batch build's rules: valid
+    times, first row per stay id, LOS ≥ min_hours; registered subjects dropped before any
+    measurement is scanned). Returns the number of eligible stays."""
+    import pyarrow as pa
+
+    a = _adapter(source, Path(root), con, None)
+    con.execute(f"DROP TABLE IF EXISTS {STAYS_TABLE}")
+    con.execute(f"CREATE TEMP TABLE _ing_src AS {a.stays_sql()}")
+    if exclude_subjects is not None:
+        ids = np.asarray(con.execute("SELECT DISTINCT subject_id FROM _ing_src WHERE subject_id IS NOT NULL"
+                                     ).fetchnumpy()["subject_id"], dtype=np.int64)
+        mask = np.asarray(exclude_subjects(ids), dtype=bool)
+        if mask.any():
+            con.register("_ing_x", pa.table({"subject_id": pa.array(ids[mask])}))
+            con.execute("DELETE FROM _ing_src WHERE subject_id IN (SELECT subject_id FROM _ing_x)")
+            con.unregister("_ing_x")
+    min_us = int(round(min_hours * HOUR_US))
+    con.execute(
+        f"CREATE TEMP TABLE {STAYS_TABLE} AS SELECT stay_id, subject_id, hadm_id, intime, outtime, join_key, "
+        f"in_us, out_us, CAST(ceil((out_us - in_us) / {HOUR_US}.0) AS INTEGER) AS n_hours FROM ("
+        "SELECT *, epoch_us(intime) AS in_us, epoch_us(outtime) AS out_us FROM _ing_src "
+        "WHERE stay_id IS NOT NULL AND subject_id IS NOT NULL AND intime IS NOT NULL AND outtime IS NOT NULL "
+        "AND outtime > intime QUALIFY row_number() OVER (PARTITION BY stay_id ORDER BY intime) = 1) "
+        f"WHERE out_us - in_us >= {min_us}")
+    con.execute("DROP TABLE _ing_src")
+    return int(con.execute(f"SELECT count(*) FROM {STAYS_TABLE}").fetchone()[0])
+
+
+SCAN_TABLE = "_ing_scan"
+
+
+def scan_file(con, source: str, root: str | Path, part: Path) -> tuple[int, int, int | None]:
+    """One DuckDB scan of a part file (itemid/category filter pushed into the reader), joined to
+    ``_ing_stays``; unit conversion and the plausibility/in-stay filters as in the batch build.
+    The usable rows land in the temp table ``_ing_scan (stay_id, ms, vs, value)`` (DuckDB-managed,
+    spilling: nothing is materialised in Python). Returns ``(vital rows, usable rows, max ts µs)``."""
+    a = _adapter(source, Path(root), con, part)
+    sql = f"""
+        WITH m AS (
+            SELECT c.stay_id, CAST(m.vital * 4 + m.src AS BIGINT) AS vs, m.ts_us, c.in_us,
+                   {_value_sql()} AS value, (m.ts_us >= c.in_us AND m.ts_us <= c.out_us) AS in_win
+            FROM ({a.measurements_sql(STAYS_TABLE)}) AS m JOIN {STAYS_TABLE} AS c USING (stay_id))
+        SELECT stay_id, (ts_us - in_us) // 1000 AS ms, vs, value,
+               COALESCE(in_win AND {_plausible_case_sql()}, false) AS ok FROM m"""
+    try:
+        con.execute(f"DROP TABLE IF EXISTS {SCAN_TABLE}")
+        con.execute(f"CREATE TEMP TABLE _ing_scan_all AS {sql}")
+        n_rows = int(con.execute("SELECT count(*) FROM _ing_scan_all").fetchone()[0])
+        con.execute(f"CREATE TEMP TABLE {SCAN_TABLE} AS SELECT stay_id, ms, vs, value FROM _ing_scan_all WHERE ok")
+        con.execute("DROP TABLE _ing_scan_all")
+        mx = con.execute(f"SELECT max(ts_us) FROM ({a.measurements_sql(STAYS_TABLE)})").fetchone()[0]
+    except (duckdb.IOException, duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+        from .errors import UnreadableInputError, redact
+
+        raise UnreadableInputError(f"reading vital-sign rows from {part} failed ({type(exc).__name__}: "
+                                   f"{redact(str(exc).splitlines()[0][:300])})") from exc
+    n_ok = int(con.execute(f"SELECT count(*) FROM {SCAN_TABLE}").fetchone()[0])
+    return n_rows, n_ok, None if mx is None else int(mx)
+
+
+def empty_scan(con) -> None:
+    con.execute(f"DROP TABLE IF EXISTS {SCAN_TABLE}")
+    con.execute(f"CREATE TEMP TABLE {SCAN_TABLE} (stay_id BIGINT, ms BIGINT, vs BIGINT, value DOUBLE)")
+
+
+def closed_hours(w_us: int | None, in_us: np.ndarray, out_us: np.ndarray, n_hours: np.ndarray) -> np.ndarray:
+    """Number of closed hours per stay at watermark ``w_us`` (hours 0..k−1 are closed)."""
+    in_us = np.asarray(in_us, np.int64)
+    n_hours = np.asarray(n_hours, np.int64)
+    if w_us is None:
+        return np.zeros(in_us.size, np.int64)
+    full = np.clip((int(w_us) - in_us) // HOUR_US, 0, np.maximum(n_hours - 1, 0))
+    return np.where(int(w_us) >= np.asarray(out_us, np.int64), n_hours, full)
+
+
+def hour_of(ms: np.ndarray, n_hours: np.ndarray) -> np.ndarray:
+    """Hour index of rows (ms since intime), capped at n_hours − 1 (rows at outtime)."""
+    return np.minimum(np.asarray(ms, np.int64) // HOUR_MS, np.asarray(n_hours, np.int64) - 1)
+
+
+def causal_rows(ms: np.ndarray, vs: np.ndarray, value: np.ndarray, sidx: np.ndarray,
+                n_hours: np.ndarray, r0: np.ndarray, r1: np.ndarray, carry: np.ndarray):
+    """Filled hourly rows of hours ``[r0, r1)`` of several stays (stay index ``sidx`` of each raw
+    row), causally: hourly mean where observed, else the last filled value (``carry`` (s, 6) is
+    the filled row of hour r0−1, or the frozen medians when r0 = 0).
+
+    Returns ``(stay_index (N,), hour (N,), filled (N, 6), observed (N, 6))`` in (stay, hour)
+    order, N = Σ (r1 − r0)."""
+    lens = np.maximum(np.asarray(r1, np.int64) - np.asarray(r0, np.int64), 0)
+    n = int(lens.sum())
+    starts = np.cumsum(lens) - lens
+    k = (np.asarray(sidx, np.int64) << SIDX_SHIFT) | (np.asarray(ms, np.int64) << MS_SHIFT) | np.asarray(vs, np.int64)
+    o_sidx, o_hour, o_val = hourly_means(k, np.asarray(value, np.float64), np.asarray(n_hours, np.int64))
+    keep = (o_hour >= r0[o_sidx]) & (o_hour < r1[o_sidx])
+    o_sidx, o_hour, o_val = o_sidx[keep], o_hour[keep], o_val[keep]
+    filled, observed = fill_within_stays(starts[o_sidx] + o_hour - r0[o_sidx], o_val, lens, fill="causal")
+    rep = np.repeat(np.arange(lens.size), lens)
+    miss = np.isnan(filled)
+    if n:
+        filled[miss] = np.asarray(carry, np.float64)[rep][miss]
+    hour = np.arange(n, dtype=np.int64) - np.repeat(starts, lens) + np.repeat(r0, lens)
+    return rep, hour, filled, observed
+
+
+def out_table(stay_id: np.ndarray, hour: np.ndarray, filled: np.ndarray, observed: np.ndarray,
+              mean: np.ndarray, sd: np.ndarray):
+    """The ``vitals_hourly`` rows (batch schema and column order) as an Arrow table."""
+    import pyarrow as pa
+
+    from .constants import EVENT_COLUMNS, OBSERVED_COLUMNS
+
+    z = (filled - mean) / sd
+    comp, spo2 = events(filled)
+    cols = {"stay_id": pa.array(np.asarray(stay_id, np.int64)), "hour": pa.array(np.asarray(hour, np.int32))}
+    for j, v in enumerate(VITALS):
+        cols[v] = pa.array(filled[:, j])
+    for j, c in enumerate(OBSERVED_COLUMNS):
+        cols[c] = pa.array(observed[:, j])
+    for j, v in enumerate(VITALS):
+        cols[f"{v}_z"] = pa.array(z[:, j])
+    cols[EVENT_COLUMNS[0]] = pa.array(comp)
+    cols[EVENT_COLUMNS[1]] = pa.array(spo2)
+    return pa.table(cols)
+
+
+def require_root(source: str, root: str | Path) -> Path:
+    r = Path(root)
+    if not r.is_dir():
+        raise InputMissingError(f"ingest root {r} is not a directory")
+    return r
+
+
+
+def frozen_from_batch(source: str, root: Path, scratch: Path, min_hours: float, seed: int, exclude_subjects) -> dict:
+    """Causal batch build of the files present now (parts concatenated into a scratch layout)
+    -> {vital: {"mean", "sd", "median"}} (training split)."""
+    import os
+    import shutil
+
+    from .build import build_warehouse
+    from .sources import Table
+
+    parts = measurement_files(source, root)
+    if not parts:
+        raise InputMissingError(f"no measurement files under {root} to initialise the frozen standardisation from")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        con = duckdb.connect(":memory:")
+        try:
+            readers = []
+            for p in parts:
+                t = Table("part", p)
+                t.check(con, [])
+                readers.append(f"SELECT * FROM {t.reader}")
+            if source == "mimic":
+                (scratch / "icu").mkdir()
+                (scratch / "hosp").mkdir()
+                dest = scratch / "icu" / "chartevents.parquet"
+                for rel in ("icu/icustays", "icu/d_items", "hosp/patients", "hosp/admissions"):
+                    for ext in (".csv.gz", ".csv", ".parquet"):
+                        if (root / f"{rel}{ext}").is_file():
+                            os.symlink((root / f"{rel}{ext}").resolve(), scratch / f"{rel}{ext}")
+                            break
+            else:
+                dest = scratch / "clif_vitals.parquet"
+                for rel in ("clif_adt", "clif_hospitalization", "clif_patient"):
+                    if (root / f"{rel}.parquet").is_file():
+                        os.symlink((root / f"{rel}.parquet").resolve(), scratch / f"{rel}.parquet")
+            con.execute(f"COPY ({' UNION ALL BY NAME '.join(readers)}) TO '{dest}' (FORMAT parquet)")
+        finally:
+            con.close()
+        wh = scratch / "init.duckdb"
+        build_warehouse(source, scratch, wh, min_hours=min_hours, seed=seed, progress=False, fill="causal",
+                        exclude_subjects=exclude_subjects)
+        c2 = duckdb.connect(str(wh), read_only=True)
+        try:
+            rows = c2.execute("SELECT vital, mean, sd, median FROM standardisation").fetchall()
+        finally:
+            c2.close()
+        return {v: {"mean": float(m), "sd": float(s), "median": float(md)} for v, m, s, md in rows}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+__all__ = ["FileId", "SourceChangedError", "measurement_files", "file_identity", "load_stays", "scan_file",
+           "empty_scan", "closed_hours", "hour_of", "causal_rows", "out_table", "make_replay", "frozen_from_batch",
+           "STAYS_TABLE", "SCAN_TABLE"]
+
+
+
+def make_replay(source: str, src_root: str | Path, out_root: str | Path, parts_dir: str | Path, k: int,
+                align: bool = False, late_every: int = 0) -> list[Path]:
+    """A replayable copy of a source: the stays tables copied to ``out_root`` and the
+    measurement file split by charttime into ``k`` parts in ``parts_dir`` (the caller drops them
+    into the root one at a time). ``align`` (mimic) re-times every stay to start within a few days
+    of one clock (keeping its length and in-stay offsets), so every stay spans the increments;
+    ``late_every`` moves every n-th row of part 1 into part ``min(3, k−1)`` (late rows)."""
+    src_root, out_root, parts_dir = Path(src_root), Path(out_root), Path(parts_dir)
+    sub, stem = PATTERNS[source]
+    (out_root / sub).mkdir(parents=True, exist_ok=True)
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    if (src_root / "synthetic_manifest.json").is_file():  # the replay of a synthetic root stays "synthetic"
+        import shutil
+
+        shutil.copy(src_root / "synthetic_manifest.json", out_root / "synthetic_manifest.json")
+    con = duckdb.connect(":memory:")
+    try:
+        if source == "mimic":
+            from .sources import NATIVE_LAYOUT, _find
+
+            (out_root / "hosp").mkdir(parents=True, exist_ok=True)
+            for rel in ("icu/d_items", "hosp/patients", "hosp/admissions"):
+                t = _find(src_root, rel, NATIVE_LAYOUT)
+                t.check(con, [])
+                con.execute(f"COPY (SELECT * FROM {t.reader}) TO '{out_root / (rel + '.parquet')}' (FORMAT parquet)")
+            ic = _find(src_root, "icu/icustays", NATIVE_LAYOUT)
+            ic.check(con, [])
+            ce = _find(src_root, "icu/chartevents", NATIVE_LAYOUT)
+            ce.check(con, [])
+            if align:
+                con.execute(f"CREATE TABLE st AS SELECT *, TIMESTAMP '2150-01-01' + to_minutes(CAST(37 * "
+                            f"(row_number() OVER (ORDER BY stay_id)) AS BIGINT)) AS new_in FROM {ic.reader}")
+                con.execute("CREATE TABLE st2 AS SELECT * EXCLUDE (new_in, intime, outtime), new_in AS intime, "
+                            "new_in + (outtime - intime) AS outtime FROM st")
+                con.execute(f"CREATE TABLE ce AS SELECT c.* REPLACE (c.charttime - s.intime + s.new_in AS charttime) "
+                            f"FROM {ce.reader} c JOIN st s USING (stay_id)")
+                con.execute("DROP TABLE st")
+                con.execute("ALTER TABLE st2 RENAME TO st")
+            else:
+                con.execute(f"CREATE TABLE st AS SELECT * FROM {ic.reader}")
+                con.execute(f"CREATE TABLE ce AS SELECT * FROM {ce.reader}")
+            con.execute(f"COPY st TO '{out_root / 'icu' / 'icustays.parquet'}' (FORMAT parquet)")
+            tcol = "charttime"
+        else:
+            for rel in ("clif_adt", "clif_hospitalization", "clif_patient"):
+                con.execute(f"COPY (SELECT * FROM read_parquet('{src_root / (rel + '.parquet')}')) TO "
+                            f"'{out_root / (rel + '.parquet')}' (FORMAT parquet)")
+            con.execute(f"CREATE TABLE ce AS SELECT * FROM read_parquet('{src_root / 'clif_vitals.parquet'}')")
+            tcol = "recorded_dttm"
+        con.execute("CREATE TABLE ce2 AS SELECT *, row_number() OVER () AS _rn FROM ce")
+        qs = con.execute(f"SELECT quantile_disc(epoch_us({tcol}), [{', '.join(str(i / k) for i in range(1, k))}]) "
+                         "FROM ce2").fetchone()[0]
+        edges = [None] + [int(q) for q in qs] + [None]
+        con.execute("ALTER TABLE ce2 ADD COLUMN _part INTEGER")
+        for i in range(k):
+            cond = ["true"]
+            if edges[i] is not None:
+                cond.append(f"epoch_us({tcol}) > {edges[i]}")
+            if edges[i + 1] is not None:
+                cond.append(f"epoch_us({tcol}) <= {edges[i + 1]}")
+            con.execute(f"UPDATE ce2 SET _part = {i} WHERE {' AND '.join(cond)}")
+        if late_every and k > 2:
+            con.execute(f"UPDATE ce2 SET _part = {min(3, k - 1)} WHERE _part = 1 AND _rn % {int(late_every)} = 0")
+        paths = []
+        for i in range(k):
+            p = parts_dir / f"{stem}_part{i:03d}.parquet"
+            con.execute(f"COPY (SELECT * EXCLUDE (_rn, _part) FROM ce2 WHERE _part = {i} ORDER BY _rn) TO '{p}' "
+                        "(FORMAT parquet)")
+            paths.append(p)
+        return paths
+    finally:
+        con.close()
+

@@ -1,0 +1,51 @@
+"""``forgetful ingest`` as a Prefect flow (CLI), its study result, and the served deployment."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from cohort.incremental import make_replay
+
+
+@pytest.fixture(scope="module")
+def replay_parts(tmp_path_factory):
+    from cohort.synthetic import generate
+
+    d = tmp_path_factory.mktemp("flowsyn")
+    generate(d / "mimic", stays=10, seed=4, fmt="parquet")
+    return d / "root", make_replay("mimic", d / "mimic", d / "root", d / "parts", 3, align=True)
+
+
+def test_cli_init_then_increments(prefect_harness, replay_parts, tmp_path, capsys):
+    from dashboards.schema import validate_result
+    from pipelines.cli import main
+
+    root, parts = replay_parts
+    wh, runs = tmp_path / "stream.duckdb", tmp_path / "runs"
+    shutil.copy(parts[0], root / "icu" / parts[0].name)
+    base = ["ingest", "--source", "mimic", "--root", str(root), "--warehouse", str(wh), "--runs", str(runs)]
+    assert main(base + ["--init"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["steps"] == 1
+    assert main(base + ["--init"]) != 0  # a second --init is refused, nothing changed
+    for i, p in enumerate(parts[1:]):
+        shutil.copy(p, root / "icu" / p.name)
+        assert main(base + (["--final"] if i == len(parts) - 2 else [])) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["steps"] == 1 and out["future_safe_stays"] == out["n_stays"] > 0
+    res = json.loads((runs / "ingest" / "result.json").read_text())
+    validate_result(res)
+    assert res["study"] == "ingest" and res["data"] == "synthetic"
+    assert 0 < res["metrics"]["certified_retention"] < 1
+
+
+def test_serve_registers_ingest_on_an_interval():
+    from pipelines.flows.serve_cli import build_deployments, describe
+
+    deps = describe(build_deployments(ingest_root="/data/mimic", ingest_interval_s=120))
+    ing = [d for d in deps if d["name"] == "forgetful-ingest"]
+    assert ing and ing[0]["interval_s"] == [120.0] and ing[0]["concurrency_limit"] == 1
+    assert ing[0]["parameters"]["root"] == "/data/mimic"
+    assert not [d for d in describe(build_deployments()) if d["name"] == "forgetful-ingest"]

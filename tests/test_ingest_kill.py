@@ -1,0 +1,119 @@
+"""kill -9 in the middle of an ingest run (child process): the rerun completes, nothing is
+admitted twice and no row is lost — the result equals an uninterrupted run (content hash, one
+live token per closed hour). Short fixed kill points in the default suite; a random-delay loop
+behind ``@pytest.mark.slow`` (FORGETFUL_INGEST_KILLS sets its count)."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from cohort.incremental import make_replay
+from pipelines.ingest import KILL_ENV, ingest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = ("import sys; from pipelines.ingest import ingest\nprint('ready', flush=True)\n"
+         "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True)\nprint('done', flush=True)")
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    from cohort.synthetic import generate
+
+    d = tmp_path_factory.mktemp("killsyn")
+    generate(d / "mimic", stays=16, seed=9, fmt="parquet")
+    root = d / "root"
+    return root, make_replay("mimic", d / "mimic", root, d / "parts", 5, align=True, late_every=17)
+
+
+def _setup(parts, tmp: Path, name: str) -> tuple[Path, Path]:
+    """A fresh root (copy) initialised with part 0, with parts 1..4 waiting."""
+    src_root, ps = parts
+    root = tmp / f"root_{name}"
+    shutil.copytree(src_root, root, ignore=shutil.ignore_patterns("chartevents_part*"))
+    shutil.copy(ps[0], root / "icu" / ps[0].name)
+    wh = tmp / name / "s.duckdb"
+    wh.parent.mkdir()
+    ingest(wh, "mimic", root, init=True)
+    for p in ps[1:]:
+        shutil.copy(p, root / "icu" / p.name)
+    return wh, root
+
+
+def _child(wh, root, kill: str | None = None):
+    env = os.environ.copy()
+    env.pop(KILL_ENV, None)
+    if kill:
+        env[KILL_ENV] = kill
+    err = open(Path(wh).parent / "child.stderr", "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(wh), str(root)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=err, text=True)
+
+
+def _err(wh) -> str:
+    return (Path(wh).parent / "child.stderr").read_text()[-2000:]
+
+
+def _state(wh) -> tuple:
+    con = duckdb.connect(str(wh), read_only=True)
+    try:
+        h = con.execute("SELECT value FROM build_info WHERE key = 'content_hash'").fetchone()
+        toks = con.execute("SELECT count(*), count(DISTINCT (stay_id, hour)) FROM ingest_tokens").fetchone()
+        rows = con.execute("SELECT count(*) FROM vitals_hourly").fetchone()[0]
+        live = con.execute("SELECT coalesce(sum(n_live), 0) FROM ingest_gates").fetchone()[0]
+        raw = con.execute("SELECT count(*) FROM ingest_rows").fetchone()[0]
+        files = con.execute("SELECT count(*) FROM ingest_files").fetchone()[0]
+    finally:
+        con.close()
+    assert toks[0] == toks[1] == rows == live, "a closed hour must be exactly one live token"
+    return (None if h is None else h[0], rows, raw, files)
+
+
+@pytest.fixture(scope="module")
+def reference(parts, tmp_path_factory):
+    wh, root = _setup(parts, tmp_path_factory.mktemp("ref"), "ref")
+    ingest(wh, "mimic", root, final=True)
+    return _state(wh)
+
+
+@pytest.mark.parametrize("kill", ["3:before_commit", "4:after_commit"])
+def test_kill_at_fixed_points_then_rerun(parts, reference, tmp_path, kill):
+    wh, root = _setup(parts, tmp_path, "k")
+    p = _child(wh, root, kill)
+    assert p.stdout.readline().strip() == "ready"
+    p.wait(timeout=300)
+    assert p.returncode == -signal.SIGKILL, _err(wh)
+    mid = _state(wh)
+    assert mid[3] == int(kill[0]) - (1 if kill.endswith("before_commit") else 0), (mid, _err(wh))
+    r = ingest(wh, "mimic", root, final=True)
+    assert r["steps"], "the rerun redoes the uncommitted steps"
+    assert _state(wh) == reference, (_state(wh), reference, r["steps"])
+
+
+@pytest.mark.slow
+def test_kill_at_random_points(parts, reference, tmp_path):
+    rng = random.Random(7)
+    wh0, root0 = _setup(parts, tmp_path, "timed")
+    p = _child(wh0, root0)
+    assert p.stdout.readline().strip() == "ready"
+    t0 = time.perf_counter()
+    assert p.stdout.readline().strip() == "done"
+    p.wait()
+    dur = time.perf_counter() - t0
+    for i in range(int(os.environ.get("FORGETFUL_INGEST_KILLS", "12"))):
+        wh, root = _setup(parts, tmp_path, f"r{i}")
+        p = _child(wh, root)
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0, dur))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        ingest(wh, "mimic", root, final=True)
+        assert _state(wh) == reference
