@@ -108,19 +108,9 @@ def byte_hits(folders, ids) -> list[tuple[str, int, str]]:
 
 # ------------------------------------------------------------------------------ 1. registry + rebuild
 def _clif_root(tmp: Path) -> Path:
-    dst = tmp / "clif"
-    dst.mkdir()
-    con = duckdb.connect()
-    known = {"hospitalization_id": "VARCHAR", "patient_id": "VARCHAR", "in_dttm": "TIMESTAMPTZ",
-             "out_dttm": "TIMESTAMPTZ", "recorded_dttm": "TIMESTAMPTZ", "admission_dttm": "TIMESTAMPTZ",
-             "discharge_dttm": "TIMESTAMPTZ"}
-    for f in (FIX / "clif_small").glob("*.csv"):
-        header = f.read_text().splitlines()[0].split(",")
-        types = "{" + ", ".join(f"'{c}': '{t}'" for c, t in known.items() if c in header) + "}"
-        con.execute(f"COPY (SELECT * FROM read_csv('{f}', header=true, types={types})) "
-                    f"TO '{dst / (f.stem + '.parquet')}' (FORMAT parquet)")
-    con.close()
-    return dst
+    from test_cohort_build import materialise_clif  # the CLIF fixture as parquet (VARCHAR ids, TIMESTAMPTZ)
+
+    return materialise_clif(tmp / "clif")
 
 
 @pytest.mark.parametrize("adapter", ["mimic", "clif", "demo"])
