@@ -89,7 +89,7 @@ def retention_for_stays(warehouse: str, stay_ids: Sequence[int], *, label: str =
 
     Returns one dict per stay: ``stay_id``, ``subject_id``, ``hours`` and the fields of
     :func:`stay_retention` (``included`` False for stays without an event). Gates are returned
-    as state dicts (``gate_state``) so results can be pickled into the task cache.
+    as state dicts (``gate_state``) so results fit the JSON task cache (:mod:`pipelines.task_cache`).
     """
     if label not in LABELS:
         raise StudyInputError(f"label must be one of {LABELS}, got {label!r}")

@@ -1,6 +1,6 @@
 """The independent reference solve: a from-scratch interior-point QP, polished to KKT.
 
-Algorithm (different from the maintained C&P path): Clarabel (through ``qpsolvers``) solves
+Algorithm (different from the maintained C&P path): Clarabel (called directly) solves
 
     min 1/2 a^T (2K) a - diag(K)^T a   s.t.  1^T a = 1,  0 <= a <= C
 
