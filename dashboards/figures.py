@@ -76,7 +76,12 @@ def _bar(ax, spec, colors) -> None:
         yerr = [lo, hi]
     ax.bar(x, vals, color=[colors[i % len(colors)] for i in x], yerr=yerr, capsize=4 if yerr else 0,
            error_kw={"elinewidth": 1.2, "ecolor": "#222222"})
-    ax.set_xticks(x, cats, fontsize=8, rotation=20 if max(len(c) for c in cats) > 9 else 0)
+    # long or many labels: rotate further and anchor each at its bar's right edge so they never overlap
+    crowd = max(len(c) for c in cats) * len(cats)
+    if crowd > 60:
+        ax.set_xticks(x, cats, fontsize=7 if crowd > 150 else 8, rotation=55, ha="right", rotation_mode="anchor")
+    else:
+        ax.set_xticks(x, cats, fontsize=8, rotation=20 if max(len(c) for c in cats) > 9 else 0)
     if spec.get("log_y"):
         ax.set_yscale("log")
     if "reference_line" in spec:
