@@ -127,6 +127,20 @@ def test_causal_fill_no_backfill():
     assert np.isnan(f_c[0, 0]) and f_c[1:, 0].tolist() == [5.0, 5.0] and obs[:, 0].tolist() == [False, True, False]
 
 
+def assert_equals_causal_batch(adapter, wh, root, tmp_path):
+    """The streamed warehouse equals the causal batch build with the same frozen standardisation
+    (content hash and frames), and every stay's gate equals a full-history solve; returns
+    (batch summary, frozen table, number of stays checked)."""
+    fz = _frozen(wh)
+    batch = build_warehouse(adapter, batch_root(adapter, root, tmp_path), tmp_path / "b.duckdb", fill="causal",
+                            frozen=fz, progress=False)
+    assert batch.content_hash == _hash(wh)
+    assert frames_equal(wh, tmp_path / "b.duckdb") == 0.0
+    dev, n = gate_deviation(wh)
+    assert n == batch.n_stays and dev <= 1e-9
+    return batch, fz, n
+
+
 def test_replay_synthetic_equals_causal_batch(synthetic_root, tmp_path):
     wh, root, runs = replay("mimic", synthetic_root, tmp_path, k=6, align=True, late_every=23)
     steps = [s for r in runs for s in r["steps"]]
@@ -135,13 +149,7 @@ def test_replay_synthetic_equals_causal_batch(synthetic_root, tmp_path):
     assert late > 0 and sum(s["reopened_hours"] for s in steps) > 0
     # every stay streams through several increments (aligned clock)
     assert max(s["stays_updated"] for s in steps) >= 10
-    fz = _frozen(wh)
-    batch = build_warehouse("mimic", batch_root("mimic", root, tmp_path), tmp_path / "b.duckdb", fill="causal",
-                            frozen=fz, progress=False)
-    assert batch.content_hash == _hash(wh)
-    assert frames_equal(wh, tmp_path / "b.duckdb") == 0.0
-    dev, n = gate_deviation(wh)
-    assert n == batch.n_stays and dev <= 1e-9
+    batch, fz, n = assert_equals_causal_batch("mimic", wh, root, tmp_path)
     # frozen standardisation never recomputed; idempotent rerun; aggregates only in the result
     assert _frozen(wh) == fz
     again = ingest(wh, "mimic", root)
@@ -169,13 +177,7 @@ def test_replay_demo_equals_causal_batch(tmp_path):
     except Exception as exc:  # pragma: no cover - depends on the cache
         pytest.skip(f"MIMIC-IV demo not cached: {exc}")
     wh, root, runs = replay("clif", demo, tmp_path, k=5)
-    fz = _frozen(wh)
-    batch = build_warehouse("clif", batch_root("clif", root, tmp_path), tmp_path / "b.duckdb", fill="causal",
-                            frozen=fz, progress=False)
-    assert batch.content_hash == _hash(wh)
-    assert frames_equal(wh, tmp_path / "b.duckdb") == 0.0
-    dev, n = gate_deviation(wh)
-    assert n == batch.n_stays and dev <= 1e-9
+    assert_equals_causal_batch("clif", wh, root, tmp_path)
 
 
 def test_deletion_queue(synthetic_root, tmp_path):
