@@ -11,34 +11,39 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._state import (  # noqa: F401  (re-exported: the solver's constants)
+    _NAMES,
+    DEAD,
+    DUPLICATE_TOL,
+    ERROR,
+    G_REFRESH,
+    INVERSE_GUARD,
+    MARGIN,
+    NEAR_TWIN_TOL,
+    PENDING,
+    POLISH_EVERY,
+    RESERVE,
+    RISKY_RATE,
+    SNAP_TOL,
+    FloatArray,
+    SolverState,
+    _Degenerate,
+)
 from .errors import PathError
 
-RESERVE, MARGIN, ERROR, PENDING, DEAD = 0, 1, 2, 3, -1
-#: a margin coefficient within SNAP_TOL * C of a bound is snapped to it at the end of an operation
-SNAP_TOL = 1e-10
-#: residual of the bordered system above which the maintained inverse is refactorised
-INVERSE_GUARD = 1e-11
-#: feature-space squared distance below which two keys are treated as exact duplicates (keys
-#: that are bit-for-bit equal always are; with stored keys, a distinct key this close to a margin
-#: key on the C&P path is handled as a near-twin, see ``NEAR_TWIN_TOL``)
-DUPLICATE_TOL = 1e-12
-#: feature-space squared distance below which a key reaching the margin set next to a margin key
-#: is a *near-twin*: instead of joining S beside it (a near-singular bordered system) it swaps in
-NEAR_TWIN_TOL = 1e-9
-#: operations between exact recomputes of the gradient (it is updated incrementally in between)
-G_REFRESH = 32
-#: operations between unconditional re-solves of the margin system (see ``finish``)
-POLISH_EVERY = 8
-#: margin rates |beta| above this mark an operation as ill-conditioned: its end recomputes g
-RISKY_RATE = 1e3
-_NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
+
+def _drop(R: FloatArray, r: int) -> FloatArray:
+    """``R`` without row and column ``r`` (block copies; no fancy indexing)."""
+    m = R.shape[0] - 1
+    out = np.empty((m, m))
+    out[:r, :r] = R[:r, :r]
+    out[:r, r:] = R[:r, r + 1 :]
+    out[r:, :r] = R[r + 1 :, :r]
+    out[r:, r:] = R[r + 1 :, r + 1 :]
+    return out
 
 
-class _Degenerate(Exception):
-    """A key cannot join the margin set: its Schur complement is ~0 (it duplicates margin keys)."""
-
-
-def rho_midpoint(g_at_rho0: np.ndarray, status: np.ndarray, idx: np.ndarray) -> float:
+def rho_midpoint(g_at_rho0: FloatArray, status: np.ndarray, idx: np.ndarray) -> float:
     """Midpoint of the KKT interval for rho when the margin set is empty.
 
     ``g_at_rho0`` holds ``g_i`` evaluated at ``rho = 0``; reserve keys need ``rho >= -g_i``,
@@ -57,27 +62,28 @@ def rho_midpoint(g_at_rho0: np.ndarray, status: np.ndarray, idx: np.ndarray) -> 
     return 0.0
 
 
-class BorderedMixin:
+class BorderedMixin(SolverState):
     """Margin-system algebra over the solver's arrays (``K``, ``kd``, ``alpha``, ``g``, ``S``)."""
 
-    def _cvec(self) -> np.ndarray:
+    def _cvec(self) -> FloatArray:
         """Right-hand side ``c`` of ``M u = c`` given all non-margin coefficients."""
-        S = np.asarray(self.S, dtype=np.int64)
+        S, B = self.margin_rows()
         n = self.n_slots
         a = self.alpha[:n].copy()
         a[S] = 0.0  # fixed (non-margin) coefficients only; dead slots hold 0
-        c = np.empty(S.size + 1)
-        c[0] = 1.0 - a.sum()
-        c[1:] = self.kd[S] - 2.0 * (self.K[S, :n] @ a)
+        c = B @ a  # (sum a, 2 K[S, :] a)
+        np.negative(c, out=c)
+        c[0] += 1.0
+        c[1:] += self.kd[S]
         return c
 
-    def _bordered(self) -> np.ndarray:
-        S = np.asarray(self.S, dtype=np.int64)
+    def _bordered(self) -> FloatArray:
+        S, B = self.margin_rows()
         m = S.size
-        M = np.zeros((m + 1, m + 1))
-        M[0, 1:] = 1.0
+        M = np.empty((m + 1, m + 1))
+        M[:, 1:] = B[:, S]
         M[1:, 0] = 1.0
-        M[1:, 1:] = 2.0 * self.K[np.ix_(S, S)]
+        M[0, 0] = 0.0
         return M
 
     def refactor(self) -> None:
@@ -98,76 +104,80 @@ class BorderedMixin:
         "near")`` if it is a distinct near-twin of j (``<= near_tol``; checked first when keys are
         stored), and ``_Degenerate(k)`` if its Schur complement is ~0.
         """
-        S = np.asarray(self.S, dtype=np.int64)
-        v = np.empty(S.size + 1)
-        v[0] = 1.0
-        v[1:] = 2.0 * self.K[S, k]
-        b = -self.Rinv @ v
-        kappa = 2.0 * self.K[k, k] + v @ b
-        scale = max(1.0, 2.0 * self.K[k, k])
+        S, B = self.margin_rows()
+        v = B[:, k]  # (1, 2 K[S, k])
+        b = self.Rinv @ v
+        np.negative(b, out=b)
+        kkk = float(self.K[k, k])
+        kappa = 2.0 * kkk + float(v @ b)
+        scale = max(1.0, 2.0 * kkk)
         if S.size:
             # exact duplicate of a margin key (feature-space distance ~0): M would be singular
-            d2 = self.kd[S] + self.K[k, k] - v[1:]  # v[1:] = 2 K[S, k]
-            j = int(np.argmin(d2))
-            if self._keyed and d2[j] <= max(near_tol, 1e-6):
+            d2 = self.kd[S] + kkk - v[1:]  # v[1:] = 2 K[S, k]
+            j = int(d2.argmin())
+            dj = float(d2[j])
+            if self._keyed and dj <= max(near_tol, 1e-6):
                 # (bit-equal keys have feature distance at rounding level, so only then look)
                 same = np.flatnonzero((self.X[S] == self.X[k]).all(axis=1))
                 if same.size:
                     raise _Degenerate(int(k), int(S[same[0]]))
-                if d2[j] <= near_tol:
+                if dj <= near_tol:
                     raise _Degenerate(int(k), int(S[j]), "near")
-            if d2[j] <= DUPLICATE_TOL:
+            if dj <= DUPLICATE_TOL:
                 raise _Degenerate(int(k), int(S[j]))
-            if d2[j] <= near_tol:
+            if dj <= near_tol:
                 raise _Degenerate(int(k), int(S[j]), "near")
         if S.size and kappa <= 1e-6 * scale and self._updates > 0:
             # conditioning guard: a small Schur complement is computed with a fresh inverse
             self.refactor()
-            b = -self.Rinv @ v
-            kappa = 2.0 * self.K[k, k] + v @ b
+            b = self.Rinv @ v
+            np.negative(b, out=b)
+            kappa = 2.0 * kkk + float(v @ b)
         if S.size and kappa <= self.GUARD * scale:
             raise _Degenerate(int(k))
-        self.S.append(int(k))
+        self._S.append(int(k))
+        self._rows_append(int(k))
         self._updates += 1
         if S.size == 0 or self._updates >= self.refactor_every:
             self.refactor()
             return
         m = S.size + 1
-        R = np.zeros((m + 1, m + 1))
-        R[:m, :m] = self.Rinv
-        bb = np.append(b, 1.0)
-        R += np.outer(bb, bb) / kappa
+        bb = np.empty(m + 1)
+        bb[:m] = b
+        bb[m] = 1.0
+        R = np.multiply.outer(bb, bb)
+        R /= kappa
+        R[:m, :m] += self.Rinv
         self.Rinv = R
 
     def _border_remove(self, k: int) -> None:
-        p = self.S.index(int(k))
+        p = self._S.index(int(k))
         r = p + 1
         R = self.Rinv
-        piv = R[r, r]
-        self.S.pop(p)
+        piv = float(R[r, r])
+        self._S.pop(p)
+        self._rows_delete(p)
         self._updates += 1
-        if abs(piv) < 1e-14 or self._updates >= self.refactor_every or not self.S:
-            if self.S:
+        if abs(piv) < 1e-14 or self._updates >= self.refactor_every or not self._S:
+            if self._S:
                 self.refactor()
             else:
                 self.Rinv = np.zeros((1, 1))
             return
-        keep = np.arange(R.shape[0])
-        keep = keep[keep != r]
-        Rk = R[keep][:, keep]
-        Rk -= np.outer(R[keep, r], R[r, keep] / piv)
-        self.Rinv = Rk
+        self.Rinv = _drop(R - np.multiply.outer(R[:, r], R[r, :] / piv), r)
 
-    def _set_margin_solution(self, S: np.ndarray, rho: float, aS: np.ndarray) -> None:
+    def _set_margin_solution(self, rho: float, aS: FloatArray) -> None:
         """Set ``(rho, alpha_S)`` and update g incrementally: ``g += d rho + 2 K[:, S] d alpha_S``
         (O(|S| n) instead of the O(n^2) recompute; exact recomputes happen every
         ``G_REFRESH`` operations and whenever the KKT guard trips)."""
         n = self.n_slots
-        da = aS - self.alpha[S]
-        drho = rho - self.rho
+        S, B = self.margin_rows()
+        w = np.empty(S.size + 1)
+        w[0] = rho - self.rho
+        np.subtract(aS, self.alpha[S], out=w[1:])
         self.alpha[S] = aS
         self.rho = rho
-        self.g[:n] += drho + 2.0 * (da @ self.K[S, :n])
+        self.g[:n] += w @ B
         self.g[S] = 0.0  # the margin system was just solved: g_S = 0 up to its residual
 
     def _resolve_margin(self) -> bool:
@@ -181,8 +191,7 @@ class BorderedMixin:
         tol = SNAP_TOL * self.C
         if not (np.isfinite(u).all() and u[1:].min() >= -tol and u[1:].max() <= self.C + tol):
             return False
-        self._set_margin_solution(np.asarray(self.S, dtype=np.int64), float(u[0]),
-                                  np.clip(u[1:], 0.0, self.C))
+        self._set_margin_solution(float(u[0]), np.clip(u[1:], 0.0, self.C))
         return True
 
     def polish(self) -> None:
@@ -192,7 +201,7 @@ class BorderedMixin:
         (the same convention as :func:`sv_core.refit`).
         """
         tol = SNAP_TOL * self.C
-        while self.S:
+        while self._S:
             cv = self._cvec()
             u = self.Rinv @ cv
             M = self._bordered()
@@ -203,16 +212,16 @@ class BorderedMixin:
                 u = np.linalg.solve(M, cv)
             else:
                 u += self.Rinv @ r  # one step of iterative refinement
-            S = np.asarray(self.S, dtype=np.int64)
+            S, _ = self.margin_rows()
             aS = u[1:]
             low = aS <= tol
             high = aS >= self.C - tol
             if not (low.any() or high.any()):
-                self._set_margin_solution(S, float(u[0]), aS)
+                self._set_margin_solution(float(u[0]), aS)
                 return
             # a margin coefficient sitting on its bound: the partition is degenerate and rho
             # is not pinned by it; move it to the bound so rho follows the canonical convention
-            for k, lo_, hi_ in zip(S, low, high):
+            for k, lo_, hi_ in zip(S.tolist(), low.tolist(), high.tolist()):
                 if lo_ or hi_:
                     self._risky = True
                     new = 0.0 if lo_ else self.C
@@ -222,7 +231,7 @@ class BorderedMixin:
                     self.status[k] = RESERVE if lo_ else ERROR
                     self._border_remove(int(k))
                     break
-        if not self.S:
+        if not self._S:
             n = self.n_slots
             rho = rho_midpoint(self.g[:n] - self.rho, self.status[:n], self.live())
             self.g[:n] += rho - self.rho
@@ -235,11 +244,34 @@ class BorderedMixin:
         empty (rho convention) and whenever a margin coefficient sits within ``SNAP_TOL * C`` of
         a bound (snap convention)."""
         self._since_polish += 1
-        if self.S and not self._risky and self._since_polish < POLISH_EVERY:
-            aS = self.alpha[self.S]
+        if self._S and not self._risky and self._since_polish < POLISH_EVERY:
+            S, _ = self.margin_rows()
+            aS = self.alpha[S]
             tol = SNAP_TOL * self.C
-            if aS.min() > tol and aS.max() < self.C - tol:
+            if aS[aS.argmin()] > tol and aS[aS.argmax()] < self.C - tol:
                 return
         self.polish()
         self._since_polish = 0
 
+    def kkt_residual(self) -> dict[str, float]:
+        """KKT violations recomputed from scratch (not from the maintained g)."""
+        live = self.live()
+        a = self.alpha[live]
+        st = self.status[live]
+        sup = live[a != 0.0]
+        g = self.rho - self.kd[live] + 2.0 * (self.K[np.ix_(live, sup)] @ self.alpha[sup])
+        out = {
+            "sum": float(abs(a.sum() - 1.0)),
+            "box": float(max(0.0, -a.min(initial=0.0), (a - self.C).max(initial=0.0))),
+            "margin_gradient": float(np.abs(g[st == MARGIN]).max(initial=0.0)),
+            "error_gradient": float(np.maximum(g[st == ERROR], 0.0).max(initial=0.0)),
+            "reserve_gradient": float(np.maximum(-g[st == RESERVE], 0.0).max(initial=0.0)),
+        }
+        if self._S:
+            M = self._bordered()
+            # diagnostic only: ||M Rinv - I|| grows with cond(M) even when the solution is exact
+            out["inverse"] = float(np.abs(M @ self.Rinv - np.eye(M.shape[0])).max())
+        else:
+            out["inverse"] = 0.0
+        out["max"] = max(v for k, v in out.items() if k != "inverse")
+        return out

@@ -15,21 +15,24 @@ them consistently:
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
-from ._bordered import DEAD, ERROR, MARGIN, PENDING, RESERVE, _Degenerate  # noqa: F401
+from ._bordered import BorderedMixin
+from ._state import DEAD, ERROR, MARGIN, RESERVE, FloatArray, _Degenerate
 
 
-class DegenerateMixin:
+class DegenerateMixin(BorderedMixin):
     """Twin hand-over, near-twin swap, degenerate-pivot checks and state rebuilds."""
+
+    def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen: Iterable[int] = ()) -> int:
+        raise NotImplementedError  # the event loop (sv_core.solver.MaintainedSVDD)
 
     def _enters_consistently(self, c: int, k: int, s: float, prev: int) -> bool:
         """After k joined S at a zero-length step: does its coefficient move into the box?"""
-        S = self.S
-        v = np.empty(len(S) + 1)
-        v[0] = 1.0
-        v[1:] = 2.0 * self.K[S, c]
-        rate = -(self.Rinv[-1] @ v) * s  # k is the last margin key
+        _, B = self.margin_rows()
+        rate = -float(self.Rinv[-1] @ B[:, c]) * s  # k is the last margin key
         return rate > 0.0 if prev == RESERVE else rate < 0.0
 
     def _swap_near_twin(self, k: int, j: int, prev: int) -> bool:
@@ -44,7 +47,8 @@ class DegenerateMixin:
         """
         self._risky = True
         n = self.n_slots
-        saved = (list(self.S), self.Rinv.copy(), self._updates, self.alpha[j], self.rho, self.g[:n].copy())
+        saved = (list(self.S), self.Rinv.copy(), self._updates, float(self.alpha[j]), self.rho,
+                 self.g[:n].copy())
         self._border_remove(j)
         self.status[j] = prev
         new = 0.0 if prev == RESERVE else self.C
@@ -61,7 +65,8 @@ class DegenerateMixin:
             return True
         # the swap is not consistent here (its re-solve leaves the box): undo it; the caller
         # lets k join beside its twin instead
-        self.S, self.Rinv, self._updates, self.alpha[j], self.rho, g = saved
+        S_saved, self.Rinv, self._updates, self.alpha[j], self.rho, g = saved
+        self.S = S_saved
         self.g[:n] = g
         self.status[j] = MARGIN
         self.status[k] = prev
@@ -103,6 +108,7 @@ class DegenerateMixin:
                     self.status[twin] = ERROR
                     self.g[twin] = 0.0
                     self.S[self.S.index(twin)] = int(c)  # same row of M: Rinv is unchanged
+                    self._s_changed()
                     self.status[c] = MARGIN
                 n = self.n_slots
                 # identical keys: identical kernel rows, so this changes g only at rounding level
@@ -115,7 +121,7 @@ class DegenerateMixin:
             self.alpha[c] = 0.0
             self.status[c] = RESERVE
 
-    def load_solution(self, slots: np.ndarray, alpha: np.ndarray, status: np.ndarray, rho: float) -> None:
+    def load_solution(self, slots: np.ndarray, alpha: FloatArray, status: np.ndarray, rho: float) -> None:
         """Replace the maintained state by a given solution of the live keys (exact fallback).
 
         ``slots`` are the live slots, ``alpha``/``status`` aligned with them (from the refit

@@ -223,11 +223,11 @@ class Gate:
             reason = f"{type(exc).__name__}: {exc}"
             self._exact_fallback(op, reason)
             return 0, reason
-        v = max(core.maintained_violation(), core.margin_residual())
+        v = core.guard_residual()
         if not v <= TIGHTEN_AT:
             # the residual guard: recompute the gradient exactly before judging
             core.recompute_g()
-            v = max(core.maintained_violation(), core.margin_residual())
+            v = core.guard_residual()
             if v > TIGHTEN_AT and np.isfinite(v):
                 v = self._tighten(v)
             if not v <= KKT_GUARD:
@@ -248,7 +248,7 @@ class Gate:
         a2, st2 = _consolidate_repeats(core.X[slots], a2, st2, self.C)
         try:
             core.load_solution(slots, a2, st2, rho2)
-            v2 = max(core.maintained_violation(), core.margin_residual())
+            v2 = core.guard_residual()
         except PathError:
             v2 = float("inf")
         if v2 < v:

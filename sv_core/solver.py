@@ -28,19 +28,31 @@ The gradient is updated incrementally along the path and by every margin re-solv
 (``O(|S| n)``); it is recomputed exactly every ``G_REFRESH`` operations, after any degenerate
 handling, and whenever the gate's KKT guard reads a residual above ``1e-12``.
 
-Layout: this module holds storage, the event loop and the operations; the bordered-inverse
-algebra (``Rinv`` updates, margin re-solves, polish) is :mod:`sv_core._bordered`; the handling of
-(near-)duplicate keys (twin hand-over, near-twin swap, degenerate pivot, state rebuild for the
-exact fallback) is :mod:`sv_core._degenerate`.
+Layout: this module holds the one event loop and the operations built on it; storage, the
+margin set with its cached bordered rows ``[1; 2 K[S, :]]``, gradients and diagnostics are
+:mod:`sv_core._state`; the bordered-inverse algebra (``Rinv`` updates, margin re-solves, polish)
+is :mod:`sv_core._bordered`; the handling of (near-)duplicate keys (twin hand-over, near-twin
+swap, degenerate pivot, state rebuild for the exact fallback) is :mod:`sv_core._degenerate`.
+
+The event search is vectorised over all slots with per-sweep sign vectors (updated in place at
+simple events), the margin rates and gradient rates come from the cached bordered rows (one
+``|S| x n`` mat-vec per event, no gather), and the ratio test over the few margin keys runs on
+Python floats (cheaper than a dozen small numpy calls).
 
 Slots are internal positions; the public :class:`sv_core.Gate` maps stable token ids to slots.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 import numpy as np
 
-from ._bordered import (  # noqa: F401  (re-exported: the solver's public constants)
+from ._bordered import rho_midpoint  # noqa: F401  (re-exported)
+from ._degenerate import DegenerateMixin
+from ._state import (  # noqa: F401  (re-exported: the solver's public constants)
     _NAMES,
+    _SIGN,
     DEAD,
     DUPLICATE_TOL,
     ERROR,
@@ -53,16 +65,15 @@ from ._bordered import (  # noqa: F401  (re-exported: the solver's public consta
     RESERVE,
     RISKY_RATE,
     SNAP_TOL,
-    BorderedMixin,
+    FloatArray,
     _Degenerate,
-    rho_midpoint,
 )
-from ._degenerate import DegenerateMixin
 from .errors import PathError
-from .kernels import rbf_kernel
+
+_INF = math.inf
 
 
-class MaintainedSVDD(BorderedMixin, DegenerateMixin):
+class MaintainedSVDD(DegenerateMixin):
     """Slot-based maintained C&P state (fp64). Not thread-safe.
 
     Parameters
@@ -73,145 +84,59 @@ class MaintainedSVDD(BorderedMixin, DegenerateMixin):
     refactor_every : int, refactorise ``Rinv`` after this many low-rank updates.
     """
 
-    #: tolerance on rates (beta, gamma) below which a coefficient/gradient is treated as constant
-    RATE_EPS = 1e-13
-    #: relative Schur-complement size below which a border update is refused as ill-conditioned
-    GUARD = 1e-14
-
-    def __init__(self, C: float, sigma: float, dim: int, refactor_every: int = 64):
-        self.C = float(C)
-        self.sigma = float(sigma)
-        self.dim = int(dim)
-        self.refactor_every = int(refactor_every)
-        cap = 16
-        self.X = np.zeros((cap, dim))
-        self.K = np.zeros((cap, cap))
-        self.kd = np.zeros(cap)
-        self.alpha = np.zeros(cap)
-        self.g = np.zeros(cap)
-        self.status = np.full(cap, DEAD, dtype=np.int8)
-        self.n_slots = 0
-        self.S: list[int] = []
-        self.Rinv = np.zeros((1, 1))
-        self.rho = 0.0
-        self.solved = False
-        self._updates = 0
-        self.events = 0  # path events of the current operation
-        self.refactorisations = 0
-        self._ops = 0  # operations since the last exact gradient recompute
-        self._since_polish = 0
-        #: set by degenerate handling (near-twin swap, twin hand-over, pivot, snaps) in an
-        #: operation: its end recomputes g exactly before the KKT guard reads it
-        self._risky = False
-        #: keys are stored (False for ``from_gram``): exact duplicates are then recognised by
-        #: equal keys rather than by a feature-space distance at rounding level
-        self._keyed = True
-
-    # ------------------------------------------------------------------ storage
-    def _grow(self, need: int) -> None:
-        cap = self.X.shape[0]
-        if need <= cap:
-            return
-        new = max(need, 2 * cap)
-        X = np.zeros((new, self.dim)); X[:cap] = self.X
-        K = np.zeros((new, new)); K[:cap, :cap] = self.K
-        kd = np.zeros(new); kd[:cap] = self.kd
-        a = np.zeros(new); a[:cap] = self.alpha
-        g = np.zeros(new); g[:cap] = self.g
-        st = np.full(new, DEAD, dtype=np.int8); st[:cap] = self.status
-        self.X, self.K, self.kd, self.alpha, self.g, self.status = X, K, kd, a, g, st
-
-    def append(self, Xnew: np.ndarray) -> np.ndarray:
-        """Store new keys as PENDING slots (alpha 0); returns their slots. No solve."""
-        m = Xnew.shape[0]
-        lo = self.n_slots
-        hi = lo + m
-        self._grow(hi)
-        self.X[lo:hi] = Xnew
-        Knew = rbf_kernel(Xnew, self.X[:hi], self.sigma)
-        self.K[lo:hi, :hi] = Knew
-        self.K[:hi, lo:hi] = Knew.T
-        self.kd[lo:hi] = np.diag(self.K)[lo:hi]
-        self.alpha[lo:hi] = 0.0
-        self.g[lo:hi] = 0.0
-        self.status[lo:hi] = PENDING
-        self.n_slots = hi
-        return np.arange(lo, hi)
-
-    @classmethod
-    def from_gram(cls, K: np.ndarray, C: float, refactor_every: int = 64) -> MaintainedSVDD:
-        """A solver over a given symmetric Gram matrix (keys are not stored); call ``initialise``."""
-        n = K.shape[0]
-        core = cls(C, 1.0, 1, refactor_every)
-        core._keyed = False
-        core._grow(n)
-        core.K[:n, :n] = K
-        core.kd[:n] = np.diag(K)
-        core.status[:n] = PENDING
-        core.n_slots = n
-        return core
-
-    def live(self) -> np.ndarray:
-        return np.flatnonzero(self.status[: self.n_slots] >= 0)
-
-    def compact(self) -> np.ndarray:
-        """Drop dead slots; returns ``old_to_new`` (-1 for dead). Rinv is unaffected (S order kept)."""
-        keep = self.live()
-        old_to_new = np.full(self.n_slots, -1, dtype=np.int64)
-        old_to_new[keep] = np.arange(keep.size)
-        n = keep.size
-        self.X[:n] = self.X[keep]
-        self.K[:n, :n] = self.K[np.ix_(keep, keep)]
-        for arr in (self.kd, self.alpha, self.g):
-            arr[:n] = arr[keep]
-        self.status[:n] = self.status[keep]
-        self.status[n : self.n_slots] = DEAD
-        self.n_slots = n
-        self.S = [int(old_to_new[s]) for s in self.S]
-        return old_to_new
-
-    # ------------------------------------------------------------------ linear algebra
-
-
-    # ------------------------------------------------------------------ gradients
-    def recompute_g(self) -> None:
-        """``g = rho - diag K + 2 K alpha`` from scratch on live slots."""
-        self._ops = 0
-        n = self.n_slots
-        # dense mat-vec over all slots (dead/pending slots have alpha 0): faster than a gather
-        self.g[:n] = self.rho - self.kd[:n] + 2.0 * (self.K[:n, :n] @ self.alpha[:n])
-
-
-    def end_operation(self) -> None:
-        """Bookkeeping at the end of a maintained operation: periodic exact gradient refresh."""
-        self._ops += 1
-        if self._ops >= G_REFRESH or self._risky:
-            self.recompute_g()
-        self._risky = False
-
-
     # ------------------------------------------------------------------ the event loop
-    def _rates(self, c: int):
-        """beta (margin sensitivities incl. rho) and gamma (gradient sensitivities)."""
-        S = np.asarray(self.S, dtype=np.int64)
-        v = np.empty(S.size + 1)
-        v[0] = 1.0
-        v[1:] = 2.0 * self.K[S, c]
-        beta = -self.Rinv @ v
-        if not self._risky and np.abs(beta).max(initial=0.0) > RISKY_RATE:
-            # an ill-conditioned margin system: incremental gradient updates lose digits
-            self._risky = True
-        n = self.n_slots
-        # contiguous row gather of K[S, :n] (K is symmetric) instead of a column gather
-        gam_all = 2.0 * self.K[c, :n] + beta[0] + 2.0 * (beta[1:] @ self.K[S, :n])
-        return S, beta, gam_all
-
-    def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen=()) -> int:
+    def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen: Iterable[int] = ()) -> int:
         """See :meth:`_sweep_events` (this wrapper silences 0/0 in the vectorised ratio tests)."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            return self._sweep_events(c, mode, max_events, frozen)
+            return self._sweep_events(c, mode, max_events, tuple(frozen))
 
-    def _sweep_events(self, c: int, mode: str, max_events: int | None = None, frozen=()) -> int:
+    def _empty_margin_step(self, c: int, mode: str, s: float) -> tuple[bool, int]:
+        """One event with the margin set empty: sweep rho (every g moves at rate 1) until an
+        error/reserve key (or, settling, c itself) reaches g = 0. Returns (done, events)."""
+        live = self.live()
+        others = live[(self.status[live] != MARGIN) & (live != c)]
+        ost = self.status[others]
+        cand_t: list[float] = []
+        cand_k: list[int] = []
+        if s > 0:  # increase rho: error keys (g <= 0) and c's own g approach 0
+            pool = others[ost == ERROR]
+            if pool.size:
+                j = int(np.argmax(self.g[pool]))
+                cand_t.append(max(0.0, -float(self.g[pool[j]]))); cand_k.append(int(pool[j]))
+            if mode == "settle":
+                cand_t.append(max(0.0, -float(self.g[c]))); cand_k.append(c)
+        else:  # decrease rho: reserve keys (g >= 0) approach 0
+            pool = others[ost == RESERVE]
+            if pool.size:
+                j = int(np.argmin(self.g[pool]))
+                cand_t.append(max(0.0, float(self.g[pool[j]]))); cand_k.append(int(pool[j]))
+            if mode == "settle":
+                cand_t.append(max(0.0, float(self.g[c]))); cand_k.append(c)
+        if not cand_t and mode == "remove" and self.alpha[c] <= SNAP_TOL * self.C:
+            # the remaining keys already carry the mass (rounding residue only)
+            self.alpha[c] = 0.0
+            return True, 0
+        if not cand_t:
+            raise PathError(
+                "margin set is empty and no error/reserve key can enter it; "
+                "the problem would become infeasible"
+            )
+        j = int(np.argmin(cand_t))
+        t, k = cand_t[j], cand_k[j]
+        delta = s * t
+        self.rho += delta
+        self.g[live] += delta
+        if k == c:
+            self.g[c] = 0.0
+            self._classify_settled(c, prefer_margin=True)
+            return True, 1
+        self.g[k] = 0.0
+        self.status[k] = MARGIN
+        self._border_add(k)  # S is empty here, so this cannot be degenerate
+        return False, 1
+
+    def _sweep_events(self, c: int, mode: str, max_events: int | None = None,
+                      frozen: tuple[int, ...] = ()) -> int:
         """Move ``alpha_c`` keeping KKT on every other settled key.
 
         mode ``"settle"``: stop when ``g_c = 0`` (c joins S) or ``alpha_c`` hits its bound.
@@ -223,171 +148,169 @@ class MaintainedSVDD(BorderedMixin, DegenerateMixin):
         Returns the number of path events. Raises :class:`PathError` if it cannot complete.
         """
         C = self.C
+        eps = self.RATE_EPS
+        n = self.n_slots
+        g = self.g
+        alpha = self.alpha
+        status = self.status
         events = 0
         if max_events is None:
-            max_events = 20 * max(self.n_slots, 1) + 200
+            max_events = 20 * max(n, 1) + 200
         zero_steps = 0
         pinned: dict[int, int] = {}  # exact duplicates of margin keys: g pinned at 0 with their twin
         swapped: set[int] = set()  # keys involved in a near-twin swap during this sweep
         deg_pins: set[int] = set()  # numerically degenerate entrants, held at their bound until S changes
+        K2c = self.K[c, :n] * 2.0  # c's gradient rates get 2 K[c, :] (n is fixed within a sweep)
+        # per-sweep sign vectors of the error/reserve ratio test: ssgn = s * sign (0 on margin,
+        # pending, dead and excluded slots), nsgn = -sign; rebuilt when `dirty`, else kept by
+        # in-place updates at simple events
+        ssgn = nsgn = K2c
+        s_cached = 0.0
+        dirty = True
         while True:
             if events > max_events:
                 raise PathError(f"C&P path did not terminate within {max_events} events")
             if mode == "remove":
                 s = -1.0
-                if self.alpha[c] <= 0.0:
-                    self.alpha[c] = 0.0
+                if alpha[c] <= 0.0:
+                    alpha[c] = 0.0
                     return events
             elif mode == "pivot":
                 self._risky = True
-                s = 1.0 if self.status[c] == RESERVE else -1.0
-                if not self.S:
-                    self.g[c] = 0.0
-                    self.status[c] = MARGIN
+                s = 1.0 if status[c] == RESERVE else -1.0
+                if not self._S:
+                    g[c] = 0.0
+                    status[c] = MARGIN
                     self._border_add(c)
                     return events
             else:
-                gc = self.g[c]
-                if gc < 0.0 and self.alpha[c] < C:
+                gc = float(g[c])
+                if gc < 0.0 and alpha[c] < C:
                     s = 1.0
-                elif gc > 0.0 and self.alpha[c] > 0.0:
+                elif gc > 0.0 and alpha[c] > 0.0:
                     s = -1.0
                 else:
                     self._classify_settled(c)
                     return events
 
-            if not self.S:
-                # margin set empty: sweep rho (every g moves at the same rate)
-                live = self.live()
-                others = live[(self.status[live] != MARGIN) & (live != c)]
-                ost = self.status[others]
-                cand_t, cand_k = [], []
-                if s > 0:  # increase rho: error keys (g <= 0) and c's own g approach 0
-                    pool = others[ost == ERROR]
-                    if pool.size:
-                        j = int(np.argmax(self.g[pool]))
-                        cand_t.append(max(0.0, -self.g[pool[j]])); cand_k.append(int(pool[j]))
-                    if mode == "settle":
-                        cand_t.append(max(0.0, -self.g[c])); cand_k.append(c)
-                else:  # decrease rho: reserve keys (g >= 0) approach 0
-                    pool = others[ost == RESERVE]
-                    if pool.size:
-                        j = int(np.argmin(self.g[pool]))
-                        cand_t.append(max(0.0, self.g[pool[j]])); cand_k.append(int(pool[j]))
-                    if mode == "settle":
-                        cand_t.append(max(0.0, self.g[c])); cand_k.append(c)
-                if not cand_t and mode == "remove" and self.alpha[c] <= SNAP_TOL * C:
-                    # the remaining keys already carry the mass (rounding residue only)
-                    self.alpha[c] = 0.0
+            if not self._S:
+                done, ev = self._empty_margin_step(c, mode, s)
+                events += ev
+                dirty = True
+                if done:
                     return events
-                if not cand_t:
-                    raise PathError(
-                        "margin set is empty and no error/reserve key can enter it; "
-                        "the problem would become infeasible"
-                    )
-                j = int(np.argmin(cand_t))
-                t, k = cand_t[j], cand_k[j]
-                delta = s * t
-                self.rho += delta
-                idx = live
-                self.g[idx] += delta
-                events += 1
-                if k == c:
-                    self.g[c] = 0.0
-                    self._classify_settled(c, prefer_margin=True)
-                    return events
-                self.g[k] = 0.0
-                self.status[k] = MARGIN
-                self._border_add(k)  # S is empty here, so this cannot be degenerate
                 continue
 
-            S, beta, gam_all = self._rates(c)
-            n = self.n_slots
-            eps = self.RATE_EPS
+            # rates: beta (margin coefficients incl. rho) and gamma (gradients), from the cached
+            # bordered rows B = [1; 2 K[S, :n]]
+            S, B = self.margin_rows()
+            beta = self.Rinv @ B[:, c]
+            np.negative(beta, out=beta)
+            if not self._risky and (beta[beta.argmax()] > RISKY_RATE or beta[beta.argmin()] < -RISKY_RATE):
+                # an ill-conditioned margin system: incremental gradient updates lose digits
+                self._risky = True
+            gam_all = beta @ B
+            gam_all += K2c
             # c reaches its bound
-            best_t = (C - self.alpha[c]) if s > 0 else self.alpha[c]
-            best = ("c_bound", c)
+            ac = float(alpha[c])
+            best_t = (C - ac) if s > 0 else ac
+            kind, k = "c_bound", c
             # c's gradient reaches 0 (settle only)
             if mode == "settle":
-                rate = gam_all[c] * s
-                if (self.g[c] < 0 and rate > eps) or (self.g[c] > 0 and rate < -eps):
-                    t = -self.g[c] / rate
+                rate = float(gam_all[c]) * s
+                gc = float(g[c])
+                if (gc < 0 and rate > eps) or (gc > 0 and rate < -eps):
+                    t = -gc / rate
                     if t < best_t:
-                        best_t, best = t, ("c_g", c)
-            # margin keys reach 0 or C
-            if S.size:
-                rS = beta[1:] * s
-                aS = self.alpha[S]
-                t_S = np.where(rS < -eps, aS / -rS, np.where(rS > eps, (C - aS) / rS, np.inf))
-                j = int(np.argmin(t_S))
-                if t_S[j] < best_t:
-                    best_t, best = max(t_S[j], 0.0), ("S_to_R" if rS[j] < 0 else "S_to_E", int(S[j]))
-            # error / reserve keys' gradients reach 0: with sgn = +1 (error), -1 (reserve), 0
-            # (margin, pending, dead), a key's gradient approaches 0 iff sgn * rate > eps, after
-            # t = max(-sgn g, 0) / (sgn rate)
-            st = self.status[:n]
-            sgn = (st == ERROR).astype(np.float64)
-            sgn -= st == RESERVE
-            den = gam_all * (s * sgn)
-            excl = [c, *frozen, *deg_pins]
-            for k_, tw in list(pinned.items()):
-                if st[tw] != MARGIN or st[k_] == MARGIN:
-                    del pinned[k_]
+                        best_t, kind = t, "c_g"
+            # margin keys reach 0 or C (few keys: Python floats, first minimum wins)
+            rl = beta[1:].tolist()
+            al = alpha[S].tolist()
+            bt, bj = _INF, -1
+            for j, r in enumerate(rl):
+                r *= s
+                if r < -eps:
+                    t = al[j] / -r
+                elif r > eps:
+                    t = (C - al[j]) / r
                 else:
-                    excl.append(k_)
-            den[excl] = 0.0
-            num = self.g[:n] * -sgn
+                    continue
+                if t < bt:
+                    bt, bj = t, j
+            if bt < best_t:
+                best_t = max(bt, 0.0)
+                kind, k = ("S_to_R" if rl[bj] * s < 0 else "S_to_E"), int(S[bj])
+            # error / reserve keys' gradients reach 0: with sign = +1 (error), -1 (reserve), 0
+            # (margin, pending, dead), a key's gradient approaches 0 iff s * sign * rate > eps,
+            # after t = max(-sign g, 0) / (s sign rate)
+            for k_, tw in list(pinned.items()):
+                if status[tw] != MARGIN or status[k_] == MARGIN:
+                    del pinned[k_]
+                    dirty = True
+            if dirty or s != s_cached:
+                sgn = _SIGN.take(status[:n], mode="wrap")
+                nsgn = -sgn
+                ssgn = sgn
+                ssgn *= s
+                ssgn[[c, *frozen, *deg_pins, *pinned]] = 0.0
+                s_cached, dirty = s, False
+            den = gam_all * ssgn
+            num = g[:n] * nsgn
             np.maximum(num, 0.0, out=num)
-            t_o = np.where(den > eps, num / den, np.inf)
-            j = int(np.argmin(t_o))
-            if t_o[j] < best_t:
-                best_t, best = t_o[j], ("E_to_S" if st[j] == ERROR else "R_to_S", j)
-            if not np.isfinite(best_t):
+            t_o = np.where(den > eps, num / den, _INF)
+            j = int(t_o.argmin())
+            tj = float(t_o[j])
+            if tj < best_t:
+                best_t = tj
+                kind, k = ("E_to_S" if status[j] == ERROR else "R_to_S"), j
+            if not math.isfinite(best_t):
                 raise PathError("no finite C&P step")
             t = float(best_t)
             zero_steps = zero_steps + 1 if t == 0.0 else 0
-            if zero_steps > 2 * len(self.S) + 50:
+            if zero_steps > 2 * len(self._S) + 50:
                 raise PathError("C&P path is cycling on degenerate (zero-length) steps")
             d = s * t
-            self.alpha[c] += d
-            self.alpha[S] += beta[1:] * d
-            self.rho += beta[0] * d
-            self.g[:n] += gam_all * d  # (dead slots carry meaningless g; never read)
-            self.g[S] = 0.0
+            alpha[c] += d
+            alpha[S] += beta[1:] * d
+            self.rho += float(beta[0]) * d
+            gam_all *= d
+            g[:n] += gam_all  # (dead slots carry meaningless g; never read)
+            g[S] = 0.0
             for k_ in pinned:
-                self.g[k_] = 0.0
+                g[k_] = 0.0
             events += 1
-            kind, k = best
             if kind == "c_bound":
-                self.alpha[c] = C if s > 0 else 0.0
+                alpha[c] = C if s > 0 else 0.0
                 if mode == "remove":
                     return events
                 if mode == "pivot":
-                    self.status[c] = ERROR if s > 0 else RESERVE
-                    self.g[c] = 0.0
+                    status[c] = ERROR if s > 0 else RESERVE
+                    g[c] = 0.0
                     return events
                 self._classify_settled(c)
                 return events
             if kind == "c_g":
-                self.g[c] = 0.0
+                g[c] = 0.0
                 self._join_margin_or_yield(c)
                 return events
             if kind in ("S_to_R", "S_to_E"):
-                deg_pins.clear()
-            if kind == "S_to_R":
-                self.alpha[k] = 0.0
-                self.g[k] = 0.0
-                self.status[k] = RESERVE
+                if deg_pins:
+                    deg_pins.clear()
+                    dirty = True
+                to_e = kind == "S_to_E"
+                alpha[k] = C if to_e else 0.0
+                g[k] = 0.0
+                status[k] = ERROR if to_e else RESERVE
                 self._border_remove(k)
-            elif kind == "S_to_E":
-                self.alpha[k] = C
-                self.g[k] = 0.0
-                self.status[k] = ERROR
-                self._border_remove(k)
+                if not dirty:
+                    sk = 1.0 if to_e else -1.0
+                    ssgn[k] = 0.0 if k in frozen else s * sk
+                    nsgn[k] = -sk
             else:  # E_to_S / R_to_S
-                self.g[k] = 0.0
-                prev = self.status[k]
-                self.status[k] = MARGIN
+                g[k] = 0.0
+                prev = int(status[k])
+                status[k] = MARGIN
+                dirty = True
                 try:
                     # a key that already swapped with a near-twin in this sweep joins beside
                     # it instead (swapping again at a zero-length step would cycle)
@@ -398,27 +321,32 @@ class MaintainedSVDD(BorderedMixin, DegenerateMixin):
                         # It is handled as a degenerate pivot (inside a pivot: held at its bound
                         # with g_k = 0, taking no events until S changes)
                         self._border_remove(k)
-                        self.status[k] = prev
+                        status[k] = prev
                         if mode != "pivot":
                             self._sweep(k, "pivot", frozen=(c, *frozen, *pinned))
                         else:
                             deg_pins.add(k)
                         continue
+                    if not deg_pins:
+                        # a simple entry: k's sign is now 0
+                        ssgn[k] = 0.0
+                        nsgn[k] = 0.0
+                        dirty = False
                     deg_pins.clear()
                 except _Degenerate as exc:
-                    self.status[k] = prev
+                    status[k] = prev
                     if len(exc.args) > 2:
                         swapped.add(k)
                         swapped.add(exc.args[1])
                         if self._swap_near_twin(k, exc.args[1], prev):
                             continue
-                        self.status[k] = MARGIN
+                        status[k] = MARGIN
                         try:
                             self._border_add(k)
                             deg_pins.clear()
                         except _Degenerate:
-                            self.status[k] = prev
-                            self.g[k] = 0.0
+                            status[k] = prev
+                            g[k] = 0.0
                             self._sweep(k, "pivot", frozen=(c, *frozen, *pinned))
                             continue
                     if len(exc.args) > 1:
@@ -428,40 +356,42 @@ class MaintainedSVDD(BorderedMixin, DegenerateMixin):
                         continue
                     # k's bordered column is (numerically) dependent on the margin set's: a
                     # degenerate pivot moves its mass into the box until a margin key leaves
-                    self.g[k] = 0.0
+                    g[k] = 0.0
                     self._sweep(k, "pivot", frozen=(c, *frozen, *pinned))
                     continue
             if mode == "pivot" and kind in ("S_to_R", "S_to_E"):
                 # a margin key left: c may now take its place in a well-posed margin system
-                prev = self.status[c]
-                self.status[c] = MARGIN
+                prev = int(status[c])
+                status[c] = MARGIN
+                dirty = True
                 try:
                     self._border_add(c)
                 except _Degenerate:
-                    self.status[c] = prev
+                    status[c] = prev
                 else:
-                    self.g[c] = 0.0
+                    g[c] = 0.0
                     return events
-            if self._updates == 0 and self.S:
+            if self._updates == 0 and self._S:
                 # just refactorised: re-solve the margin system so drift does not accumulate
                 self._resolve_margin()
-
 
     # ------------------------------------------------------------------ operations
     def settle(self, c: int) -> int:
         """Bring a PENDING slot to KKT (admission or initialisation)."""
-        live = self.live()
-        settled = live[(self.status[live] != PENDING) & (live != c)]
-        if settled.size == 0:
-            # first key of the solve: rho is free; choose it so that g_c = 0
-            sup = live[self.alpha[live] != 0.0]
-            self.rho = float(self.kd[c] - 2.0 * (self.K[c, sup] @ self.alpha[sup]))
-            self.g[c] = 0.0
-            self.status[c] = RESERVE  # provisional, replaced below
-            self._classify_settled(c, prefer_margin=True)
-            return 0
-        sup = live[self.alpha[live] != 0.0]
-        self.g[c] = self.rho - self.kd[c] + 2.0 * (self.K[c, sup] @ self.alpha[sup])
+        n = self.n_slots
+        if not self.solved:
+            live = self.live()
+            settled = live[(self.status[live] != PENDING) & (live != c)]
+            if settled.size == 0:
+                # first key of the solve: rho is free; choose it so that g_c = 0
+                sup = live[self.alpha[live] != 0.0]
+                self.rho = float(self.kd[c] - 2.0 * (self.K[c, sup] @ self.alpha[sup]))
+                self.g[c] = 0.0
+                self.status[c] = RESERVE  # provisional, replaced below
+                self._classify_settled(c, prefer_margin=True)
+                return 0
+        # dead slots hold alpha 0, so the full row product is the sum over the support
+        self.g[c] = self.rho - self.kd[c] + 2.0 * float(self.K[c, :n] @ self.alpha[:n])
         self.status[c] = RESERVE if self.alpha[c] == 0.0 else ERROR  # outside S while it moves
         return self._sweep(c, "settle")
 
@@ -475,7 +405,7 @@ class MaintainedSVDD(BorderedMixin, DegenerateMixin):
         for c in live:
             events += self.settle(int(c))
         self.solved = True
-        if self.S:
+        if self._S:
             self.refactor()
         self.polish()
         self._risky = True  # the first solve ends with an exact gradient
@@ -483,8 +413,7 @@ class MaintainedSVDD(BorderedMixin, DegenerateMixin):
 
     def admit_slot(self, c: int) -> int:
         self.alpha[c] = 0.0
-        ev = self.settle(c)
-        return ev
+        return self.settle(c)
 
     def remove_slot(self, c: int) -> int:
         """Decrement ``alpha_c`` to 0 by the reverse C&P path, then drop the slot."""
@@ -498,91 +427,3 @@ class MaintainedSVDD(BorderedMixin, DegenerateMixin):
         self.alpha[c] = 0.0
         self.status[c] = DEAD
         return ev
-
-    # ------------------------------------------------------------------ exact fallback
-
-    def maintained_violation(self) -> float:
-        """Largest KKT violation read from the maintained gradient (O(n); no kernel products)."""
-        n = self.n_slots
-        st = self.status[:n]
-        if (st == PENDING).any():
-            return float("inf")
-        a = self.alpha[:n]  # dead slots hold alpha 0
-        g = self.g[:n]
-        sgn = (st == ERROR).astype(np.float64)
-        sgn -= st == RESERVE
-        v = max(abs(a.sum() - 1.0), -a.min(initial=0.0), (a - self.C).max(initial=0.0),
-                (sgn * g).max(initial=0.0))  # error: g <= 0, reserve: g >= 0
-        if self.S:
-            v = max(v, np.abs(g[self.S]).max())
-        return float(v)
-
-    # ------------------------------------------------------------------ diagnostics
-    def margin_residual(self) -> float:
-        """Exact ``max |g_S|`` (O(|S| n)): the path sets the maintained ``g_S`` to 0 at every
-        event, which would hide an inaccurate margin solve from :meth:`maintained_violation`."""
-        if not self.S:
-            return 0.0
-        n = self.n_slots
-        S = self.S
-        gS = self.rho - self.kd[S] + 2.0 * (self.K[S, :n] @ self.alpha[:n])
-        return float(np.abs(gS).max())
-
-    def kkt_residual(self) -> dict:
-        """KKT violations recomputed from scratch (not from the maintained g)."""
-        live = self.live()
-        a = self.alpha[live]
-        st = self.status[live]
-        sup = live[a != 0.0]
-        g = self.rho - self.kd[live] + 2.0 * (self.K[np.ix_(live, sup)] @ self.alpha[sup])
-        out = {
-            "sum": float(abs(a.sum() - 1.0)),
-            "box": float(max(0.0, -a.min(initial=0.0), (a - self.C).max(initial=0.0))),
-            "margin_gradient": float(np.abs(g[st == MARGIN]).max(initial=0.0)),
-            "error_gradient": float(np.maximum(g[st == ERROR], 0.0).max(initial=0.0)),
-            "reserve_gradient": float(np.maximum(-g[st == RESERVE], 0.0).max(initial=0.0)),
-        }
-        if self.S:
-            M = self._bordered()
-            # diagnostic only: ||M Rinv - I|| grows with cond(M) even when the solution is exact
-            out["inverse"] = float(np.abs(M @ self.Rinv - np.eye(M.shape[0])).max())
-        else:
-            out["inverse"] = 0.0
-        out["max"] = max(v for k, v in out.items() if k != "inverse")
-        return out
-
-    def partition_counts(self) -> dict:
-        st = self.status[: self.n_slots]
-        counts = np.bincount(st[st >= 0], minlength=4)
-        return {"margin": int(counts[MARGIN]), "error": int(counts[ERROR]), "reserve": int(counts[RESERVE])}
-
-    def snapshot(self) -> dict:
-        """Everything an operation may change, for bit-for-bit rollback (K/X are append-only)."""
-        n = self.n_slots
-        return {
-            "alpha": self.alpha[:n].copy(),
-            "g": self.g[:n].copy(),
-            "status": self.status[:n].copy(),
-            "n_slots": n,
-            "S": list(self.S),
-            "Rinv": self.Rinv.copy(),
-            "rho": self.rho,
-            "solved": self.solved,
-            "_updates": self._updates,
-        }
-
-    def restore(self, snap: dict) -> None:
-        n = snap["n_slots"]
-        self.alpha[:n] = snap["alpha"]
-        self.g[:n] = snap["g"]
-        self.status[:n] = snap["status"]
-        self.status[n : self.n_slots] = DEAD
-        self.alpha[n : self.n_slots] = 0.0
-        self.n_slots = n
-        self.S = list(snap["S"])
-        self.Rinv = snap["Rinv"].copy()
-        self.rho = snap["rho"]
-        self.solved = snap["solved"]
-        self._updates = snap["_updates"]
-
-
