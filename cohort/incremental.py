@@ -284,19 +284,66 @@ def frozen_from_batch(source: str, root: Path, scratch: Path, min_hours: float, 
         wh = scratch / "init.duckdb"
         build_warehouse(source, scratch, wh, min_hours=min_hours, seed=seed, progress=False, fill="causal",
                         exclude_subjects=exclude_subjects)
+        w_us = _watermark_of(source, root, parts, min_hours, exclude_subjects)
         c2 = duckdb.connect(str(wh), read_only=True)
         try:
             rows = c2.execute("SELECT vital, mean, sd, median FROM standardisation").fetchall()
+            closed = _closed_moments(c2, w_us)
         finally:
             c2.close()
-        return {v: {"mean": float(m), "sd": float(s), "median": float(md)} for v, m, s, md in rows}
+        return {v: {"mean": float(closed.get(v, (m, s))[0]), "sd": float(closed.get(v, (m, s))[1]),
+                    "median": float(md)} for v, m, s, md in rows}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _watermark_of(source: str, root: Path, parts, min_hours: float, exclude_subjects) -> int | None:
+    """The watermark W the first ingest step will reach: max usable charttime of ``parts``."""
+    con = duckdb.connect(":memory:")
+    try:
+        load_stays(con, source, root, min_hours, exclude_subjects)
+        w_us = None
+        for p in parts:
+            mx = scan_file(con, source, root, p)[2]
+            con.execute(f"DROP TABLE {SCAN_TABLE}")
+            if mx is not None:
+                w_us = int(mx) if w_us is None else max(w_us, int(mx))
+        return w_us
+    finally:
+        con.close()
+
+
+def _closed_moments(con, w_us: int | None) -> dict:
+    """Mean and sample sd (sd 0 -> 1) of the batch build's filled hourly values over the hours
+    that are *closed* at watermark ``w_us`` (training split; every split if it has none).
+
+    The batch build of a partial source fills forward to each stay's outtime, i.e. over hours whose
+    rows have not arrived yet (a long stay seen for its first 500 of 10,000 hours would be
+    standardised on 9,500 copies of its last value: the sd shrinks several-fold and the stream's
+    z-keys are inflated by as much). The streamed warehouse only ever holds closed hours, so its
+    frozen moments are taken over those. With a complete source (W >= every outtime) this equals
+    the batch build's own moments. Empty dict when no hour is closed (the build's stats are kept)."""
+    if w_us is None:
+        return {}
+    closed = (f"CASE WHEN {int(w_us)} >= epoch_us(c.outtime) THEN c.n_hours ELSE "
+              f"least(greatest(({int(w_us)} - epoch_us(c.intime)) // {HOUR_US}, 0), greatest(c.n_hours - 1, 0)) END")
+    for where in ("c.split = 'train' AND ", ""):
+        sel = ", ".join(f"count({v}), avg({v}), stddev_samp({v})" for v in VITALS)
+        row = con.execute(f"SELECT {sel} FROM vitals_hourly v JOIN cohort_stays c USING (stay_id) "
+                          f"WHERE {where}v.hour < {closed}").fetchone()
+        if int(row[0]) > 0:
+            out = {}
+            for j, v in enumerate(VITALS):
+                n, mu, sd = int(row[3 * j]), row[3 * j + 1], row[3 * j + 2]
+                sd = 1.0 if n < 2 or sd is None or not np.isfinite(sd) or sd <= 0 else float(sd)
+                out[v] = (float(mu), sd)
+            return out
+    return {}
+
 
 __all__ = ["FileId", "SourceChangedError", "measurement_files", "file_identity", "load_stays", "scan_file",
            "empty_scan", "closed_hours", "hour_of", "causal_rows", "out_table", "make_replay", "frozen_from_batch",
            "STAYS_TABLE", "SCAN_TABLE"]
-
 
 
 def make_replay(source: str, src_root: str | Path, out_root: str | Path, parts_dir: str | Path, k: int,

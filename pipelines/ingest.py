@@ -210,6 +210,7 @@ def run_step(con, keys, stays: _Stays, step: int, part: Path | None, fid, source
                  "replaced_tokens": tot["replaced"], "stays_entered": len(new_stays),
                  "stays_updated": int(todo[0].size),
                  "future_safe_all": all(c.get("future_safe", False) for c in certs if c.get("gated"))}
+        _append_series(con, stats, w_new)
         if fid is not None:
             con.execute(f"INSERT INTO {st.FILES} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         [fid.name, fid.size, fid.sha256, step, n_rows, n_ok, n_late, w_new, _now()])
@@ -229,6 +230,30 @@ def run_step(con, keys, stays: _Stays, step: int, part: Path | None, fid, source
     _kill_point(step, "after_commit")
     stats["seconds"] = time.perf_counter() - t0
     return stats
+
+
+SERIES_KEY, SERIES_MAX = "step_series", 500
+
+
+def _append_series(con, stats: dict, w_new) -> None:
+    """Append this step's aggregates (totals over every stay's gate after the step) to the
+    durable per-step series ``ingest_state[step_series]`` (last :data:`SERIES_MAX` steps; counts
+    only, inside the step's transaction)."""
+    g = con.execute(f"SELECT coalesce(sum(n_live), 0), coalesce(sum(n_hot), 0), coalesce(sum(n_cold), 0), "
+                    f"coalesce(sum(readmissions), 0) FROM {st.GATES}").fetchone()
+    live, hot, cold, readm = (int(x) for x in g)
+    row = {"step": int(stats["step"]), "hours_admitted": live, "new_tokens": int(stats["new_tokens"]),
+           "n_hot": hot, "n_cold": cold, "readmissions": readm, "late_rows": int(stats["late_rows"]),
+           "reopened_hours": int(stats["reopened_hours"]), "replaced_tokens": int(stats["replaced_tokens"]),
+           "certified_retention": hot / live if live else 0.0, "future_safe_all": bool(stats["future_safe_all"])}
+    series = list(st.get_state(con, SERIES_KEY) or [])
+    series.append(row)
+    st.set_state(con, SERIES_KEY, series[-SERIES_MAX:])
+
+
+def step_series(con) -> list[dict]:
+    """The durable per-step aggregate series (oldest first; empty for an older warehouse)."""
+    return list(st.get_state(con, SERIES_KEY) or [])
 
 
 def _recompute(con, keys, step, frozen, a_ids, a_r0, a_r1, a_subj, a_nh, tot, certs) -> None:
@@ -396,4 +421,5 @@ def _summary(con) -> dict:
             "event_hours": int(e[0]), "event_hours_hot": int(e[1]),
             "event_hour_retention_pooled": e[1] / e[0] if e[0] else 0.0,
             "event_hour_retention_mean_stay": float(per) if per is not None else 0.0,
-            "watermark_us": st.get_state(con, "watermark_us"), "step": st.get_state(con, "step")}
+            "watermark_us": st.get_state(con, "watermark_us"), "step": st.get_state(con, "step"),
+            "series": step_series(con)}

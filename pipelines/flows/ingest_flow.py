@@ -16,9 +16,12 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines import runner
+from pipelines import jsonout, runner
 
 DEFAULT_INTERVAL_S = 3600
+#: per-step aggregates stored in the result (``metrics.stream_series``, columnar, oldest first)
+SERIES_FIELDS = ("step", "hours_admitted", "new_tokens", "n_hot", "n_cold", "readmissions", "late_rows",
+                 "reopened_hours", "replaced_tokens", "certified_retention")
 
 
 def _data_kind(root: str) -> str:
@@ -56,6 +59,9 @@ def result_of(r: dict, data: str, source: str) -> dict:
              replaced_tokens_this_run=sum(s["replaced_tokens"] for s in steps),
              deletions_processed=r["deletions"]["processed"],
              deletions_unknown_pending=r["deletions"]["unknown_pending"])
+    series = r.get("series") or []
+    if series:  # the warehouse's durable per-step series (totals over all stays; counts only)
+        m["stream_series"] = {k: [s[k] for s in series] for k in SERIES_FIELDS}
     return {
         "study": "ingest", "title": "Incremental ingest: per-stay streaming memories", "data": data,
         "runtime_s": float(r["runtime_s"]), "seed_figure": {}, "metrics": m,
@@ -65,7 +71,8 @@ def result_of(r: dict, data: str, source: str) -> dict:
         "figures": [],
         "config": {"source": source, "nu": 0.3, "sigma": 3.0, "n0": 48},
         "notes": ("certified_retention = hot-tier share of live tokens (the cold tier is certified inert for the "
-                  "full history); event-hour retention = share of event hours (composite) kept hot"),
+                  "full history); event-hour retention = share of event hours (composite) kept hot; "
+                  "stream_series = totals over all stays after each watermark step of the warehouse"),
     }
 
 
@@ -97,17 +104,19 @@ def _main(args) -> int:
                             warehouse=args.warehouse, runs_dir=args.runs, init=args.init, frozen_file=args.frozen,
                             final=args.final, as_of=args.as_of, max_steps=args.max_steps, min_hours=args.min_hours,
                             seed=args.seed)
-    print(json.dumps({"steps": len(r["steps"]), "late_rows": sum(s["late_rows"] for s in r["steps"]),
-                      "n_stays": r["n_stays"], "n_tokens": r["n_tokens"], "n_hot": r["n_hot"],
-                      "future_safe_stays": r["future_safe_stays"], "deletions": r["deletions"],
-                      "seconds": round(r["runtime_s"], 2)}))
+    out = {"steps": len(r["steps"]), "late_rows": sum(s["late_rows"] for s in r["steps"]),
+           "n_stays": r["n_stays"], "n_tokens": r["n_tokens"], "n_hot": r["n_hot"],
+           "future_safe_stays": r["future_safe_stays"], "deletions": r["deletions"],
+           "seconds": round(r["runtime_s"], 2)}
+    print(json.dumps(out))
+    jsonout.emit(args, out)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("ingest", help="incremental ingest of new chartevents/vitals files into a streaming warehouse",
                        description=__doc__)
-    p.add_argument("--source", choices=["mimic", "clif"], required=True)
+    p.add_argument("--source", choices=["mimic", "clif"], required=True, help="layout of the source folder")
     p.add_argument("--root", required=True, help="source folder; new part files appear here")
     p.add_argument("--init", action="store_true", help="create the streaming warehouse (frozen standardisation)")
     p.add_argument("--frozen", default=None, metavar="JSON",
@@ -118,4 +127,5 @@ def add_cli(sub) -> None:
     p.add_argument("--min-hours", type=float, default=48, help="with --init: minimum length of stay")
     p.add_argument("--seed", type=int, default=0, help="with --init: split seed")
     runner.add_common_args(p)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main, warehouse="runs/stream.duckdb")
