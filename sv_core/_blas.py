@@ -5,45 +5,62 @@ OpenBLAS spread each of them over all cores costs far more in synchronisation th
 (a deletion at n = 1024 went from ~0.5 ms to 16-18 ms). ``single_thread(n)`` limits BLAS to one
 thread for the duration of a solver call when ``n`` is large enough for BLAS to thread at all,
 and restores the previous setting afterwards.
+
+The limiter is a plain object (no generator-based context manager, no ``threadpool_limits``
+re-discovery of the loaded libraries per call): the BLAS controllers are found once, and a call
+costs a get and at most two sets of the thread count.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 #: below this many keys BLAS calls are too small for OpenBLAS to thread; no limit is applied
 MIN_KEYS = 192
 
-_libs = None
+_libs: list[Any] | None = None
+_NULL = contextlib.nullcontext()
 
 
-def _controllers():
+def _controllers() -> list[Any]:
     global _libs
     if _libs is None:
         try:
             from threadpoolctl import ThreadpoolController
 
-            _libs = [lc for lc in ThreadpoolController().select(user_api="blas").lib_controllers]
+            _libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
         except Exception:  # noqa: BLE001 - threadpoolctl is optional; no limiting without it
             _libs = []
     return _libs
 
 
-@contextlib.contextmanager
-def single_thread(n: int):
+class _SingleThread:
+    """BLAS limited to one thread between ``__enter__`` and ``__exit__`` (re-entrant safe:
+    each use restores what it found)."""
+
+    __slots__ = ("_old",)
+
+    def __init__(self) -> None:
+        self._old: list[tuple[Any, int]] = []
+
+    def __enter__(self) -> _SingleThread:
+        old = []
+        for lc in _controllers():
+            k = lc.get_num_threads()
+            if k is not None and k != 1:
+                lc.set_num_threads(1)
+                old.append((lc, k))
+        self._old = old
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for lc, k in self._old:
+            lc.set_num_threads(k)
+        self._old = []
+
+
+def single_thread(n: int) -> contextlib.AbstractContextManager[Any]:
     """Context manager: BLAS limited to one thread while it is open (if ``n >= MIN_KEYS``)."""
     if n < MIN_KEYS:
-        yield
-        return
-    libs = _controllers()
-    old = []
-    for lc in libs:
-        k = lc.get_num_threads()
-        old.append(k)
-        if k != 1:
-            lc.set_num_threads(1)
-    try:
-        yield
-    finally:
-        for lc, k in zip(libs, old):
-            if k != 1:
-                lc.set_num_threads(k)
+        return _NULL
+    return _SingleThread()

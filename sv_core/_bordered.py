@@ -26,21 +26,25 @@ from ._state import (  # noqa: F401  (re-exported: the solver's constants)
     RISKY_RATE,
     SNAP_TOL,
     FloatArray,
+    IntArray,
     SolverState,
     _Degenerate,
 )
 from .errors import PathError
 
 
+_KEEP: dict[tuple[int, int], IntArray] = {}
+
+
 def _drop(R: FloatArray, r: int) -> FloatArray:
-    """``R`` without row and column ``r`` (block copies; no fancy indexing)."""
-    m = R.shape[0] - 1
-    out = np.empty((m, m))
-    out[:r, :r] = R[:r, :r]
-    out[:r, r:] = R[:r, r + 1 :]
-    out[r:, :r] = R[r + 1 :, :r]
-    out[r:, r:] = R[r + 1 :, r + 1 :]
-    return out
+    """``R`` (square) without row and column ``r``."""
+    m = R.shape[0]
+    keep = _KEEP.get((m, r))
+    if keep is None:
+        keep = np.delete(np.arange(m), r)
+        if m <= 96:  # small margin systems recur: keep their index vectors
+            _KEEP[(m, r)] = keep
+    return R.take(keep, axis=0).take(keep, axis=1)
 
 
 def rho_midpoint(g_at_rho0: FloatArray, status: np.ndarray, idx: np.ndarray) -> float:

@@ -75,7 +75,8 @@ class SolverState:
         self._rows: FloatArray = np.zeros((8, cap))
         self._rows_gen = -1
         self._rows_n = 0
-        self._S_arr: IntArray = np.zeros(0, dtype=np.int64)
+        self._S_buf: IntArray = np.zeros(8, dtype=np.int64)
+        self._S_arr: IntArray = self._S_buf[:0]  # a view of _S_buf: S as an array
         self.Rinv: FloatArray = np.zeros((1, 1))
         self.rho = 0.0
         self.solved = False
@@ -116,7 +117,10 @@ class SolverState:
         m = len(self._S)
         if self._rows_gen != self._S_gen:
             self._ensure_rows(m + 1, n)
-            S = np.asarray(self._S, dtype=np.int64)
+            if self._S_buf.size < m + 1:
+                self._S_buf = np.zeros(2 * (m + 1), dtype=np.int64)
+            S = self._S_buf[:m]
+            S[:] = self._S
             self._rows[0, :n] = 1.0
             np.multiply(self.K[S, :n], 2.0, out=self._rows[1 : m + 1, :n])
             self._rows_gen = self._S_gen
@@ -148,7 +152,12 @@ class SolverState:
         n = self.n_slots
         self._ensure_rows(m + 1, n)
         np.multiply(self.K[k, :n], 2.0, out=self._rows[m, :n])
-        self._S_arr = np.append(self._S_arr, np.int64(k))
+        if self._S_buf.size < m:
+            buf = np.zeros(2 * m, dtype=np.int64)
+            buf[: m - 1] = self._S_buf[: m - 1]
+            self._S_buf = buf
+        self._S_buf[m - 1] = k
+        self._S_arr = self._S_buf[:m]
 
     def _rows_delete(self, p: int) -> None:
         """The margin key at position ``p`` of S was removed: delete its bordered row."""
@@ -159,7 +168,8 @@ class SolverState:
         n = self.n_slots
         if p < m:
             self._rows[p + 1 : m + 1, :n] = self._rows[p + 2 : m + 2, :n]
-        self._S_arr = np.delete(self._S_arr, p)
+            self._S_buf[p:m] = self._S_buf[p + 1 : m + 1]
+        self._S_arr = self._S_buf[:m]
 
     # ------------------------------------------------------------------ storage
     def _grow(self, need: int) -> None:
@@ -242,45 +252,55 @@ class SolverState:
     # ------------------------------------------------------------------ diagnostics
     def maintained_violation(self) -> float:
         """Largest KKT violation read from the maintained gradient (O(n); no kernel products)."""
-        n = self.n_slots
-        st = self.status[:n]
-        if n == 0:
-            return 0.0
-        if st[st.argmax()] == PENDING:  # PENDING is the largest status code
-            return float("inf")
-        a = self.alpha[:n]  # dead slots hold alpha 0
-        # error: g <= 0, reserve: g >= 0 (argmax/argmin + a read beat numpy's reductions)
-        x = _SIGN.take(st, mode="wrap")
-        x *= self.g[:n]
-        v = max(abs(float(a.sum()) - 1.0), -float(a[a.argmin()]), float(a[a.argmax()]) - self.C,
-                float(x[x.argmax()]))
-        if self._S:
-            S, _ = self.margin_rows()
-            gS = np.abs(self.g[S])
-            v = max(v, float(gS[gS.argmax()]))
-        return float(v)
+        return self._violation(exact_margin=False)
 
     def margin_residual(self) -> float:
         """Exact ``max |g_S|`` (O(|S| n)): the path sets the maintained ``g_S`` to 0 at every
         event, which would hide an inaccurate margin solve from :meth:`maintained_violation`."""
         if not self._S:
             return 0.0
-        n = self.n_slots
         S, B = self.margin_rows()
-        gS = B[1:] @ self.alpha[:n]  # 2 (K alpha)_S
+        gS = B[1:] @ self.alpha[: self.n_slots]  # 2 (K alpha)_S
         gS += self.rho
         gS -= self.kd[S]
         np.abs(gS, out=gS)
         return float(gS[gS.argmax()])
 
     def guard_residual(self) -> float:
-        """``max(maintained_violation(), margin_residual())``: what the gate's KKT guard reads."""
-        return max(self.maintained_violation(), self.margin_residual())
+        """``max(maintained_violation(), margin_residual())``: what the gate's KKT guard reads
+        (one pass; the exact margin gradient and the sum come from one mat-vec)."""
+        return self._violation(exact_margin=True)
+
+    def _violation(self, exact_margin: bool) -> float:
+        n = self.n_slots
+        if n == 0:
+            return 0.0
+        st = self.status[:n]
+        if st[st.argmax()] == PENDING:  # PENDING is the largest status code
+            return float("inf")
+        a = self.alpha[:n]  # dead slots hold alpha 0
+        # error: g <= 0, reserve: g >= 0 (argmax/argmin + a read beat numpy's reductions)
+        x = _SIGN.take(st, mode="wrap")
+        x *= self.g[:n]
+        v = max(-float(a[a.argmin()]), float(a[a.argmax()]) - self.C, float(x[x.argmax()]))
+        if self._S:
+            S, B = self.margin_rows()
+            gm = np.abs(self.g[S])
+            v = max(v, float(gm[gm.argmax()]))
+            if exact_margin:
+                u = B @ a  # (sum alpha, 2 (K alpha)_S)
+                v = max(v, abs(float(u[0]) - 1.0))
+                gS = u[1:]
+                gS += self.rho
+                gS -= self.kd[S]
+                np.abs(gS, out=gS)
+                return max(v, float(gS[gS.argmax()]))
+        return max(v, abs(float(a.sum()) - 1.0))
 
     def partition_counts(self) -> dict[str, int]:
-        st = self.status[: self.n_slots]
-        return {"margin": int(np.count_nonzero(st == MARGIN)), "error": int(np.count_nonzero(st == ERROR)),
-                "reserve": int(np.count_nonzero(st == RESERVE))}
+        # one bincount over the codes as bytes (dead = -1 counts as 255)
+        cnt = np.bincount(self.status[: self.n_slots].view(np.uint8), minlength=3).tolist()
+        return {"margin": cnt[MARGIN], "error": cnt[ERROR], "reserve": cnt[RESERVE]}
 
     def snapshot(self) -> dict[str, Any]:
         """Everything an operation may change, for bit-for-bit rollback (K/X are append-only)."""

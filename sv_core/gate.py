@@ -46,6 +46,7 @@ VERIFY_KKT = 1e-9
 STATE_KKT_TOL = 1e-8
 
 _check_params = check_params  # backward-compatible private alias
+_STATUS_NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
 
 
 def _consolidate_repeats(X: np.ndarray, a: np.ndarray, status: np.ndarray, C: float):
@@ -413,8 +414,8 @@ class Gate:
         and the id maps are untouched."""
         core = self._core
         n_before = self.n
-        gated_before = self.gated
-        status_before = self.status_of(tid)
+        gated_before = core.solved
+        status_before = _STATUS_NAMES[int(core.status[slot])] if gated_before else "warmup"
         alpha_before = float(core.alpha[slot]) if gated_before else float("nan")
         part_before = core.partition_counts() if gated_before else None
         snap = core.snapshot()
@@ -455,10 +456,10 @@ class Gate:
             status_before=status_before,
             alpha_before=alpha_before,
             partition_before=part_before,
-            partition_after=core.partition_counts() if self.gated else None,
+            partition_after=core.partition_counts() if core.solved else None,
             path_events=int(events),
             elapsed_s=elapsed,
-            certified=bool(gated_before and self.gated),
+            certified=bool(gated_before and core.solved),
             fallback=reason is not None,
             fallback_reason=reason,
         )
@@ -512,12 +513,12 @@ class Gate:
         slot = self._slot(token_id)
         tid = int(token_id)
         self._preflight(1, f"token {tid}")
-        removed_key = self._core.X[slot].copy()
+        removed_key = self._core.X[slot : slot + 1].copy() if verify else None
         saved = self._save() if verify else None
         receipt = self._forget_slot(tid, slot)
         if verify and self.gated:
             try:
-                self._verify_or_fallback(receipt, removed_key[None, :], probe_seed)
+                self._verify_or_fallback(receipt, removed_key, probe_seed)
             except BaseException:
                 self._rollback(saved)
                 raise

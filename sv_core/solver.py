@@ -203,14 +203,14 @@ class MaintainedSVDD(DegenerateMixin):
 
             # rates: beta (margin coefficients incl. rho) and gamma (gradients), from the cached
             # bordered rows B = [1; 2 K[S, :n]]
+            # (nb = -beta: the sign is folded into its uses, exactly)
             S, B = self.margin_rows()
-            beta = self.Rinv @ B[:, c]
-            np.negative(beta, out=beta)
-            if not self._risky and (beta[beta.argmax()] > RISKY_RATE or beta[beta.argmin()] < -RISKY_RATE):
+            nb = self.Rinv @ B[:, c]
+            if not self._risky and (nb[nb.argmax()] > RISKY_RATE or nb[nb.argmin()] < -RISKY_RATE):
                 # an ill-conditioned margin system: incremental gradient updates lose digits
                 self._risky = True
-            gam_all = beta @ B
-            gam_all += K2c
+            gam_all = nb @ B
+            np.subtract(K2c, gam_all, out=gam_all)
             # c reaches its bound
             ac = float(alpha[c])
             best_t = (C - ac) if s > 0 else ac
@@ -224,11 +224,12 @@ class MaintainedSVDD(DegenerateMixin):
                     if t < best_t:
                         best_t, kind = t, "c_g"
             # margin keys reach 0 or C (few keys: Python floats, first minimum wins)
-            rl = beta[1:].tolist()
+            rl = nb[1:].tolist()
             al = alpha[S].tolist()
             bt, bj = _INF, -1
+            ns = -s
             for j, r in enumerate(rl):
-                r *= s
+                r *= ns  # beta_j * s
                 if r < -eps:
                     t = al[j] / -r
                 elif r > eps:
@@ -239,7 +240,7 @@ class MaintainedSVDD(DegenerateMixin):
                     bt, bj = t, j
             if bt < best_t:
                 best_t = max(bt, 0.0)
-                kind, k = ("S_to_R" if rl[bj] * s < 0 else "S_to_E"), int(S[bj])
+                kind, k = ("S_to_R" if rl[bj] * ns < 0 else "S_to_E"), int(S[bj])
             # error / reserve keys' gradients reach 0: with sign = +1 (error), -1 (reserve), 0
             # (margin, pending, dead), a key's gradient approaches 0 iff s * sign * rate > eps,
             # after t = max(-sign g, 0) / (s sign rate)
@@ -271,8 +272,8 @@ class MaintainedSVDD(DegenerateMixin):
                 raise PathError("C&P path is cycling on degenerate (zero-length) steps")
             d = s * t
             alpha[c] += d
-            alpha[S] += beta[1:] * d
-            self.rho += float(beta[0]) * d
+            alpha[S] -= nb[1:] * d
+            self.rho -= float(nb[0]) * d
             gam_all *= d
             g[:n] += gam_all  # (dead slots carry meaningless g; never read)
             g[S] = 0.0
