@@ -8,8 +8,10 @@ Per stay with at least one event hour:
   independent fp64 refit (:class:`evaluation.policies.SupportVectorPolicy`); budget
   ``k = |S∪E|``; SV, H2O-style density, recency, random and the key-only peers (ridge and
   kernel leverage, KeyDiff; :mod:`evaluation.peers`) each keep ``k`` hours;
-* optionally the same gate is also built by the maintained C&P path (:class:`sv_core.Gate`),
-  checked against the refit (max |Δα|), and returned for persistence in the warehouse.
+* optionally the maintained gate (:class:`sv_core.Gate`) is built from that same refit's
+  solution (:meth:`sv_core.Gate.from_solution`: partition read off, margin system re-solved,
+  KKT guard checked; no second solve), checked against the refit (max |Δα|, max gate-score
+  gap) and returned for persistence in the warehouse.
 
 Aggregation (:func:`aggregate`): mean retention over stays with ≥ 1 event, paired SV − baseline
 differences with a stay-level percentile bootstrap (10,000×, seed 0) — the arithmetic of
@@ -39,7 +41,8 @@ def stay_retention(keys: np.ndarray, events: np.ndarray, *, nu: float, sigma: fl
     ----------
     keys : (n, d) selector input in hour order; events : (n,) bool.
     rng : generator of the random policy (per-stay, so the map is order-independent).
-    build_gate : also solve the maintained :class:`sv_core.Gate` and return it.
+    build_gate : also build the maintained :class:`sv_core.Gate` (from the refit's solution) and
+        return it.
 
     Returns
     -------
@@ -58,15 +61,16 @@ def stay_retention(keys: np.ndarray, events: np.ndarray, *, nu: float, sigma: fl
     if build_gate:
         from sv_core import Gate, GateError
 
-        g = Gate(C=sv.box_C(X.shape[0]), sigma=sigma)
+        a_ref = sv.alpha(X)  # the refit of the retention comparison (cached: solved once)
         try:
-            g.admit(X)
-        except GateError as exc:  # the maintained path failed: nothing to persist, counted
+            # one solve per stay: the maintained state is built from the refit's solution
+            g = Gate.from_solution(X, a_ref, C=sv.box_C(X.shape[0]), sigma=sigma)
+        except GateError as exc:  # no gate could be built: nothing to persist, counted
             out["gate_error"] = type(exc).__name__
             return out
         out["gate"] = g
-        out["gate_score_dev"] = gate_score_dev(g, X, sv.alpha(X))
-        out["gate_alpha_dev"] = float(np.abs(g.alpha - sv.alpha(X)).max())
+        out["gate_score_dev"] = gate_score_dev(g, X, a_ref)
+        out["gate_alpha_dev"] = float(np.abs(g.alpha - a_ref).max())
     return out
 
 

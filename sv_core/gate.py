@@ -665,6 +665,57 @@ class Gate:
                 )
         return g
 
+    @classmethod
+    def from_solution(cls, X, alpha, C: float, sigma: float, refactor_every: int = 64) -> Gate:
+        """A solved gate over keys ``X`` from a given solution ``alpha`` of the same fixed-C
+        problem (e.g. the independent :func:`refit`'s), without solving it again.
+
+        The partition is read off ``alpha`` (0 reserve, C error, otherwise margin; bit-identical
+        keys consolidated), the margin system is re-solved on it (``rho`` and the margin
+        coefficients exact for these keys) and the KKT guard is checked; if ``alpha`` does not
+        solve the problem to the guard (``<= 1e-9``), the gate is solved by the maintained path
+        instead. Token ids are ``0..n-1`` in row order. Below the warm-up size the keys are just
+        admitted (nothing is solved).
+        """
+        g = cls(C, sigma, refactor_every)
+        A = as_keys(X)
+        n = A.shape[0]
+        a = np.asarray(alpha, dtype=np.float64).reshape(-1)
+        if a.shape != (n,) or not np.isfinite(a).all():
+            raise InvalidKeysError(f"alpha must be a finite array of shape ({n},), got {a.shape}")
+        if n < g.warmup_size:
+            g.admit(A)
+            return g
+        if n * g.C < 1.0 - 1e-12:
+            raise InfeasibleError(f"n*C = {n * g.C:.6g} < 1: the fixed-C problem is infeasible")
+        core = MaintainedSVDD(g.C, g.sigma, A.shape[1], g.refactor_every)
+        slots = core.append(A)
+        check_finite_kernel(core.K[:n, :n])
+        a = np.clip(a, 0.0, g.C)
+        status = np.where(a <= 0.0, RESERVE, np.where(a >= g.C, ERROR, MARGIN)).astype(np.int8)
+        a, status = _consolidate_repeats(A, a, status, g.C)
+        sup = a != 0.0
+        f = 2.0 * core.K[:n, :n][:, sup] @ a[sup]
+        mar = status == MARGIN
+        rho = float(np.mean(core.kd[:n][mar] - f[mar])) if mar.any() else 0.0
+        try:
+            with single_thread(n):
+                core.load_solution(slots, a, status, rho)
+                core.polish()
+                core.recompute_g()
+            ok = core.guard_residual() <= KKT_GUARD
+        except PathError:
+            ok = False
+        if not ok:  # not a solution to the guard: solve by the maintained path
+            g = cls(C, sigma, refactor_every)
+            g.admit(A)
+            return g
+        g._core = core
+        g._next_id = n
+        g._id_of_slot = list(range(n))
+        g._slot_of = {i: i for i in range(n)}
+        return g
+
     def __repr__(self) -> str:
         p = {k: len(v) for k, v in self.partition().items()}
         return f"Gate(C={self.C:.6g}, sigma={self.sigma:g}, n={self.n}, gated={self.gated}, partition={p})"

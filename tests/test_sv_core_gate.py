@@ -246,3 +246,77 @@ def test_exact_duplicate_keys_are_recognised_by_equality():
     assert near.value.args == (3, 0, "near")
     core._border_add(1, near_tol=1e-9)  # a distinct key joins normally
     assert core.S == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------- from_solution
+@pytest.mark.parametrize("dup", [False, True])
+def test_from_solution_matches_the_maintained_path_and_keeps_working(dup):
+    """A gate built from the independent refit's solution is the maintained path's gate (scores,
+    partition), is KKT-exact, and supports verified deletions and admissions afterwards."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(60, 5))
+    if dup:
+        X[10:14] = X[3]  # exact repeats: their mass is consolidated
+    C = calibrate_C(0.4, 60)
+    a_ref, _ = refit(X, C=C, sigma=2.0)
+    g = Gate.from_solution(X, a_ref, C=C, sigma=2.0)
+    h = Gate(C=C, sigma=2.0)
+    h.admit(X)
+    assert g.gated and g.fallbacks == 0
+    assert np.array_equal(g.ids, np.arange(60))
+    assert g.kkt_residual()["max"] <= 1e-9
+    P = np.vstack([X, X + 0.1 * rng.normal(size=X.shape)])
+    assert np.abs(g.score(P) - h.score(P)).max() <= 1e-9
+    if not dup:
+        assert g.partition() == h.partition()
+    for tid in rng.choice(g.support_ids(), size=3, replace=False):
+        assert g.forget(int(tid), verify=True).verification["max_abs_score_dev"] <= 1e-9
+    g.admit(rng.normal(size=(3, 5)))
+    assert g.kkt_residual()["max"] <= 1e-9
+
+
+def test_from_solution_with_a_wrong_alpha_solves_by_the_path():
+    """A feasible but non-optimal alpha does not pass the KKT guard: the gate is solved by the
+    maintained path instead (still exact); malformed alpha is a typed error."""
+    from sv_core.errors import InvalidKeysError
+
+    X = np.random.default_rng(8).normal(size=(40, 4))
+    C = calibrate_C(0.4, 40)
+    g = Gate.from_solution(X, np.full(40, 1.0 / 40), C=C, sigma=2.0)
+    a_ref, _ = refit(X, C=C, sigma=2.0)
+    assert g.kkt_residual()["max"] <= 1e-9
+    assert np.abs(g.alpha - a_ref).max() <= 1e-8
+    with pytest.raises(InvalidKeysError):
+        Gate.from_solution(X, np.ones(39), C=C, sigma=2.0)
+    with pytest.raises(InvalidKeysError):
+        Gate.from_solution(X, np.full(40, np.nan), C=C, sigma=2.0)
+
+
+def test_retention_solves_each_stay_once(monkeypatch):
+    """pipelines.retention builds the persisted gate from the retention refit: one solve per stay
+    (one refit, no maintained-path initialisation), and the gate matches that refit."""
+    import sv_core
+    from pipelines import retention as ret
+    from sv_core.solver import MaintainedSVDD
+
+    calls = {"refit": 0, "initialise": 0}
+    real_refit, real_init = sv_core.refit, MaintainedSVDD.initialise
+
+    def counting_refit(*a, **k):
+        calls["refit"] += 1
+        return real_refit(*a, **k)
+
+    def counting_init(self):
+        calls["initialise"] += 1
+        return real_init(self)
+
+    monkeypatch.setattr(sv_core, "refit", counting_refit)
+    monkeypatch.setattr(MaintainedSVDD, "initialise", counting_init)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 6))
+    events = np.zeros(50, bool)
+    events[[2, 9]] = True
+    r = ret.stay_retention(X, events, nu=0.3, sigma=3.0, rng=np.random.default_rng(1), build_gate=True)
+    assert calls == {"refit": 1, "initialise": 0}
+    assert r["gate_score_dev"] <= 1e-9 and r["gate_alpha_dev"] <= 1e-9
+    assert r["gate"].kkt_residual()["max"] <= 1e-9
