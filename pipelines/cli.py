@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 # Local, offline use: no telemetry calls (the machine may have no network at all).
@@ -100,7 +101,34 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
             print(f"forgetful: command module {mod!r} unavailable ({exc})", file=sys.stderr)
             continue
         module.add_cli(sub)
+    _plain_help(parser)
     return parser
+
+
+_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|obj|exc|ref|doc|term):`~?([^`<]+?)(?:\s*<[^>]*>)?`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_text(text: str | None) -> str | None:
+    """Help text from a docstring without raw reStructuredText: ``:func:`x``` -> ``x``,
+    double-backtick literals -> the bare literal, ``*x*`` emphasis kept as is."""
+    if not text:
+        return text
+    return _LITERAL.sub(r"\1", _ROLE.sub(r"\1", text))
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """Strip RST markup from a parser's description, epilog and every option's help, recursively."""
+    parser.description = plain_text(parser.description)
+    parser.epilog = plain_text(parser.epilog)
+    for action in parser._actions:
+        if isinstance(action.help, str):
+            action.help = plain_text(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = plain_text(choice.help)
+            for sp in action.choices.values():
+                _plain_help(sp)
 
 
 def _quiet_run_failures() -> None:

@@ -15,8 +15,7 @@ import time
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from pipelines import task_cache
-from pipelines import runner
+from pipelines import jsonout, runner, task_cache
 from pipelines import warehouse as wh
 
 SEED_TEXT = ("seed 001 §4: 1,199/1,200 complete; median |Δs| 2.4e-9 / 5.7e-7 / 1.6e-9 / 4.5e-13 "
@@ -102,13 +101,16 @@ def _main(args) -> int:
         print(f"  {row[0]:<14} {row[1]}/{row[2]}  median {row[4]:.1e}  worst {row[6]:.1e}  decay median {row[7]:.1e}")
     print(f"  seed figure: {SEED_TEXT}")
     print(f"  runtime {r['runtime_s']:.1f}s")
+    jsonout.emit(args, r)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("audit", help="fixed-C deletion audit incl. the real ICU-key regime", description=__doc__)
     p.add_argument("--trials", type=int, default=300, help="trials per regime (default 300)")
-    p.add_argument("--regimes", nargs="*", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--regimes", nargs="*", default=None, metavar="REGIME",
+                   help="regimes to run (default: all of " + ", ".join(DEFAULT_REGIMES) + ")")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the trials (default %(default)s)")
     runner.add_common_args(p)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

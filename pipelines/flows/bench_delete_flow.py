@@ -11,7 +11,7 @@ import time
 
 from prefect import flow, task
 
-from pipelines import runner
+from pipelines import jsonout, runner
 
 SEED_TEXT = ("seed 001 §4: per-size median maintained deletion 0.30–1.04 ms (n = 120…512, Apple M3 Ultra); "
              "median refit/decrement ratio 24–223× (cvxpy refit)")
@@ -80,14 +80,17 @@ def _main(args) -> int:
     for row in r["tables"][0]["rows"]:
         print(" | ".join(f"{c:.3g}" if isinstance(c, float) else str(c) for c in row))
     print(f"seed figure: {SEED_TEXT}")
+    jsonout.emit(args, r)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("bench-delete", help="deletion latency: decrement vs same-C refit (study result)",
                        description=__doc__)
-    p.add_argument("--sizes", type=int, nargs="*", default=[120, 256, 384, 512])
-    p.add_argument("--deletions", type=int, default=30)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sizes", type=int, nargs="*", default=[120, 256, 384, 512], metavar="N",
+                   help="context sizes n to time (default: 120 256 384 512)")
+    p.add_argument("--deletions", type=int, default=30, help="uniform deletions timed per size (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the contexts (default %(default)s)")
     runner.add_common_args(p, warehouse=False)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines import runner
+from pipelines import jsonout, runner
 from pipelines import warehouse as wh
 
 
@@ -114,21 +114,27 @@ def _main(args) -> int:
                             warehouse=args.warehouse, runs_dir=args.runs, stays=args.stays, seed=args.seed,
                             min_hours=args.min_hours, sample=args.sample, memory_limit=args.memory_limit,
                             fetch=args.fetch, progress=not args.no_progress)
-    print(json.dumps({"warehouse": s["warehouse"], "n_stays": s["n_stays"], "n_rows": s["n_rows"],
-                      "content_hash": s["content_hash"], "seconds": round(s["seconds"], 2)}))
+    out = {"warehouse": s["warehouse"], "n_stays": s["n_stays"], "n_rows": s["n_rows"],
+           "content_hash": s["content_hash"], "seconds": round(s["seconds"], 2)}
+    print(json.dumps(out))
+    jsonout.emit(args, out)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("build-cohort", help="build the hourly vital-sign warehouse (default: the real MIMIC-IV demo)",
                        description=__doc__)
-    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo")
+    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo",
+                   help="data source: the MIMIC-IV demo, your MIMIC-IV or CLIF root, or generated data "
+                        "(default %(default)s)")
     p.add_argument("--root", default=None, help="source folder (mimic/clif; demo: cache folder, optional)")
     p.add_argument("--stays", type=int, default=1500, help="synthetic: number of generated stays (default 1500)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-hours", type=float, default=48)
+    p.add_argument("--seed", type=int, default=0, help="split / sample / synthetic-data seed (default %(default)s)")
+    p.add_argument("--min-hours", type=float, default=48,
+                   help="minimum ICU length of stay in hours (default %(default)s)")
     p.add_argument("--sample", type=int, default=None, help="keep a deterministic sample of N eligible stays")
-    p.add_argument("--memory-limit", default="4GB")
+    p.add_argument("--memory-limit", default="4GB", help="DuckDB memory limit of the build (default %(default)s)")
     p.add_argument("--fetch", action="store_true", help="demo: fetch the demo wheel first if it is not cached")
     runner.add_common_args(p)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

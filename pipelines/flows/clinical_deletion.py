@@ -17,7 +17,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipelines import task_cache
-from pipelines import gate_store, ledger, runner
+from pipelines import gate_store, jsonout, ledger, runner
 from pipelines import patient_deletion as pdel
 from pipelines import warehouse as wh
 
@@ -158,16 +158,19 @@ def _main(args) -> int:
         print(f"  others' self-retrieval {m['others_self_retrieval_before']:.3f} -> {m['others_self_retrieval_after']:.3f}")
     print(f"  seed figure: {SEED_TEXT}")
     print(f"  runtime {r['runtime_s']:.1f}s")
+    jsonout.emit(args, r)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("patient-deletion", help="forget one of five patients sharing a context (leakage, KKT, decay)",
                        description=__doc__)
-    p.add_argument("--nu", type=float, default=0.5)
-    p.add_argument("--sigma", type=float, default=2.0)
-    p.add_argument("--max-contexts", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nu", type=float, default=0.5, help="SVDD ν of each context's gate (default %(default)s)")
+    p.add_argument("--sigma", type=float, default=2.0, help="RBF kernel width σ (default %(default)s)")
+    p.add_argument("--max-contexts", type=int, default=None, metavar="N",
+                   help="run at most N five-patient contexts (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="grouping and forgotten-patient seed (default %(default)s)")
     p.add_argument("--no-persist", action="store_true", help="do not store the gates in the warehouse")
     runner.add_common_args(p)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

@@ -22,7 +22,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipelines import deterioration as det
-from pipelines import runner, task_cache
+from pipelines import jsonout, runner, task_cache
 from pipelines import warehouse as wh
 
 SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (softmax)"
@@ -207,13 +207,14 @@ def _main(args) -> int:
         print(f"  {p:<28} ΔAUROC {v['auroc_diff']:+.3f} [{v['auroc_diff_low']:+.3f}, {v['auroc_diff_high']:+.3f}]")
     print(f"  seed figure: {SEED_TEXT}")
     print(f"  runtime {r['runtime_s']:.1f}s")
+    jsonout.emit(args, r)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("deterioration", help="predict a composite event within 6 h: LSTM vs softmax vs SV attention",
                        description=__doc__)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3, help="training seeds per model (default %(default)s)")
     p.add_argument("--window", type=int, default=48, help="scored hours per sliding block (default 48)")
     p.add_argument("--context", type=int, default=48,
                    help="carried context: preceding hours read before each block (default 48; 0 = disjoint windows)")
@@ -221,7 +222,9 @@ def add_cli(sub) -> None:
                    help="sliding blocks with carried context (default) or whole-stay sequences")
     p.add_argument("--label", choices=det.LABEL_VARIANTS, default="filled",
                    help="event definition: filled values (default, the warehouse's) or observed-only")
-    p.add_argument("--max-epochs", type=int, default=12)
-    p.add_argument("--n-boot", type=int, default=500)
+    p.add_argument("--max-epochs", type=int, default=12,
+                   help="epoch cap; early stopping on val BCE (default %(default)s)")
+    p.add_argument("--n-boot", type=int, default=500, help="stay-clustered bootstrap resamples (default %(default)s)")
     runner.add_common_args(p)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

@@ -19,7 +19,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipelines import task_cache
-from pipelines import gate_store, runner
+from pipelines import gate_store, jsonout, runner
 from pipelines import retention as ret
 from pipelines import warehouse as wh
 
@@ -116,7 +116,7 @@ def heldout_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs
                          persist_gates=False, progress=progress)
 
 
-def _print(res: dict) -> None:
+def _print(res: dict, args=None) -> None:
     m = res["metrics"]
     print(f"{res['study']}: {m['n_stays_included']} stays with an event (of {m['n_stays']}), "
           f"keys {m['key_dim']}-d, mean budget {m['mean_budget_fraction']:.3f}")
@@ -127,6 +127,7 @@ def _print(res: dict) -> None:
             print(f"  SV - {k[14:]:<8} {v['mean']:+.3f} [{v['low']:.3f}, {v['high']:.3f}]")
     print(f"  seed figure: {SEED_TEXT[res['study']]}")
     print(f"  runtime {res['runtime_s']:.1f}s")
+    jsonout.emit(args, res)
 
 
 @runner.cli_errors
@@ -134,7 +135,7 @@ def _main_retention(args) -> int:
     _print(runner.run_cli_flow(retention_flow, args, warehouse=args.warehouse, runs_dir=args.runs, nu=args.nu,
                                sigma=args.sigma, seed=args.seed, n_boot=args.n_boot,
                                stays_per_task=args.stays_per_task, persist_gates=not args.no_persist,
-                               progress=not args.no_progress))
+                               progress=not args.no_progress), args)
     return 0
 
 
@@ -142,17 +143,18 @@ def _main_retention(args) -> int:
 def _main_heldout(args) -> int:
     _print(runner.run_cli_flow(heldout_flow, args, warehouse=args.warehouse, runs_dir=args.runs, nu=args.nu,
                                sigma=args.sigma, seed=args.seed, n_boot=args.n_boot,
-                               stays_per_task=args.stays_per_task, progress=not args.no_progress))
+                               stays_per_task=args.stays_per_task, progress=not args.no_progress), args)
     return 0
 
 
 def _common(p) -> None:
-    p.add_argument("--nu", type=float, default=0.3)
-    p.add_argument("--sigma", type=float, default=3.0)
+    p.add_argument("--nu", type=float, default=0.3, help="SVDD ν of each stay's gate (default %(default)s)")
+    p.add_argument("--sigma", type=float, default=3.0, help="RBF kernel width σ (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random policy and bootstrap seed (default 0)")
-    p.add_argument("--n-boot", type=int, default=10_000)
-    p.add_argument("--stays-per-task", type=int, default=8)
+    p.add_argument("--n-boot", type=int, default=10_000, help="stay bootstrap resamples (default %(default)s)")
+    p.add_argument("--stays-per-task", type=int, default=8, help="stays per Prefect task (default %(default)s)")
     runner.add_common_args(p)
+    jsonout.add_json_arg(p)
 
 
 def add_cli(sub) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from pipelines import runner
+from pipelines import jsonout, runner
 
 
 @runner.cli_errors
@@ -33,6 +33,7 @@ def _main(args) -> int:
                      "max_abs_score_dev": max((c.get("max_abs_score_dev", 0.0) for c in ctx), default=None),
                      "kkt_residual_max": max((c.get("kkt_residual", 0.0) for c in ctx), default=None)}
     print(json.dumps(d, indent=1))
+    jsonout.emit(args, d)
     return 0
 
 
@@ -47,4 +48,5 @@ def add_cli(sub) -> None:
     p.add_argument("--allow-absent", action="store_true",
                    help="register a subject the warehouse does not hold, so no future build admits them")
     runner.add_lock_args(p)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

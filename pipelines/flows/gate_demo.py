@@ -1,9 +1,9 @@
 """``forgetful gate-demo``: admit a stream, certify and evict reserve keys, forget with verification."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
+
+from pipelines import jsonout
 
 
 def run_gate_demo(n: int = 120, d: int = 6, nu: float = 0.4, sigma: float = 2.0, seed: int = 0) -> dict:
@@ -32,17 +32,16 @@ def _cli(args) -> int:
     c = out["certificate"]
     print(f"evicted {len(c['evicted'])} certified-reserve tokens; measured max |Δ score| "
           f"{c['max_abs_score_change']:.1e}, max |Δ readout weight| {c['max_abs_weight_change']:.1e}")
-    if args.json:
-        print(json.dumps(out, indent=2))
+    jsonout.emit(args, out)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("gate-demo", help="admit a stream, certify, evict, forget with verification")
-    p.add_argument("--n", type=int, default=120)
-    p.add_argument("--d", type=int, default=6)
-    p.add_argument("--nu", type=float, default=0.4)
-    p.add_argument("--sigma", type=float, default=2.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="also print the receipt and certificate JSON")
+    p.add_argument("--n", type=int, default=120, help="stream length: keys admitted (default %(default)s)")
+    p.add_argument("--d", type=int, default=6, help="key dimension (default %(default)s)")
+    p.add_argument("--nu", type=float, default=0.4, help="SVDD ν; sets C = 1/(ν·n) once (default %(default)s)")
+    p.add_argument("--sigma", type=float, default=2.0, help="RBF kernel width σ (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the stream (default %(default)s)")
+    jsonout.add_json_arg(p)  # the receipt, certificate and partition
     p.set_defaults(func=_cli)

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipelines import runner
+from pipelines import jsonout, runner
 
 
 def _ledger(args):
@@ -38,7 +38,9 @@ def _verify(args) -> int:
         v = led.verify(head=args.head, min_count=args.min_count)
     except LedgerTamperedError as exc:
         print(f"TAMPERED: first bad row seq={exc.seq}: {exc.reason}", file=sys.stderr)
-        print(json.dumps({"chain_verified": False, "first_bad_seq": exc.seq, "reason": exc.reason}))
+        bad = {"chain_verified": False, "first_bad_seq": exc.seq, "reason": exc.reason}
+        print(json.dumps(bad))
+        jsonout.emit(args, bad)
         return 1
     out = {"chain_verified": True, **v, "forgotten_subjects": len(led.registry())}
     if Path(args.warehouse).is_file():
@@ -59,11 +61,14 @@ def _verify(args) -> int:
         if reinserted:
             print(f"TAMPERED: {len(reinserted)} forgotten subject(s) are present in the warehouse although it "
                   "records their erasure (re-inserted data)", file=sys.stderr)
-            print(json.dumps({**out, "chain_verified": True, "warehouse_verified": False}))
+            bad = {**out, "chain_verified": True, "warehouse_verified": False}
+            print(json.dumps(bad))
+            jsonout.emit(args, bad)
             return 1
         out["warehouse_verified"] = True
     print(f"ledger verified: {v['n_rows']} receipts, head {v['head']}", file=sys.stderr)
     print(json.dumps(out))
+    jsonout.emit(args, out)
     return 0
 
 
@@ -78,14 +83,22 @@ def _list(args) -> int:
         print(f"{r.seq:>4}  {r.ts:<20}  {r.kind:<15} {p.get('n_stays', ''):>5} {len(p.get('contexts', [])):>8} "
               f"{str(p.get('certified', '')):>9}  {rd}")
     s = led.summary()
-    print(json.dumps({k: s[k] for k in ("count", "certified", "by_kind", "chain_verified", "head")}))
+    agg = {k: s[k] for k in ("count", "certified", "by_kind", "chain_verified", "head")}
+    print(json.dumps(agg))
+    jsonout.emit(args, {**agg, "receipts": [{"seq": r.seq, "ts": r.ts, "kind": r.kind,
+                                             "n_stays": r.payload.get("n_stays"),
+                                             "contexts": len(r.payload.get("contexts", [])),
+                                             "certified": r.payload.get("certified"),
+                                             "rows_deleted": r.payload.get("rows_deleted", {})} for r in rows]})
     return 0
 
 
 @runner.cli_errors
 def _export(args) -> int:
     head = _ledger(args).export(args.out)
-    print(json.dumps({"exported": head["n_rows"], "to": str(Path(args.out).resolve()), "head": head["head"]}))
+    out = {"exported": head["n_rows"], "to": str(Path(args.out).resolve()), "head": head["head"]}
+    print(json.dumps(out))
+    jsonout.emit(args, out)
     return 0
 
 
@@ -98,10 +111,11 @@ def add_cli(sub) -> None:
     v.add_argument("--min-count", type=int, default=None, metavar="N", help="the ledger must hold at least N receipts")
     ls = rs.add_parser("list", help="aggregate fields of every receipt")
     ex = rs.add_parser("export", help="write each receipt as JSON plus head.json into DIR")
-    ex.add_argument("out", metavar="DIR")
+    ex.add_argument("out", metavar="DIR", help="folder for one JSON file per receipt and head.json")
     for q in (v, ls, ex):
         q.add_argument("--warehouse", default="runs/warehouse.duckdb", help="DuckDB warehouse (default: %(default)s)")
         runner.add_lock_args(q)
+        jsonout.add_json_arg(q)
     v.set_defaults(func=_verify)
     ls.set_defaults(func=_list)
     ex.set_defaults(func=_export)

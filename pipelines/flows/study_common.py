@@ -16,10 +16,13 @@ def default_out(study: str) -> Path:
 
 def add_common_args(p: argparse.ArgumentParser, study: str, trials: int | None) -> None:
     p.add_argument("--out", type=Path, default=default_out(study), help=f"result JSON (default {default_out(study)})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the trials (default %(default)s)")
     if trials is not None:
         p.add_argument("--trials", type=int, default=trials, help=f"trials (full run: {trials})")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    from pipelines.jsonout import add_json_arg
+
+    add_json_arg(p)  # a copy of the study result
 
 
 def write_result(result: dict[str, Any], out: Path) -> Path:
@@ -39,3 +42,13 @@ def print_summary(result: dict[str, Any], path: Path) -> None:
     for c in result.get("claims", []):
         print(f"\nclaim: {c['statement']} -> holds={c.get('holds')} value={json.dumps(c.get('value'))}")
     print(f"\nwrote {path}")
+
+
+def finish(args: argparse.Namespace, path: str | Path) -> int:
+    """Print the stored result's summary and honour ``--json PATH``."""
+    from pipelines.jsonout import emit_file
+
+    p = Path(path)
+    print_summary(json.loads(p.read_text()), p)
+    emit_file(args, p)
+    return 0

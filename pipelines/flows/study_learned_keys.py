@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines.flows.study_common import add_common_args, print_summary, write_result
+from pipelines.flows.study_common import add_common_args, finish, write_result
 
 STUDY = "learned_keys"
 
@@ -29,11 +29,8 @@ def learned_keys_flow(trials: int = 200, seed: int = 0, steps: int = 600, audit_
 
 
 def _cli(args) -> int:
-    import json
-
-    path = learned_keys_flow(args.trials, args.seed, args.steps, args.audit_trials, args.out, not args.no_progress)
-    print_summary(json.loads(Path(path).read_text()), Path(path))
-    return 0
+    return finish(args, learned_keys_flow(args.trials, args.seed, args.steps, args.audit_trials, args.out,
+                                          not args.no_progress))
 
 
 def add_cli(sub) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines.flows.study_common import add_common_args, print_summary, write_result
+from pipelines.flows.study_common import add_common_args, finish, write_result
 
 STUDY = "retrieval_memory"
 
@@ -29,8 +29,6 @@ def retrieval_memory_flow(seed: int = 0, tau: float = 0.5, out: str | Path = f"r
 
 
 def _cli(args) -> int:
-    import json
-
     from evaluation.studies.retrieval_memory import load_encoder
     from evaluation.studies.errors import OptionalDependencyMissing
 
@@ -39,9 +37,7 @@ def _cli(args) -> int:
     except OptionalDependencyMissing as exc:
         print(f"forgetful retrieval-memory: {exc}", file=sys.stderr)
         return 3
-    path = retrieval_memory_flow(args.seed, args.tau, args.out)
-    print_summary(json.loads(Path(path).read_text()), Path(path))
-    return 0
+    return finish(args, retrieval_memory_flow(args.seed, args.tau, args.out))
 
 
 def add_cli(sub) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines.flows.study_common import add_common_args, default_out, print_summary, write_result
+from pipelines.flows.study_common import add_common_args, default_out, finish, write_result
 
 #: (command, study, "module:function" under evaluation.studies, default trials, help)
 STUDIES = [
@@ -57,9 +56,7 @@ FLOWS = {study: _make_flow(cmd, study, target, trials) for cmd, study, target, t
 
 
 def _cli(study: str, args) -> int:
-    path = Path(FLOWS[study](args.trials, args.seed, args.out, not args.no_progress))
-    print_summary(json.loads(path.read_text()), path)
-    return 0
+    return finish(args, FLOWS[study](args.trials, args.seed, args.out, not args.no_progress))
 
 
 def add_cli(sub) -> None:

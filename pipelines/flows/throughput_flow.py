@@ -10,7 +10,7 @@ import time
 
 from prefect import flow
 
-from pipelines import runner
+from pipelines import jsonout, runner
 
 
 @flow(name="throughput")
@@ -57,16 +57,18 @@ def _main(args) -> int:
     m = r["metrics"]
     print(f"softmax {m['softmax_tokens_per_s']:.0f} tok/s, hybrid {m['hybrid_tokens_per_s']:.0f} tok/s, "
           f"ratio {m['ratio']:.2f} (seed: 6.1x on CPU, 35.8x on MPS)")
+    jsonout.emit(args, r)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("throughput", help="training-step throughput: SV hybrid vs softmax (study result)",
                        description=__doc__)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--runs", default="runs")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"], help="torch device (default %(default)s)")
+    p.add_argument("--batch", type=int, default=16, help="sequences per training step (default %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--repeats", type=int, default=7, help="timed steps; the median is reported (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default %(default)s)")
+    p.add_argument("--runs", default="runs", help="runs directory for the result (default: %(default)s)")
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)
