@@ -96,6 +96,8 @@ def test_flow_writes_json_with_prefect(prefect_harness, tmp_path):
     assert res["per_seed"][0]["sv_bpb"] == study["metrics"]["mean_sv_bpb"]
     assert [r["variant"] for r in res["references"]] == ["linear"]
     assert res["references"][0]["seed"] == 0 and 0.5 < res["references"][0]["best_val_bpb"] < 9.0
+    assert res["protocol"] == "tiny+custom"  # tiny with seeds [0] instead of the protocol's 0 1 2
+    assert study["metrics"]["protocol"] == "tiny+custom" and "not the seed's" in study["title"]
 
 
 def _fake_runner(calls):
@@ -173,3 +175,48 @@ def test_cli_references_option_parsing():
         "linear", "softmax"]
     with pytest.raises(SystemExit):
         parser.parse_args(["lm", "--references", "lstm"])
+
+
+def test_tiny_run_prints_progress_lines(capsys):
+    res = run_comparison(TINY, [0], _text(), progress=True)
+    lines = capsys.readouterr().out.splitlines()
+    runs = [ln for ln in lines if ln.startswith("lm: run ")]
+    assert runs[0].startswith("lm: run 1/2: SV hybrid, seed 0") and runs[1].startswith("lm: run 2/2: matched")
+    for variant in ("sv_hybrid", "sliding"):
+        steps = [ln for ln in lines if ln.startswith(f"lm {variant} seed 0: step ")]
+        # TINY: log every 2 steps, evaluate at steps 3 and 6 -> lines at steps 2, 3, 4, 6
+        assert [int(ln.split("step ")[1].split("/")[0]) for ln in steps] == [2, 3, 4, 6]
+        assert all("loss " in ln and "elapsed " in ln and "ETA " in ln for ln in steps)
+        evals = [ln for ln in steps if "bits/byte" in ln]
+        assert len(evals) == 2 and evals[-1].endswith("ETA 0s")
+        # the printed eval metric is the recorded curve
+        curve = res["curves"]["0"]["sv" if variant == "sv_hybrid" else "swa"]
+        assert [f"val {c['val_bpb']:.3f}" in e for c, e in zip(curve, evals)] == [True, True]
+    run_comparison(TINY, [0], _text(), progress=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_protocols_and_the_recorded_label():
+    from pipelines.flows.language_model import CPU, PROTOCOLS, LMConfig, study_result
+
+    assert PROTOCOLS["seed"][0] == LMConfig() and PROTOCOLS["seed"][1] == [0, 1, 2]
+    assert LMConfig().steps == 2000 and CPU.steps < 200 and PROTOCOLS["cpu"][0] is CPU
+    res = run_comparison(TINY, [0], _text(), runner=_fake_runner([]), progress=False)
+    for protocol, labelled in (("tiny", True), ("cpu", True), ("seed", False), ("cpu+custom", True)):
+        study = study_result({**res, "protocol": protocol}, "x")
+        assert study["metrics"]["protocol"] == protocol and study["config"]["protocol"] == protocol
+        assert ("not the seed's" in study["title"]) is labelled
+        assert study["notes"].startswith(f"Protocol: {PROTOCOLS[protocol.split('+')[0]][2]}")
+
+
+def test_cli_protocol_option():
+    import argparse
+
+    from pipelines.flows.language_model import DEFAULT_PROTOCOL, add_cli
+
+    parser = argparse.ArgumentParser()
+    add_cli(parser.add_subparsers())
+    assert DEFAULT_PROTOCOL == "cpu" and parser.parse_args(["lm"]).protocol == "cpu"
+    assert parser.parse_args(["lm", "--protocol", "seed"]).protocol == "seed"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["lm", "--protocol", "fast"])

@@ -14,8 +14,15 @@ they are recorded under ``references`` in the result JSON and enter no statistic
 Configuration (3.22M): byte vocab 256, d 256, 4 layers, 4 heads, block 256, batch 16, AdamW
 beta (0.9, 0.95), weight decay 0.1, clip 1.0, cosine schedule with linear warm-up.
 
-    forgetful lm [--corpus PATH] [--steps N] [--seeds 0 1 2] [--tiny] [--out runs/language_model/result.json]
-                 [--references [deltanet linear softmax]]
+    forgetful lm [--protocol cpu|seed|tiny] [--corpus PATH] [--steps N] [--seeds 0 1 2]
+                 [--out runs/language_model/result.json] [--references [deltanet linear softmax]]
+
+Protocols (``--protocol``): ``cpu`` (the default) is sized to finish in minutes on a 2-core CPU
+(d 64, 2 layers, block 64, 30 steps, seeds 0 1): a pipeline check, not a converged comparison;
+``seed`` is the seed's protocol above (2,000 steps x 3 seeds: hours on a CPU); ``tiny`` is the
+seconds-long smoke configuration (``--tiny``). The result records which protocol ran and the
+report labels every non-seed protocol as such. Training prints one progress line every
+``log_every`` steps and at each evaluation (step, loss, validation bits/byte, elapsed, ETA).
 
 The corpus defaults to the Shakespeare file built by ``python -m models.corpus fetch``.
 """
@@ -33,7 +40,6 @@ import numpy as np
 import torch
 from prefect import flow, task
 from scipy import stats
-from tqdm.auto import tqdm
 
 from models.backbone import GPT, GPTConfig
 from models.corpus import CorpusMissingError, load_corpus
@@ -70,10 +76,36 @@ class LMConfig:
     fista_tol: float | None = 1e-4
     max_bytes: int | None = 5_000_000
     val_frac: float = 0.1
+    log_every: int = 50
 
 
 TINY = LMConfig(d_model=32, n_layers=1, n_heads=2, block=32, batch=4, steps=6, eval_interval=3,
-                eval_batches=2, chunk=8, max_bytes=20_000)
+                eval_batches=2, chunk=8, max_bytes=20_000, log_every=2)
+#: sized so ``forgetful lm`` finishes in minutes on a 2-core CPU (measured: REPRODUCE.md)
+CPU = LMConfig(d_model=64, n_layers=2, n_heads=2, block=64, batch=8, steps=30, eval_interval=10,
+               eval_batches=2, chunk=16, max_bytes=1_000_000, log_every=5)
+#: protocol -> (configuration, default seeds, label in the report)
+PROTOCOLS: dict[str, tuple[LMConfig, list[int], str]] = {
+    "cpu": (CPU, [0, 1], "CPU protocol (d 64, 2 layers, block 64, 30 steps, 2 seeds): a pipeline check, "
+                         "not the seed's 2,000 steps x 3 seeds"),
+    "seed": (LMConfig(), [0, 1, 2], "the seed's protocol (3.22M, 2,000 steps x 3 seeds)"),
+    "tiny": (TINY, [0, 1, 2], "tiny smoke configuration (6 steps): a pipeline check only"),
+}
+DEFAULT_PROTOCOL = "cpu"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
+
+
+def progress_line(variant: str, seed: int, step: int, steps: int, elapsed: float, loss: float,
+                  val_bpb: float | None = None) -> str:
+    """One progress line: step, training loss, the evaluation metric (at evals), elapsed, ETA."""
+    ev = f"  val {val_bpb:.3f} bits/byte" if val_bpb is not None else ""
+    eta = elapsed / step * (steps - step) if step else 0.0
+    return (f"lm {variant} seed {seed}: step {step}/{steps}  loss {loss:.3f}{ev}  elapsed {_clock(elapsed)}  "
+            f"ETA {_clock(eta)}")
 
 
 def split_corpus(data: bytes, val_frac: float, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,8 +185,8 @@ def train_run(cfg: LMConfig, variant: str, seed: int, train: torch.Tensor, val: 
     gen = torch.Generator().manual_seed(seed)
     curve, best, active = [], float("inf"), float("nan")
     t0 = time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc=f"{variant} seed {seed}", disable=not progress, leave=False)
-    for step in bar:
+    log_every = max(1, int(cfg.log_every))
+    for step in range(cfg.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         x, y = get_batch(train, cfg.block, cfg.batch, gen)
@@ -163,12 +195,15 @@ def train_run(cfg: LMConfig, variant: str, seed: int, train: torch.Tensor, val: 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
+        bpb = None
         if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
             bpb, act = evaluate_bpb(model, val, cfg, seed)
             curve.append({"step": step + 1, "val_bpb": bpb, "train_loss": float(loss.detach())})
             if bpb < best:
                 best, active = bpb, act
-            bar.set_postfix(val_bpb=f"{bpb:.3f}")
+        if progress and (bpb is not None or (step + 1) % log_every == 0):
+            print(progress_line(variant, seed, step + 1, cfg.steps, time.perf_counter() - t0,
+                                float(loss.detach()), bpb), flush=True)
     return {"variant": variant, "seed": seed, "window": window, "best_val_bpb": best,
             "mean_active_state": active, "curve": curve, "wall_s": time.perf_counter() - t0,
             "params_non_embedding": model.num_params()}
@@ -224,14 +259,26 @@ def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_ru
     train, val = split_corpus(data, cfg.val_frac, cfg.block)
     rows = []
     t0 = time.perf_counter()
+    n_runs, done = 2 * len(seeds) + len(refs), 0
+
+    def announce(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            print(f"lm: run {done}/{n_runs}: {what} ({cfg.steps} steps; {_clock(time.perf_counter() - t0)} so far)",
+                  flush=True)
+
     for seed in seeds:
+        announce(f"SV hybrid, seed {seed}")
         sv = runner(cfg, "sv_hybrid", seed, train, val, None, progress)
         act = sv["mean_active_state"]
         window = min(cfg.block, int(round(act if math.isfinite(act) else 0)) + cfg.chunk)
+        announce(f"matched sliding window {window}, seed {seed}")
         swa = runner(cfg, "sliding", seed, train, val, window, progress)
         rows.append({"seed": seed, "sv": sv, "swa": swa, "window": window})
     ref_rows = []
     for variant in refs:
+        announce(f"reference {variant}, seed {seeds[0]}")
         r = runner(cfg, variant, seeds[0], train, val, None, progress)
         ref_rows.append({"variant": variant, "seed": seeds[0], "best_val_bpb": r["best_val_bpb"],
                          "wall_s": r["wall_s"], "params_non_embedding": r["params_non_embedding"],
@@ -268,7 +315,14 @@ def _num(x):
 
 
 def study_result(res: dict, corpus_name: str) -> dict:
-    """The report's ``language_model`` study result (dashboards/SCHEMA.md) from the raw comparison."""
+    """The report's ``language_model`` study result (dashboards/SCHEMA.md) from the raw comparison.
+    A non-seed protocol is named in the title and the notes (the report shows both)."""
+    protocol = res.get("protocol", "custom")
+    base = protocol.split("+")[0]
+    proto_label = PROTOCOLS[base][2] if base in PROTOCOLS else "custom configuration"
+    if protocol.endswith("+custom"):
+        proto_label += " (with custom steps or seeds)"
+    title_tag = "" if protocol == "seed" else f"; {protocol} protocol, not the seed's"
     t = res["tests"]
     per = res["per_seed"]
     series = []
@@ -288,14 +342,14 @@ def study_result(res: dict, corpus_name: str) -> dict:
                                 for r in res["references"]]})
     return {
         "study": "language_model",
-        "title": f"Byte-level language model: SV hybrid vs matched sliding window ({corpus_name})",
+        "title": f"Byte-level language model: SV hybrid vs matched sliding window ({corpus_name}{title_tag})",
         "data": "text",
         "runtime_s": float(res["wall_s"]),
         "seed_figure": {},
         "metrics": {"mean_sv_bpb": _num(t["mean_sv"]), "mean_swa_bpb": _num(t["mean_swa"]),
                     "mean_rel_improvement": _num(t["mean_rel_improvement"]), "paired_t_p": _num(t["t_p"]),
                     "wilcoxon_p": _num(t["wilcoxon_p"]), "n_seeds": t["n"], "steps": res["config"]["steps"],
-                    "corpus_bytes": res["corpus_bytes"]},
+                    "corpus_bytes": res["corpus_bytes"], "protocol": protocol},
         "tables": tables,
         "figures": [{"kind": "line", "title": "validation bits per byte", "xlabel": "step",
                      "ylabel": "bits/byte", "series": series}] if series else [],
@@ -304,8 +358,10 @@ def study_result(res: dict, corpus_name: str) -> dict:
                     "path": "fp32 FISTA partitions + ridged KKT solve (batched training path)",
                     "operation": "batched training", "value": _num(t["mean_sv"] - t["mean_swa"])
                     if t["n"] else None, "holds": bool(t["n"] and t["mean_sv"] < t["mean_swa"])}],
-        "config": {k: v for k, v in res["config"].items() if isinstance(v, (int, float, str, bool))},
-        "notes": "Runs far shorter than the seed's are a pipeline check, not a converged comparison.",
+        "config": {"protocol": protocol, "protocol_label": proto_label,
+                   **{k: v for k, v in res["config"].items() if isinstance(v, (int, float, str, bool))}},
+        "notes": (f"Protocol: {proto_label}." + ("" if protocol == "seed" else
+                  " Runs far shorter than the seed's are a pipeline check, not a converged comparison.")),
     }
 
 
@@ -313,16 +369,24 @@ def study_result(res: dict, corpus_name: str) -> dict:
 def language_model_flow(corpus: str | None = None, steps: int | None = None,
                         seeds: list[int] | None = None, tiny: bool = False,
                         out: str = "runs/language_model/result.json",
-                        references: list[str] | None = None) -> dict:
+                        references: list[str] | None = None, protocol: str = DEFAULT_PROTOCOL,
+                        progress: bool = True) -> dict:
     """Prefect flow: load the corpus, run the paired comparison (each training run a task) and
-    the optional single-seed reference rows, write the JSON result."""
+    the optional single-seed reference rows, write the JSON result. ``tiny=True`` is
+    ``protocol="tiny"``; ``steps``/``seeds`` override the protocol's (the result then records
+    ``<protocol>+custom`` unless they equal the protocol's own)."""
     refs = check_references(references)  # fail before any training or corpus loading
-    cfg = TINY if tiny else LMConfig()
-    if steps is not None:
+    protocol = "tiny" if tiny else protocol
+    if protocol not in PROTOCOLS:
+        raise LMStudyError(f"unknown protocol {protocol!r}; choose from {list(PROTOCOLS)}")
+    cfg, default_seeds, _ = PROTOCOLS[protocol]
+    seeds = list(seeds if seeds is not None else default_seeds)
+    if steps is not None and int(steps) != cfg.steps:
         cfg = replace(cfg, steps=int(steps), eval_interval=min(cfg.eval_interval, int(steps)))
+    ran = protocol if cfg.steps == PROTOCOLS[protocol][0].steps and seeds == default_seeds else f"{protocol}+custom"
     data = load_corpus(corpus, cfg.max_bytes)
-    res = run_comparison(cfg, list(seeds if seeds is not None else [0, 1, 2]), data,
-                         runner=lambda *a: train_task(*a), progress=not tiny, references=refs)
+    res = run_comparison(cfg, seeds, data, runner=lambda *a: train_task(*a), progress=progress, references=refs)
+    res["protocol"] = ran
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     from dashboards.schema import write_result
@@ -346,15 +410,19 @@ def _cli(args: argparse.Namespace) -> int:
         args.references = list(REFERENCE_VARIANTS)  # bare --references: every reference row
     try:
         res = language_model_flow(corpus=args.corpus, steps=args.steps, seeds=args.seeds,
-                                  tiny=args.tiny, out=args.out, references=args.references)
+                                  tiny=args.tiny, out=args.out, references=args.references,
+                                  protocol=args.protocol, progress=not args.no_progress)
     except (CorpusMissingError, LMStudyError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
     t = res["tests"]
-    print(f"SV {t['mean_sv']:.4f} vs swa {t['mean_swa']:.4f} bits/byte over {t['n']} seeds; "
-          f"paired t p={t['t_p']:.3g}, Wilcoxon p={t['wilcoxon_p']:.3g} -> {args.out}")
+    print(f"[{res['protocol']} protocol] SV {t['mean_sv']:.4f} vs swa {t['mean_swa']:.4f} bits/byte over {t['n']} "
+          f"seeds; paired t p={t['t_p']:.3g}, Wilcoxon p={t['wilcoxon_p']:.3g} -> {args.out}")
     for r in res["references"]:
         print(f"  reference {r['variant']} (seed {r['seed']}): {r['best_val_bpb']:.4f} bits/byte")
+    from pipelines.jsonout import emit_file
+
+    emit_file(args, args.out)
     return 0
 
 
@@ -362,12 +430,22 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("lm", help="language model: SV hybrid vs matched sliding window")
     p.add_argument("--corpus", default=None, help="byte file (default: Shakespeare from "
                    "`python -m models.corpus fetch`)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 2000)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="paired seeds (default 0 1 2)")
-    p.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
-    p.add_argument("--out", default="runs/language_model/result.json")
+    p.add_argument("--protocol", choices=list(PROTOCOLS), default=DEFAULT_PROTOCOL,
+                   help="cpu: minutes on a 2-core CPU, a pipeline check (default); seed: the seed's 3.22M model, "
+                        "2,000 steps x 3 seeds (hours on CPU); tiny: seconds-long smoke run")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps per run (default: the protocol's; cpu 30, seed 2000)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="paired seeds (default: the protocol's; cpu 0 1, seed 0 1 2)")
+    p.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration (= --protocol tiny)")
+    p.add_argument("--out", default="runs/language_model/result.json",
+                   help="study result JSON; details.json goes beside it (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no per-step / per-eval progress lines")
     p.add_argument("--references", nargs="*", default=None, metavar="NAME",
                    type=_reference_name,
                    help="also train single-seed reference rows on the same backbone and budget "
                         f"(no names: all of {', '.join(REFERENCE_VARIANTS)})")
+    from pipelines.jsonout import add_json_arg
+
+    add_json_arg(p)
     p.set_defaults(func=_cli)
