@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from dashboards.atomic import atomic_write_text
 from dashboards.errors import ReportError, ResultSchemaError, RunsDirectoryError
 from dashboards.figures import png_data_uri, render_png
+from dashboards.labels import metric_label
 from dashboards.schema import KNOWN_STUDIES, validate_result
 from dashboards.seed_figures import CONTRACT_CARD, SEED_FIGURES
 
@@ -102,6 +103,9 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 .badge.demo { background: #e8f4ea; color: #1e5a2c; }
 .badge.stale { background: #fde8e8; color: #8a1c1c; }
 .badge.mimic { background: #fbeee0; color: #7a3e06; }
+.warn { color: #7a3e06; background: #fff1e0; border: 1px solid #f0b36b; padding: 6px 10px; border-radius: 4px;
+        font-weight: 600; }
+.legend { color: var(--muted); font-size: 12px; margin: 2px 0 10px; }
 .notrun { color: #8a6d00; background: #fff8db; border: 1px dashed #e2c35b; padding: 8px 12px; border-radius: 4px; }
 .ok { color: #1e6b34; font-weight: 600; }
 .bad { color: #a3212f; font-weight: 600; }
@@ -184,6 +188,8 @@ def _fmt(v: Any) -> str:
         if abs(v) < 1e-3 or abs(v) >= 1e6:
             return f"{v:.3e}"
         return f"{v:.4g}"
+    if isinstance(v, Mapping):
+        return "; ".join(f"{metric_label(str(k))} = {_fmt(x)}" for k, x in v.items())
     if isinstance(v, (list, tuple)):
         inner = ", ".join(_fmt(x) for x in v[:12])
         return f"[{inner}{', …' if len(v) > 12 else ''}]"
@@ -201,6 +207,76 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]
             yield from _flatten(v, key + ".")
         else:
             yield key, v
+
+
+def _named(d: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
+    """Flatten nested metrics/config into (human-readable name, value) rows — never a raw
+    dotted key (dashboards.labels.METRIC_NAMES, with a prettifying fallback)."""
+    rows: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        path = (*prefix, str(k))
+        if isinstance(v, Mapping):
+            rows.extend(_named(v, path))
+        else:
+            rows.append((" · ".join(metric_label(c) for c in path), v))
+    return rows
+
+
+#: fewer bootstrap units than this and an estimate's interval is flagged as low-power
+MIN_STAYS = 20
+#: study -> (metrics key holding the number of units its intervals/estimates rest on, what a unit is)
+POWER_UNITS: dict[str, tuple[str, str]] = {
+    "cohort": ("n_stays", "stays"),
+    "icu_retention": ("n_stays_included", "stays with an event"),
+    "heldout_spo2": ("n_stays_included", "stays with an event"),
+    "deterioration": ("test_stays", "test-split stays"),
+    "patient_deletion": ("contexts_completed", "five-patient contexts"),
+}
+
+
+def _zero_width_cis(p: Mapping[str, Any]) -> int:
+    """How many intervals in the metrics ({low, high} pairs, ``*_low``/``*_high`` keys) and bar
+    figures (ci_low/ci_high) have zero width — the mark of a bootstrap over a single unit."""
+    n = 0
+
+    def walk(d: Mapping[str, Any]) -> None:
+        nonlocal n
+        for k, v in d.items():
+            if isinstance(v, Mapping):
+                walk(v)
+            elif isinstance(k, str) and k.endswith("low") and _is_num(v):
+                hi = d.get(k[:-3] + "high")
+                if _is_num(hi) and hi == v:
+                    n += 1
+
+    walk(p.get("metrics", {}))
+    for fig in p.get("figures", []):
+        if "ci_low" in fig and "ci_high" in fig:
+            n += sum(1 for a, b in zip(fig["ci_low"], fig["ci_high"]) if _is_num(a) and a == b)
+    return n
+
+
+def low_power_warning(p: Mapping[str, Any]) -> str:
+    """A visible warning when the card's intervals or estimates rest on few units (< MIN_STAYS
+    stays, or contexts for patient deletion) or an interval has zero width; "" otherwise."""
+    msgs = []
+    key, unit = POWER_UNITS.get(p["study"], ("", ""))
+    count = p.get("metrics", {}).get(key) if key else None
+    if _is_num(count) and count < MIN_STAYS:
+        msgs.append(f"rests on {int(count):,} {unit} (fewer than {MIN_STAYS}): intervals and estimates here are "
+                    "low-power and can move a lot on another cohort")
+    zero = _zero_width_cis(p)
+    if zero:
+        msgs.append(f"{zero} interval(s) have zero width (e.g. a bootstrap over a single stay): they show no "
+                    "uncertainty, not certainty")
+    if not msgs:
+        return ""
+    return '<p class="warn">⚠ Low power: this result ' + "; ".join(_e(m) for m in msgs) + ".</p>"
+
+
+HOLDS_LEGEND = ("holds: whether this run's own value meets the claim's stated condition, checked by the study on "
+                "this run (e.g. a 95 % CI lower bound above 0, or the decrement's deviation below decay's); yes/no, "
+                "— when the study states no condition. It is not the seed's verdict and not a significance test.")
 
 
 def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], raw_cols: Sequence[int] = ()) -> str:
@@ -258,6 +334,9 @@ def _run_block(res: LoadedResult) -> str:
         f'runtime {_e(_fmt(float(p["runtime_s"])))} s'
         + (f' · created {_e(p["created"])}' if "created" in p else "") + "</p>",
     ]
+    warn = low_power_warning(p)
+    if warn:
+        parts.append(warn)
     if p["study"] == "ledger":
         parts.append(_ledger_html(p["metrics"]))
     for fig in p["figures"]:
@@ -272,9 +351,9 @@ def _run_block(res: LoadedResult) -> str:
             parts.append(f"<h4>{_e(tab['title'])}</h4>")
         parts.append(_table(tab["columns"], tab["rows"]))
     if p["metrics"]:
-        parts.append("<h4>Metrics</h4>" + _table(["metric", "value"], list(_flatten(p["metrics"]))))
+        parts.append("<h4>Metrics</h4>" + _table(["metric", "value"], _named(p["metrics"])))
     if p.get("config"):
-        parts.append("<h4>Configuration</h4>" + _table(["parameter", "value"], list(_flatten(p["config"]))))
+        parts.append("<h4>Configuration</h4>" + _table(["parameter", "value"], _named(p["config"])))
     if p.get("notes"):
         parts.append(f'<p class="meta">{_e(p["notes"])}</p>')
     return '<div class="run">' + "".join(parts) + "</div>"
@@ -305,7 +384,7 @@ def _seed_block(study: str, from_result: Mapping[str, Any] | None) -> str:
     if seed.get("text"):
         parts.append(f"<p>{_e(seed['text'])}</p>")
     if seed.get("values") and not seed.get("figure"):
-        parts.append(_table(["seed quantity", "value"], list(seed["values"].items())))
+        parts.append(_table(["seed quantity", "value"], _named(seed["values"])))
     if seed.get("source"):
         parts.append(f'<p class="meta">source: {_e(seed["source"])}</p>')
     return '<div class="seed">' + "".join(parts) + "</div>"
@@ -319,7 +398,7 @@ def _claims_table(claims: Sequence[Mapping[str, Any]], study_col: Sequence[str] 
         mark = "—" if holds is None else ('<span class="ok">yes</span>' if holds else '<span class="bad">no</span>')
         row = ([study_col[i]] if study_col else []) + [c["statement"], c["reference"], c["path"], c.get("value"), mark]
         rows.append(row)
-    return _table(cols, rows, raw_cols=(len(cols) - 1,))
+    return _table(cols, rows, raw_cols=(len(cols) - 1,)) + f'<p class="legend">{_e(HOLDS_LEGEND)}</p>'
 
 
 def _receipts_table(results: Sequence[LoadedResult]) -> str:
@@ -372,7 +451,8 @@ def _contract_card_html(results: Sequence[LoadedResult]) -> str:
              "algebraic and empirical statements are kept distinct. The last column lists this report's claims "
              "filed under each operation.</p>",
              _table(["operation", "certified statement", "reference and path", "explicit boundary",
-                     "evidence in this report"], rows, raw_cols=(4,))]
+                     "evidence in this report"], rows, raw_cols=(4,)),
+             '<p class="legend">✓ / ✗: the claim holds / does not hold on this run. ' + _e(HOLDS_LEGEND) + "</p>"]
     if claims:
         parts.append("<h3>All claims in this report</h3>" + _claims_table(claims, owners))
     parts.append("</section>")
@@ -432,7 +512,11 @@ def render_report(runs_dir: str | os.PathLike, *, title: str = "forgetful — st
     ]
     for sec in SECTIONS:
         body.append(_section_html(sec, by_study))
-    others = [r for r in results if r.payload["study"] not in KNOWN_STUDIES]
+    from dashboards.stream_card import STUDY as _STREAM  # streaming ingest (issue 13)
+    from dashboards.stream_card import stream_section_html
+
+    body.append(stream_section_html(by_study.get(_STREAM, [])))
+    others = [r for r in results if r.payload["study"] not in KNOWN_STUDIES and r.payload["study"] != _STREAM]
     if others:
         body.append('<section id="other"><h2>Other studies</h2>')
         for r in others:

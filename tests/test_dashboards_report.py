@@ -303,3 +303,89 @@ def test_synthetic_runs_are_not_placed_beside_real_data_seed_figures(tmp_path):
     page = render_report(tmp_path)
     sec = page[page.index('id="retention"'):page.index('id="heldout"')]
     assert "not comparable" in sec and "0.80" not in sec
+
+
+# ---------------------------------------------------------------- readable names, holds legend, low power
+def _cards(page: str) -> list[str]:
+    """Each run card (<div class="run">…) of the rendered page."""
+    return [c.split('<div class="seed">')[0] for c in page.split('<div class="run">')[1:]]
+
+
+def _dotted_keys(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _dotted_keys(v, f"{prefix}{k}.")
+        elif prefix:
+            yield f"{prefix}{k}"
+
+
+def test_no_raw_dotted_metric_key_in_the_report(tmp_path):
+    runs = write_fixture_runs(tmp_path)
+    page = render_report(runs)
+    keys = {k for r in fixture_results() for sec in ("metrics", "config") for k in _dotted_keys(r.get(sec, {}))}
+    assert "stays.icu_segments" in keys and "sv.n_included" in keys  # the fixtures do nest
+    for k in keys:
+        assert f">{k}<" not in page and k not in page, k
+    assert "SV gate · included" in page  # mapped component + prettified unknown one ("n_included")
+
+
+def test_metric_label_mapping_and_fallback():
+    from dashboards.labels import METRIC_NAMES, metric_label, prettify
+
+    assert metric_label("retention.sv") == f"{METRIC_NAMES['retention']} · {METRIC_NAMES['sv']}"
+    assert metric_label("decay_leakage_mean.gamma_0.01") == f"{METRIC_NAMES['decay_leakage_mean']} · γ = 0.01"
+    assert prettify("diff_sv_minus_density") == "SV gate − density (H2O-style)"
+    assert prettify("some_new_auroc_key") == "some new AUROC key"
+    assert prettify("n_widgets") == "widgets" and prettify("n512") == "n = 512"
+    assert "_" not in metric_label("an_unknown.nested_key") and "." not in metric_label("an_unknown.nested_key")
+
+
+def test_every_card_that_says_holds_defines_it(tmp_path):
+    page = render_report(write_fixture_runs(tmp_path))
+    cards = [c for c in _cards(page) if "holds" in c]
+    assert cards, "the fixtures carry claims"
+    from dashboards.report import HOLDS_LEGEND
+
+    for c in cards:
+        assert '<p class="legend">holds: ' in c
+    contract = page[page.index('id="contract"'):]
+    assert "✓ / ✗: the claim holds" in contract and HOLDS_LEGEND.split(":")[0] in contract
+
+
+def _one_stay_retention() -> dict:
+    return {
+        "study": "icu_retention", "title": "fixture: retention on a 4-stay cohort", "data": "mimic", "runtime_s": 1.0,
+        "seed_figure": {}, "config": {"nu": 0.3},
+        "metrics": {"n_stays": 4, "n_stays_included": 1, "retention": {"sv": 0.5, "density": 0.5},
+                    "diff_sv_minus_density": {"mean": 0.0, "low": 0.0, "high": 0.0}},
+        "tables": [], "figures": [{"kind": "bar", "title": "retention", "ylabel": "retention",
+                                   "categories": ["sv", "density"], "values": [0.5, 0.5],
+                                   "ci_low": [0.5, 0.5], "ci_high": [0.5, 0.5]}],
+    }
+
+
+def test_low_power_warning_names_the_count(tmp_path):
+    runs = tmp_path / "runs" / "icu_retention"
+    runs.mkdir(parents=True)
+    (runs / "result.json").write_text(json.dumps(_one_stay_retention()))
+    page = render_report(runs.parent)
+    (card,) = [c for c in _cards(page) if "4-stay cohort" in c]
+    assert '<p class="warn">⚠ Low power' in card
+    assert "rests on 1 stays with an event (fewer than 20)" in card
+    assert "3 interval(s) have zero width" in card  # the metrics' {low, high} and both bar CIs
+
+
+def test_no_low_power_warning_for_a_well_powered_result(tmp_path):
+    from dashboards.report import MIN_STAYS, low_power_warning
+
+    res = _one_stay_retention()
+    res["metrics"].update(n_stays=400, n_stays_included=MIN_STAYS,
+                          diff_sv_minus_density={"mean": 0.2, "low": 0.1, "high": 0.3})
+    res["figures"][0].update(ci_low=[0.4, 0.3], ci_high=[0.6, 0.7])
+    assert low_power_warning(res) == ""
+    res["metrics"]["n_stays_included"] = MIN_STAYS - 1
+    assert f"rests on {MIN_STAYS - 1} stays" in low_power_warning(res)
+    det = {"study": "deterioration", "metrics": {"test_stays": 3, "paired": {"a": {"auroc_diff_low": 0.1,
+                                                                                   "auroc_diff_high": 0.1}}}}
+    w = low_power_warning(det)
+    assert "3 test-split stays" in w and "1 interval(s) have zero width" in w
