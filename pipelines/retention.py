@@ -19,7 +19,8 @@ differences with a stay-level percentile bootstrap (10,000×, seed 0) — the ar
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

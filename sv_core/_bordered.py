@@ -32,7 +32,6 @@ from ._state import (  # noqa: F401  (re-exported: the solver's constants)
 )
 from .errors import PathError
 
-
 _KEEP: dict[tuple[int, int], IntArray] = {}
 
 
@@ -94,7 +93,7 @@ class BorderedMixin(SolverState):
         """Recompute ``Rinv = M^{-1}`` from scratch."""
         M = self._bordered()
         try:
-            self.Rinv = np.linalg.inv(M)
+            self.Rinv = np.asarray(np.linalg.inv(M), dtype=np.float64)
         except np.linalg.LinAlgError as exc:  # pragma: no cover - guarded by callers
             raise PathError(f"bordered KKT matrix is singular with |S|={len(self.S)}") from exc
         self._updates = 0
@@ -213,7 +212,7 @@ class BorderedMixin(SolverState):
             if np.abs(r).max() > INVERSE_GUARD:
                 # conditioning guard: the maintained inverse has drifted; refactorise
                 self.refactor()
-                u = np.linalg.solve(M, cv)
+                u = np.asarray(np.linalg.solve(M, cv), dtype=np.float64)
             else:
                 u += self.Rinv @ r  # one step of iterative refinement
             S, _ = self.margin_rows()

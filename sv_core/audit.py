@@ -93,7 +93,7 @@ def duplicate_keys(rng: np.random.Generator, groups: int = 12, per: int = 6, d: 
     centres = 1.5 * rng.standard_normal((groups, d))
     X = np.repeat(centres, per, axis=0)
     near = rng.random(X.shape[0]) < 0.5
-    X[near] += 1e-6 * rng.standard_normal((int(near.sum()), d))
+    X[near] += 1e-6 * rng.standard_normal((int(np.count_nonzero(near)), d))
     return X[rng.permutation(X.shape[0])]
 
 
@@ -165,7 +165,7 @@ def run_trial(X: np.ndarray, rng: np.random.Generator, nu: float = 0.4, sigma: f
     targets = rng.choice(ids, size=n_remove, replace=False)
     alpha_full, rho_full = g.alpha.copy(), g.rho
     status = [g.status_of(int(t)) for t in targets]
-    core = g._core
+    core = g._solver
     live = core.live()
     K = core.K[np.ix_(live, live)]
     cond_S = _cond(K, np.flatnonzero(core.status[live] == 1))
@@ -235,7 +235,7 @@ def _class_summary(rows: list[dict], attempted: int) -> dict:
     }
 
 
-def summarise(trials: list[dict], attempted: int, failed_removals: list[str] | None = None) -> dict:
+def summarise(trials: list[dict | None], attempted: int, failed_removals: list[str] | None = None) -> dict:
     done = [t for t in trials if t is not None]
     devs = np.array([t["max_abs_score_dev"] for t in done]) if done else np.array([np.nan])
     dec = np.array([t["decay_max_abs_score_dev"] for t in done]) if done else np.array([np.nan])
@@ -315,7 +315,7 @@ def _f(x) -> float:
 def _run_regime(name, trials, rng, failures, nu, sigma, gamma, progress) -> dict:
     from tqdm.auto import tqdm
 
-    results = []
+    results: list[dict | None] = []
     failed_removals: list[str] = []
     for t in tqdm(range(trials), desc=f"audit {name}", disable=not progress, leave=False):
         X = REGIMES[name](rng)

@@ -31,6 +31,7 @@ import pathlib
 import platform
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         blas = threadpoolctl.threadpool_info()
     except Exception:  # noqa: BLE001
         blas = []
-    res = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+    res: dict[str, Any] = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
                        "python": platform.python_version(), "numpy": np.__version__,
                        "blas": [{k: b.get(k) for k in ("internal_api", "num_threads", "version")} for b in blas]},
            "protocol": {"d": 6, "nu": 0.4, "sigma": 2.0, "seed": args.seed, "deletions": args.deletions,

@@ -114,6 +114,14 @@ class Gate:
 
     # ------------------------------------------------------------------ properties
     @property
+    def _solver(self) -> MaintainedSVDD:
+        """The maintained solver (exists once a key was admitted)."""
+        core = self._core
+        if core is None:
+            raise GateError("the gate holds no keys")
+        return core
+
+    @property
     def dim(self) -> int | None:
         return None if self._core is None else self._core.dim
 
@@ -151,27 +159,27 @@ class Gate:
         """(n, d) live keys aligned with ``ids``."""
         if self._core is None:
             return np.zeros((0, 0))
-        return self._core.X[self._live_slots()].copy()
+        return self._solver.X[self._live_slots()].copy()
 
     @property
     def alpha(self) -> np.ndarray:
         slots = self._live_slots()
         if not self.gated:
             return np.full(slots.size, 1.0 / max(slots.size, 1)) if slots.size else np.zeros(0)
-        return self._core.alpha[slots].copy()
+        return self._solver.alpha[slots].copy()
 
     @property
     def rho(self) -> float:
-        return float(self._core.rho) if self.gated else float("nan")
+        return float(self._solver.rho) if self.gated else float("nan")
 
     def partition(self) -> dict[str, list[int]]:
         """Token ids of the margin (0<a<C), error (a=C) and reserve (a=0) sets."""
-        out = {"margin": [], "error": [], "reserve": []}
+        out: dict[str, list[int]] = {"margin": [], "error": [], "reserve": []}
         if not self.gated:
             return out
         names = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
         for s in self._live_slots():
-            out[names[int(self._core.status[s])]].append(self._id_of_slot[s])
+            out[names[int(self._solver.status[s])]].append(self._id_of_slot[s])
         return out
 
     def status_of(self, token_id: int) -> str:
@@ -179,7 +187,7 @@ class Gate:
         slot = self._slot(token_id)
         if not self.gated:
             return "warmup"
-        return {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}[int(self._core.status[slot])]
+        return {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}[int(self._solver.status[slot])]
 
     def support_ids(self) -> np.ndarray:
         p = self.partition()
@@ -190,7 +198,7 @@ class Gate:
         """Complete an operation exactly when the maintained path cannot: solve the current live
         keys afresh with the independent refit oracle and rebuild the maintained state from it
         (margin set, bordered inverse and gradient recomputed). Counted in ``fallbacks``."""
-        core = self._core
+        core = self._solver
         slots = core.live()
         try:
             a, rho, info = refit(core.X[slots], C=self.C, sigma=self.sigma, return_info=True)
@@ -210,7 +218,7 @@ class Gate:
         maintained KKT residual; on a path error (state restored to before ``step``, then
         ``on_fail()`` applies the structural change) or a tripped guard, complete exactly by
         :meth:`_exact_fallback`. Returns (events, fallback reason or None)."""
-        core = self._core
+        core = self._solver
         if snap is None:
             snap = core.snapshot()
         try:
@@ -241,7 +249,7 @@ class Gate:
         """Ill-conditioned (near-duplicate) margin systems leave KKT residuals of 1e-11..1e-9
         that the score at off-data probes amplifies; a warm pairwise SMO polish of the current
         coefficients drives the KKT gap to rounding level. Kept only if it lowers the residual."""
-        core = self._core
+        core = self._solver
         slots = core.live()
         snap = core.snapshot()
         K = core.K[np.ix_(slots, slots)]
@@ -319,7 +327,7 @@ class Gate:
                 "and has no gate score"
             )
         P = as_keys(P, self.dim)
-        core = self._core
+        core = self._solver
         slots = self._live_slots()
         sup = slots[core.alpha[slots] != 0.0]
         return 2.0 * rbf_kernel(P, core.X[sup], self.sigma) @ core.alpha[sup] - core.rho
@@ -330,7 +338,7 @@ class Gate:
         slots = self._live_slots()
         if slots.size == 0:
             raise GateError("the gate holds no keys")
-        W = rbf_kernel(Q, self._core.X[slots], self.sigma) * self.alpha[None, :]
+        W = rbf_kernel(Q, self._solver.X[slots], self.sigma) * self.alpha[None, :]
         den = W.sum(axis=1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             return W / den
@@ -358,7 +366,7 @@ class Gate:
         if not self.gated:
             return Certificate(issued=False, reason="warm-up: the gate is not solved", evicted=[],
                                n_before=self.n, n_after=self.n, C=self.C, sigma=self.sigma)
-        core = self._core
+        core = self._solver
         slots = self._live_slots()
         res = slots[core.status[slots] == RESERVE]
         if max_evict is not None:
@@ -412,7 +420,7 @@ class Gate:
     def _forget_slot(self, tid: int, slot: int) -> Receipt:
         """Delete one live token (no compaction, no verification). On error the core is restored
         and the id maps are untouched."""
-        core = self._core
+        core = self._solver
         n_before = self.n
         gated_before = core.solved
         status_before = _STATUS_NAMES[int(core.status[slot])] if gated_before else "warmup"
@@ -472,7 +480,7 @@ class Gate:
     def _rollback(self, saved: tuple) -> None:
         snap, slot_of, forgotten, fallbacks, n_log = saved
         if snap is not None:
-            self._core.restore(snap)
+            self._solver.restore(snap)
         self._slot_of, self._forgotten, self.fallbacks = slot_of, forgotten, fallbacks
         del self.fallback_log[n_log:]
 
@@ -513,13 +521,14 @@ class Gate:
         slot = self._slot(token_id)
         tid = int(token_id)
         self._preflight(1, f"token {tid}")
-        removed_key = self._core.X[slot : slot + 1].copy() if verify else None
+        removed_key = self._solver.X[slot : slot + 1].copy() if verify else None
         saved = self._save() if verify else None
         receipt = self._forget_slot(tid, slot)
         if verify and self.gated:
             try:
                 self._verify_or_fallback(receipt, removed_key, probe_seed)
             except BaseException:
+                assert saved is not None
                 self._rollback(saved)
                 raise
         self._maybe_compact()
@@ -563,7 +572,7 @@ class Gate:
             dev[name] = float(np.abs(self.score(P) - s_ref).max())
         tol = 1e-9 * self.C
         part_ref = np.where(a_ref <= tol, RESERVE, np.where(a_ref >= self.C - tol, ERROR, MARGIN))
-        part_here = self._core.status[self._live_slots()]
+        part_here = self._solver.status[self._live_slots()]
         return {
             "max_abs_score_dev": max(dev.values()),
             "score_dev_by_probe": dev,
@@ -576,15 +585,15 @@ class Gate:
         """KKT violations recomputed from scratch: sum, box, margin/error/reserve gradients, inverse."""
         if not self.gated:
             raise WarmupError("the gate is in warm-up; no KKT state")
-        return self._core.kkt_residual()
+        return self._solver.kkt_residual()
 
     def _maybe_compact(self) -> None:
-        core = self._core
+        core = self._solver
         dead = core.n_slots - self.n
         if dead > 64 and dead > self.n:
             old_to_new = core.compact()
-            new_ids = [None] * core.n_slots
-            for old, new in enumerate(old_to_new):
+            new_ids = [-1] * core.n_slots
+            for old, new in enumerate(old_to_new.tolist()):
                 if new >= 0:
                     new_ids[new] = self._id_of_slot[old]
             self._id_of_slot = new_ids

@@ -291,7 +291,7 @@ def refit(X, C: float, sigma: float, kkt_tol: float = 1e-9, return_info: bool = 
     tol = 1e-7 * C
     groups = twin_groups(X, sigma)
     status = read_off_partition(K, C, a0, groups, tol)
-    best = None
+    best: tuple[float, np.ndarray, float, np.ndarray, int] | None = None
     for it in range(50):
         a, rho = solve_on_partition(K, C, status)
         g = rho - np.diag(K) + 2.0 * K @ a
@@ -317,6 +317,7 @@ def refit(X, C: float, sigma: float, kkt_tol: float = 1e-9, return_info: bool = 
                 # a near-twin is already in the margin set: swap roles instead of adding a second
                 status[mate] = status[k]
         status[k] = new
+    assert best is not None  # the loop runs at least once
     viol, a, rho, status, iters = best
     # degenerate margin keys on a bound do not pin rho: snap them (same convention as the gate)
     snap = SNAP_TOL * C

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import json
 
-from dashboards.schema import validate_result
-
-
 import pytest
+
+from dashboards.schema import validate_result
 
 
 @pytest.mark.parametrize("with_osqp", [True, False])

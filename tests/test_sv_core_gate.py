@@ -168,7 +168,7 @@ def test_decrement_completes_when_margin_set_empties():
     """C = 1/5 makes all-error states (S empty, |E| C = 1) reachable; deletion must still complete."""
     rng = np.random.default_rng(11)
     completed = 0
-    for trial in range(25):
+    for _trial in range(25):
         X = rng.normal(size=(12, 2)) * rng.uniform(0.3, 3.0)
         g = Gate(C=0.2, sigma=1.0)
         g.admit(X)

@@ -58,7 +58,7 @@ def test_read_off_fills_a_twin_group_in_gradient_order():
     """Interior-point mass spread evenly over 3 twins (total 2.5 C) becomes C, C, margin 0.5 C
     in increasing-gradient order; the singleton (0 < 0.1 < C) is read off by its coefficient."""
     from sv_core.refit import read_off_partition
-    from sv_core.solver import ERROR, MARGIN, RESERVE
+    from sv_core.solver import ERROR, MARGIN
 
     C = 0.2
     K = np.eye(4)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sv_core import calibrate_C, refit
-from sv_core.vjp import ExactSVReadout, gate_score, sv_readout, svdd_from_keys, svdd_solve
 from sv_core.kernels import torch_kernel
+from sv_core.vjp import ExactSVReadout, gate_score, sv_readout, svdd_from_keys, svdd_solve
 
 
 def _problem(seed=0, n=14, d=3):
