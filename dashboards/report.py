@@ -512,7 +512,11 @@ def render_report(runs_dir: str | os.PathLike, *, title: str = "forgetful — st
     ]
     for sec in SECTIONS:
         body.append(_section_html(sec, by_study))
-    others = [r for r in results if r.payload["study"] not in KNOWN_STUDIES]
+    from dashboards.stream_card import STUDY as _STREAM  # streaming ingest (issue 13)
+    from dashboards.stream_card import stream_section_html
+
+    body.append(stream_section_html(by_study.get(_STREAM, [])))
+    others = [r for r in results if r.payload["study"] not in KNOWN_STUDIES and r.payload["study"] != _STREAM]
     if others:
         body.append('<section id="other"><h2>Other studies</h2>')
         for r in others:

@@ -39,6 +39,10 @@ def test_cli_init_then_increments(prefect_harness, replay_parts, tmp_path, capsy
     validate_result(res)
     assert res["study"] == "ingest" and res["data"] == "synthetic"
     assert 0 < res["metrics"]["certified_retention"] < 1
+    ser = res["metrics"]["stream_series"]  # the warehouse's per-step series, not just this run's steps
+    assert ser["step"] == list(range(1, len(parts) + 1))
+    assert ser["hours_admitted"][-1] == res["metrics"]["n_tokens"] and ser["n_hot"][-1] == res["metrics"]["n_hot"]
+    assert all(h + c == n for h, c, n in zip(ser["n_hot"], ser["n_cold"], ser["hours_admitted"]))
 
 
 def test_serve_registers_ingest_on_an_interval():

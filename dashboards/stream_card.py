@@ -1,0 +1,144 @@
+"""Report section for the streaming ingest (``study: "ingest"``, ``forgetful ingest``).
+
+The ingest flow stores the warehouse's durable per-step series in ``metrics.stream_series``
+(columnar lists, oldest first, at most the last 500 watermark steps; totals over *all* stays
+after each step, never per stay or per record): ``step``, ``hours_admitted`` (live tokens),
+``new_tokens``, ``n_hot``, ``n_cold``, ``readmissions`` (cumulative cold -> hot re-admissions),
+``late_rows``, ``reopened_hours``, ``replaced_tokens``, ``certified_retention`` (hot / live).
+
+:func:`stream_section_html` draws the hot and cold tier sizes against the hours admitted, the
+re-admissions and late-row re-opens per step, and a small table of sampled steps. A result
+written before the series existed (no ``stream_series``) gets the run's totals and a note.
+"""
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dashboards.figures import png_data_uri, render_png
+
+__all__ = ["STUDY", "SERIES_FIELDS", "series_of", "stream_figures", "stream_table", "stream_section_html"]
+
+STUDY = "ingest"
+SERIES_FIELDS = ("step", "hours_admitted", "new_tokens", "n_hot", "n_cold", "readmissions", "late_rows",
+                 "reopened_hours", "replaced_tokens", "certified_retention")
+TABLE_ROWS = 12
+_COLS = [("step", "step"), ("hours_admitted", "hours admitted"), ("n_hot", "hot"), ("n_cold", "cold"),
+         ("certified_retention", "certified retention"), ("readmissions", "re-admissions (cum.)"),
+         ("late_rows", "late rows"), ("reopened_hours", "re-opened hours")]
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return "—" if v is None else str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:,.0f}"
+    return str(v)
+
+
+def series_of(payload: Mapping[str, Any]) -> dict[str, list] | None:
+    """The per-step series as columns (None when absent, empty or ragged: an older result)."""
+    s = (payload.get("metrics") or {}).get("stream_series")
+    if not isinstance(s, Mapping) or not isinstance(s.get("step"), list) or not s["step"]:
+        return None
+    n = len(s["step"])
+    cols = {k: list(s[k]) for k in SERIES_FIELDS if isinstance(s.get(k), list) and len(s[k]) == n}
+    need = ("step", "hours_admitted", "n_hot", "n_cold")
+    return cols if all(k in cols for k in need) else None
+
+
+def stream_figures(s: Mapping[str, list]) -> list[dict]:
+    """Line-figure specs (dashboards/SCHEMA.md): tier sizes vs hours admitted; re-admissions and
+    late-row re-opens per step."""
+    x = [float(v) for v in s["hours_admitted"]]
+    figs = [{"kind": "line", "title": "hot and cold tiers over the replay", "xlabel": "hours admitted (live tokens)",
+             "ylabel": "tokens (all stays)",
+             "series": [{"label": "live", "x": x, "y": x, "style": "line"},
+                        {"label": "hot (margin + error sets)", "x": x, "y": [float(v) for v in s["n_hot"]],
+                         "style": "both" if len(x) <= 40 else "line"},
+                        {"label": "cold (certified inert)", "x": x, "y": [float(v) for v in s["n_cold"]],
+                         "style": "both" if len(x) <= 40 else "line"}]}]
+    steps = [float(v) for v in s["step"]]
+    ser = []
+    if "readmissions" in s:
+        r = [float(v) for v in s["readmissions"]]
+        ser.append({"label": "re-admissions (cold → hot)", "x": steps,
+                    "y": [b - a for a, b in zip([0.0] + r[:-1], r)], "style": "both"})
+    if "reopened_hours" in s:
+        ser.append({"label": "late-row re-opened hours", "x": steps, "y": [float(v) for v in s["reopened_hours"]],
+                    "style": "both"})
+    if ser:
+        figs.append({"kind": "line", "title": "re-admissions and re-opens per watermark step",
+                     "xlabel": "watermark step", "ylabel": "per step", "series": ser})
+    return figs
+
+
+def stream_table(s: Mapping[str, list], max_rows: int = TABLE_ROWS) -> tuple[list[str], list[list]]:
+    """Columns and rows of sampled steps (first, last and evenly spaced between)."""
+    n = len(s["step"])
+    idx = sorted({round(i * (n - 1) / (max_rows - 1)) for i in range(max_rows)}) if n > max_rows else list(range(n))
+    cols = [(k, lab) for k, lab in _COLS if k in s]
+    return [lab for _, lab in cols], [[s[k][i] for k, _ in cols] for i in idx]
+
+
+def _html_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f'<td class="num">{_e(_fmt(v))}</td>' for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(spec: Mapping[str, Any]) -> str:
+    uri = png_data_uri(render_png(spec, width_in=5.6, height_in=3.3))
+    return f'<img class="fig" alt="{_e(spec.get("title", "figure"))}" src="{uri}">'
+
+
+def _one(res: Any) -> str:
+    p = res.payload if hasattr(res, "payload") else res
+    path = getattr(res, "path", "")
+    m = p.get("metrics") or {}
+    parts = [f'<div class="run"><h3>{_e(p.get("title", "ingest"))}<span class="badge {_e(p.get("data", ""))}">'
+             f'{_e(p.get("data", ""))}</span></h3>',
+             '<p class="meta">study <code>ingest</code>' + (f" · file <code>{_e(path)}</code>" if path else "")
+             + f' · runtime {_e(_fmt(float(p.get("runtime_s", 0.0))))} s</p>']
+    keys = [("n_stays", "stays"), ("n_tokens", "live tokens"), ("n_hot", "hot"), ("n_cold", "cold"),
+            ("certified_retention", "certified retention"), ("readmissions", "re-admissions"),
+            ("future_safe_stays", "future-safe stays"), ("gated_stays", "gated stays"),
+            ("event_hour_retention_pooled", "event-hour retention (pooled)"), ("step", "watermark steps")]
+    have = [(k, lab) for k, lab in keys if k in m]
+    if have:
+        parts.append("<h4>Now (after the last step)</h4>"
+                     + _html_table([lab for _, lab in have], [[m[k] for k, _ in have]]))
+    s = series_of(p)
+    if s is None:
+        parts.append('<p class="notrun">This result has no per-step series (written before '
+                     "<code>metrics.stream_series</code> existed): rerun <code>forgetful ingest</code> to record "
+                     "hot/cold sizes and re-admissions over the replay.</p>")
+    else:
+        parts.append('<div class="pair">' + "".join(f"<div>{_img(f)}</div>" for f in stream_figures(s)) + "</div>")
+        cols, rows = stream_table(s)
+        n = len(s["step"])
+        parts.append(f"<h4>Sampled watermark steps ({len(rows)} of {n})</h4>" + _html_table(cols, rows))
+    parts.append('<p class="meta">Totals over all stays; hot = margin and error sets of each stay\'s gate, cold = '
+                 "reserve keys certified inert for the full history (re-admitted by an exact C&amp;P increment "
+                 "if a later operation makes their gradient negative).</p></div>")
+    return "".join(parts)
+
+
+def stream_section_html(results: Sequence[Any]) -> str:
+    """The "Streaming ingest" section for the given ingest results (LoadedResult or payload
+    dicts); an empty string when there are none."""
+    if not results:
+        return ""
+    body = ['<section id="stream"><h2>Streaming ingest: hot and cold tiers</h2>',
+            '<p class="intro">Per-stay future-safe memories over the watermark steps of the streaming warehouse: '
+            "tier sizes, re-admissions of cold keys, and late rows that re-opened closed hours.</p>"]
+    body += [_one(r) for r in results]
+    body.append("</section>")
+    return "".join(body)
