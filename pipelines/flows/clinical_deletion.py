@@ -17,7 +17,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipelines import task_cache
-from pipelines import gate_store, jsonout, ledger, runner
+from pipelines import gate_store, jsonout, ledger, runner, study_inputs
 from pipelines import patient_deletion as pdel
 from pipelines import warehouse as wh
 
@@ -99,6 +99,8 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
                           persist_gates: bool = True, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     wh.require(warehouse)
+    study_inputs.require_patients(warehouse, "patient-deletion", per_context,
+                                  f"one context shares {per_context} patients")
     h = wh.content_hash(warehouse)
     groups = pdel.plan_contexts(wh.stays(warehouse), per_context, seed, max_contexts)
     rng = np.random.default_rng([seed, 1])

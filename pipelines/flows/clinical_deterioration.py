@@ -22,7 +22,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipelines import deterioration as det
-from pipelines import jsonout, runner, task_cache
+from pipelines import jsonout, runner, study_inputs, task_cache
 from pipelines import warehouse as wh
 
 SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (softmax)"
@@ -94,6 +94,10 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     wh.require(warehouse)
     if mode not in det.SEQUENCE_MODES or label not in det.LABEL_VARIANTS:
         raise det.StudyInputError(f"mode must be one of {det.SEQUENCE_MODES} and label one of {det.LABEL_VARIANTS}")
+    # fail before any training: every split is needed (fit, early stopping, scoring) and AUROC needs events
+    study_inputs.require_splits(warehouse, "deterioration", {"train": 1, "val": 1, "test": 1})
+    study_inputs.require_event_stays(warehouse, "deterioration", "event_composite", 1, split="test",
+                                     what="an event hour (AUROC/AUPRC need both classes)")
     h = wh.content_hash(warehouse)
     size = {**det.DEFAULT_SIZE, **(size or {})}
     names = list(models)

@@ -19,7 +19,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipelines import task_cache
-from pipelines import gate_store, jsonout, runner
+from pipelines import gate_store, jsonout, runner, study_inputs
 from pipelines import retention as ret
 from pipelines import warehouse as wh
 
@@ -99,6 +99,8 @@ def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "ru
                    persist_gates: bool = True, progress: bool = True) -> dict:
     """Certified retention of composite-event hours (6-d keys)."""
     wh.require(warehouse)
+    study_inputs.require_event_stays(warehouse, "retention", "event_composite", 1,
+                                     what="a composite-event hour (only those stays are compared)")
     return run_retention(warehouse, runs_dir, "icu_retention", label="event_composite", drop=[], nu=nu,
                          sigma=sigma, seed=seed, n_boot=n_boot, stays_per_task=stays_per_task,
                          persist_gates=persist_gates, progress=progress)
@@ -111,6 +113,8 @@ def heldout_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs
                  progress: bool = True) -> dict:
     """Held-out SpO₂ control: raw SpO₂ < 90 label, SpO₂ removed from the selectors (5-d keys)."""
     wh.require(warehouse)
+    study_inputs.require_event_stays(warehouse, "heldout-spo2", "event_spo2", 1,
+                                     what="an SpO2 < 90 % hour (only those stays are compared)")
     return run_retention(warehouse, runs_dir, "heldout_spo2", label="event_spo2", drop=["spo2"], nu=nu,
                          sigma=sigma, seed=seed, n_boot=n_boot, stays_per_task=stays_per_task,
                          persist_gates=False, progress=progress)
