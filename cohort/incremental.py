@@ -396,8 +396,10 @@ def make_replay(source: str, src_root: str | Path, out_root: str | Path, parts_d
             con.execute(f"CREATE TABLE ce AS SELECT * FROM read_parquet('{src_root / 'clif_vitals.parquet'}')")
             tcol = "recorded_dttm"
         con.execute("CREATE TABLE ce2 AS SELECT *, row_number() OVER () AS _rn FROM ce")
-        qs = con.execute(f"SELECT quantile_disc(epoch_us({tcol}), [{', '.join(str(i / k) for i in range(1, k))}]) "
-                         "FROM ce2").fetchone()[0]
+        qrow = con.execute(f"SELECT quantile_disc(epoch_us({tcol}), [{', '.join(str(i / k) for i in range(1, k))}]) "
+                           "FROM ce2").fetchone()
+        assert qrow is not None  # an aggregate query returns one row
+        qs = qrow[0]
         edges = [None] + [int(q) for q in qs] + [None]
         con.execute("ALTER TABLE ce2 ADD COLUMN _part INTEGER")
         for i in range(k):

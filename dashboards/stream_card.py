@@ -55,8 +55,8 @@ def series_of(payload: Mapping[str, Any]) -> dict[str, list] | None:
 
 
 def stream_figures(s: Mapping[str, list]) -> list[dict]:
-    """Line-figure specs (dashboards/SCHEMA.md): tier sizes vs hours admitted; re-admissions and
-    late-row re-opens per step."""
+    """Line-figure specs (dashboards/SCHEMA.md): tier sizes vs hours admitted; re-admissions per
+    step; late rows and the hours they re-opened per step."""
     x = [float(v) for v in s["hours_admitted"]]
     figs = [{"kind": "line", "title": "hot and cold tiers over the replay", "xlabel": "hours admitted (live tokens)",
              "ylabel": "tokens (all stays)",
@@ -66,17 +66,21 @@ def stream_figures(s: Mapping[str, list]) -> list[dict]:
                         {"label": "cold (certified inert)", "x": x, "y": [float(v) for v in s["n_cold"]],
                          "style": "both" if len(x) <= 40 else "line"}]}]
     steps = [float(v) for v in s["step"]]
-    ser = []
+    style = "both" if len(steps) <= 40 else "line"
     if "readmissions" in s:
         r = [float(v) for v in s["readmissions"]]
-        ser.append({"label": "re-admissions (cold → hot)", "x": steps,
-                    "y": [b - a for a, b in zip([0.0] + r[:-1], r)], "style": "both"})
-    if "reopened_hours" in s:
-        ser.append({"label": "late-row re-opened hours", "x": steps, "y": [float(v) for v in s["reopened_hours"]],
-                    "style": "both"})
-    if ser:
-        figs.append({"kind": "line", "title": "re-admissions and re-opens per watermark step",
-                     "xlabel": "watermark step", "ylabel": "per step", "series": ser})
+        ser = [{"label": "re-admissions (cold → hot)", "x": steps, "y": [b - a for a, b in zip([0.0] + r[:-1], r)],
+                "style": style}]
+        if "replaced_tokens" in s:
+            ser.append({"label": "tokens replaced after late rows", "x": steps,
+                        "y": [float(v) for v in s["replaced_tokens"]], "style": style})
+        figs.append({"kind": "line", "title": "re-admissions per watermark step", "xlabel": "watermark step",
+                     "ylabel": "tokens per step", "series": ser})
+    late = [{"label": lab, "x": steps, "y": [float(v) for v in s[k]], "style": style}
+            for k, lab in (("late_rows", "late rows"), ("reopened_hours", "re-opened hours")) if k in s]
+    if late:
+        figs.append({"kind": "line", "title": "late rows and re-opened hours per step", "xlabel": "watermark step",
+                     "ylabel": "per step", "series": late})
     return figs
 
 
@@ -121,7 +125,10 @@ def _one(res: Any) -> str:
                      "<code>metrics.stream_series</code> existed): rerun <code>forgetful ingest</code> to record "
                      "hot/cold sizes and re-admissions over the replay.</p>")
     else:
-        parts.append('<div class="pair">' + "".join(f"<div>{_img(f)}</div>" for f in stream_figures(s)) + "</div>")
+        figs = [f"<div>{_img(f)}</div>" for f in stream_figures(s)]
+        parts.append('<div class="pair">' + "".join(figs[:2]) + "</div>")
+        if figs[2:]:
+            parts.append('<div class="pair">' + "".join(figs[2:]) + "</div>")
         cols, rows = stream_table(s)
         n = len(s["step"])
         parts.append(f"<h4>Sampled watermark steps ({len(rows)} of {n})</h4>" + _html_table(cols, rows))

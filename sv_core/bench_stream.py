@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import time
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +108,7 @@ def run(n: int = 10_000, batch: int = 24, checkpoints=None, refit_max: int = 200
     t_cost = np.zeros(n)  # admission + the eviction that followed it (if any)
     t_evict_total = 0.0
     traj = []
-    rows = []
+    rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     cp = set(checkpoints)
     # batch mode: admit calls end at every eviction point and at every checkpoint
@@ -149,7 +150,7 @@ def run(n: int = 10_000, batch: int = 24, checkpoints=None, refit_max: int = 200
             per_adm = (cum - cost_mark[1]) / (k - cost_mark[0])
             row_window = [cost_mark[0], k]
             cost_mark = (k, cum)
-            row = {"n_live": sg.n, "n_hot": sg.n_hot, "n_cold": sg.n_cold,
+            row: dict[str, Any] = {"n_live": sg.n, "n_hot": sg.n_hot, "n_cold": sg.n_cold,
                    "hot_fraction": sg.n_hot / sg.n, "stream_cost_per_admission_s": per_adm}
             row["tokens"] = k
             row["cost_window_tokens"] = row_window

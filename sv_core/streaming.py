@@ -44,7 +44,14 @@ import math
 
 import numpy as np
 
-from .errors import GateError, InfeasibleError, InvalidKeysError, InvalidParameterError, UnknownTokenError
+from .errors import (
+    GateError,
+    InfeasibleError,
+    InvalidKeysError,
+    InvalidParameterError,
+    InvalidStateError,
+    UnknownTokenError,
+)
 from .gate import Gate, WarmupError
 from .kernels import rbf_kernel
 from .streaming_state import ArrayColdStore, ColdStore
@@ -60,11 +67,6 @@ except ImportError:  # pragma: no cover
             raise UnknownTokenError(f"token id must be an integer, got {token_id!r}")
         return int(token_id)
 
-try:
-    from .errors import InvalidStateError
-except ImportError:  # pragma: no cover
-    class InvalidStateError(GateError, ValueError):
-        """A state dict is malformed or inconsistent (nothing was loaded)."""
 
 #: a cold key re-enters the hot gate when its exact gradient is below ``-READMIT_TOL``
 READMIT_TOL = 1e-12

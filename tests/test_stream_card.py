@@ -39,7 +39,7 @@ def test_section_shows_the_series(tmp_path):
     (tmp_path / "ingest" / "result.json").write_text(json.dumps(ingest_result()))
     page = render_report(tmp_path)
     sec = _section(page)
-    assert sec.count("<img") == 2  # tier sizes; re-admissions and re-opens
+    assert sec.count("<img") == 3  # tier sizes; re-admissions; late rows and re-opens
     rows = re.findall(r"<tr>(.*?)</tr>", sec.split("Sampled watermark steps")[1], re.S)
     cells = [c for c in (re.findall(r"<td class=\"num\">(.*?)</td>", r) for r in rows) if c]
     assert [c[:4] for c in cells] == [[f"{i + 1}", f"{200 * (i + 1) + 7:,}", f"{30 + 5 * i}",
