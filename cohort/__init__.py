@@ -9,7 +9,13 @@ Entry points
   :func:`cohort.synthetic.make_small_warehouse`
 * ``python -m cohort.bench --rows 10000000``
 * readers :func:`cohort.streams.load_stay_matrix`, :func:`cohort.streams.iter_stays`
+* Polars frames of your own warehouse: :func:`cohort.load_hourly`, :func:`cohort.load_stays`,
+  :func:`cohort.export_parquet` (``forgetful export --out DIR``; record-level, owner-only files)
 * :func:`cohort.purge.purge_subject` (right to be forgotten, inside the caller's transaction)
 
 This package never imports ``sv_core`` or ``models``.
 """
+
+from .frames import export_parquet, load_hourly, load_stays
+
+__all__ = ["export_parquet", "load_hourly", "load_stays"]

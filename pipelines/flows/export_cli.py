@@ -1,0 +1,47 @@
+"""``forgetful export --out DIR``: the warehouse as Parquet (Polars frames) for your own analysis.
+
+Writes ``stays.parquet`` (cohort_stays) and ``hourly.parquet`` (vitals_hourly with each stay's
+split) into DIR, readable by the owner only (mode 0600), never overwriting. This is record-level
+data from your own local warehouse: keep it where the source data may be kept. The writer lock is
+taken first, so pending erasures of forgotten patients are completed before anything is read.
+In Python: ``cohort.load_hourly(warehouse)`` / ``cohort.load_stays(warehouse)`` return the
+same frames as ``polars.DataFrame``. No Prefect server is started; the printed summary holds
+counts only.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from pipelines import jsonout, runner
+
+
+@runner.cli_errors
+def _main(args) -> int:
+    from cohort.frames import export_parquet
+
+    with runner.warehouse_session(args) as w:
+        con = w.connect(read_only=False)
+        try:
+            out = export_parquet(con, args.out, split=args.split, columns=args.columns)
+        finally:
+            con.close()
+    print(f"exported {out['stays']:,} stays, {out['rows']:,} stay-hours (record-level, owner-only files) "
+          f"to {args.out}", file=sys.stderr)
+    print(json.dumps(out))
+    jsonout.emit(args, out)
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("export", help="export the warehouse as Parquet (stays, hourly) for your own analysis",
+                       description=__doc__)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for stays.parquet and hourly.parquet")
+    p.add_argument("--warehouse", default="runs/warehouse.duckdb", help="DuckDB warehouse (default: %(default)s)")
+    p.add_argument("--split", choices=["train", "val", "test"], default=None,
+                   help="only the stays of this split (default: every stay)")
+    p.add_argument("--columns", nargs="+", default=None, metavar="COLUMN",
+                   help="vitals_hourly columns to export (default: filled vitals, z-scores, observed flags, events)")
+    runner.add_lock_args(p)
+    jsonout.add_json_arg(p)
+    p.set_defaults(func=_main)
