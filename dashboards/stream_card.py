@@ -78,7 +78,7 @@ def stream_figures(s: Mapping[str, list]) -> list[dict]:
                      "ylabel": "tokens per step", "series": ser})
     late = [{"label": lab, "x": steps, "y": [float(v) for v in s[k]], "style": style}
             for k, lab in (("late_rows", "late rows"), ("reopened_hours", "re-opened hours")) if k in s]
-    if late:
+    if late and any(v for ser in late for v in ser["y"]):  # all-zero: said in words instead (see _one)
         figs.append({"kind": "line", "title": "late rows and re-opened hours per step", "xlabel": "watermark step",
                      "ylabel": "per step", "series": late})
     return figs
@@ -129,6 +129,8 @@ def _one(res: Any) -> str:
         parts.append('<div class="pair">' + "".join(figs[:2]) + "</div>")
         if figs[2:]:
             parts.append('<div class="pair">' + "".join(figs[2:]) + "</div>")
+        elif "late_rows" in s:
+            parts.append('<p class="meta">No late rows in these steps (no closed hour was re-opened).</p>')
         cols, rows = stream_table(s)
         n = len(s["step"])
         parts.append(f"<h4>Sampled watermark steps ({len(rows)} of {n})</h4>" + _html_table(cols, rows))

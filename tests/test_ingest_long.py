@@ -36,8 +36,9 @@ def long_stay_root(d: Path, hours: int, parts: int, seed: int = 0) -> tuple[Path
     root = d / "root"
     (root / "icu").mkdir(parents=True)
     (root / "hosp").mkdir()
-    for rel in ("icu/d_items.parquet", "hosp/patients.parquet", "hosp/admissions.parquet"):
-        shutil.copy(tmp / rel, root / rel)
+    for rel in ("icu/d_items.parquet", "hosp/patients.parquet", "hosp/admissions.parquet", "synthetic_manifest.json"):
+        if (tmp / rel).is_file():  # the manifest marks the root as synthetic data (results say so)
+            shutil.copy(tmp / rel, root / rel)
     con = duckdb.connect(":memory:")
     subj, hadm = con.execute(f"SELECT subject_id, hadm_id FROM '{tmp / 'hosp/admissions.parquet'}' LIMIT 1").fetchone()
     t0 = np.datetime64("2150-01-01T00:00:00", "us")

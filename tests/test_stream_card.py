@@ -67,3 +67,14 @@ def test_no_ingest_result_no_section(tmp_path):
     from dashboards.report import render_report
 
     assert '<section id="stream">' not in render_report(tmp_path)
+
+
+def test_no_late_rows_said_in_words():
+    from dashboards.stream_card import stream_section_html
+
+    r = ingest_result()
+    ser = r["metrics"]["stream_series"]
+    ser["late_rows"] = [0] * len(ser["step"])
+    ser["reopened_hours"] = [0] * len(ser["step"])
+    sec = _section(stream_section_html([r]))
+    assert sec.count("<img") == 2 and "No late rows" in sec

@@ -25,7 +25,7 @@ LEARNED_REGIME = "learned"
 DEFAULT_REGIMES = ("gaussian", "clustered", "icu_like", "redundant", ICU_REGIME, LEARNED_REGIME)
 
 
-@task(name="audit-regime", cache_policy=NO_CACHE, persist_result=False)
+@task(name="audit-regime", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 @task_cache.cached
 def audit_task(warehouse: str | None, content_hash: str | None, regime: str, trials: int, seed: int) -> dict:
     from sv_core import audit
@@ -41,7 +41,7 @@ def audit_task(warehouse: str | None, content_hash: str | None, regime: str, tri
             "failure_kinds": sorted({f["error"].split(":")[0] for f in res["failures"]})}
 
 
-@flow(name="deletion-audit")
+@flow(name="deletion-audit", log_prints=True)
 @runner.warehouse_locked
 def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = "runs", trials: int = 300,
                regimes: tuple[str, ...] = DEFAULT_REGIMES, seed: int = 0,

@@ -35,7 +35,7 @@ def _null_nan(x):
     return x
 
 
-@flow(name="deletion-latency")
+@flow(name="deletion-latency", log_prints=True)
 def bench_delete_flow(sizes: tuple[int, ...] = (120, 256, 384, 512), deletions: int = 30, seed: int = 0,
                       runs_dir: str = "runs") -> dict:
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ from pipelines import jsonout, runner
 from pipelines import warehouse as wh
 
 
-@task(name="generate-synthetic")
+@task(name="generate-synthetic", retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
     from cohort.synthetic import generate
 
@@ -27,7 +27,7 @@ def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
     return str(out)
 
 
-@task(name="build-warehouse")
+@task(name="build-warehouse", retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 def build_task(source: str, root: str | None, warehouse: str, min_hours: float, sample: int | None, seed: int,
                memory_limit: str, progress: bool, ledger_dir: str | None = None, runs_dir: str | None = None) -> dict:
     """Build with the forget registry applied at scan time; the new warehouse records the
@@ -64,7 +64,7 @@ def data_kind_of(source: str, root: str | None) -> str:
     return "clif" if source == "clif" else "mimic"
 
 
-@flow(name="build-cohort")
+@flow(name="build-cohort", log_prints=True)
 def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: str = "runs/warehouse.duckdb",
                       runs_dir: str = "runs", stays: int = 1500, seed: int = 0, min_hours: float = 48,
                       sample: int | None = None, memory_limit: str = "4GB", fetch: bool = False,

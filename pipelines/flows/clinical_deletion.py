@@ -24,7 +24,8 @@ from pipelines import warehouse as wh
 SEED_TEXT = "seed 000 §6: forgotten patient's leakage 0 vs 0.29 (decay γ=0.1) / 0.09 (γ=0.01); KKT residual ~1e-12"
 
 
-@task(name="patient-deletion-context", cache_policy=NO_CACHE, persist_result=False)
+@task(name="patient-deletion-context", cache_policy=NO_CACHE, persist_result=False,
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 @task_cache.cached
 def context_task(warehouse: str, content_hash: str, stay_ids: list[int], target: int, nu: float, sigma: float,
                  max_hours: int, dedupe_tol: float, gammas: list[float]) -> dict:
@@ -91,7 +92,7 @@ def aggregate(done: list[dict], attempted: int, gammas: list[float]) -> dict:
     return m
 
 
-@flow(name="patient-deletion")
+@flow(name="patient-deletion", log_prints=True)
 @runner.warehouse_locked
 def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.5,
                           sigma: float = 2.0, per_context: int = 5, max_hours: int = 48, dedupe_tol: float = 0.1,

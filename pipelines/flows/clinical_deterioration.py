@@ -31,7 +31,8 @@ LABELS = {"lstm": "LSTM", "softmax": "causal softmax", "sv_attention": "causal S
 BASELINE = "event_now"
 
 
-@task(name="deterioration-train", cache_policy=NO_CACHE, persist_result=False)
+@task(name="deterioration-train", cache_policy=NO_CACHE, persist_result=False,
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 @task_cache.cached
 def train_task(warehouse: str, content_hash: str, model: str, seed: int, window: int, size: dict,
                max_epochs: int, n_boot: int, mode: str = "sliding", context: int = 48, label: str = "filled",
@@ -83,7 +84,7 @@ def _pairs(models: list[str]) -> list[tuple[str, str]]:
     return list(itertools.combinations(order, 2)) + [(m, BASELINE) for m in order]
 
 
-@flow(name="deterioration")
+@flow(name="deterioration", log_prints=True)
 @runner.warehouse_locked
 def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs",
                        models: tuple[str, ...] = det.MODELS, seeds: int = 3, window: int = 48,

@@ -30,7 +30,8 @@ SEED_TEXT = {
 }
 
 
-@task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False)
+@task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False,
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 @task_cache.cached
 def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
                     nu: float, sigma: float, seed: int, build_gate: bool) -> list[dict]:
@@ -92,7 +93,7 @@ def run_retention(warehouse: str, runs_dir: str, study: str, *, label: str, drop
     return result
 
 
-@flow(name="icu-retention")
+@flow(name="icu-retention", log_prints=True)
 @runner.warehouse_locked
 def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
                    sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = 8,
@@ -106,7 +107,7 @@ def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "ru
                          persist_gates=persist_gates, progress=progress)
 
 
-@flow(name="heldout-spo2")
+@flow(name="heldout-spo2", log_prints=True)
 @runner.warehouse_locked
 def heldout_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
                  sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = 8,

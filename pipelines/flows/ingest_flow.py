@@ -38,6 +38,7 @@ def _data_kind(root: str) -> str:
     return "mimic"
 
 
+# no retries: the task commits increments; a retry after a commit whose result was lost would apply it twice
 @task(name="ingest-increments")
 def ingest_task(warehouse: str, source: str, root: str, init: bool, frozen: dict | None, final: bool,
                 as_of_us: int | None, max_steps: int | None, min_hours: float, seed: int) -> dict:
@@ -76,7 +77,7 @@ def result_of(r: dict, data: str, source: str) -> dict:
     }
 
 
-@flow(name="ingest")
+@flow(name="ingest", log_prints=True)
 def ingest_flow(source: str = "mimic", root: str = ".", warehouse: str = "runs/stream.duckdb", runs_dir: str = "runs",
                 init: bool = False, frozen_file: str | None = None, final: bool = False, as_of: str | None = None,
                 max_steps: int | None = None, min_hours: float = 48, seed: int = 0) -> dict:

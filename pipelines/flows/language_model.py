@@ -365,7 +365,7 @@ def study_result(res: dict, corpus_name: str) -> dict:
     }
 
 
-@flow(name="language-model")
+@flow(name="language-model", log_prints=True)
 def language_model_flow(corpus: str | None = None, steps: int | None = None,
                         seeds: list[int] | None = None, tiny: bool = False,
                         out: str = "runs/language_model/result.json",

@@ -21,7 +21,7 @@ def _compute(trials: int, seed: int, steps: int, audit_trials: int, progress: bo
     return run(trials=trials, seed=seed, steps=steps, audit_trials=audit_trials, progress=progress)
 
 
-@flow(name="study-learned-keys")
+@flow(name="study-learned-keys", log_prints=True)
 def learned_keys_flow(trials: int = 200, seed: int = 0, steps: int = 600, audit_trials: int = 300,
                       out: str | Path = f"runs/{STUDY}/result.json", progress: bool = True) -> str:
     result = _compute(trials, seed, steps, audit_trials, progress)

@@ -22,7 +22,7 @@ def _compute(seed: int, tau: float) -> dict:
     return run(seed=seed, tau=tau)
 
 
-@flow(name="study-retrieval-memory")
+@flow(name="study-retrieval-memory", log_prints=True)
 def retrieval_memory_flow(seed: int = 0, tau: float = 0.5, out: str | Path = f"runs/{STUDY}/result.json") -> str:
     result = _compute(seed, tau)
     return str(write_result(result, Path(out)))

@@ -44,7 +44,7 @@ def _make_flow(command: str, study: str, target: str, trials: int):
     def compute(trials: int, seed: int, progress: bool) -> dict:
         return _study_fn(target)(trials=trials, seed=seed, progress=progress)
 
-    @flow(name=f"study-{command}")
+    @flow(name=f"study-{command}", log_prints=True)
     def study_flow(trials: int = trials, seed: int = 0, out: str | Path = default_out(study),
                    progress: bool = True) -> str:
         return str(write_result(compute(trials, seed, progress), Path(out)))

@@ -13,7 +13,7 @@ from prefect import flow
 from pipelines import jsonout, runner
 
 
-@flow(name="throughput")
+@flow(name="throughput", log_prints=True)
 def throughput_flow(device: str = "cpu", batch: int = 16, threads: int | None = None, runs_dir: str = "runs",
                     repeats: int = 7, warmup: int = 3, block: int = 256, d_model: int = 256, n_layers: int = 4,
                     n_heads: int = 4) -> dict:
