@@ -132,16 +132,8 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
                 _plain_help(sp)
 
 
-def _quiet_run_failures() -> None:
-    """Typed project errors are printed as one line by each command; Prefect's own ERROR log of
-    the failed run (with a traceback) would repeat them. Unexpected errors still raise."""
-    import logging
-
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None  # the `forgetful` process itself, not a call from Python
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = next((a for a in argv if not a.startswith("-")), None)
     if cmd not in COMMANDS:
@@ -152,16 +144,29 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     elif "-q" in pre or "--quiet" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "ERROR"
+    if process:  # own Prefect API server (started before the heavy imports), SIGINT/SIGTERM handling
+        from .signals import run_command
+
+        return run_command(cmd, argv, lambda: _dispatch(cmd, argv))
+    return _dispatch(cmd, argv)
+
+
+def _dispatch(cmd: str, argv: list[str]) -> int:
     parser = build_parser([cmd])
     args = parser.parse_args(argv)
     if args.quiet and hasattr(args, "no_progress"):
         args.no_progress = True
-    if os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING") != "INFO":
-        _quiet_run_failures()
+    from .runner import configure_run_logging
+
+    # run logs go to the Prefect API; the console shows printed progress, not Prefect's records
+    configure_run_logging(verbose=os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING") == "INFO")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
         return 2
+    from .signals import wait_for_api
+
+    wait_for_api()  # this command's own API server (pipelines.signals), if it started one
     result = func(args)
     return int(result or 0)
 

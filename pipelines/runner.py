@@ -1,6 +1,7 @@
 """Prefect plumbing shared by every flow: task runners, result caching, progress, result files.
 
-* :func:`make_task_runner` — ``ThreadPoolTaskRunner(max_workers=2)`` by default, or
+* :func:`make_task_runner` — ``ThreadPoolTaskRunner(max_workers=2)`` by default (one that
+  abandons running workers when the flow is interrupted), or
   ``prefect_dask.DaskTaskRunner(address=...)`` for an existing Dask scheduler.
 * task results are cached by :mod:`pipelines.task_cache` (authenticated JSON beside the
   warehouse, keyed on the task source and its non-path parameters; never pickles). Tasks take
@@ -34,9 +35,71 @@ def make_task_runner(dask_address: str | None = None, max_workers: int = 2):
         from prefect_dask import DaskTaskRunner
 
         return DaskTaskRunner(address=dask_address)
-    from prefect.task_runners import ThreadPoolTaskRunner
+    return _interruptible_runner_class()(max_workers=int(max_workers))
 
-    return ThreadPoolTaskRunner(max_workers=int(max_workers))
+
+_RUNNER_CLASS = None
+
+
+def _interruptible_runner_class():
+    """``ThreadPoolTaskRunner`` that, when the flow is interrupted (Ctrl-C, SIGTERM via
+    :mod:`pipelines.signals`, Prefect's ``TerminationSignal``), abandons its running worker
+    threads instead of joining them: Prefect's own ``__exit__`` waits for every running task, so
+    the flow run would neither record its crash nor let the command exit until the longest task
+    finished. Pending tasks are cancelled; running ones are left to die with the process."""
+    global _RUNNER_CLASS
+    if _RUNNER_CLASS is None:
+        from prefect.exceptions import TerminationSignal
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        class InterruptibleThreadPoolTaskRunner(ThreadPoolTaskRunner):
+            def __exit__(self, exc_type, exc_value, traceback):
+                if (exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit, TerminationSignal))
+                        and getattr(self, "_executor", None) is not None):
+                    executor, self._executor = self._executor, None
+                    for event in self._cancel_events.values():
+                        event.set()
+                    executor.shutdown(wait=False, cancel_futures=True)
+                super().__exit__(exc_type, exc_value, traceback)
+
+        _RUNNER_CLASS = InterruptibleThreadPoolTaskRunner
+    return _RUNNER_CLASS
+
+
+#: retry delays of tasks whose I/O can fail transiently (reading sources or the warehouse, writing
+#: atomically swapped files) and whose repetition changes nothing; each such task says
+#: ``retries=2, retry_delay_seconds=IO_RETRY_DELAYS, retry_condition_fn=retry_transient_io``.
+#: Never on a task that commits (ingest increments, forget, ledger writes): a retry after a
+#: commit whose acknowledgement was lost would apply it twice.
+IO_RETRY_DELAYS = [2, 10]
+
+
+def retry_transient_io(task, task_run, state) -> bool:
+    """``retry_condition_fn`` of the I/O tasks: retry only an I/O error that may pass on its own
+    (a busy DuckDB file, an interrupted read or write) — never a typed project error, a missing
+    or forbidden path, or a computation's error (a retry would only repeat it, 2 and 10 s later)."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - no exception to look at: do not retry
+        return False
+    if not isinstance(exc, BaseException) or _is_typed_error(exc):
+        return False
+    duckdb = sys.modules.get("duckdb")
+    if duckdb is not None and isinstance(exc, getattr(duckdb, "IOException", ())):
+        return True
+    return isinstance(exc, OSError) and not isinstance(
+        exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError))
+
+
+def _is_typed_error(exc: BaseException) -> bool:
+    from cohort.errors import CohortError
+    from dashboards.errors import ReportError
+    from evaluation.errors import EvaluationError
+    from sv_core.errors import GateError
+
+    from .errors import PipelineError
+
+    return isinstance(exc, (PipelineError, CohortError, EvaluationError, GateError, ReportError))
 
 
 def _jsonable(x: Any) -> Any:
@@ -223,6 +286,53 @@ def run_cli_flow(flow_obj, args, *, must_exist: bool = True, **params) -> Any:
     runner = make_task_runner(getattr(args, "dask", None), getattr(args, "workers", 2))
     with warehouse_session(args, must_exist=must_exist), results_context(args.runs):
         return flow_obj.with_options(task_runner=runner)(**params)
+
+
+class _EchoRunPrints:
+    """Flows run with ``log_prints=True``: a ``print`` inside a flow or task becomes an INFO record
+    of the run logger, so it reaches the Prefect UI. This handler shows the same text on the
+    console, plainly, as ``print`` would have (records from Prefect's own code are not echoed)."""
+
+
+def configure_run_logging(verbose: bool = False) -> None:
+    """Run logs (flow/task INFO records, ``log_prints`` output) always go to the Prefect API;
+    on the console, without ``-v``: printed progress plainly, Prefect's own run records not at all
+    (a failed run's ERROR record with its traceback would repeat the command's one typed line —
+    the traceback stays in the Prefect UI). With ``-v`` Prefect's console handler shows everything."""
+    if "prefect" not in sys.modules:  # a command that is not a flow: nothing to configure
+        return
+    import logging
+
+    prefect_dir = str(Path(sys.modules["prefect"].__file__).resolve().parent)
+
+    class EchoRunPrints(logging.Handler, _EchoRunPrints):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.pathname.startswith(prefect_dir) or getattr(record, "_forgetful_echoed", False):
+                return
+            record._forgetful_echoed = True  # a task record propagates through the flow logger too
+            stream = sys.stdout if record.levelno < logging.WARNING else sys.stderr
+            try:
+                stream.write(record.getMessage() + "\n")
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+    class QuietRunRecords(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        lg = logging.getLogger(name)
+        lg.setLevel(logging.INFO)  # the API handler gets run records even at PREFECT_LOGGING_LEVEL=WARNING
+        for h in [h for h in lg.handlers if isinstance(h, _EchoRunPrints)]:
+            lg.removeHandler(h)
+        if not verbose:
+            lg.addHandler(EchoRunPrints())
+    for h in logging.getLogger().handlers:
+        for f in [f for f in h.filters if type(f).__name__ == "QuietRunRecords"]:
+            h.removeFilter(f)
+        if not verbose:
+            h.addFilter(QuietRunRecords())
 
 
 #: exit codes of every ``forgetful`` command (README, "Commands")

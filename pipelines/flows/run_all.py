@@ -86,7 +86,7 @@ def run_studies(runs_dir: str, progress: bool) -> list[str]:
     return done
 
 
-@flow(name="run-all")
+@flow(name="run-all", log_prints=True)
 def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 1500, seed: int = 0,
                  warehouse: str | None = None, runs_dir: str = "runs", report: str | None = None,
                  audit_trials: int = 50, det_seeds: int = 3, det_max_epochs: int = 12, n_boot: int = 10_000,

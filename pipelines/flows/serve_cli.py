@@ -1,7 +1,8 @@
 """``forgetful serve``: register the flows as Prefect deployments on a cron schedule and serve them.
 
 ``run-all`` is scheduled with ``--cron`` (default nightly at 03:00); the individual study flows
-are registered unscheduled so they can be triggered from the Prefect UI/API. ``--dry-run``
+are registered unscheduled so they can be triggered from the Prefect UI/API. Every deployment
+has concurrency limit 1, so runs never overlap on one warehouse. ``--dry-run``
 builds and prints the deployments without serving (nothing is started). Serving blocks until
 interrupted; stop it before stopping its Prefect server.
 """
@@ -18,8 +19,9 @@ def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehous
                       source: str = "demo", ingest_root: str | None = None, ingest_source: str = "mimic",
                       ingest_interval_s: float = 3600, ingest_warehouse: str | None = None) -> list:
     """``RunnerDeployment`` objects (built, not served): run-all on ``cron``, the studies on demand,
-    and — with ``ingest_root`` — the incremental ingest every ``ingest_interval_s`` seconds with
-    concurrency limit 1 (a run never overlaps the previous one)."""
+    and — with ``ingest_root`` — the incremental ingest every ``ingest_interval_s`` seconds. Every
+    deployment has concurrency limit 1: a scheduled run never overlaps the previous one on the
+    same warehouse (late runs wait in the Prefect queue instead of queuing on the writer lock)."""
     from .audit_flow import audit_flow
     from .clinical_deletion import patient_deletion_flow
     from .clinical_deterioration import deterioration_flow
@@ -27,14 +29,14 @@ def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehous
     from .run_all import run_all_flow
 
     wh = warehouse or f"{runs_dir}/warehouse.duckdb"
-    deps = [run_all_flow.to_deployment(name="forgetful-run-all", cron=cron,
+    deps = [run_all_flow.to_deployment(name="forgetful-run-all", cron=cron, concurrency_limit=1,
                                        parameters={"source": source, "runs_dir": runs_dir, "warehouse": wh},
                                        tags=["forgetful"])]
     for f, name in ((retention_flow, "retention"), (heldout_flow, "heldout-spo2"),
                     (patient_deletion_flow, "patient-deletion"), (deterioration_flow, "deterioration"),
                     (audit_flow, "audit")):
         deps.append(f.to_deployment(name=f"forgetful-{name}", parameters={"warehouse": wh, "runs_dir": runs_dir},
-                                    tags=["forgetful"]))
+                                    concurrency_limit=1, tags=["forgetful"]))
     if ingest_root:
         from .ingest_flow import ingest_flow
 
@@ -54,8 +56,8 @@ def describe(deps: list) -> list[dict]:
         ivs = [getattr(s.schedule, "interval", None) for s in (d.schedules or [])]
         if any(ivs):
             item["interval_s"] = [iv.total_seconds() for iv in ivs if iv]
-            lim = getattr(d, "concurrency_limit", None)
-            item["concurrency_limit"] = getattr(lim, "limit", lim)
+        lim = getattr(d, "concurrency_limit", None)
+        item["concurrency_limit"] = getattr(lim, "limit", lim)
         out.append(item)
     return out
 
