@@ -81,7 +81,8 @@ def _median(xs: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.bench_cli", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per command and mode (default 3)")
-    ap.add_argument("--modes", default="own,prefect", help=f"comma-separated, of {', '.join(MODES)} (default own,prefect)")
+    ap.add_argument("--modes", default="own,prefect",
+                    help=f"comma-separated, of {', '.join(MODES)} (default own,prefect)")
     ap.add_argument("--stays", type=int, default=40, help="synthetic stays for build-cohort (default 40)")
     ap.add_argument("--trials", type=int, default=2, help="planted-secret trials (default 2)")
     ap.add_argument("--commands", default="help,build-cohort,planted-secret", help="what to time (default: all three)")

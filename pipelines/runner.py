@@ -21,8 +21,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 RESULTS_SUBDIR = ".prefect-results"
 DEFAULT_RUNS = Path("runs")
@@ -218,7 +219,8 @@ def add_common_args(p, *, warehouse: bool = True) -> None:
     """Arguments every study subcommand takes."""
     if warehouse:
         p.add_argument("--warehouse", default="runs/warehouse.duckdb", help="DuckDB warehouse (default: %(default)s)")
-    p.add_argument("--runs", default="runs", help="runs directory for results and the task cache (default: %(default)s)")
+    p.add_argument("--runs", default="runs",
+                   help="runs directory for results and the task cache (default: %(default)s)")
     p.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="run tasks on the Dask scheduler at ADDRESS (prefect_dask.DaskTaskRunner)")
     p.add_argument("--workers", type=int, default=2, help="thread-pool size when --dask is not given (default: 2)")

@@ -130,7 +130,7 @@ class ApiServer:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
-    def start(self) -> "ApiServer":
+    def start(self) -> ApiServer:
         import importlib.util
 
         spec = importlib.util.find_spec("prefect")

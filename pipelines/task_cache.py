@@ -23,8 +23,9 @@ import hashlib
 import inspect
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

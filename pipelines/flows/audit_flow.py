@@ -25,7 +25,8 @@ LEARNED_REGIME = "learned"
 DEFAULT_REGIMES = ("gaussian", "clustered", "icu_like", "redundant", ICU_REGIME, LEARNED_REGIME)
 
 
-@task(name="audit-regime", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
+@task(name="audit-regime", cache_policy=NO_CACHE, persist_result=False,
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 @task_cache.cached
 def audit_task(warehouse: str | None, content_hash: str | None, regime: str, trials: int, seed: int) -> dict:
     from sv_core import audit

@@ -16,7 +16,8 @@ from pipelines import jsonout, runner
 from pipelines import warehouse as wh
 
 
-@task(name="generate-synthetic", retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
+@task(name="generate-synthetic",
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
     from cohort.synthetic import generate
 
@@ -27,7 +28,8 @@ def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
     return str(out)
 
 
-@task(name="build-warehouse", retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
+@task(name="build-warehouse",
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 def build_task(source: str, root: str | None, warehouse: str, min_hours: float, sample: int | None, seed: int,
                memory_limit: str, progress: bool, ledger_dir: str | None = None, runs_dir: str | None = None) -> dict:
     """Build with the forget registry applied at scan time; the new warehouse records the

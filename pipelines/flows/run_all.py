@@ -31,8 +31,14 @@ def fidelity_result(stays: int = 800, seed: int = 0) -> dict:
     import time as _t
 
     from cohort.errors import DemoDataMissing
-    from cohort.fidelity import (DISTANCE_RATIO_BOUNDS, TRIVIAL_AUROC_MAX, _rows, check_bounds, demo_metrics,
-                                 synthetic_metrics)
+    from cohort.fidelity import (
+        DISTANCE_RATIO_BOUNDS,
+        TRIVIAL_AUROC_MAX,
+        _rows,
+        check_bounds,
+        demo_metrics,
+        synthetic_metrics,
+    )
     from cohort.synthetic_calibration import load_params
 
     t0 = _t.perf_counter()
@@ -152,7 +158,6 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
             runner.write_study_result(fidelity_result(), runs_dir)
         elif step == "report":
             from dashboards.report import write_report
-
             from pipelines.forget import _write_ledger_result
             from pipelines.warehouse import Warehouse
 
