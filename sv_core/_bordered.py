@@ -4,8 +4,8 @@ The margin system is ``M u = c`` with ``M = [[0, 1^T], [1, 2 K_SS]]``, ``u = (rh
 ``Rinv = M^{-1}`` is kept by rank-one border updates when a key enters S and Schur downdates when
 one leaves, with a refactorisation every ``refactor_every`` updates and whenever a conditioning
 guard trips; :meth:`BorderedMixin.polish` re-solves the system (with one step of iterative
-refinement) and applies the bound-snap and empty-margin rho conventions. Also holds the status
-codes and tolerances shared by the solver modules.
+refinement) and applies the bound-snap and empty-margin rho conventions. The status codes and
+tolerances live in :mod:`sv_core._state` (re-exported here and by :mod:`sv_core.solver`).
 """
 from __future__ import annotations
 
