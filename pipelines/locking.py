@@ -5,8 +5,8 @@ commands (``receipts verify|list``) take it shared. A second command waits up to
 seconds, saying so once on stderr, then raises :class:`WarehouseBusyError` (one typed line).
 The lock is re-entrant within a process (a flow calling another flow) and is released by the
 kernel when a process dies, so a ``kill -9`` never leaves it held. Stale temporary files of
-killed processes (``.<name>.building-PID``, ``.<name>.forget-PID`` …) are removed by the next
-exclusive holder (:func:`clean_stale`).
+killed processes (``.<name>.building-PID``, ``.<name>.forget-PID`` …, and half-written task-cache
+entries) are removed by the next exclusive holder (:func:`clean_stale`).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ WAIT_ENV = "FORGETFUL_LOCK_WAIT"
 DEFAULT_WAIT_S = 300.0
 _held: dict[str, list] = {}  # path -> [fd, mode, depth]
 _mutex = threading.RLock()
+_CACHE_TEMP = re.compile(r"^\..+\.json\.tmp(?P<pid>\d+)-\d+$")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(building|forget)-(?P<pid>\d+)(\.wal|\.spill|\.buckets|\.tmp)?$")
 
 
@@ -122,4 +123,11 @@ def clean_stale(warehouse: str | os.PathLike) -> int:
         else:
             q.unlink(missing_ok=True)
         n += 1
+    cache = p.parent / f".{p.name}.cache"  # pipelines.task_cache: ``.<entry>.tmp<PID>-<n>`` of a killed writer
+    if cache.is_dir():
+        for q in cache.iterdir():
+            m = _CACHE_TEMP.match(q.name)
+            if m and not _alive(int(m["pid"])):
+                q.unlink(missing_ok=True)
+                n += 1
     return n

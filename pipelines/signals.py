@@ -24,14 +24,20 @@ Commands that are not flows (``forget``, ``receipts``, ``gate-demo``, ``serve --
 **Signals.** SIGINT and SIGTERM are blocked in every thread of the command and taken by one
 watcher thread (``sigwaitinfo``), so a signal is seen at once even while the main thread is
 inside a long NumPy/DuckDB/torch call. On the first one the watcher prints one line
-(``forgetful: stopped by SIGINT (exit 130)``) and interrupts the main thread, which unwinds: the
-flow run is marked crashed, ``with`` blocks release the warehouse lock and remove their
-temporaries (every build writes temporary files and swaps them in atomically). Worker threads
-still computing a task are abandoned: after :data:`GRACE_S` seconds, or at a second signal, the
-command stops the server and leaves with ``os._exit`` — the kernel releases the ``flock``;
-stale temporaries of a dead process are removed by the next writer
+(``forgetful: stopped by SIGINT (exit 130)``) and wakes the main thread with a real signal
+(SIGUSR2, so a wait on futures or a lock returns) whose handler raises :class:`Interrupted`
+(a ``KeyboardInterrupt``). The main thread unwinds: the thread-pool task runner cancels pending
+tasks and abandons running ones instead of joining them
+(:func:`pipelines.runner.make_task_runner`), Prefect marks the flow run *Crashed*, ``with``
+blocks release the warehouse lock and remove their temporaries (every build writes temporary
+files and swaps them in atomically), and the command stops its server and leaves with
+``os._exit`` (abandoned worker threads are not joined; their task runs stay *Running* in the
+Prefect UI). If the main thread has not unwound after :data:`GRACE_S` seconds, or at a second
+signal, the command leaves anyway — the kernel releases the ``flock``, and stale temporaries of a
+dead process (builds, task-cache entries) are removed by the next writer
 (:func:`pipelines.locking.clean_stale`). Exit codes follow the shell convention: 130 after
-SIGINT, 143 after SIGTERM (128 + the signal number).
+SIGINT, 143 after SIGTERM (128 + the signal number). Measured on 2 loaded cores: exit 2.0–2.5 s
+after the signal, no process left (``tests/test_pipelines_signals.py``).
 """
 from __future__ import annotations
 

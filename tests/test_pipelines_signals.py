@@ -200,3 +200,21 @@ def test_kill_9_leaves_no_server(tmp_path):
         assert lock_is_free(wh.parent / (wh.name + ".lock"))
     finally:
         _kill_all(proc, procs)
+
+
+def test_half_written_cache_entries_of_a_dead_writer_are_removed(tmp_path):
+    """A signal or kill -9 can leave a task-cache temporary behind; the next writer removes it."""
+    from pipelines.locking import clean_stale
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    wh = tmp_path / "w.duckdb"
+    cache = tmp_path / ".w.duckdb.cache"
+    cache.mkdir()
+    stale = cache / f".retention-abc.json.tmp{dead}-1"
+    mine = cache / f".retention-def.json.tmp{os.getpid()}-1"
+    entry = cache / "retention-abc.json"
+    for p in (stale, mine, entry):
+        p.write_text("x")
+    assert clean_stale(wh) == 1
+    assert not stale.exists() and mine.exists() and entry.exists()
