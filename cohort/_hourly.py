@@ -19,6 +19,7 @@ The slow, obvious counterpart of all of this is :func:`cohort.reference.referenc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class BucketSpool:
         self.n_buckets = int(max(1, min(n_buckets, n_stays)))
         # smallest packed key of each bucket: bucket of key = last bound ≤ key
         self._key_lo = np.array([self.stay_range(b)[0] << SIDX_SHIFT for b in range(self.n_buckets)], dtype=np.int64)
-        self._files: dict[tuple[int, str], object] = {}
+        self._files: dict[tuple[int, str], BinaryIO] = {}
 
     def stay_range(self, b: int) -> tuple[int, int]:
         """Half-open stay-index range [lo, hi) of bucket ``b`` (those i with i·n_buckets // n_stays = b)."""

@@ -104,15 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         from .synthetic import generate
 
         s = generate(a._gen, target_rows=a.rows, seed=a.seed, fmt=a.format, progress=False)
-        print(json.dumps({"rows": s.n_chartevents, "stays": s.n_stays, "seconds": s.seconds, "peak_rss_mb": _peak_rss_mb()}))
+        print(json.dumps({"rows": s.n_chartevents, "stays": s.n_stays, "seconds": s.seconds,
+                          "peak_rss_mb": _peak_rss_mb()}))
         return 0
     if a._build:
         from .build import build_warehouse
 
         t, c = time.perf_counter(), _cpu_seconds()
-        s = build_warehouse("mimic", a._build, a.warehouse, memory_limit=a.memory_limit, progress=False, threads=a.threads)
-        print(json.dumps({"seconds": time.perf_counter() - t, "cpu_seconds": _cpu_seconds() - c, "n_stays": s.n_stays,
-                          "n_rows": s.n_rows, "peak_rss_mb": _peak_rss_mb()}))
+        b = build_warehouse("mimic", a._build, a.warehouse, memory_limit=a.memory_limit, progress=False,
+                            threads=a.threads)
+        print(json.dumps({"seconds": time.perf_counter() - t, "cpu_seconds": _cpu_seconds() - c, "n_stays": b.n_stays,
+                          "n_rows": b.n_rows, "peak_rss_mb": _peak_rss_mb()}))
         return 0
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="cohort-bench-"))
     work.mkdir(parents=True, exist_ok=True)

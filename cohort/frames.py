@@ -71,7 +71,8 @@ def load_hourly(con_or_path: Any, columns: Sequence[str] | None = None, split: s
     """
     _check_split(split)
     cols = _check_columns(HOURLY_DEFAULT if columns is None else columns)
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if split:
         where.append("s.split = ?")
         params.append(split)

@@ -13,6 +13,11 @@ import duckdb
 PER_STAY_TABLES: tuple[str, ...] = ("vitals_hourly",)
 
 
+def _count(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> int:
+    row = con.execute(sql, params).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
 def purge_subject(con: duckdb.DuckDBPyConnection, subject_id: int) -> dict[str, int]:
     """Delete subject ``subject_id`` from every derived table.
 
@@ -32,10 +37,10 @@ def purge_subject(con: duckdb.DuckDBPyConnection, subject_id: int) -> dict[str, 
     stays = "(SELECT stay_id FROM cohort_stays WHERE subject_id = ?)"
     for t in PER_STAY_TABLES:
         if t in existing:
-            n = con.execute(f"SELECT count(*) FROM {t} WHERE stay_id IN {stays}", [sid]).fetchone()[0]
+            n = _count(con, f"SELECT count(*) FROM {t} WHERE stay_id IN {stays}", [sid])
             con.execute(f"DELETE FROM {t} WHERE stay_id IN {stays}", [sid])
             out[t] = int(n)
-    n = con.execute("SELECT count(*) FROM cohort_stays WHERE subject_id = ?", [sid]).fetchone()[0]
+    n = _count(con, "SELECT count(*) FROM cohort_stays WHERE subject_id = ?", [sid])
     con.execute("DELETE FROM cohort_stays WHERE subject_id = ?", [sid])
     out["cohort_stays"] = int(n)
     return out

@@ -13,12 +13,20 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from .constants import (
-    CLIF_CATEGORIES, EVENT_THRESHOLDS, FAHRENHEIT_ITEMID, ITEMIDS, PLAINLY_FAHRENHEIT_ABOVE,
-    PLAUSIBLE, SPO2_EVENT_BELOW, VITALS, fahrenheit_to_celsius,
+    CLIF_CATEGORIES,
+    EVENT_THRESHOLDS,
+    FAHRENHEIT_ITEMID,
+    ITEMIDS,
+    PLAINLY_FAHRENHEIT_ABOVE,
+    PLAUSIBLE,
+    SPO2_EVENT_BELOW,
+    VITALS,
+    fahrenheit_to_celsius,
 )
 from .selection import assign_splits, sample_stays
 
@@ -33,7 +41,7 @@ def _us(x) -> int | None:
     if isinstance(x, str):
         x = datetime.fromisoformat(x)
     if x.tzinfo is not None:
-        x = x.astimezone(timezone.utc).replace(tzinfo=None)
+        x = x.astimezone(UTC).replace(tzinfo=None)
     d = x - _EPOCH
     return (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
 
@@ -85,7 +93,8 @@ def _load_mimic(root: Path):
 def _load_clif(root: Path):
     import pyarrow.parquet as pq
 
-    hosp = {r["hospitalization_id"]: r["patient_id"] for r in pq.read_table(root / "clif_hospitalization.parquet").to_pylist()}
+    hosp = {r["hospitalization_id"]: r["patient_id"]
+            for r in pq.read_table(root / "clif_hospitalization.parquet").to_pylist()}
     segs = defaultdict(list)
     for r in pq.read_table(root / "clif_adt.parquet").to_pylist():
         if (r["location_category"] or "").lower() == "icu":
@@ -124,7 +133,7 @@ def reference_build(source: str, root: str | Path, min_hours: float = 48, sample
     """
     root = Path(root)
     stays, meas = _load_mimic(root) if source == "mimic" else _load_clif(root)
-    funnel = [("icu_stays_in_source", len(stays), None)]
+    funnel: list[tuple[str, int, int | None]] = [("icu_stays_in_source", len(stays), None)]
     seen, valid = set(), []
     for s in sorted(stays, key=lambda s: (s["stay_id"], s["in_us"] or 0)):
         if s["subject_id"] is None or s["in_us"] is None or s["out_us"] is None or s["out_us"] <= s["in_us"]:
@@ -148,7 +157,7 @@ def reference_build(source: str, root: str | Path, min_hours: float = 48, sample
         keys[s["key"]].append(s["stay_id"])
     keymap = {k: v[0] for k, v in keys.items()} if source == "mimic" else keys
 
-    counts = defaultdict(lambda: [0, 0, 0, 0])
+    counts: defaultdict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     per_ts = defaultdict(list)  # (stay, vital, src, ts) -> values
     for sid, ts, vital, src, v, unit_f in meas(keymap):
         c = counts[sid]
@@ -176,7 +185,7 @@ def reference_build(source: str, root: str | Path, min_hours: float = 48, sample
         hour = min((ts - s["in_us"]) // HOUR_US, s["n_hours"] - 1)
         per_src[(sid, hour, vital, src)].append(sum(vals) / len(vals))
     per_vital = defaultdict(list)
-    for (sid, hour, vital, src), vals in per_src.items():
+    for (sid, hour, vital, _src), vals in per_src.items():
         per_vital[(sid, hour, vital)].append(sum(vals) / len(vals))
     obs = {k: sum(v) / len(v) for k, v in per_vital.items()}
 
@@ -195,18 +204,18 @@ def reference_build(source: str, root: str | Path, min_hours: float = 48, sample
     hourly = {}
     for sid in final:
         n = cohort[sid]["n_hours"]
-        rows = [dict(hour=h) for h in range(n)]
+        rows: list[dict[str, Any]] = [dict(hour=h) for h in range(n)]
         for v in VITALS:
             col = [obs.get((sid, h, v)) for h in range(n)]
             for h in range(n):
                 rows[h][f"{v}_observed"] = col[h] is not None
-            last = None
+            last: float | None = None
             for h in range(n):  # forward fill
                 if col[h] is None:
                     col[h] = last
                 else:
                     last = col[h]
-            nxt = None
+            nxt: float | None = None
             for h in reversed(range(n)):  # back fill
                 if col[h] is None:
                     col[h] = nxt
@@ -216,8 +225,8 @@ def reference_build(source: str, root: str | Path, min_hours: float = 48, sample
                 rows[h][v] = medians[v] if col[h] is None else col[h]
         for r in rows:
             ev = False
-            for v, (lo, hi) in EVENT_THRESHOLDS.items():
-                if (lo is not None and r[v] < lo) or (hi is not None and r[v] > hi):
+            for v, (ev_lo, ev_hi) in EVENT_THRESHOLDS.items():
+                if (ev_lo is not None and r[v] < ev_lo) or (ev_hi is not None and r[v] > ev_hi):
                     ev = True
             r["event_composite"] = ev
             r["event_spo2"] = r["spo2"] < SPO2_EVENT_BELOW

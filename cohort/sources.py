@@ -206,15 +206,16 @@ class ClifAdapter(Adapter):
         self._con = con
 
     def _numeric(self, expr: str, table: str) -> bool:
-        n_bad = self._con.execute(
+        row = self._con.execute(
             f"SELECT count(*) FROM {table} WHERE {expr} IS NOT NULL AND TRY_CAST({expr} AS BIGINT) IS NULL"
-        ).fetchone()[0]
-        return n_bad == 0
+        ).fetchone()
+        return row is not None and row[0] == 0
 
     def stays_sql(self) -> str:
         h_num = self._numeric("hospitalization_id", self.hosp.reader)
         p_num = self._numeric("patient_id", self.hosp.reader)
-        hadm = "TRY_CAST(h.hospitalization_id AS BIGINT)" if h_num else "dense_rank() OVER (ORDER BY h.hospitalization_id)"
+        hadm = ("TRY_CAST(h.hospitalization_id AS BIGINT)" if h_num
+                else "dense_rank() OVER (ORDER BY h.hospitalization_id)")
         subj = "TRY_CAST(h.patient_id AS BIGINT)" if p_num else "dense_rank() OVER (ORDER BY h.patient_id)"
         k = "row_number() OVER (PARTITION BY a.hospitalization_id ORDER BY a.in_dttm, a.out_dttm)"
         return f"""

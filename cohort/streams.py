@@ -6,9 +6,9 @@ observed flags and event labels come alongside.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import duckdb
 import numpy as np
