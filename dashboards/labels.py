@@ -54,6 +54,12 @@ METRIC_NAMES: dict[str, str] = {
     "mean_rel_improvement": "mean relative improvement", "paired_t_p": "paired t-test p",
     "wilcoxon_p": "Wilcoxon signed-rank p", "steps": "training steps", "corpus_bytes": "corpus bytes",
     "protocol": "protocol", "protocol_label": "protocol (what ran)",
+    "d_model": "model width d", "n_layers": "layers", "n_heads": "heads", "block": "context block (bytes)",
+    "batch": "batch size", "lr": "learning rate", "min_lr": "final learning rate", "warmup_frac": "warm-up fraction",
+    "weight_decay": "weight decay", "clip": "gradient clip", "eval_interval": "steps between evals",
+    "eval_batches": "batches per eval", "chunk": "chunk", "fista_iters": "FISTA iterations",
+    "fista_tol": "FISTA tolerance", "max_bytes": "corpus cap (bytes)", "val_frac": "validation fraction",
+    "log_every": "steps between progress lines",
     "softmax_tokens_per_s": "softmax tokens/s", "hybrid_tokens_per_s": "SV hybrid tokens/s", "ratio": "ratio",
     # common configuration
     "nu": "ν", "sigma": "σ", "gamma": "γ", "C": "C", "trials": "trials", "trials_per_regime": "trials per regime",
