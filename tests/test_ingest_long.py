@@ -118,9 +118,10 @@ def run(hours: int, parts: int, d: Path, n_cold_sample: int = 1500) -> dict:
     series = []
     for i, p in enumerate(ps):
         shutil.copy(p, root / "icu" / p.name)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         r = ingest(wh, "mimic", root, init=i == 0, final=i == len(ps) - 1)
         series.append({"increment": i + 1, "hours": r["n_tokens"], "seconds": round(time.perf_counter() - t, 3),
+                       "cpu_s": round(time.process_time() - c, 3),  # all threads; robust to shared cores
                        "n_hot": r["n_hot"], "n_cold": r["n_cold"], "readmissions": r["readmissions"],
                        "rss_mb": round(_rss_mb(), 1),
                        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
@@ -139,6 +140,8 @@ def run(hours: int, parts: int, d: Path, n_cold_sample: int = 1500) -> dict:
             "readmissions": cert["readmissions"], "fraction_screened": cert["screening"]["fraction_screened"],
             "hot_partition": cert["hot_partition"], "refit_check": chk,
             "seconds_per_increment_max": max(secs), "seconds_per_increment_median": float(np.median(secs)),
+            "cpu_s_per_increment_max": max(s["cpu_s"] for s in series[1:]),
+            "cpu_s_per_increment_median": float(np.median([s["cpu_s"] for s in series[1:]])),
             "seconds_total": round(sum(s["seconds"] for s in series), 2),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "frozen_sd": {v: round(s, 4) for v, (m, s) in frozen.items()}, "series": series}
