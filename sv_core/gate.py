@@ -12,14 +12,24 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ._blas import single_thread
+from . import _gate_state
+
+# the guard/fallback constants and STATE_KKT_TOL are re-exported from here for callers
+from ._gate_exact import (  # noqa: F401
+    JITTER_SCALE,
+    KKT_GUARD,
+    TIGHTEN_AT,
+    VERIFY_KKT,
+    VERIFY_SCORE_TOL,
+    ExactCompletionMixin,
+)
+from ._gate_state import STATE_KKT_TOL  # noqa: F401
 from .calibrate import warmup_size
 from .errors import (
     GateError,
     InfeasibleError,
     InvalidKeysError,
     InvalidParameterError,  # noqa: F401  (re-exported for callers that import it from here)
-    InvalidStateError,
     PathError,
     RefitError,
     UnknownTokenError,
@@ -27,58 +37,19 @@ from .errors import (
 )
 from .kernels import rbf_kernel
 from .receipts import Certificate, Receipt
-from .refit import refit, smo_polish
+from .refit import refit
 from .solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
 from .validation import as_keys, check_finite_kernel, check_params, check_token_id
 
-#: probes are jittered with Gaussian noise of this scale in ``verify`` (SPEC §3 deletion audit)
-JITTER_SCALE = 0.1
-#: largest KKT violation (read from the maintained gradient) accepted at the end of an operation;
-#: above it the operation completes by the exact fallback (fresh refit of the current keys)
-KKT_GUARD = 1e-9
-#: above this residual (but within the guard) the state is tightened by a warm SMO polish
-TIGHTEN_AT = 1e-12
-#: ``verify=True`` accepts a deletion when the score deviation from the independent refit is at
-#: most this and the KKT residual at most ``VERIFY_KKT``; otherwise the exact fallback is taken
-VERIFY_SCORE_TOL = 1e-6
-VERIFY_KKT = 1e-9
-#: ``from_state`` accepts a solved state whose recomputed KKT residual is at most this
-STATE_KKT_TOL = 1e-8
-
 _check_params = check_params  # backward-compatible private alias
 _STATUS_NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
-
-
-def _consolidate_repeats(X: np.ndarray, a: np.ndarray, status: np.ndarray, C: float):
-    """Bit-identical keys have identical kernel columns, so any split of their mass is optimal;
-    gather it (members at C, one remainder, the rest 0) so at most one of them is a margin key
-    and the bordered system stays non-singular. Gradients and scores are unchanged."""
-    _, inv, counts = np.unique(X, axis=0, return_inverse=True, return_counts=True)
-    if counts.max(initial=1) < 2:
-        return a, status
-    a = a.copy()
-    status = status.copy()
-    inv = inv.ravel()
-    for grp in np.flatnonzero(counts > 1):
-        mem = np.flatnonzero(inv == grp)
-        m = float(a[mem].sum())
-        for k in mem:
-            take = min(C, m)
-            if take >= C:
-                a[k], status[k] = C, ERROR
-            elif take > 0.0:
-                a[k], status[k] = take, MARGIN
-            else:
-                a[k], status[k] = 0.0, RESERVE
-            m -= take
-    return a, status
 
 
 class WarmupError(GateError):
     """The gate has fewer than ``ceil(1/C) + 2`` keys: it is not solved and has no gate score."""
 
 
-class Gate:
+class Gate(ExactCompletionMixin):
     """Fixed-C SVDD gate with an exact maintained fp64 C&P solver.
 
     Parameters
@@ -192,79 +163,6 @@ class Gate:
     def support_ids(self) -> np.ndarray:
         p = self.partition()
         return np.asarray(sorted(p["margin"] + p["error"]), dtype=np.int64)
-
-    # ------------------------------------------------------------------ exact fallback
-    def _exact_fallback(self, op: str, reason: str) -> None:
-        """Complete an operation exactly when the maintained path cannot: solve the current live
-        keys afresh with the independent refit oracle and rebuild the maintained state from it
-        (margin set, bordered inverse and gradient recomputed). Counted in ``fallbacks``."""
-        core = self._solver
-        slots = core.live()
-        try:
-            a, rho, info = refit(core.X[slots], C=self.C, sigma=self.sigma, return_info=True)
-        except RefitError as exc:
-            raise PathError(f"{op}: maintained path failed ({reason}) and the exact fallback "
-                            f"failed too ({exc})") from exc
-        a, status = _consolidate_repeats(core.X[slots], a, info["status"], self.C)
-        core.load_solution(slots, a, status, rho)
-        v = core.maintained_violation()
-        if not v <= VERIFY_KKT:
-            raise PathError(f"{op}: exact fallback left KKT violation {v:.3g} ({reason})")
-        self.fallbacks += 1
-        self.fallback_log.append({"op": op, "reason": reason})
-
-    def _guarded(self, op: str, step, on_fail=None, snap=None) -> tuple[int, str | None]:
-        """Run ``step()`` (a maintained-path operation returning its event count) and check the
-        maintained KKT residual; on a path error (state restored to before ``step``, then
-        ``on_fail()`` applies the structural change) or a tripped guard, complete exactly by
-        :meth:`_exact_fallback`. Returns (events, fallback reason or None)."""
-        core = self._solver
-        if snap is None:
-            snap = core.snapshot()
-        try:
-            with single_thread(core.n_slots):
-                events = step()
-                core.end_operation()
-        except PathError as exc:
-            core.restore(snap)
-            if on_fail is not None:
-                on_fail()
-            reason = f"{type(exc).__name__}: {exc}"
-            self._exact_fallback(op, reason)
-            return 0, reason
-        v = core.guard_residual()
-        if not v <= TIGHTEN_AT:
-            # the residual guard: recompute the gradient exactly before judging
-            core.recompute_g()
-            v = core.guard_residual()
-            if v > TIGHTEN_AT and np.isfinite(v):
-                v = self._tighten(v)
-            if not v <= KKT_GUARD:
-                reason = f"KKT guard: maintained-path residual {v:.3g} > {KKT_GUARD:g}"
-                self._exact_fallback(op, reason)
-                return events, reason
-        return events, None
-
-    def _tighten(self, v: float) -> float:
-        """Ill-conditioned (near-duplicate) margin systems leave KKT residuals of 1e-11..1e-9
-        that the score at off-data probes amplifies; a warm pairwise SMO polish of the current
-        coefficients drives the KKT gap to rounding level. Kept only if it lowers the residual."""
-        core = self._solver
-        slots = core.live()
-        snap = core.snapshot()
-        K = core.K[np.ix_(slots, slots)]
-        a2, rho2, st2 = smo_polish(K, self.C, core.alpha[slots])
-        a2, st2 = _consolidate_repeats(core.X[slots], a2, st2, self.C)
-        try:
-            core.load_solution(slots, a2, st2, rho2)
-            v2 = core.guard_residual()
-        except PathError:
-            v2 = float("inf")
-        if v2 < v:
-            self.tightenings += 1
-            return v2
-        core.restore(snap)
-        return v
 
     # ------------------------------------------------------------------ admit
     def admit(self, X) -> np.ndarray:
@@ -599,27 +497,10 @@ class Gate:
             self._id_of_slot = new_ids
             self._slot_of = {i: s for s, i in enumerate(new_ids)}
 
-    # ------------------------------------------------------------------ serialisation
+    # ------------------------------------------------------------------ serialisation (sv_core._gate_state)
     def to_state(self) -> dict:
         """Arrays and scalars that reproduce this gate exactly (``np.savez``-able)."""
-        slots = self._live_slots()
-        core = self._core
-        return {
-            "C": self.C,
-            "sigma": self.sigma,
-            "refactor_every": self.refactor_every,
-            "keys": core.X[slots].copy() if core is not None else np.zeros((0, 0)),
-            "ids": self.ids,
-            "alpha": core.alpha[slots].copy() if core is not None else np.zeros(0),
-            "status": core.status[slots].copy() if core is not None else np.zeros(0, np.int8),
-            "margin_ids": np.asarray([self._id_of_slot[s] for s in core.S], dtype=np.int64)
-            if core is not None else np.zeros(0, np.int64),
-            "rho": float(core.rho) if core is not None else 0.0,
-            "solved": bool(core.solved) if core is not None else False,
-            "next_id": self._next_id,
-            "forgotten": np.asarray(sorted(self._forgotten), dtype=np.int64),
-            "fallbacks": int(self.fallbacks),
-        }
+        return _gate_state.to_state(self)
 
     @classmethod
     def from_state(cls, state: dict) -> Gate:
@@ -630,49 +511,7 @@ class Gate:
         box, the partition and the KKT residual (``<= STATE_KKT_TOL``, recomputed from scratch).
         Raises :class:`InvalidStateError` (one line saying what is wrong).
         """
-        from .validation import load_state
-
-        try:
-            st = load_state(state, warmup_size)
-        except (InvalidKeysError, InvalidParameterError) as exc:
-            raise InvalidStateError(f"invalid gate state: {exc}") from exc
-        g = cls(st["C"], st["sigma"], st["refactor_every"])
-        g._next_id = st["next_id"]
-        g._forgotten = set(st["forgotten"])
-        g.fallbacks = st["fallbacks"]
-        keys, ids = st["keys"], st["ids"]
-        if keys.shape[0] == 0:
-            if keys.shape[1]:
-                g._core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
-            return g
-        core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
-        slots = core.append(keys)
-        try:
-            check_finite_kernel(core.K[: core.n_slots, : core.n_slots])
-        except InvalidKeysError as exc:
-            raise InvalidStateError(f"invalid gate state: {exc}") from exc
-        core.alpha[slots] = st["alpha"]
-        core.status[slots] = st["status"]
-        core.rho = st["rho"]
-        core.solved = st["solved"]
-        g._core = core
-        g._id_of_slot = [int(i) for i in ids]
-        g._slot_of = {int(i): s for s, i in enumerate(ids)}
-        core.S = [g._slot_of[int(i)] for i in st["margin_ids"]]
-        if core.solved:
-            try:
-                if core.S:
-                    core.refactor()
-            except PathError as exc:
-                raise InvalidStateError(f"invalid gate state: {exc}") from exc
-            core.recompute_g()
-            v = core.kkt_residual()["max"]
-            if not v <= STATE_KKT_TOL:
-                raise InvalidStateError(
-                    f"invalid gate state: KKT residual {v:.3g} > {STATE_KKT_TOL:g} (alpha, rho or "
-                    "partition do not solve the fixed-C problem for these keys, C and sigma)"
-                )
-        return g
+        return _gate_state.from_state(cls, state)
 
     @classmethod
     def from_solution(cls, X, alpha, C: float, sigma: float, refactor_every: int = 64) -> Gate:
@@ -686,44 +525,7 @@ class Gate:
         instead. Token ids are ``0..n-1`` in row order. Below the warm-up size the keys are just
         admitted (nothing is solved).
         """
-        g = cls(C, sigma, refactor_every)
-        A = as_keys(X)
-        n = A.shape[0]
-        a = np.asarray(alpha, dtype=np.float64).reshape(-1)
-        if a.shape != (n,) or not np.isfinite(a).all():
-            raise InvalidKeysError(f"alpha must be a finite array of shape ({n},), got {a.shape}")
-        if n < g.warmup_size:
-            g.admit(A)
-            return g
-        if n * g.C < 1.0 - 1e-12:
-            raise InfeasibleError(f"n*C = {n * g.C:.6g} < 1: the fixed-C problem is infeasible")
-        core = MaintainedSVDD(g.C, g.sigma, A.shape[1], g.refactor_every)
-        slots = core.append(A)
-        check_finite_kernel(core.K[:n, :n])
-        a = np.clip(a, 0.0, g.C)
-        status = np.where(a <= 0.0, RESERVE, np.where(a >= g.C, ERROR, MARGIN)).astype(np.int8)
-        a, status = _consolidate_repeats(A, a, status, g.C)
-        sup = a != 0.0
-        f = 2.0 * core.K[:n, :n][:, sup] @ a[sup]
-        mar = status == MARGIN
-        rho = float(np.mean(core.kd[:n][mar] - f[mar])) if mar.any() else 0.0
-        try:
-            with single_thread(n):
-                core.load_solution(slots, a, status, rho)
-                core.polish()
-                core.recompute_g()
-            ok = core.guard_residual() <= KKT_GUARD
-        except PathError:
-            ok = False
-        if not ok:  # not a solution to the guard: solve by the maintained path
-            g = cls(C, sigma, refactor_every)
-            g.admit(A)
-            return g
-        g._core = core
-        g._next_id = n
-        g._id_of_slot = list(range(n))
-        g._slot_of = {i: i for i in range(n)}
-        return g
+        return _gate_state.from_solution(cls, X, alpha, C, sigma, refactor_every)
 
     def __repr__(self) -> str:
         p = {k: len(v) for k, v in self.partition().items()}
