@@ -64,8 +64,9 @@ def test_paired_tests_hand_values():
     assert math.isnan(paired_tests([1.0], [2.0])["t_p"])
 
 
-def test_tiny_comparison_end_to_end(tmp_path):
-    res = run_comparison(TINY, [0, 1], _text(), progress=False)
+def test_tiny_comparison_end_to_end(tmp_path, capsys):
+    res = run_comparison(TINY, [0, 1], _text(), progress=True)
+    _check_progress_lines(capsys.readouterr().out.splitlines(), res)
     assert len(res["per_seed"]) == 2
     for row in res["per_seed"]:
         # the window is the hybrid's measured active state plus the chunk
@@ -177,11 +178,11 @@ def test_cli_references_option_parsing():
         parser.parse_args(["lm", "--references", "lstm"])
 
 
-def test_tiny_run_prints_progress_lines(capsys):
-    res = run_comparison(TINY, [0], _text(), progress=True)
-    lines = capsys.readouterr().out.splitlines()
+def _check_progress_lines(lines, res):
+    """The tiny run's progress: one line per run, per 2 steps and per eval, with the eval metric."""
     runs = [ln for ln in lines if ln.startswith("lm: run ")]
-    assert runs[0].startswith("lm: run 1/2: SV hybrid, seed 0") and runs[1].startswith("lm: run 2/2: matched")
+    assert runs[0].startswith("lm: run 1/4: SV hybrid, seed 0") and runs[1].startswith("lm: run 2/4: matched")
+    assert len(runs) == 4
     for variant in ("sv_hybrid", "sliding"):
         steps = [ln for ln in lines if ln.startswith(f"lm {variant} seed 0: step ")]
         # TINY: log every 2 steps, evaluate at steps 3 and 6 -> lines at steps 2, 3, 4, 6
@@ -192,8 +193,16 @@ def test_tiny_run_prints_progress_lines(capsys):
         # the printed eval metric is the recorded curve
         curve = res["curves"]["0"]["sv" if variant == "sv_hybrid" else "swa"]
         assert [f"val {c['val_bpb']:.3f}" in e for c, e in zip(curve, evals)] == [True, True]
-    run_comparison(TINY, [0], _text(), progress=False)
-    assert capsys.readouterr().out == ""
+
+
+def test_no_progress_prints_nothing(capsys):
+    from dataclasses import replace
+
+    from pipelines.flows.language_model import train_run
+
+    train, val = split_corpus(_text(), TINY.val_frac, TINY.block)
+    train_run(replace(TINY, steps=2, eval_interval=1, log_every=1), "sliding", 0, train, val, 8, progress=False)
+    assert capsys.readouterr().out == ""  # progress=False: no line at all
 
 
 def test_protocols_and_the_recorded_label():
