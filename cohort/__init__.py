@@ -16,6 +16,14 @@ Entry points
 This package never imports ``sv_core`` or ``models``.
 """
 
-from .frames import export_parquet, load_hourly, load_stays
-
 __all__ = ["export_parquet", "load_hourly", "load_stays"]
+
+
+def __getattr__(name: str):
+    """``cohort.load_hourly`` & co. import DuckDB (and Polars when called) only on first use, so
+    ``import cohort.errors`` stays light."""
+    if name in __all__:
+        from . import frames
+
+        return getattr(frames, name)
+    raise AttributeError(f"module 'cohort' has no attribute {name!r}")
