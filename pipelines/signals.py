@@ -148,10 +148,13 @@ class ApiServer:
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop("PREFECT_API_URL", None)
-        # a command's own server serves one flow run: no automations (triggers + actions) and no
-        # websocket streams (nothing subscribes); task-run recording and events stay on
+        # a command's own server serves one flow run: no automations (triggers + actions), no
+        # websocket streams (nothing subscribes), no block-type registration (the flows use no
+        # blocks; even memoized it imports every installed collection, e.g. prefect-dask) —
+        # measured 9.1 -> 7.2 s to a healthy API on 2 cores; task-run recording and events stay on
         for k in ("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED",
-                  "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED"):
+                  "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED", "PREFECT_SERVER_REGISTER_BLOCKS_ON_START",
+                  "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION"):
             env.setdefault(k, "false")
         try:
             self.proc = subprocess.Popen(
