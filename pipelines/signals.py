@@ -36,7 +36,10 @@ Prefect UI). If the main thread has not unwound after :data:`GRACE_S` seconds, o
 signal, the command leaves anyway — the kernel releases the ``flock``, and stale temporaries of a
 dead process (builds, task-cache entries) are removed by the next writer
 (:func:`pipelines.locking.clean_stale`). Exit codes follow the shell convention: 130 after
-SIGINT, 143 after SIGTERM (128 + the signal number). Measured on 2 loaded cores: exit 2.0–2.5 s
+SIGINT, 143 after SIGTERM (128 + the signal number). Child processes inherit the blocked signals:
+the API server unblocks them before ``exec``; ``subprocess.run`` kills its child when the
+interrupt unwinds it; ``serve``, whose runner starts every flow run as a subprocess, is left to
+Prefect's own signal handling (:data:`UNGUARDED_COMMANDS`). Measured on 2 loaded cores: exit 2.0–2.5 s
 after the signal, no process left (``tests/test_pipelines_signals.py``).
 """
 from __future__ import annotations
@@ -57,6 +60,9 @@ from .errors import PipelineError
 
 #: commands that are not flows: they never need a Prefect API
 SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo"})
+#: commands whose signals Prefect handles (``serve``: its runner starts flow runs as subprocesses,
+#: which would inherit the blocked SIGINT/SIGTERM of a guarded command)
+UNGUARDED_COMMANDS = frozenset({"serve"})
 #: seconds the main thread gets to unwind after a signal before the command leaves anyway
 GRACE_S = 2.5
 #: ``FORGETFUL_API_SERVER=0``: start no server of our own (Prefect's ephemeral server, as before)
@@ -93,14 +99,35 @@ def needs_server(cmd: str | None, argv: list[str]) -> bool:
 
 
 def api_configured() -> bool:
-    """``PREFECT_API_URL`` is set (environment, or Prefect's settings/profile if Prefect is loaded)."""
+    """A Prefect API is configured: ``PREFECT_API_URL`` in the environment, in the active Prefect
+    profile (``prefect config set PREFECT_API_URL=...``) or in ``./prefect.toml`` — read without
+    importing Prefect, which fixes its settings at import — or in Prefect's loaded settings."""
     if os.environ.get("PREFECT_API_URL"):
         return True
     if "prefect" in sys.modules:
         from prefect.settings import PREFECT_API_URL
 
         return bool(PREFECT_API_URL.value())
-    return False
+    return bool(_configured_url())
+
+
+def _configured_url() -> str | None:
+    import tomllib
+
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    profiles = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        data = tomllib.loads(profiles.read_text())
+        active = os.environ.get("PREFECT_PROFILE") or data.get("active") or "ephemeral"
+        url = (data.get("profiles") or {}).get(active, {}).get("PREFECT_API_URL")
+        if url:
+            return str(url)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return (tomllib.loads(Path("prefect.toml").read_text()).get("api") or {}).get("url") or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _free_port() -> int:
@@ -312,6 +339,8 @@ def run_command(cmd: str | None, argv: list[str], body) -> int:
     server = None
     if needs_server(cmd, argv) and not api_configured() and os.environ.get(OWN_SERVER_ENV, "1") != "0":
         server = _current = ApiServer().start()
+    if cmd in UNGUARDED_COMMANDS:
+        return _run_unguarded(body, server)
     guard = Guard(server)
     guard.install()
     try:
@@ -330,6 +359,22 @@ def run_command(cmd: str | None, argv: list[str], body) -> int:
         guard.leave()
     _finish(server)
     return rc
+
+
+def _run_unguarded(body, server: ApiServer | None) -> int:
+    """``serve``: Prefect's runner handles the signals itself (it starts each flow run as a
+    subprocess, which must keep SIGTERM deliverable); Ctrl-C still ends in one line and the
+    private server is stopped on every way out."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print(f"forgetful: stopped by SIGINT (exit {exit_code(signal.SIGINT)})", file=sys.stderr, flush=True)
+        return exit_code(signal.SIGINT)
+    except ApiServerError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        _finish(server)
 
 
 def _finish(server: ApiServer | None) -> None:

@@ -77,11 +77,22 @@ def test_a_flow_command_reuses_a_running_server_when_PREFECT_API_URL_is_set():
     assert _count_starts(["--no-dispatch", "planted-secret"])["starts"] == 1
 
 
-def test_api_configured_reads_the_environment(monkeypatch):
-    from pipelines.signals import api_configured
+def test_api_configured_reads_the_environment_and_the_active_profile(monkeypatch, tmp_path):
+    from pipelines.signals import _configured_url, api_configured
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     assert api_configured()
+    monkeypatch.delenv("PREFECT_API_URL")
+    monkeypatch.chdir(tmp_path)
+    prof = tmp_path / "profiles.toml"
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", str(prof))
+    monkeypatch.delenv("PREFECT_PROFILE", raising=False)
+    assert _configured_url() is None
+    prof.write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://10.0.0.5:4200/api"\n'
+                    '[profiles.ephemeral]\nPREFECT_SERVER_ALLOW_EPHEMERAL_MODE = "true"\n')
+    assert _configured_url() == "http://10.0.0.5:4200/api"
+    monkeypatch.setenv("PREFECT_PROFILE", "ephemeral")
+    assert _configured_url() is None
 
 
 @pytest.mark.slow
