@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from pipelines import runner
+from pipelines import jsonout, runner
 
 STEPS = ("build-cohort", "retention", "heldout-spo2", "patient-deletion", "deterioration", "audit", "studies",
          "fidelity", "report")
@@ -198,23 +198,30 @@ def _main(args) -> int:
             dask_address=args.dask, workers=args.workers, progress=not args.no_progress)
     r["total_seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(r, indent=1))
+    jsonout.emit(args, r)
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("run-all", help="the main job: demo check, warehouse, every clinical study, report",
                        description=__doc__)
-    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo")
-    p.add_argument("--root", default=None)
+    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo",
+                   help="data source (default: %(default)s, the real MIMIC-IV demo)")
+    p.add_argument("--root", default=None,
+                   help="source folder (mimic/clif; demo: the cache folder, optional)")
     p.add_argument("--stays", type=int, default=1500, help="synthetic: generated stays (default 1500)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warehouse", default=None, help="default: <runs>/warehouse.duckdb")
-    p.add_argument("--report", default=None, help="default: <runs>/report.html")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic cohort and the studies (default 0)")
+    p.add_argument("--warehouse", default=None, help="DuckDB warehouse (default: <runs>/warehouse.duckdb)")
+    p.add_argument("--report", default=None, help="HTML report (default: <runs>/report.html)")
     p.add_argument("--audit-trials", type=int, default=50, help="audit trials per regime (default 50; seed: 300)")
-    p.add_argument("--det-seeds", type=int, default=3)
-    p.add_argument("--det-max-epochs", type=int, default=12)
-    p.add_argument("--n-boot", type=int, default=10_000)
+    p.add_argument("--det-seeds", type=int, default=3, help="deterioration: training seeds per model (default 3)")
+    p.add_argument("--det-max-epochs", type=int, default=12,
+                   help="deterioration: maximum training epochs (default 12)")
+    p.add_argument("--n-boot", type=int, default=10_000,
+                   help="retention: stay-bootstrap resamples for the CIs (default 10000)")
     p.add_argument("--fetch", action="store_true", help="fetch the demo data first if it is not cached")
-    p.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), help="steps to skip")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), metavar="STEP",
+                   help=f"steps to skip, of: {', '.join(STEPS)}")
     runner.add_common_args(p, warehouse=False)
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

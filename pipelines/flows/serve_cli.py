@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from pipelines import runner
+from pipelines import jsonout, runner
 
 DEFAULT_CRON = "0 3 * * *"
 
@@ -67,6 +67,7 @@ def _main(args) -> int:
     deps = build_deployments(args.cron, args.runs, args.warehouse, args.source, args.ingest_root,
                              args.ingest_source, args.ingest_interval, args.ingest_warehouse)
     print(json.dumps(describe(deps), indent=1))
+    jsonout.emit(args, describe(deps))
     if args.dry_run:
         return 0
     from prefect import serve
@@ -80,14 +81,17 @@ def add_cli(sub) -> None:
     p = sub.add_parser("serve", help="serve the flows as Prefect deployments (run-all on a cron schedule)",
                        description=__doc__)
     p.add_argument("--cron", default=DEFAULT_CRON, help="cron schedule of run-all (default: %(default)r)")
-    p.add_argument("--runs", default="runs")
-    p.add_argument("--warehouse", default=None)
-    p.add_argument("--source", default="demo", choices=["demo", "mimic", "clif", "synthetic"])
+    p.add_argument("--runs", default="runs", help="runs directory of the served flows (default: %(default)s)")
+    p.add_argument("--warehouse", default=None, help="DuckDB warehouse (default: <runs>/warehouse.duckdb)")
+    p.add_argument("--source", default="demo", choices=["demo", "mimic", "clif", "synthetic"],
+                   help="data source of the scheduled run-all (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="build and print the deployments, do not serve")
     p.add_argument("--ingest-root", default=None, metavar="DIR",
                    help="also schedule `forgetful ingest` on this growing source root (concurrency limit 1)")
-    p.add_argument("--ingest-source", default="mimic", choices=["mimic", "clif"])
+    p.add_argument("--ingest-source", default="mimic", choices=["mimic", "clif"],
+                   help="layout of the ingest root (default: %(default)s)")
     p.add_argument("--ingest-interval", type=float, default=3600, metavar="SECONDS",
                    help="ingest schedule interval (default: %(default)s s)")
     p.add_argument("--ingest-warehouse", default=None, help="streaming warehouse (default: <runs>/stream.duckdb)")
+    jsonout.add_json_arg(p)
     p.set_defaults(func=_main)
