@@ -63,17 +63,24 @@ def test_split_message_names_minimum_split_and_counts(small_wh):
     ("deterioration", "deterioration needs ≥ 1 stay in the val split; this cohort's val split has 0 of 3 stays"),
     ("patient-deletion", "patient-deletion needs ≥ 5 patients (one context shares 5 patients); this cohort has "
                          "3 patients"),
+    ("audit", None),
 ])
 def test_study_command_fails_early_with_one_line(prefect_harness, small_wh, tmp_path, capsys, command, first):
     from pipelines.cli import main
 
     runs = tmp_path / "runs"
+    extra = ["--regimes", "gaussian", "icu_warehouse", "--trials", "2"] if command == "audit" else []
     rc = main([command, "--warehouse", small_wh, "--runs", str(runs), "--no-progress", "--json",
-               str(tmp_path / "out.json")])
+               str(tmp_path / "out.json"), *extra])
     out, err = capsys.readouterr()
     assert rc == 3
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert lines == [lines[0]] and lines[0].startswith(f"error: CohortTooSmallError: {first}"), err[-2000:]
+    if command == "audit":  # fails before any regime runs, with counts and what to do
+        first = ("StudyConfigError: the icu_warehouse audit regime needs >= 1 stay with >= 12 distinct hourly keys "
+                 "(deduplicated at 0.1 SD); this cohort has 0 of 3 stays")
+        assert lines == [lines[0]] and lines[0].startswith(f"error: {first}"), err[-2000:]
+    else:
+        assert lines == [lines[0]] and lines[0].startswith(f"error: CohortTooSmallError: {first}"), err[-2000:]
     assert "Traceback" not in out + err
     written = [os.path.relpath(os.path.join(d, f), runs) for d, _, fs in os.walk(runs) for f in fs
                if f.endswith(".json") and not f.startswith(".")] if runs.exists() else []

@@ -59,11 +59,19 @@ def icu_regime_from_warehouse(path: str | Path, *, tol: float = 0.1, max_hours: 
             break
     if not mats:
         raise StudyConfigError(f"warehouse {path} holds no stay with finite standardised vitals")
+    # a stay can only yield a context if its whole stay has min_keys distinct keys: check up front
+    # (counts only), so a too-small cohort fails before any regime runs, and draw among those
+    eligible = [Z for Z in mats if dedupe(Z, tol).shape[0] >= min_keys]
+    if not eligible:
+        raise StudyConfigError(
+            f"the icu_warehouse audit regime needs >= 1 stay with >= {min_keys} distinct hourly keys "
+            f"(deduplicated at {tol} SD); this cohort has 0 of {len(mats)} stays — rebuild the warehouse "
+            "with more or longer stays, or leave the regime out (forgetful audit --regimes ...)")
 
     def regime(rng: np.random.Generator) -> np.ndarray:
-        return icu_keys(mats, rng, tol=tol, max_hours=max_hours, min_keys=min_keys)
+        return icu_keys(eligible, rng, tol=tol, max_hours=max_hours, min_keys=min_keys)
 
-    regime.n_stays = len(mats)  # type: ignore[attr-defined]
+    regime.n_stays = len(eligible)  # type: ignore[attr-defined]
     return regime
 
 

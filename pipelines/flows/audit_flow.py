@@ -52,6 +52,9 @@ def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = 
     if ICU_REGIME in regimes:
         wh.require(warehouse)
         h = wh.content_hash(warehouse)
+        # fail at the start, with counts, when no stay of this cohort can yield an ICU context
+        from evaluation.studies.audit_regimes import icu_regime_from_warehouse
+        icu_regime_from_warehouse(warehouse, max_hours=160, min_keys=12)
     futures = [audit_task.submit(warehouse if r == ICU_REGIME else None, h if r == ICU_REGIME else None, r, trials,
                                  seed) for r in regimes]
     res = dict(zip(regimes, runner.gather(futures, "audit (regimes)", progress)))
