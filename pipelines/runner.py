@@ -330,6 +330,10 @@ def configure_run_logging(verbose: bool = False) -> None:
             lg.removeHandler(h)
         if not verbose:
             lg.addHandler(EchoRunPrints())
+    # Prefect's queue services say "Still processing items: N items remaining..." (WARNING) while
+    # the command drains its logs and events at exit: progress of Prefect's bookkeeping, not news
+    for name in ("EventsWorker", "APILogWorker"):
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
     for h in logging.getLogger().handlers:
         for f in [f for f in h.filters if type(f).__name__ == "QuietRunRecords"]:
             h.removeFilter(f)
