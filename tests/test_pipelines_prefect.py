@@ -112,11 +112,21 @@ def test_a_flow_runs_on_the_server_named_by_PREFECT_API_URL(tmp_path):
                              env=_env(PREFECT_API_URL=server.api_url), capture_output=True, text=True, timeout=300)
         r = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
         assert r == {"rc": 0, "starts": 0, "prefect_server_imported": False}, out.stderr[-1500:]
-        req = urllib.request.Request(f"{server.api_url}/flow_runs/filter", data=b"{}", method="POST",
+        # the user's Prefect database holds earlier runs too: the newest finished one is this command's
+        req = urllib.request.Request(f"{server.api_url}/flow_runs/filter", method="POST",
+                                     data=json.dumps({"sort": "END_TIME_DESC", "limit": 1}).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:
             runs = json.loads(resp.read())
-        assert any(fr["state_type"] == "COMPLETED" for fr in runs), runs[:3]
+        done = [fr for fr in runs if fr["state_type"] == "COMPLETED"]
+        assert done, runs[:3]
+        # the run's log reaches the API (the UI) even though the console shows none of it
+        body = json.dumps({"logs": {"flow_run_id": {"any_": [done[0]["id"]]}}}).encode()
+        req = urllib.request.Request(f"{server.api_url}/logs/filter", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            logs = json.loads(resp.read())
+        assert any("Finished in state Completed" in lg["message"] for lg in logs), [lg["message"] for lg in logs][:5]
     finally:
         server.stop()
 
