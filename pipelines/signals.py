@@ -60,7 +60,7 @@ from pathlib import Path
 from .errors import PipelineError
 
 #: commands that are not flows: they never need a Prefect API
-SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo"})
+SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo", "export"})
 #: commands whose signals Prefect handles (``serve``: its runner starts flow runs as subprocesses,
 #: which would inherit the blocked SIGINT/SIGTERM of a guarded command)
 UNGUARDED_COMMANDS = frozenset({"serve"})

@@ -71,6 +71,19 @@ def test_commands_that_are_not_flows_start_no_server(tmp_path):
     assert needs_server("build-cohort", ["build-cohort"]) and needs_server("run-all", ["-q", "run-all"])
 
 
+def test_serverless_commands_are_exactly_the_modules_without_a_flow():
+    """A command whose module defines no Prefect flow never starts a server; every flow command does
+    (``serve`` serves flows). Read from the modules' source, so a new command is classified."""
+    import re as _re
+
+    from pipelines.cli import COMMANDS
+    from pipelines.signals import SERVERLESS_COMMANDS
+
+    no_flow = {c for c, (mod, _) in COMMANDS.items()
+               if not _re.search(r"^\s*@flow\b", (ROOT / "pipelines" / "flows" / f"{mod}.py").read_text(), _re.M)}
+    assert no_flow - {"serve"} == set(SERVERLESS_COMMANDS)
+
+
 def test_a_flow_command_reuses_a_running_server_when_PREFECT_API_URL_is_set():
     # the process plumbing only (the command is not run): with the URL, nothing is started
     assert _count_starts(["--no-dispatch", "planted-secret"], PREFECT_API_URL="http://127.0.0.1:9/api")["starts"] == 0
