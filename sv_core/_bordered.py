@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._state import (  # noqa: F401  (re-exported: the solver's constants)
-    _NAMES,
-    DEAD,
+from ._state import (
     DUPLICATE_TOL,
     ERROR,
-    G_REFRESH,
     INVERSE_GUARD,
     MARGIN,
-    NEAR_TWIN_TOL,
-    PENDING,
     POLISH_EVERY,
     RESERVE,
-    RISKY_RATE,
     SNAP_TOL,
     FloatArray,
     IntArray,

@@ -51,6 +51,15 @@ def materialise_mimic(dst: Path, fmt: str) -> Path:
     return dst
 
 
+def mimic_fixture_warehouse(d: Path) -> str:
+    """The hand-written MIMIC fixture (CSV) built into ``d/wh.duckdb``; returns its path."""
+    from cohort.build import build_warehouse
+
+    materialise_mimic(d / "src", "csv")
+    build_warehouse("mimic", d / "src", d / "wh.duckdb", progress=False, memory_limit="512MB")
+    return str(d / "wh.duckdb")
+
+
 def materialise_clif(dst: Path) -> Path:
     """CLIF fixture as parquet with VARCHAR ids and TIMESTAMPTZ times (as in CLIF 2.1)."""
     dst.mkdir(parents=True, exist_ok=True)

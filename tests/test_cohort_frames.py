@@ -8,19 +8,15 @@ import stat
 import duckdb
 import polars as pl
 import pytest
-from test_cohort_build import materialise_mimic
+from test_cohort_build import mimic_fixture_warehouse
 
 import cohort
-from cohort.build import build_warehouse
 from cohort.errors import BadParameterError
 
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory):
-    d = tmp_path_factory.mktemp("frames")
-    materialise_mimic(d / "src", "csv")
-    build_warehouse("mimic", d / "src", d / "wh.duckdb", progress=False, memory_limit="512MB")
-    return str(d / "wh.duckdb")
+    return mimic_fixture_warehouse(tmp_path_factory.mktemp("frames"))
 
 
 def test_load_hourly_equals_the_warehouse(wh):

@@ -6,9 +6,8 @@ import json
 import os
 
 import pytest
-from test_cohort_build import materialise_mimic
+from test_cohort_build import mimic_fixture_warehouse
 
-from cohort.build import build_warehouse
 from cohort.selection import assign_splits
 from pipelines.study_inputs import (
     CohortTooSmallError,
@@ -23,10 +22,7 @@ from pipelines.study_inputs import (
 @pytest.fixture(scope="module")
 def small_wh(tmp_path_factory):
     """The hand-written MIMIC fixture: 3 eligible stays of 3 patients -> train 2, val 0, test 1."""
-    d = tmp_path_factory.mktemp("small")
-    materialise_mimic(d / "src", "csv")
-    build_warehouse("mimic", d / "src", d / "wh.duckdb", progress=False, memory_limit="512MB")
-    return str(d / "wh.duckdb")
+    return mimic_fixture_warehouse(tmp_path_factory.mktemp("small"))
 
 
 def test_the_fixture_has_an_empty_split(small_wh):
