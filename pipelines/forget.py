@@ -152,11 +152,20 @@ def _apply(w: Warehouse, subjects: dict[int, str], updates: dict, seq_applied: i
     from cohort.build import content_hash
 
     runs = w.runs_dirs()
+    # exports first: idempotent, and a kill before the warehouse swap leaves the subject present,
+    # so the next command's complete_pending redoes both
+    from . import exports
+
+    ex = exports.erase(w.export_dirs(), set(subjects))
     n, head = w.ledger.head()
     removed = erasure.rewrite(w.path, set(subjects), updates, {"ledger_seq": str(n), "ledger_head": head},
                               content_hash_fn=content_hash)
     shutil.rmtree(w.cache_dir, ignore_errors=True)
     _mark_stale(runs, seq_applied)
+    if any(ex.values()):
+        print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
+              f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
+              file=sys.stderr)
     return removed
 
 
@@ -261,7 +270,7 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
             "contexts": infos,
             "certified": certified,
             "verified_against_refit": bool(verify),
-            "erasure": "warehouse rewritten into a fresh file and swapped; task cache removed",
+            "erasure": "warehouse and registered exports rewritten into fresh files and swapped; task cache removed",
             "reference": "fresh retained-key refit at the same fixed C",
             "path": "maintained fp64 C&P decremental path",
         }
@@ -269,6 +278,9 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
         if stays or any(counts.values()):
             _apply(w, {sid: h}, updates, row.seq)
         else:
+            from . import exports
+
+            exports.erase(w.export_dirs(), {sid})
             shutil.rmtree(w.cache_dir, ignore_errors=True)
         _write_ledger_result(w)
     return ForgetResult(receipt_seq=row.seq, receipt_mac=row.mac, rows_deleted=counts, contexts=infos,

@@ -130,31 +130,46 @@ class Warehouse:
         n, head = self.ledger.head()
         return {"ledger_seq": str(n), "ledger_head": head}
 
-    def register_runs_dir(self, runs_dir: str | os.PathLike) -> None:
-        """Remember a runs directory that holds results of this warehouse (so a forget can mark
-        them stale and purge them, wherever it is run from)."""
+    def _remember(self, key: str, path: str | os.PathLike) -> None:
+        """Add a resolved path to the JSON list ``key`` of the warehouse's meta table."""
         import json
 
-        d = str(Path(runs_dir).resolve())
+        d = str(Path(path).resolve())
         con = self.connect()
         try:
             con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
-            cur = json.loads(get_meta(con, "runs_dirs") or "[]")
+            cur = json.loads(get_meta(con, key) or "[]")
             if d not in cur:
-                con.execute(f"INSERT OR REPLACE INTO {META} VALUES ('runs_dirs', ?)", [json.dumps(sorted(cur + [d]))])
+                con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [key, json.dumps(sorted(cur + [d]))])
         finally:
             con.close()
 
-    def runs_dirs(self) -> list[Path]:
+    def _remembered(self, key: str) -> list[Path]:
         import json
 
         if not self.path.is_file():
             return []
         con = self.connect(read_only=True)
         try:
-            return [Path(d) for d in json.loads(get_meta(con, "runs_dirs") or "[]")]
+            return [Path(d) for d in json.loads(get_meta(con, key) or "[]")]
         finally:
             con.close()
+
+    def register_runs_dir(self, runs_dir: str | os.PathLike) -> None:
+        """Remember a runs directory that holds results of this warehouse (so a forget can mark
+        them stale and purge them, wherever it is run from)."""
+        self._remember("runs_dirs", runs_dir)
+
+    def runs_dirs(self) -> list[Path]:
+        return self._remembered("runs_dirs")
+
+    def register_export(self, folder: str | os.PathLike) -> None:
+        """Remember a folder ``forgetful export`` wrote record-level Parquet into (a forget
+        erases the patient from it too; see :mod:`pipelines.exports`)."""
+        self._remember("exports", folder)
+
+    def export_dirs(self) -> list[Path]:
+        return self._remembered("exports")
 
 
 def require(warehouse: str | os.PathLike) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -583,3 +584,59 @@ def test_headerless_csv_error_prints_no_data_row(tmp_path):
         build_warehouse("mimic", root, tmp_path / "w.duckdb", progress=False)
     msg = str(ei.value)
     assert "header" in msg and not any(v and v in msg for v in first if len(v) >= 3)
+
+
+# ------------------------------------------------------------------------------ exports
+def test_forget_reaches_exported_parquet_and_never_foreign_files(site, tmp_path, monkeypatch, capsys):
+    import polars as pl
+
+    import cohort
+    import pipelines.exports as exports
+    from pipelines.cli import main
+
+    p, subjects = site
+    target, other = subjects[0], subjects[1]
+    exp = tmp_path / "elsewhere" / "export"  # outside the warehouse folder: reached by registration
+    assert main(["export", "--warehouse", str(p), "--out", str(exp)]) == 0
+    foreign = tmp_path / "mine"  # a user's own folder the export refused: never registered or touched
+    foreign.mkdir()
+    (foreign / "stays.parquet").write_bytes(b"the user's own file")
+    assert main(["export", "--warehouse", str(p), "--out", str(foreign)]) == 3
+    capsys.readouterr()
+    stays = [r[0] for r in duckdb.connect(str(p), read_only=True).execute(
+        "SELECT stay_id FROM cohort_stays WHERE subject_id = ?", [target]).fetchall()]
+    assert pl.read_parquet(exp / "stays.parquet").filter(pl.col("subject_id") == target).height == len(stays) > 0
+
+    # killed after hourly.parquet was rewritten, before stays.parquet: the next command completes it
+    real, calls = exports._swap, []
+
+    def swap_then_die(frame, target_path):
+        calls.append(target_path.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed between the two export files")
+        return real(frame, target_path)
+    monkeypatch.setattr(exports, "_swap", swap_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        forget_subject(p, subject_id=target)
+    monkeypatch.undo()
+    assert calls == ["hourly.parquet", "stays.parquet"]
+    r = forget_subject(p, subject_id=target)
+    assert r.recovered
+    hourly, st = pl.read_parquet(exp / "hourly.parquet"), pl.read_parquet(exp / "stays.parquet")
+    assert st.filter(pl.col("subject_id") == target).height == 0
+    assert hourly.filter(pl.col("stay_id").is_in(stays)).height == 0
+    # everyone else is exactly what the warehouse now holds
+    assert st.equals(cohort.load_stays(str(p))) and hourly.equals(cohort.load_hourly(str(p)))
+    assert st.filter(pl.col("subject_id") == other).height > 0
+    assert [f.name for f in exp.iterdir()] and all(not f.name.startswith(".") for f in exp.iterdir())  # no temp
+    for f in exp.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert (foreign / "stays.parquet").read_bytes() == b"the user's own file"
+
+    # an export that can no longer be read as one fails closed: zeroed and removed
+    exp2 = tmp_path / "export2"
+    assert main(["export", "--warehouse", str(p), "--out", str(exp2)]) == 0
+    (exp2 / "stays.parquet").write_bytes(b"edited by hand")
+    forget_subject(p, subject_id=other)
+    assert not (exp2 / "stays.parquet").exists() and not (exp2 / "hourly.parquet").exists()
+    assert pl.read_parquet(exp / "stays.parquet").filter(pl.col("subject_id") == other).height == 0

@@ -3,7 +3,9 @@
 Writes ``stays.parquet`` (cohort_stays) and ``hourly.parquet`` (vitals_hourly with each stay's
 split) into DIR, readable by the owner only (mode 0600), never overwriting. This is record-level
 data from your own local warehouse: keep it where the source data may be kept. The writer lock is
-taken first, so pending erasures of forgotten patients are completed before anything is read.
+taken first, so pending erasures of forgotten patients are completed before anything is read, and
+the folder is registered with the warehouse: a later ``forgetful forget`` erases the patient from
+these files too (:mod:`pipelines.exports`).
 In Python: ``cohort.load_hourly(warehouse)`` / ``cohort.load_stays(warehouse)`` return the
 same frames as ``polars.DataFrame``. No Prefect server is started; the printed summary holds
 counts only.
@@ -21,6 +23,17 @@ def _main(args) -> int:
     from cohort.frames import export_parquet
 
     with runner.warehouse_session(args) as w:
+        from pathlib import Path
+
+        from cohort.errors import BadParameterError
+        from pipelines.exports import FILES
+
+        taken = [f for f in FILES if (Path(args.out) / f).exists()]
+        if taken:  # checked before registering: a forget must never touch files this did not write
+            raise BadParameterError(f"{args.out} already holds {', '.join(taken)}; choose an empty folder")
+        # registered before writing, so a forget reaches the folder even if this command dies
+        # half-way (pipelines.exports); only the folder path is stored
+        w.register_export(args.out)
         con = w.connect(read_only=False)
         try:
             out = export_parquet(con, args.out, split=args.split, columns=args.columns)
