@@ -3,6 +3,7 @@
 Kernels, the exact maintained fp64 Cauwenberghs-Poggio solver, reserve certificates, deletion
 receipts, the independent refit oracle, and differentiable paths.
 """
+from ._fastpath import fast_path_available, reference_loop
 from ._version import __version__
 from .calibrate import calibrate_C, warmup_size
 from .errors import (
@@ -28,7 +29,7 @@ __all__ = [
     "Certificate", "Receipt", "GateError", "InfeasibleError", "InvalidKeysError",
     "InvalidParameterError", "PathError", "RefitError", "UnknownTokenError", "WarmupError",
     "InvalidStateError", "InvalidTokenIdError", "VerificationError",
-    "SVDDGate", "__version__",
+    "SVDDGate", "__version__", "fast_path_available", "reference_loop",
 ]
 
 

@@ -1,4 +1,7 @@
-"""Degeneracy handling of the maintained C&P solver (mixin of :class:`MaintainedSVDD`).
+"""Edge cases of the maintained C&P event loop (mixin of :class:`MaintainedSVDD`).
+
+With the margin set empty no coefficient can move without breaking ``sum(a) = 1``:
+:meth:`DegenerateMixin._empty_margin_step` sweeps rho instead until a key joins S.
 
 Near-duplicate keys make the bordered margin system (near-)singular. The event loop treats
 them consistently:
@@ -20,14 +23,61 @@ from collections.abc import Iterable
 import numpy as np
 
 from ._bordered import BorderedMixin
-from ._state import DEAD, ERROR, MARGIN, RESERVE, FloatArray, _Degenerate
+from ._state import DEAD, ERROR, MARGIN, RESERVE, SNAP_TOL, FloatArray, _Degenerate
+from .errors import PathError
 
 
 class DegenerateMixin(BorderedMixin):
-    """Twin hand-over, near-twin swap, degenerate-pivot checks and state rebuilds."""
+    """The event loop's edge cases: the empty-margin rho sweep, twin hand-over, near-twin swap,
+    degenerate-pivot checks and state rebuilds."""
 
     def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen: Iterable[int] = ()) -> int:
         raise NotImplementedError  # the event loop (sv_core.solver.MaintainedSVDD)
+
+    def _empty_margin_step(self, c: int, mode: str, s: float) -> tuple[bool, int]:
+        """One event with the margin set empty: sweep rho (every g moves at rate 1) until an
+        error/reserve key (or, settling, c itself) reaches g = 0. Returns (done, events)."""
+        live = self.live()
+        others = live[(self.status[live] != MARGIN) & (live != c)]
+        ost = self.status[others]
+        cand_t: list[float] = []
+        cand_k: list[int] = []
+        if s > 0:  # increase rho: error keys (g <= 0) and c's own g approach 0
+            pool = others[ost == ERROR]
+            if pool.size:
+                j = int(np.argmax(self.g[pool]))
+                cand_t.append(max(0.0, -float(self.g[pool[j]]))); cand_k.append(int(pool[j]))
+            if mode == "settle":
+                cand_t.append(max(0.0, -float(self.g[c]))); cand_k.append(c)
+        else:  # decrease rho: reserve keys (g >= 0) approach 0
+            pool = others[ost == RESERVE]
+            if pool.size:
+                j = int(np.argmin(self.g[pool]))
+                cand_t.append(max(0.0, float(self.g[pool[j]]))); cand_k.append(int(pool[j]))
+            if mode == "settle":
+                cand_t.append(max(0.0, float(self.g[c]))); cand_k.append(c)
+        if not cand_t and mode == "remove" and self.alpha[c] <= SNAP_TOL * self.C:
+            # the remaining keys already carry the mass (rounding residue only)
+            self.alpha[c] = 0.0
+            return True, 0
+        if not cand_t:
+            raise PathError(
+                "margin set is empty and no error/reserve key can enter it; "
+                "the problem would become infeasible"
+            )
+        j = int(np.argmin(cand_t))
+        t, k = cand_t[j], cand_k[j]
+        delta = s * t
+        self.rho += delta
+        self.g[live] += delta
+        if k == c:
+            self.g[c] = 0.0
+            self._classify_settled(c, prefer_margin=True)
+            return True, 1
+        self.g[k] = 0.0
+        self.status[k] = MARGIN
+        self._border_add(k)  # S is empty here, so this cannot be degenerate
+        return False, 1
 
     def _enters_consistently(self, c: int, k: int, s: float, prev: int) -> bool:
         """After k joined S at a zero-length step: does its coefficient move into the box?"""

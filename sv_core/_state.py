@@ -91,6 +91,9 @@ class SolverState:
         #: keys are stored (False for ``from_gram``): exact duplicates are then recognised by
         #: equal keys rather than by a feature-space distance at rounding level
         self._keyed = True
+        #: the compiled fast path's Rinv buffer (capacity-sized) and its event count (diagnostics)
+        self._Rbuf: FloatArray = np.zeros((0, 0))
+        self.fast_events = 0
 
     # ------------------------------------------------------------------ the margin set
     @property

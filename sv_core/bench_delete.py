@@ -8,6 +8,8 @@ of them alike):
 
 * scikit-learn ``OneClassSVM`` (libsvm SMO, ``tol=1e-6``, nu' = 1/(n C)) refit from scratch;
 * the project's refit oracle :func:`sv_core.refit` (Clarabel interior point + KKT polish);
+* the solver's own NumPy reference loop (``FORGETFUL_SOLVER=reference``; a twin gate deleting the
+  same token), so the compiled fast path's gain is a ratio measured in the same run;
 * OSQP (if importable), fp64, eps 1e-7, polished, set up once on the full problem and *warm-started*: a
   deletion is a bound update ``0 <= a_k <= 0`` plus a warm start from the previous solution (the
   strongest incremental peer; no refactorisation of the kernel).
@@ -25,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import pathlib
@@ -35,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fastpath import fast_path_available, reference_loop
 from .calibrate import calibrate_C
 from .gate import Gate
 from .kernels import rbf_kernel
@@ -93,7 +97,7 @@ class _OSQPPeer:
 def bench_one(n: int, deletions: int = 30, d: int = 6, nu: float = 0.4, sigma: float = 2.0,
               seed: int = 0, sklearn: bool = True, project_refit: bool = True, osqp: bool = True,
               refit_max: int | None = None, reserve_deletions: int = 10, admissions: int = 10,
-              osqp_max: int | None = None) -> dict:
+              osqp_max: int | None = None, reference: bool = True) -> dict:
     """Time ``deletions`` active deletions at size ``n`` with interleaved peers (see module doc).
 
     ``refit_max`` caps how many deletions also time the project's refit (default: all up to
@@ -112,6 +116,11 @@ def bench_one(n: int, deletions: int = 30, d: int = 6, nu: float = 0.4, sigma: f
     C = calibrate_C(nu, n)
     g = Gate(C=C, sigma=sigma)
     ids = g.admit(X)
+    twin = None
+    if reference and fast_path_available():
+        with reference_loop():
+            twin = Gate(C=C, sigma=sigma)
+            twin.admit(X)
     row_of = {int(i): r for r, i in enumerate(ids)}
     peer = None
     osqp_note = None
@@ -132,7 +141,12 @@ def bench_one(n: int, deletions: int = 30, d: int = 6, nu: float = 0.4, sigma: f
         keys = g.keys
         row = {"status": status, "decrement_ms": 1e3 * t_dec, "events": rec.path_events,
                "fallback": bool(rec.fallback), "refit_ms": float("nan"), "sklearn_ms": float("nan"),
-               "osqp_ms": float("nan")}
+               "osqp_ms": float("nan"), "reference_ms": float("nan")}
+        if twin is not None:
+            with reference_loop():
+                t0 = time.perf_counter()
+                twin.forget(tid)
+                row["reference_ms"] = 1e3 * (time.perf_counter() - t0)
         if sklearn:
             nu_p = min(1.0, 1.0 / (keys.shape[0] * C))
             t0 = time.perf_counter()
@@ -172,7 +186,7 @@ def bench_one(n: int, deletions: int = 30, d: int = 6, nu: float = 0.4, sigma: f
         out = {"count": len(rs), "decrement_ms_median": float(np.median(dec)),
                "decrement_ms_iqr": [float(np.percentile(dec, 25)), float(np.percentile(dec, 75))],
                "fallbacks": int(sum(r["fallback"] for r in rs))}
-        for peer_name in ("refit", "sklearn", "osqp"):
+        for peer_name in ("refit", "sklearn", "osqp", "reference"):
             v = np.array([r.get(f"{peer_name}_ms", np.nan) for r in rs])
             ok = np.isfinite(v)
             s = _stats(v)
@@ -193,6 +207,8 @@ def bench_one(n: int, deletions: int = 30, d: int = 6, nu: float = 0.4, sigma: f
         "admission": {**_stats(adm), "iqr": [_stats(adm)["q25"], _stats(adm)["q75"]],
                       "over_active_decrement": float(np.median(adm) / active["decrement_ms_median"])},
         "fallbacks": int(g.fallbacks),
+        "fast_path": bool(fast_path_available()),
+        "fast_events": int(g._solver.fast_events),
         "kkt_residual_end": float(kkt),
         "osqp_setup_s": None if peer is None else float(peer.setup_s),
         "osqp_note": osqp_note,
@@ -212,7 +228,8 @@ def slope(ns, ys) -> float:
 
 def format_table(res: dict) -> str:
     hdr = (f"{'n':>5} {'active ms [IQR]':>24} {'fb':>3} {'admit ms':>9} {'adm/del':>7} "
-           f"{'sklearn ms':>10} {'x':>6} {'refit ms':>9} {'x':>7} {'osqp ms':>8} {'x':>6} {'reserve ms':>10}")
+           f"{'sklearn ms':>10} {'x':>6} {'refit ms':>9} {'x':>7} {'osqp ms':>8} {'x':>6} {'reserve ms':>10} "
+           f"{'numpy-ref ms':>12} {'x':>5}")
     lines = [hdr]
     for s in res["sizes"]:
         a = s["active"]
@@ -223,10 +240,26 @@ def format_table(res: dict) -> str:
             f"{a['sklearn_ms_median']:>10.2f} {a['sklearn_over_decrement_median']:>6.1f} "
             f"{a['refit_ms_median']:>9.1f} {a['refit_over_decrement_median']:>7.0f} "
             f"{a['osqp_ms_median']:>8.2f} {a['osqp_over_decrement_median']:>6.1f} "
-            f"{s['reserve'].get('decrement_ms_median', float('nan')):>10.3f}")
+            f"{s['reserve'].get('decrement_ms_median', float('nan')):>10.3f} "
+            f"{a.get('reference_ms_median', float('nan')):>12.3f} "
+            f"{a.get('reference_over_decrement_median', float('nan')):>5.2f}")
     sl = res["slopes"]
     lines.append("slope of median cost vs n (log-log): " + ", ".join(f"{k} {v:.2f}" for k, v in sl.items()))
     return "\n".join(lines)
+
+
+def _run_sizes(args: argparse.Namespace, res: dict, t_start: float) -> None:
+    for n in args.sizes:
+        res["sizes"].append(bench_one(n, args.deletions, seed=args.seed, sklearn=not args.no_sklearn,
+                                      project_refit=not args.no_refit, osqp=not args.no_osqp,
+                                      refit_max=args.refit_max, reserve_deletions=args.reserve_deletions,
+                                      admissions=args.admissions, osqp_max=args.osqp_max,
+                                      reference=not args.no_reference))
+        print(f"n={n} done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
+        if args.json_out:  # partial results survive an interrupted run
+            p = pathlib.Path(args.json_out)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(res, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sklearn", action="store_true")
     ap.add_argument("--no-refit", action="store_true")
     ap.add_argument("--no-osqp", action="store_true")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="do not time the NumPy reference loop beside the compiled fast path")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="pin BLAS/OpenMP to this many threads for the whole run (default: the "
+                         "machine's default threads; the gate always caps its own solver calls)")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
     try:
@@ -257,19 +295,17 @@ def main(argv: list[str] | None = None) -> int:
                        "python": platform.python_version(), "numpy": np.__version__,
                        "blas": [{k: b.get(k) for k in ("internal_api", "num_threads", "version")} for b in blas]},
            "protocol": {"d": 6, "nu": 0.4, "sigma": 2.0, "seed": args.seed, "deletions": args.deletions,
-                        "interleaved": True, "sklearn_tol": 1e-6, "osqp": "fp64, eps 1e-7, polished, warm-started"},
+                        "interleaved": True, "sklearn_tol": 1e-6, "osqp": "fp64, eps 1e-7, polished, warm-started",
+                        "threads": args.threads or "default", "fast_path": bool(fast_path_available())},
            "sizes": []}
     t_start = time.perf_counter()
-    for n in args.sizes:
-        res["sizes"].append(bench_one(n, args.deletions, seed=args.seed, sklearn=not args.no_sklearn,
-                                      project_refit=not args.no_refit, osqp=not args.no_osqp,
-                                      refit_max=args.refit_max, reserve_deletions=args.reserve_deletions,
-                                      admissions=args.admissions, osqp_max=args.osqp_max))
-        print(f"n={n} done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
-        if args.json_out:  # partial results survive an interrupted run
-            p = pathlib.Path(args.json_out)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(res, indent=2))
+    pin = contextlib.nullcontext()
+    if args.threads:
+        from threadpoolctl import threadpool_limits
+
+        pin = threadpool_limits(args.threads)
+    with pin:
+        _run_sizes(args, res, t_start)
     ns = [s["n"] for s in res["sizes"]]
     res["slopes"] = {
         "decrement": slope(ns, [s["active"]["decrement_ms_median"] for s in res["sizes"]]),
@@ -277,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "sklearn": slope(ns, [s["active"]["sklearn_ms_median"] for s in res["sizes"]]),
         "refit": slope(ns, [s["active"]["refit_ms_median"] for s in res["sizes"]]),
         "osqp": slope(ns, [s["active"]["osqp_ms_median"] for s in res["sizes"]]),
+        "reference": slope(ns, [s["active"].get("reference_ms_median", float("nan")) for s in res["sizes"]]),
     }
     res["fallbacks_total"] = int(sum(s["fallbacks"] for s in res["sizes"]))
     res["runtime_s"] = time.perf_counter() - t_start

@@ -32,7 +32,14 @@ Layout: this module holds the one event loop and the operations built on it; sto
 margin set with its cached bordered rows ``[1; 2 K[S, :]]``, gradients and diagnostics are
 :mod:`sv_core._state`; the bordered-inverse algebra (``Rinv`` updates, margin re-solves, polish)
 is :mod:`sv_core._bordered`; the handling of (near-)duplicate keys (twin hand-over, near-twin
-swap, degenerate pivot, state rebuild for the exact fallback) is :mod:`sv_core._degenerate`.
+swap, degenerate pivot, state rebuild for the exact fallback) and the empty-margin rho sweep are
+:mod:`sv_core._degenerate`.
+
+Fast path: the simple events of a top-level deletion or admission (no duplicate, no zero-length
+step, no refactorisation due, a well-conditioned margin system) run in the compiled loop of
+:mod:`sv_core._fastpath` (C, ``sv_core/_cpfast.c``), which hands over to this loop at the first
+event that is not simple; this loop is the reference (``FORGETFUL_SOLVER=reference`` runs it
+alone) and the tests run both.
 
 The event search is vectorised over all slots with per-sweep sign vectors (updated in place at
 simple events), the margin rates and gradient rates come from the cached bordered rows (one
@@ -48,6 +55,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from . import _fastpath
 from ._bordered import rho_midpoint  # noqa: F401  (re-exported)
 from ._degenerate import DegenerateMixin
 from ._state import (  # noqa: F401  (re-exported: the solver's public constants)
@@ -84,59 +92,28 @@ class MaintainedSVDD(DegenerateMixin):
     refactor_every : int, refactorise ``Rinv`` after this many low-rank updates.
     """
 
+    #: run the simple events of top-level sweeps in the compiled loop (:mod:`sv_core._fastpath`);
+    #: False on a solver (or ``FORGETFUL_SOLVER=reference``) runs the NumPy reference throughout
+    use_fast = _fastpath.fast_path_available()
+
     # ------------------------------------------------------------------ the event loop
     def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen: Iterable[int] = ()) -> int:
-        """See :meth:`_sweep_events` (this wrapper silences 0/0 in the vectorised ratio tests)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return self._sweep_events(c, mode, max_events, tuple(frozen))
+        """See :meth:`_sweep_events` (this wrapper silences 0/0 in the vectorised ratio tests).
 
-    def _empty_margin_step(self, c: int, mode: str, s: float) -> tuple[bool, int]:
-        """One event with the margin set empty: sweep rho (every g moves at rate 1) until an
-        error/reserve key (or, settling, c itself) reaches g = 0. Returns (done, events)."""
-        live = self.live()
-        others = live[(self.status[live] != MARGIN) & (live != c)]
-        ost = self.status[others]
-        cand_t: list[float] = []
-        cand_k: list[int] = []
-        if s > 0:  # increase rho: error keys (g <= 0) and c's own g approach 0
-            pool = others[ost == ERROR]
-            if pool.size:
-                j = int(np.argmax(self.g[pool]))
-                cand_t.append(max(0.0, -float(self.g[pool[j]]))); cand_k.append(int(pool[j]))
-            if mode == "settle":
-                cand_t.append(max(0.0, -float(self.g[c]))); cand_k.append(c)
-        else:  # decrease rho: reserve keys (g >= 0) approach 0
-            pool = others[ost == RESERVE]
-            if pool.size:
-                j = int(np.argmin(self.g[pool]))
-                cand_t.append(max(0.0, float(self.g[pool[j]]))); cand_k.append(int(pool[j]))
-            if mode == "settle":
-                cand_t.append(max(0.0, float(self.g[c]))); cand_k.append(c)
-        if not cand_t and mode == "remove" and self.alpha[c] <= SNAP_TOL * self.C:
-            # the remaining keys already carry the mass (rounding residue only)
-            self.alpha[c] = 0.0
-            return True, 0
-        if not cand_t:
-            raise PathError(
-                "margin set is empty and no error/reserve key can enter it; "
-                "the problem would become infeasible"
-            )
-        j = int(np.argmin(cand_t))
-        t, k = cand_t[j], cand_k[j]
-        delta = s * t
-        self.rho += delta
-        self.g[live] += delta
-        if k == c:
-            self.g[c] = 0.0
-            self._classify_settled(c, prefer_margin=True)
-            return True, 1
-        self.g[k] = 0.0
-        self.status[k] = MARGIN
-        self._border_add(k)  # S is empty here, so this cannot be degenerate
-        return False, 1
+        A top-level deletion or admission first runs in the compiled loop, which hands over to the
+        reference loop at the first event that is not simple."""
+        frozen = tuple(frozen)
+        resume = None
+        if self.use_fast and self._S and not frozen and max_events is None and mode in ("remove", "settle"):
+            events, resume = _fastpath.fast_sweep(self, c, mode)
+            if resume is None:
+                return events
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self._sweep_events(c, mode, max_events, frozen, resume)
 
     def _sweep_events(self, c: int, mode: str, max_events: int | None = None,
-                      frozen: tuple[int, ...] = ()) -> int:
+                      frozen: tuple[int, ...] = (),
+                      resume: tuple[str, int, float, float, int] | None = None) -> int:
         """Move ``alpha_c`` keeping KKT on every other settled key.
 
         mode ``"settle"``: stop when ``g_c = 0`` (c joins S) or ``alpha_c`` hits its bound.
@@ -145,6 +122,8 @@ class MaintainedSVDD(DegenerateMixin):
         complement ~0, so ``g_c`` does not move with ``alpha_c``): move ``alpha_c`` into the box
         until a margin key leaves S and c can take its place, or ``alpha_c`` reaches the other
         bound. ``frozen`` slots (an enclosing sweep's moving key) take no gradient events.
+        ``resume = (kind, k, t, s, events)`` continues a sweep the compiled loop began: the step
+        of event ``kind`` (``"search"``: none) was applied and its post-step handling is done here.
         Returns the number of path events. Raises :class:`PathError` if it cannot complete.
         """
         C = self.C
@@ -167,119 +146,135 @@ class MaintainedSVDD(DegenerateMixin):
         ssgn = nsgn = K2c
         s_cached = 0.0
         dirty = True
+        if resume is not None and resume[0] == "search":  # handed over before any step
+            events = resume[4]
+            resume = None
+        pending = resume
         while True:
-            if events > max_events:
-                raise PathError(f"C&P path did not terminate within {max_events} events")
-            if mode == "remove":
-                s = -1.0
-                if alpha[c] <= 0.0:
-                    alpha[c] = 0.0
-                    return events
-            elif mode == "pivot":
-                self._risky = True
-                s = 1.0 if status[c] == RESERVE else -1.0
-                if not self._S:
-                    g[c] = 0.0
-                    status[c] = MARGIN
-                    self._border_add(c)
-                    return events
-            else:
-                gc = float(g[c])
-                if gc < 0.0 and alpha[c] < C:
-                    s = 1.0
-                elif gc > 0.0 and alpha[c] > 0.0:
-                    s = -1.0
-                else:
-                    self._classify_settled(c)
-                    return events
-
-            if not self._S:
-                done, ev = self._empty_margin_step(c, mode, s)
-                events += ev
-                dirty = True
-                if done:
-                    return events
-                continue
-
-            # rates: beta (margin coefficients incl. rho) and gamma (gradients), from the cached
-            # bordered rows B = [1; 2 K[S, :n]]
-            # (nb = -beta: the sign is folded into its uses, exactly)
-            S, B = self.margin_rows()
-            nb = self.Rinv @ B[:, c]
-            if not self._risky and (nb[nb.argmax()] > RISKY_RATE or nb[nb.argmin()] < -RISKY_RATE):
-                # an ill-conditioned margin system: incremental gradient updates lose digits
-                self._risky = True
-            gam_all = nb @ B
-            np.subtract(K2c, gam_all, out=gam_all)
-            # c reaches its bound
-            ac = float(alpha[c])
-            best_t = (C - ac) if s > 0 else ac
-            kind, k = "c_bound", c
-            # c's gradient reaches 0 (settle only)
-            if mode == "settle":
-                rate = float(gam_all[c]) * s
-                gc = float(g[c])
-                if (gc < 0 and rate > eps) or (gc > 0 and rate < -eps):
-                    t = -gc / rate
-                    if t < best_t:
-                        best_t, kind = t, "c_g"
-            # margin keys reach 0 or C (few keys: Python floats, first minimum wins)
-            rl = nb[1:].tolist()
-            al = alpha[S].tolist()
-            bt, bj = _INF, -1
-            ns = -s
-            for j, r in enumerate(rl):
-                r *= ns  # beta_j * s
-                if r < -eps:
-                    t = al[j] / -r
-                elif r > eps:
-                    t = (C - al[j]) / r
-                else:
-                    continue
-                if t < bt:
-                    bt, bj = t, j
-            if bt < best_t:
-                best_t = max(bt, 0.0)
-                kind, k = ("S_to_R" if rl[bj] * ns < 0 else "S_to_E"), int(S[bj])
-            # error / reserve keys' gradients reach 0: with sign = +1 (error), -1 (reserve), 0
-            # (margin, pending, dead), a key's gradient approaches 0 iff s * sign * rate > eps,
-            # after t = max(-sign g, 0) / (s sign rate)
-            for k_, tw in list(pinned.items()):
-                if status[tw] != MARGIN or status[k_] == MARGIN:
-                    del pinned[k_]
-                    dirty = True
-            if dirty or s != s_cached:
+            if pending is not None:
+                # the compiled loop applied this event's step; statuses are still those it
+                # searched with, so the sign vectors are rebuilt exactly as the search would have
+                kind, k, t, s, events = pending
+                pending = None
                 sgn = _SIGN.take(status[:n], mode="wrap")
                 nsgn = -sgn
                 ssgn = sgn
                 ssgn *= s
-                ssgn[[c, *frozen, *deg_pins, *pinned]] = 0.0
+                ssgn[c] = 0.0
                 s_cached, dirty = s, False
-            den = gam_all * ssgn
-            num = g[:n] * nsgn
-            np.maximum(num, 0.0, out=num)
-            t_o = np.where(den > eps, num / den, _INF)
-            j = int(t_o.argmin())
-            tj = float(t_o[j])
-            if tj < best_t:
-                best_t = tj
-                kind, k = ("E_to_S" if status[j] == ERROR else "R_to_S"), j
-            if not math.isfinite(best_t):
-                raise PathError("no finite C&P step")
-            t = float(best_t)
-            zero_steps = zero_steps + 1 if t == 0.0 else 0
-            if zero_steps > 2 * len(self._S) + 50:
-                raise PathError("C&P path is cycling on degenerate (zero-length) steps")
-            d = s * t
-            alpha[c] += d
-            alpha[S] -= nb[1:] * d
-            self.rho -= float(nb[0]) * d
-            gam_all *= d
-            g[:n] += gam_all  # (dead slots carry meaningless g; never read)
-            g[S] = 0.0
-            for k_ in pinned:
-                g[k_] = 0.0
-            events += 1
+            else:
+                if events > max_events:
+                    raise PathError(f"C&P path did not terminate within {max_events} events")
+                if mode == "remove":
+                    s = -1.0
+                    if alpha[c] <= 0.0:
+                        alpha[c] = 0.0
+                        return events
+                elif mode == "pivot":
+                    self._risky = True
+                    s = 1.0 if status[c] == RESERVE else -1.0
+                    if not self._S:
+                        g[c] = 0.0
+                        status[c] = MARGIN
+                        self._border_add(c)
+                        return events
+                else:
+                    gc = float(g[c])
+                    if gc < 0.0 and alpha[c] < C:
+                        s = 1.0
+                    elif gc > 0.0 and alpha[c] > 0.0:
+                        s = -1.0
+                    else:
+                        self._classify_settled(c)
+                        return events
+
+                if not self._S:
+                    done, ev = self._empty_margin_step(c, mode, s)
+                    events += ev
+                    dirty = True
+                    if done:
+                        return events
+                    continue
+
+                # rates: beta (margin coefficients incl. rho) and gamma (gradients), from the cached
+                # bordered rows B = [1; 2 K[S, :n]]
+                # (nb = -beta: the sign is folded into its uses, exactly)
+                S, B = self.margin_rows()
+                nb = self.Rinv @ B[:, c]
+                if not self._risky and (nb[nb.argmax()] > RISKY_RATE or nb[nb.argmin()] < -RISKY_RATE):
+                    # an ill-conditioned margin system: incremental gradient updates lose digits
+                    self._risky = True
+                gam_all = nb @ B
+                np.subtract(K2c, gam_all, out=gam_all)
+                # c reaches its bound
+                ac = float(alpha[c])
+                best_t = (C - ac) if s > 0 else ac
+                kind, k = "c_bound", c
+                # c's gradient reaches 0 (settle only)
+                if mode == "settle":
+                    rate = float(gam_all[c]) * s
+                    gc = float(g[c])
+                    if (gc < 0 and rate > eps) or (gc > 0 and rate < -eps):
+                        t = -gc / rate
+                        if t < best_t:
+                            best_t, kind = t, "c_g"
+                # margin keys reach 0 or C (few keys: Python floats, first minimum wins)
+                rl = nb[1:].tolist()
+                al = alpha[S].tolist()
+                bt, bj = _INF, -1
+                ns = -s
+                for j, r in enumerate(rl):
+                    r *= ns  # beta_j * s
+                    if r < -eps:
+                        t = al[j] / -r
+                    elif r > eps:
+                        t = (C - al[j]) / r
+                    else:
+                        continue
+                    if t < bt:
+                        bt, bj = t, j
+                if bt < best_t:
+                    best_t = max(bt, 0.0)
+                    kind, k = ("S_to_R" if rl[bj] * ns < 0 else "S_to_E"), int(S[bj])
+                # error / reserve keys' gradients reach 0: with sign = +1 (error), -1 (reserve), 0
+                # (margin, pending, dead), a key's gradient approaches 0 iff s * sign * rate > eps,
+                # after t = max(-sign g, 0) / (s sign rate)
+                for k_, tw in list(pinned.items()):
+                    if status[tw] != MARGIN or status[k_] == MARGIN:
+                        del pinned[k_]
+                        dirty = True
+                if dirty or s != s_cached:
+                    sgn = _SIGN.take(status[:n], mode="wrap")
+                    nsgn = -sgn
+                    ssgn = sgn
+                    ssgn *= s
+                    ssgn[[c, *frozen, *deg_pins, *pinned]] = 0.0
+                    s_cached, dirty = s, False
+                den = gam_all * ssgn
+                num = g[:n] * nsgn
+                np.maximum(num, 0.0, out=num)
+                t_o = np.where(den > eps, num / den, _INF)
+                j = int(t_o.argmin())
+                tj = float(t_o[j])
+                if tj < best_t:
+                    best_t = tj
+                    kind, k = ("E_to_S" if status[j] == ERROR else "R_to_S"), j
+                if not math.isfinite(best_t):
+                    raise PathError("no finite C&P step")
+                t = float(best_t)
+                zero_steps = zero_steps + 1 if t == 0.0 else 0
+                if zero_steps > 2 * len(self._S) + 50:
+                    raise PathError("C&P path is cycling on degenerate (zero-length) steps")
+                d = s * t
+                alpha[c] += d
+                alpha[S] -= nb[1:] * d
+                self.rho -= float(nb[0]) * d
+                gam_all *= d
+                g[:n] += gam_all  # (dead slots carry meaningless g; never read)
+                g[S] = 0.0
+                for k_ in pinned:
+                    g[k_] = 0.0
+                events += 1
             if kind == "c_bound":
                 alpha[c] = C if s > 0 else 0.0
                 if mode == "remove":

@@ -21,7 +21,18 @@ def test_bench_delete_flow_writes_valid_result(prefect_harness, tmp_path, monkey
     validate_result(saved)
     (row,) = saved["tables"][0]["rows"]
     assert row[0] == 40
-    assert row[1] > 0 and row[4] > 0  # decrement and refit medians were measured
+    cols = saved["tables"][0]["columns"]
+    val = dict(zip(cols, row))
+    # the deletion and every peer were measured on the same retained keys
+    assert val["active deletion"] > 0 and val["project refit"] > 0 and val["scikit-learn OCSVM"] > 0
+    assert val["q25"] <= val["active deletion"] <= val["q75"]
+    assert val["one-key admission"] > 0 and val["fallbacks"] == 0
+    from sv_core import fast_path_available
+
+    if fast_path_available():  # the twin gate ran the NumPy reference loop on the same deletions
+        assert val["NumPy reference loop"] > 0 and val["× reference"] > 0
+    if not with_osqp:
+        assert val["warm OSQP"] is None and val["× warm OSQP"] is None
     assert r["metrics"]["n40"]["count"] == 4
 
 

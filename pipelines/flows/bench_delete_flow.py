@@ -13,6 +13,9 @@ from prefect import flow, task
 
 from pipelines import jsonout, runner
 
+#: the sizes of ``python -m sv_core.bench_delete`` (kept literal: --help must not import sv_core)
+DEFAULT_SIZES = (64, 120, 256, 512, 1024, 2048)
+
 SEED_TEXT = ("seed 001 §4: per-size median maintained deletion 0.30–1.04 ms (n = 120…512, Apple M3 Ultra); "
              "median refit/decrement ratio 24–223× (cvxpy refit)")
 
@@ -36,34 +39,49 @@ def _null_nan(x):
 
 
 @flow(name="deletion-latency", log_prints=True)
-def bench_delete_flow(sizes: tuple[int, ...] = (120, 256, 384, 512), deletions: int = 30, seed: int = 0,
+def bench_delete_flow(sizes: tuple[int, ...] = DEFAULT_SIZES, deletions: int = 30, seed: int = 0,
                       runs_dir: str = "runs") -> dict:
     t0 = time.perf_counter()
     per = [bench_size(n, deletions, seed) for n in sizes]  # sequential on purpose: clean timings
     rows = []
     for s in per:
-        a, act = s["all"], s["active"]
-        rows.append([s["n"], a["decrement_ms_median"], act.get("decrement_ms_median"),
-                     s["reserve"].get("decrement_ms_median"), a["refit_ms_median"], a["refit_over_decrement_median"],
-                     act.get("refit_over_decrement_median"), a["sklearn_ms_median"]])
+        act = s["active"]
+        iqr = act.get("decrement_ms_iqr") or [None, None]
+        rows.append([s["n"], act.get("decrement_ms_median"), iqr[0], iqr[1], s["reserve"].get("decrement_ms_median"),
+                     s["admission"].get("median"), act["sklearn_ms_median"], act["sklearn_over_decrement_median"],
+                     act["refit_ms_median"], act["refit_over_decrement_median"], act.get("osqp_ms_median"),
+                     act.get("osqp_over_decrement_median"), act.get("reference_ms_median"),
+                     act.get("reference_over_decrement_median"), s["fallbacks"]])
+    fast = bool(per and per[0].get("fast_path"))
     result = {
         "study": "deletion_latency",
-        "title": "Deletion latency: maintained C&P decrement vs same-C refit",
+        "title": "Deletion latency: maintained C&P decrement vs refits and warm-started OSQP",
         "data": "synthetic",
         "runtime_s": time.perf_counter() - t0,
         "seed_figure": {"text": SEED_TEXT},
-        "metrics": _null_nan({f"n{s['n']}": {k: v for k, v in s["all"].items()} for s in per}),
-        "tables": [{"title": "median milliseconds per deletion (30 uniform deletions per n)",
-                    "columns": ["n", "decrement (all)", "decrement (active)", "decrement (reserve)", "refit",
-                                "refit / decrement (all)", "refit / decrement (active)", "scikit-learn OCSVM"],
+        "metrics": _null_nan({f"n{s['n']}": {**s["active"], "admission_ms_median": s["admission"].get("median"),
+                                             "admission_over_active": s["admission"].get("over_active_decrement"),
+                                             "reserve_ms_median": s["reserve"].get("decrement_ms_median"),
+                                             "fallbacks": s["fallbacks"], "fast_path": s.get("fast_path")}
+                              for s in per}),
+        "tables": [{"title": (f"median ms per active deletion ({deletions} per n; peers timed on the same retained "
+                              "keys right after each deletion, interleaved; × = peer / deletion, median of ratios; "
+                              f"compiled fast path {'on' if fast else 'not built'}; the NumPy reference loop "
+                              "deletes the same token in a twin gate)"),
+                    "columns": ["n", "active deletion", "q25", "q75", "reserve deletion", "one-key admission",
+                                "scikit-learn OCSVM", "× scikit-learn", "project refit", "× project refit",
+                                "warm OSQP", "× warm OSQP", "NumPy reference loop", "× reference", "fallbacks"],
                     "rows": rows}],
         "figures": [{"kind": "line", "title": "median latency", "xlabel": "n", "ylabel": "ms", "log_y": True,
-                     "series": [{"label": "decrement (active)", "x": [r[0] for r in rows],
-                                 "y": [r[2] for r in rows], "style": "both"},
+                     "series": [{"label": "active deletion", "x": [r[0] for r in rows],
+                                 "y": [r[1] for r in rows], "style": "both"},
                                 {"label": "refit (Clarabel + KKT polish)", "x": [r[0] for r in rows],
-                                 "y": [r[4] for r in rows], "style": "both"},
+                                 "y": [r[8] for r in rows], "style": "both"},
                                 {"label": "scikit-learn OneClassSVM", "x": [r[0] for r in rows],
-                                 "y": [r[7] for r in rows], "style": "both"}]}],
+                                 "y": [r[6] for r in rows], "style": "both"},
+                                *([{"label": "warm-started OSQP", "x": [r[0] for r in rows],
+                                    "y": [r[10] for r in rows], "style": "both"}]
+                                  if all(isinstance(r[10], float) and r[10] == r[10] for r in rows) else [])]}],
         "config": {"sizes": list(sizes), "deletions": deletions, "d": 6, "nu": 0.4, "sigma": 2.0, "seed": seed,
                    "machine": platform.platform(), "processor": platform.processor()},
     }
@@ -87,9 +105,9 @@ def _main(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("bench-delete", help="deletion latency: decrement vs same-C refit (study result)",
                        description=__doc__)
-    p.add_argument("--sizes", type=int, nargs="*", default=[120, 256, 384, 512], metavar="N",
-                   help="context sizes n to time (default: 120 256 384 512)")
-    p.add_argument("--deletions", type=int, default=30, help="uniform deletions timed per size (default %(default)s)")
+    p.add_argument("--sizes", type=int, nargs="*", default=list(DEFAULT_SIZES), metavar="N",
+                   help=f"context sizes n to time (default: {' '.join(map(str, DEFAULT_SIZES))})")
+    p.add_argument("--deletions", type=int, default=30, help="active deletions timed per size (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the contexts (default %(default)s)")
     runner.add_common_args(p, warehouse=False)
     jsonout.add_json_arg(p)
