@@ -285,9 +285,16 @@ def warehouse_locked(fn):
 
 def run_cli_flow(flow_obj, args, *, must_exist: bool = True, **params) -> Any:
     """Run ``flow_obj`` for a CLI subcommand inside the warehouse session, with the chosen task runner."""
+    from .crash_hooks import cancel_abandoned, record_running
+
     runner = make_task_runner(getattr(args, "dask", None), getattr(args, "workers", 2))
+    # a stopped command leaves no flow, subflow or task run "Running" in the Prefect UI
+    flow_obj = flow_obj.with_options(
+        task_runner=runner,
+        on_running=[*getattr(flow_obj, "on_running_hooks", []), record_running],
+        on_crashed=[*getattr(flow_obj, "on_crashed_hooks", []), cancel_abandoned])
     with warehouse_session(args, must_exist=must_exist), results_context(args.runs):
-        return flow_obj.with_options(task_runner=runner)(**params)
+        return flow_obj(**params)
 
 
 class _EchoRunPrints:

@@ -32,8 +32,10 @@ tasks and abandons running ones instead of joining them
 (:func:`pipelines.runner.make_task_runner`), Prefect marks the flow run *Crashed*, ``with``
 blocks release the warehouse lock and remove their temporaries (every build writes temporary
 files and swaps them in atomically), and the command stops its server and leaves with
-``os._exit`` (abandoned worker threads are not joined; their task runs stay *Running* in the
-Prefect UI). If the main thread has not unwound after :data:`GRACE_S` seconds, or at a second
+``os._exit`` (abandoned worker threads are not joined). Before the server stops, the runs the
+command leaves unfinished are closed on the API (:mod:`pipelines.crash_hooks`: the flow run
+*Crashed*, its unfinished subflow and task runs *Cancelled*), so nothing stays *Running* in the
+Prefect UI. If the main thread has not unwound after :data:`GRACE_S` seconds, or at a second
 signal, the command leaves anyway — the kernel releases the ``flock``, and stale temporaries of a
 dead process (builds, task-cache entries) are removed by the next writer
 (:func:`pipelines.locking.clean_stale`). Exit codes follow the shell convention: 130 after
@@ -362,6 +364,9 @@ class Guard:
             # is not the user's business: the one line has been printed
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 2)
+            if "pipelines.crash_hooks" in sys.modules:  # a flow ran: close its runs in the UI
+                name = signal.Signals(self.signum or signal.SIGTERM).name
+                sys.modules["pipelines.crash_hooks"].cancel_active(f"stopped by {name}")
             if self.server is not None:
                 self.server.kill()
         finally:

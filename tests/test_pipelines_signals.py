@@ -118,7 +118,7 @@ def _kill_all(proc: subprocess.Popen, procs: list) -> None:
     proc.wait(timeout=30)
 
 
-def _start(tmp_path: Path):
+def _start(tmp_path: Path, **env):
     mod_dir = tmp_path / "mod"
     mod_dir.mkdir()
     (mod_dir / "_sigtest.py").write_text(FLOW_MODULE)
@@ -126,8 +126,8 @@ def _start(tmp_path: Path):
     marker = tmp_path / "running"
     argv = [sys.executable, "-c", CHILD, str(mod_dir), "-q", "sigtest", "--warehouse", str(wh), "--runs",
             str(tmp_path / "runs"), "--marker", str(marker), "--workers", "2", "--no-progress"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=tmp_path, env={**_env(), **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     return proc, wh, marker
 
 
@@ -180,6 +180,37 @@ def test_signal_stops_the_command_and_its_server(tmp_path, sig):
         assert lock_is_free(wh.parent / (wh.name + ".lock"))
     finally:
         _kill_all(proc, procs)
+
+
+def test_a_stopped_command_leaves_no_run_open_on_the_server(tmp_path, prefect_harness):
+    """Stopped while its worker tasks run, the command closes its runs on the (reused) API before
+    it exits: the flow run CRASHED, its task runs CANCELLED, nothing RUNNING in the Prefect UI."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, TaskRunFilter, TaskRunFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    with get_client(sync_client=True) as c:
+        before = {r.id for r in c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["sigtest"])))}
+    proc, wh, marker = _start(tmp_path, PREFECT_API_URL=url)
+    procs: list = []
+    try:
+        procs = _wait_running(proc, wh, marker)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=HANG_S)
+        assert proc.returncode == 130
+    finally:
+        _kill_all(proc, procs)
+    with get_client(sync_client=True) as c:
+        runs = [r for r in c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["sigtest"])))
+                if r.id not in before]
+        ids = [r.id for r in runs]
+        tasks = c.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=ids)))
+    assert [r.state_type.value for r in runs] == ["CRASHED"], [r.state for r in runs]
+    assert sorted(t.state_type.value for t in tasks) == ["CANCELLED", "CANCELLED"], [t.state for t in tasks]
+    from pipelines.crash_hooks import MESSAGE
+
+    assert {t.state.message for t in tasks} == {MESSAGE}
 
 
 @pytest.mark.slow
