@@ -713,7 +713,11 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     warehouse.parent.mkdir(parents=True, exist_ok=True)
     tmp = warehouse.parent / f".{warehouse.name}.building-{os.getpid()}"
     _rm(tmp)
-    con = _connect(tmp, memory_limit, threads)
+    try:
+        con = _connect(tmp, memory_limit, threads)
+    except BaseException:
+        _rm(tmp)  # e.g. a full disk while creating the file: no temporary left behind
+        raise
     try:
         funnel, hashed = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays,
                                      tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen,

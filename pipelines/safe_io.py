@@ -10,8 +10,8 @@ target is never touched) and says so on stderr.
 
 **Storage failures are typed.** :func:`storage_errno` recognises a full disk, an exhausted quota,
 a read-only file system, a refused permission or an I/O error, whether Python raised it
-(``OSError.errno``) or DuckDB did (its message carries the C library's text, e.g. "No space left
-on device"); :func:`storage_errors` turns such an error into :class:`StorageError` (exit 4) with
+(``OSError.errno``) or DuckDB, Polars or Arrow did (their message carries the C library's text,
+e.g. "No space left on device"); :func:`storage_errors` turns such an error into :class:`StorageError` (exit 4) with
 what was being done and what state was left. Everything else is re-raised unchanged.
 """
 from __future__ import annotations
@@ -38,14 +38,17 @@ STORAGE_ERRNOS = {
 }
 
 
+#: libraries whose I/O errors carry the errno only as text ("No space left on device")
+_TEXT_ERRORS = ("duckdb", "_duckdb", "polars", "pyarrow")
+
+
 def storage_errno(exc: BaseException) -> int | None:
     """The storage errno behind ``exc`` (see :data:`STORAGE_ERRNOS`), or None."""
     if isinstance(exc, StorageError):
         return exc.errno
     if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
         return int(exc.errno)
-    duckdb = sys.modules.get("duckdb")
-    if duckdb is not None and isinstance(exc, getattr(duckdb, "Error", ())):
+    if type(exc).__module__.split(".")[0] in _TEXT_ERRORS:  # the C library's text inside their message
         text = str(exc)
         for code in STORAGE_ERRNOS:
             if os.strerror(code) in text:
