@@ -349,7 +349,8 @@ def exclude_stays(con, table: str, exclude_subjects=None) -> tuple[int, int | No
         con.register("_x_stays", pa.table({"stay_id": pa.array(x_stays, type=pa.int64())}))
         con.execute(f"DELETE FROM {table} WHERE subject_id IN (SELECT subject_id FROM _x_subjects) "
                     f"OR stay_id IN (SELECT stay_id FROM _x_stays) "
-                    f"OR stay_id IN (SELECT stay_id FROM {table} WHERE subject_id IN (SELECT subject_id FROM _x_subjects))")
+                    f"OR stay_id IN (SELECT stay_id FROM {table} "
+                    "WHERE subject_id IN (SELECT subject_id FROM _x_subjects))")
         con.unregister("_x_subjects")
         con.unregister("_x_stays")
     return n_one, int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])

@@ -70,7 +70,6 @@ class Warehouse:
         """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures."""
         from . import ledger as ledger_mod
         from .keys import Keys
-
         from .safe_io import refuse_link
 
         refuse_link(Path(path).absolute(), "warehouse")  # resolve() below would follow it
@@ -125,7 +124,7 @@ class Warehouse:
 
         return {h for r in self.ledger.rows() if r.kind == FORGET_KIND for h in r.payload.get("stay_id_hashes", [])}
 
-    def exclusion(self) -> "ForgetExclusion":
+    def exclusion(self) -> ForgetExclusion:
         """Scan-time filter for :func:`cohort.build.build_warehouse`: registered (forgotten)
         subjects, and the stays their receipts name (whoever the source lists them under now)."""
         return ForgetExclusion(self.keys, set(self.ledger.registry()), self.forgotten_stays())

@@ -75,7 +75,8 @@ class Source:
 
             self.adapter, self.min_hours, self.stay = "clif", 0, 500201  # hospitalization 5002, one ICU segment
             self.root = materialise_clif(tmp / "clif")
-            self.table, self.key, self.owner = self.root / "clif_hospitalization.parquet", "hospitalization_id", "patient_id"
+            self.table = self.root / "clif_hospitalization.parquet"
+            self.key, self.owner = "hospitalization_id", "patient_id"
 
     def _key_of(self, stay: int):
         return stay // 100 if self.kind == "clif" else stay
@@ -119,7 +120,8 @@ def _site(kind: str, tmp_path: Path) -> tuple[Source, Path, dict]:
     s = _build(p, src.adapter, src.root, src.min_hours)
     if src.stay is None:
         con = duckdb.connect(str(p), read_only=True)
-        src.stay = int(con.execute("SELECT stay_id FROM cohort_stays ORDER BY n_hours DESC, stay_id LIMIT 1").fetchone()[0])
+        src.stay = int(con.execute("SELECT stay_id FROM cohort_stays ORDER BY n_hours DESC, stay_id LIMIT 1"
+                                   ).fetchone()[0])
         con.close()
     return src, p, s
 
