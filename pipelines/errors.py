@@ -47,6 +47,20 @@ class LedgerKeyError(LedgerError):
     """The ledger key is missing, too short, readable by others, or differs from the ledger's."""
 
 
+class LedgerKeyMismatchError(LedgerKeyError):
+    """The ledger was written under another key than the configured one (a verification
+    failure: ``receipts verify`` exits 1)."""
+
+
+class KeyLocationError(LedgerKeyError):
+    """A key file lies beside the warehouse or inside a data folder (ledger, runs, exports)."""
+
+
+class LedgerRollbackError(LedgerTamperedError):
+    """The log is shorter than, or inconsistent with, a size and root recorded earlier (by the
+    warehouse, the signed anchor or an auditor's kept head): a restored backup or a rewrite."""
+
+
 class WarehouseBusyError(PipelineError):
     """Another forgetful command holds the warehouse's writer lock past the wait limit."""
 

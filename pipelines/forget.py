@@ -157,9 +157,7 @@ def _apply(w: Warehouse, subjects: dict[int, str], updates: dict, seq_applied: i
     from . import exports
 
     ex = exports.erase(w.export_dirs(), set(subjects))
-    n, head = w.ledger.head()
-    removed = erasure.rewrite(w.path, set(subjects), updates, {"ledger_seq": str(n), "ledger_head": head},
-                              content_hash_fn=content_hash)
+    removed = erasure.rewrite(w.path, set(subjects), updates, w.ledger_meta(), content_hash_fn=content_hash)
     shutil.rmtree(w.cache_dir, ignore_errors=True)
     _mark_stale(runs, seq_applied)
     if any(ex.values()):
@@ -187,8 +185,10 @@ def complete_pending(w: Warehouse) -> dict[str, int]:
         con.close()
     n, _ = w.ledger.head()
     if not present:
-        if n and applied != str(n) and w.cache_dir.exists():
-            shutil.rmtree(w.cache_dir, ignore_errors=True)  # caches may predate the last receipt
+        if n and applied != str(n):
+            if w.cache_dir.exists():
+                shutil.rmtree(w.cache_dir, ignore_errors=True)  # caches may predate the last receipt
+            w.record_ledger()  # it reflects every receipt: record the log it extends (no rollback)
         return {}
     _apply(w, present, updates, max(reg[h] for h in present.values()))
     print(f"[forgetful] completed {len(present)} pending erasure(s) from the forget registry", file=sys.stderr)
@@ -282,6 +282,7 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
 
             exports.erase(w.export_dirs(), {sid})
             shutil.rmtree(w.cache_dir, ignore_errors=True)
+            w.record_ledger()
         _write_ledger_result(w)
     return ForgetResult(receipt_seq=row.seq, receipt_mac=row.mac, rows_deleted=counts, contexts=infos,
                         certified=certified, seconds=time.perf_counter() - t0)

@@ -38,6 +38,28 @@ def subjects_present(con) -> set[int]:
     return out
 
 
+def read_meta(warehouse: str | os.PathLike) -> dict[str, str]:
+    """Every key of the warehouse's meta table (empty when it has none)."""
+    con = duckdb.connect(str(warehouse), read_only=True)
+    try:
+        if META not in _tables(con):
+            return {}
+        return {str(k): str(v) for k, v in con.execute(f"SELECT key, value FROM {META}").fetchall()}
+    finally:
+        con.close()
+
+
+def check_key_location(warehouse: Path, ledger_dir: Path, meta: dict[str, str]) -> None:
+    """No key file beside the warehouse or inside its ledger, runs or export folders
+    (:func:`pipelines.keys.check_location`)."""
+    import json
+
+    from .keys import check_location, key_files
+
+    dirs = [Path(d) for k in ("runs_dirs", "exports") for d in json.loads(meta.get(k) or "[]")]
+    check_location(key_files(), warehouse, [ledger_dir, *dirs])
+
+
 def get_meta(con, key: str) -> str | None:
     if META not in _tables(con):
         return None
@@ -74,12 +96,17 @@ class Warehouse:
         p = Path(path).resolve()
         if must_exist:
             require(p)
-        keys = Keys.load()
-        led = ledger_mod.Ledger(ledger_dir or ledger_mod.default_dir(p), keys)
+        led_dir = Path(ledger_dir or ledger_mod.default_dir(p)).resolve()
         with locking.hold(p, exclusive=write, wait=wait):
+            meta = read_meta(p) if p.is_file() else {}
+            check_key_location(p, led_dir, meta)  # before a key is read or created
+            keys = Keys.load()
+            led = ledger_mod.Ledger(led_dir, keys)
             w = cls(p, keys, led)
+            led.check_recorded(meta, f"the warehouse {p.name}")  # no rollback: nothing is touched
             if write:
                 locking.clean_stale(p)
+                led.complete()  # sign receipts an interrupted append left without a signed head
             if reconcile and p.is_file():
                 if write:
                     from .forget import complete_pending
@@ -127,8 +154,18 @@ class Warehouse:
         return excluded
 
     def ledger_meta(self) -> dict[str, str]:
-        n, head = self.ledger.head()
-        return {"ledger_seq": str(n), "ledger_head": head}
+        """The log state this warehouse records (size, newest MAC, Merkle root)."""
+        return self.ledger.record()
+
+    def record_ledger(self) -> None:
+        """Record the current log state in the meta table (the warehouse reflects every receipt)."""
+        con = self.connect()
+        try:
+            con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
+            for k, v in self.ledger_meta().items():
+                con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [k, v])
+        finally:
+            con.close()
 
     def _remember(self, key: str, path: str | os.PathLike) -> None:
         """Add a resolved path to the JSON list ``key`` of the warehouse's meta table."""
