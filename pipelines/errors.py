@@ -60,6 +60,9 @@ class LedgerRollbackError(LedgerTamperedError):
     """The log is shorter than, or inconsistent with, a size and root recorded earlier (by the
     warehouse, the signed anchor or an auditor's kept head): a restored backup or a rewrite."""
 
+    def __str__(self) -> str:
+        return f"the deletion-receipt log was rolled back or replaced: {self.reason}"
+
 
 class WarehouseBusyError(PipelineError):
     """Another forgetful command holds the warehouse's writer lock past the wait limit."""

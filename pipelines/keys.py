@@ -120,7 +120,8 @@ def check_location(key_paths: list[Path], warehouse: Path, inside: list[Path]) -
         if k.parent == Path(warehouse).resolve().parent:
             where = "beside the warehouse"
         else:
-            hits = [d for d in inside if k.is_relative_to(Path(d).resolve()) and not home.is_relative_to(Path(d).resolve())]
+            folders = [Path(d).resolve() for d in inside]
+            hits = [d for d in folders if k.is_relative_to(d) and not home.is_relative_to(d)]
             if not hits:
                 continue
             where = f"inside the data folder {hits[0]}"

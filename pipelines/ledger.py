@@ -108,7 +108,7 @@ class Ledger:
     # -- reading -------------------------------------------------------------------------
     def _signature(self) -> tuple:
         """Identity of the files a verification read (inode, size, mtime and ctime in ns)."""
-        out = []
+        out: list[tuple | None] = []
         for f in (self.path, self.heads_path, logaudit.anchor_path(self.path), signing.signing_key_file()):
             try:
                 s = os.stat(f)
@@ -152,8 +152,9 @@ class Ledger:
             if st.heads:
                 raise LedgerTamperedError(a["seq"], "the anchor is not a signed tree head (forged)")
             if a["seq"] > st.size:
-                raise logaudit.LedgerRollbackError(st.size + 1, f"the ledger holds {st.size} rows but its anchor "
-                                                                f"records {a['seq']} (rows or the whole ledger deleted)")
+                raise logaudit.LedgerRollbackError(
+                    st.size + 1, f"the ledger holds {st.size} rows but its anchor records {a['seq']} (rows or the "
+                                 "whole ledger deleted)")
             if a["seq"] > 0 and not Keys.equal(st.rows[a["seq"] - 1].mac, a["head"]):
                 raise logaudit.LedgerRollbackError(a["seq"], "row does not match the anchored head (ledger replaced "
                                                              "or rolled back)")
@@ -168,12 +169,7 @@ class Ledger:
         :class:`LedgerRollbackError`) or :class:`LedgerKeyMismatchError`."""
         st = self.state()
         rows = st.rows
-        if min_count is not None and len(rows) < int(min_count):
-            raise logaudit.LedgerRollbackError(len(rows) + 1, f"{len(rows)} rows, fewer than the expected {int(min_count)}")
-        if head is not None and not any(Keys.equal(r.mac, head) for r in rows):
-            if not (head == GENESIS and not rows):
-                raise logaudit.LedgerRollbackError(len(rows), "the given head hash is not in the chain (truncated or "
-                                                              "replaced)")
+        logaudit.check_legacy(rows, head, min_count)
         a = self.anchor()
         anchor = ("none" if a is None else f"seq {a['seq']} matched (unsigned, legacy)" if isinstance(a, dict)
                   else f"size {a.tree_size} consistent")

@@ -128,7 +128,7 @@ class LogState:
     roots: list[bytes] = field(default_factory=list)  # roots[i] = root of the first i + 1 rows
 
     @classmethod
-    def read(cls, directory: str | os.PathLike) -> "LogState":
+    def read(cls, directory: str | os.PathLike) -> LogState:
         d = Path(directory)
         rows, lines = _read_rows(d / FILE)
         leaves = [translog.leaf_hash(x) for x in lines]
@@ -206,6 +206,15 @@ def check_recorded(st: LogState, size: int, root_hex: str | None, what: str) -> 
                                         "(the log was rewritten or replaced by another)")
 
 
+def check_legacy(rows: list[Row], head_mac: str | None = None, min_count: int | None = None) -> None:
+    """The pre-signing auditor checks: at least ``min_count`` receipts, and a row whose MAC is
+    ``head_mac`` (equality only: no key needed)."""
+    if min_count is not None and len(rows) < int(min_count):
+        raise LedgerRollbackError(len(rows) + 1, f"{len(rows)} rows, fewer than the expected {int(min_count)}")
+    if head_mac is not None and not any(r.mac == head_mac for r in rows) and not (head_mac == GENESIS and not rows):
+        raise LedgerRollbackError(len(rows), "the given head hash is not in the chain (truncated or replaced)")
+
+
 def check_kept_head(st: LogState, head: TreeHead, pub, what: str = "the kept head") -> dict:
     """A head recorded outside the log (an auditor's copy, the anchor): signed by ``pub``, and the
     log extends it; the consistency proof from it to the log is produced and verified too."""
@@ -258,7 +267,8 @@ def audit(directory: str | os.PathLike, pub, kept: TreeHead | None = None, recor
         if isinstance(a, dict):
             raise LedgerTamperedError(a["seq"], "the anchor is not a signed tree head (legacy or forged; the "
                                                 "operator's next forgetful command re-signs a genuine one)")
-        out["anchor"] = "none" if a is None else f"size {check_kept_head(st, a, pub, 'the anchor')['tree_size']} consistent"
+        out["anchor"] = "none" if a is None else f"size {check_kept_head(st, a, pub, 'the anchor')['tree_size']} " \
+                                                 "consistent"
     if kept is not None:
         out["kept_head"] = check_kept_head(st, kept, pub)
     if recorded is not None:

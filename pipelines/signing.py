@@ -168,7 +168,7 @@ class TreeHead:
         return True
 
     @classmethod
-    def from_json(cls, d) -> "TreeHead":
+    def from_json(cls, d) -> TreeHead:
         """Strict: exactly the fields above, lower-case hex of the right lengths, integer sizes."""
         if not isinstance(d, dict) or set(d) != set(_HEAD_FIELDS) or d["version"] != VERSION:
             raise ValueError("fields")

@@ -17,7 +17,7 @@ for every tree size 1..64 and every index pair.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 HASH_LEN = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()

@@ -184,6 +184,13 @@ def _operator_fork(anchor: bool, warehouse: bool):
     return go
 
 
+def _edit_and_rehash(c: Case):
+    """Edit a row and write the recomputed roots into the heads (the signatures cannot follow)."""
+    _edit_row(1, "payload", {})(c)
+    roots = translog.prefix_roots([translog.leaf_hash(canonical_json(x).encode()) for x in c.rows()])
+    c.put_heads([{**h, "root_hash": r.hex()} for h, r in zip(c.head_list(), roots)])
+
+
 ATTACKER = Ed25519PrivateKey.generate()
 
 #: name -> (tampering, first level that detects it)
@@ -229,10 +236,7 @@ TAMPERINGS = {
     "every head re-signed by another key": (lambda c: c.resign(ATTACKER), "log"),
     "rows re-MACed with another key, heads re-signed by another key":
         (lambda c: (c.put_rows(_rekeyed_rows(c, b"x" * 40)), c.resign(ATTACKER)), "log"),
-    "edit a row and recompute the roots (no key to sign)":
-        (lambda c: (_edit_row(1, "payload", {})(c), c.put_heads([{**h, "root_hash": r.hex()} for h, r in zip(
-            c.head_list(), translog.prefix_roots([translog.leaf_hash(canonical_json(x).encode()) for x in c.rows()]))])),
-         "log"),
+    "edit a row and recompute the roots (no key to sign)": (_edit_and_rehash, "log"),
     "older copy of the log": (lambda c: c.restore(c.w["snaps"][3]), "anchor"),
     "older copy of the log and the anchor (backup restore)": (lambda c: c.restore(c.w["snaps"][3], anchor=True),
                                                               "warehouse"),

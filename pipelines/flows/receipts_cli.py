@@ -49,7 +49,13 @@ def _ledger(args):
     d = _dir(args)
     if not (d / FILE).is_file() and not Path(args.warehouse).is_file():
         wh.require(args.warehouse)  # neither a ledger nor a warehouse here: say what is missing
-    return Ledger(d, Keys.load(create=False))
+    led = Ledger(d, Keys.load(create=False))
+    rec = _recorded(args)
+    if rec is not None:  # no command reads a log shorter than what the warehouse recorded
+        from pipelines import logaudit
+
+        logaudit.check_recorded(led.state(), rec["size"], rec["root"], rec["what"])
+    return led
 
 
 def _fail(args, exc, extra: dict | None = None) -> int:
@@ -105,11 +111,7 @@ def _verify_public(args, kept, legacy_head) -> int:
         wh.require(args.warehouse)
     try:
         out = logaudit.audit(d, pub, kept=kept, recorded=rec, all_signatures=args.all_signatures)
-        rows = logaudit.read_rows(d / logaudit.FILE)
-        if args.min_count is not None and len(rows) < args.min_count:
-            raise logaudit.LedgerRollbackError(len(rows) + 1, f"{len(rows)} rows, fewer than the expected {args.min_count}")
-        if legacy_head is not None and not any(r.mac == legacy_head for r in rows):
-            raise logaudit.LedgerRollbackError(len(rows), "the given head hash is not in the chain (truncated or replaced)")
+        logaudit.check_legacy(logaudit.read_rows(d / logaudit.FILE), legacy_head, args.min_count)
     except LedgerTamperedError as exc:
         return _fail(args, exc, {"mode": "public key"})
     out = {"chain_verified": True, "mode": "public key", **out, "warehouse_checked": rec is not None}
@@ -134,8 +136,8 @@ def _verify(args) -> int:
         return runner.EXIT_USAGE
     if args.public_key:
         return _verify_public(args, kept, legacy_head)
-    led = _ledger(args)
     try:
+        led = _ledger(args)
         n_signed = led.complete()
         if n_signed:
             print(f"[forgetful] signed {n_signed} tree head(s) an interrupted append left unsigned", file=sys.stderr)
@@ -233,7 +235,7 @@ def _state(args):
 
     if args.public_key:
         pub = load_public_key(args.public_key)
-        logaudit.audit(_dir(args), pub)
+        logaudit.audit(_dir(args), pub, recorded=_recorded(args))
         return logaudit.LogState.read(_dir(args)), pub
     led = _ledger(args)
     led.complete()
@@ -348,7 +350,8 @@ def add_cli(sub) -> None:
     pr = rs.add_parser("prove", help="write an inclusion proof of one receipt, or a consistency proof from a kept head")
     g = pr.add_mutually_exclusive_group(required=True)
     g.add_argument("--seq", type=int, default=None, metavar="N", help="the receipt to prove")
-    g.add_argument("--since", default=None, metavar="STH.json", help="a kept signed tree head to prove consistency from")
+    g.add_argument("--since", default=None, metavar="STH.json",
+                   help="a kept signed tree head to prove consistency from")
     pr.add_argument("--out", required=True, metavar="FILE", help="where to write the proof (JSON)")
     ls = rs.add_parser("list", help="aggregate fields of every receipt")
     ex = rs.add_parser("export", help="write each receipt as JSON plus head.json into DIR")
