@@ -51,11 +51,20 @@ def default_dir(warehouse: str | os.PathLike) -> Path:
 
 
 def _append_line(path: Path, line: str) -> None:
+    """Append one line, fsynced; a failed or short write (disk full) is cut back off, so the file
+    never ends in half a line."""
     new = not path.exists()
+    data = (line + "\n").encode("ascii")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, (line + "\n").encode("ascii"))
-        os.fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(28, f"short write to {path.name} (disk full?)")
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)
     if new:

@@ -303,3 +303,20 @@ def test_prove_and_verify_proof_offline(site, tmp_path, capsys):
     assert rc == 1
     rc, _ = _cli(capsys, "receipts", "prove", "--seq", "9", "--out", str(tmp_path / "x.json"), "--warehouse", str(p))
     assert rc == 2 and not (tmp_path / "x.json").exists()
+
+
+def test_a_failed_append_leaves_no_half_line(tmp_path, monkeypatch):
+    """A short write (disk full) is cut back off: the log stays whole and verifiable."""
+    import pipelines.ledger as lm
+
+    monkeypatch.setenv("FORGETFUL_CONFIG_DIR", str(tmp_path / "config"))
+    led = Ledger(tmp_path / "ledger", Keys.load())
+    led.append("forget_subject", "0" * 64, {"n_stays": 1})
+    before = led.path.read_bytes(), led.heads_path.read_bytes()
+    real = os.write
+    monkeypatch.setattr(lm.os, "write", lambda fd, data: real(fd, data[: len(data) // 2]))
+    with pytest.raises(OSError, match="short write"):
+        led.append("forget_subject", "1" * 64, {"n_stays": 2})
+    monkeypatch.setattr(lm.os, "write", real)
+    assert (led.path.read_bytes(), led.heads_path.read_bytes()) == before
+    assert Ledger(tmp_path / "ledger", Keys.load()).verify()["n_rows"] == 1
