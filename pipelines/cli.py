@@ -47,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-delete": ("bench_delete_flow", "deletion latency: decrement vs same-C refit (study result)"),
     "run-all": ("run_all", "the main job: demo check, warehouse, every clinical study, report"),
     "forget": ("forget_cli", "forget one patient everywhere, durably, with one tamper-evident receipt"),
-    "receipts": ("receipts_cli", "verify, list or export the deletion-receipt ledger"),
+    "receipts": ("receipts_cli", "verify, list, export or prove the deletion-receipt log"),
     "export": ("export_cli", "export the warehouse as Parquet (stays, hourly) for your own analysis"),
     "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),
     "ingest": ("ingest_flow", "incremental ingest of new chartevents/vitals files into a streaming warehouse"),

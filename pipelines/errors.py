@@ -47,6 +47,23 @@ class LedgerKeyError(LedgerError):
     """The ledger key is missing, too short, readable by others, or differs from the ledger's."""
 
 
+class LedgerKeyMismatchError(LedgerKeyError):
+    """The ledger was written under another key than the configured one (a verification
+    failure: ``receipts verify`` exits 1)."""
+
+
+class KeyLocationError(LedgerKeyError):
+    """A key file lies beside the warehouse or inside a data folder (ledger, runs, exports)."""
+
+
+class LedgerRollbackError(LedgerTamperedError):
+    """The log is shorter than, or inconsistent with, a size and root recorded earlier (by the
+    warehouse, the signed anchor or an auditor's kept head): a restored backup or a rewrite."""
+
+    def __str__(self) -> str:
+        return f"the deletion-receipt log was rolled back or replaced: {self.reason}"
+
+
 class WarehouseBusyError(PipelineError):
     """Another forgetful command holds the warehouse's writer lock past the wait limit."""
 
@@ -76,7 +93,3 @@ class StorageError(PipelineError, OSError):
         return str(self.args[0]) if self.args else "storage error"
 
 
-class KeyBesideDataError(LedgerKeyError):
-    """The secret key file (or the config folder holding it and the anchors) lies in the
-    warehouse folder, a runs folder or the ledger folder, where a copy or backup of the data
-    would carry it. Set FORGETFUL_ALLOW_KEY_BESIDE_DATA=1 to accept it anyway."""

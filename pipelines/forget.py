@@ -196,9 +196,7 @@ def _apply(w: Warehouse, subjects: dict[int, str], updates: dict, seq_applied: i
     ex = exports.erase(w.export_dirs(), set(subjects))
     safe_io.remove_own_dir(w.cache_dir, "task cache folder")
     _mark_stale(runs, seq_applied)
-    n, head = w.ledger.head()
-    removed = erasure.rewrite(w.path, set(subjects), updates, {"ledger_seq": str(n), "ledger_head": head},
-                              content_hash_fn=content_hash)
+    removed = erasure.rewrite(w.path, set(subjects), updates, w.ledger_meta(), content_hash_fn=content_hash)
     if any(ex.values()):
         print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
               f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
@@ -229,6 +227,7 @@ def complete_pending(w: Warehouse) -> dict[str, int]:
         if n and applied != str(n):
             with safe_io.storage_errors("removing the task cache", state):
                 safe_io.remove_own_dir(w.cache_dir, "task cache folder")  # caches may predate the last receipt
+                w.record_ledger()  # it reflects every receipt: record the log it extends (no rollback)
         return {}
     with safe_io.storage_errors(f"completing {len(present)} pending erasure(s)", state):
         _apply(w, present, updates, max(reg[h] for h in present.values()))
@@ -330,6 +329,7 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
             else:
                 exports.erase(w.export_dirs(), {sid})
                 safe_io.remove_own_dir(w.cache_dir, "task cache folder")
+                w.record_ledger()
         with safe_io.storage_errors("forget: updating the report's ledger card",
                                     f"receipt #{row.seq} is committed and the erasure is complete"):
             _write_ledger_result(w)
