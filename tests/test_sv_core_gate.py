@@ -215,16 +215,22 @@ def test_near_duplicate_regime_deletions_match_refit(monkeypatch):
     from sv_core.audit import run_audit
     from sv_core.solver import MaintainedSVDD
 
+    import sv_core.gate
+
     calls = []
     orig = MaintainedSVDD._swap_near_twin
     monkeypatch.setattr(MaintainedSVDD, "_swap_near_twin",
                         lambda self, *a: (calls.append(a), orig(self, *a))[1])
-    res = run_audit(trials=25, regimes=["duplicates"], progress=False)
-    s = res["regimes"]["duplicates"]
-    assert res["failures"] == []
-    assert s["completed"] == 25
-    assert s["score_dev_worst"] <= 1e-12
-    assert s["kkt_residual_worst"] <= 1e-12
+    # the first solve of each trial's batch by the certified solve (the default), then settling
+    # its keys one by one on the C&P path, where the near-twin swap is exercised
+    for min_keys in (sv_core.gate.CERTIFIED_MIN_KEYS, 10**9):
+        monkeypatch.setattr(sv_core.gate, "CERTIFIED_MIN_KEYS", min_keys)
+        res = run_audit(trials=25, regimes=["duplicates"], progress=False)
+        s = res["regimes"]["duplicates"]
+        assert res["failures"] == []
+        assert s["completed"] == 25
+        assert s["score_dev_worst"] <= 1e-12
+        assert s["kkt_residual_worst"] <= 1e-12
     assert calls  # the near-twin swap was exercised
 
 
