@@ -29,6 +29,7 @@ fallback.
 """
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -37,10 +38,10 @@ import numpy as np
 from ._blas import single_thread
 from ._gate_exact import KKT_GUARD, consolidate_repeats
 from ._state import ERROR, MARGIN, RESERVE, SNAP_TOL
-from .errors import InfeasibleError, InvalidKeysError, PathError
+from .errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
 from .kernels import rbf_kernel, rbf_matvec
 from .refit import TIGHT_KKT, TWIN_TOL
-from .smo import CACHE_BYTES, SMO_TOL, gradient, smo
+from .smo import CACHE_BYTES, SMO_TOL, fast_smo_available, gradient, smo
 from .solver import rho_midpoint
 from .validation import as_keys, check_params
 
@@ -354,12 +355,19 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
 
     Raises
     ------
-    InvalidKeysError, InvalidParameterError : bad keys, C or sigma
+    InvalidKeysError, InvalidParameterError : bad keys, gram, C, sigma, tolerances or method
     InfeasibleError : ``n C < 1``
     PathError : not certified and ``fallback=False``
     """
     t0 = time.perf_counter()
     C, sigma = check_params(C, sigma)
+    if method not in ("auto", "compiled", "reference"):
+        raise InvalidParameterError(f"method must be 'auto', 'compiled' or 'reference', got {method!r}")
+    if method == "compiled" and not fast_smo_available():
+        raise InvalidParameterError("method='compiled' but the compiled SMO is not built (or FORGETFUL_SOLVER)")
+    for name, v in (("kkt_tol", kkt_tol), ("target", target), ("smo_tol", smo_tol), ("cache_bytes", cache_bytes)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < float("inf"):
+            raise InvalidParameterError(f"{name} must be a finite positive number, got {v!r}")
     X = np.ascontiguousarray(as_keys(X))
     n = X.shape[0]
     if n == 0:
@@ -368,8 +376,8 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
         raise InfeasibleError(f"n*C = {n * C:.6g} < 1: the fixed-C problem is infeasible")
     if gram is not None:
         gram = np.asarray(gram, dtype=np.float64)
-        if gram.shape != (n, n):
-            raise InvalidKeysError(f"gram must have shape ({n}, {n}), got {gram.shape}")
+        if gram.shape != (n, n) or not np.isfinite(gram).all():
+            raise InvalidKeysError(f"gram must be a finite ({n}, {n}) array, got shape {gram.shape}")
     p = _Problem(X, C, sigma, gram)
     with single_thread(n):
         r = smo(X, C, sigma, tol=smo_tol, cache_bytes=cache_bytes, K=gram, method=method)
