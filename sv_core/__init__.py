@@ -27,7 +27,8 @@ from .refit import refit
 from .streaming import StreamingGate
 
 __all__ = [
-    "Gate", "StreamingGate", "refit", "solve", "CertifiedSolution", "SolveCertificate", "calibrate_C", "warmup_size", "rbf_kernel", "torch_kernel",
+    "Gate", "StreamingGate", "refit", "solve", "CertifiedSolution", "SolveCertificate", "calibrate_C",
+    "warmup_size", "rbf_kernel", "torch_kernel",
     "Certificate", "Receipt", "GateError", "InfeasibleError", "InvalidKeysError",
     "InvalidParameterError", "PathError", "RefitError", "UnknownTokenError", "WarmupError",
     "InvalidStateError", "InvalidTokenIdError", "VerificationError",

@@ -11,10 +11,12 @@ Protocol (the retention study's): ν = 0.3, σ = 3, ``C = 1/(ν n)``, d = 6, two
 
 For each (n, family, thread setting) the same keys are solved ``reps`` times by, in turn,
 :func:`sv_core.solve` and scikit-learn's ``OneClassSVM(nu=1/(nC), gamma=1/σ², tol=1e-8)`` (libsvm;
-single-threaded), and at n ≤ ``--refit-max`` the old per-stay path (:func:`sv_core.refit`,
-Clarabel + KKT polish); medians with inter-quartile ranges and the median of the per-rep
-libsvm/solve ratios. Thread settings: the machine's default BLAS threads and 1 thread
-(threadpoolctl; the solve caps BLAS to one thread inside itself at n ≥ 192 anyway, libsvm does not
+single-threaded), and at n ≤ ``--refit-max`` (in the first ``REFIT_REPS``) the old per-stay path
+(:func:`sv_core.refit`, Clarabel + KKT polish); medians with inter-quartile ranges and the median
+of the per-rep libsvm/solve ratios, in wall time and in process CPU time (steadier on a loaded
+machine; both sides are single-threaded). One untimed warm-up call of each precedes the timing.
+Thread settings: the machine's default BLAS threads and 1 thread (threadpoolctl; the solve caps
+BLAS to one thread inside itself at n ≥ 192 anyway, libsvm does not
 use BLAS). Reported beside the times: the KKT violation of each (the certificate's; libsvm's
 recomputed from its α = dual_coef/(ν' n) and ρ = 1 + 2·intercept/(ν' n), SPEC §3b), the max gate
 score gap between the two over the keys, the set sizes, SMO iterations, fallbacks, and the load
@@ -49,6 +51,8 @@ from .smo import fast_smo_available
 
 DEFAULT_SIZES = (300, 1000, 3000, 10000)
 NU, SIGMA, D = 0.3, 3.0, 6
+#: repetitions that also time the refit (seconds per solve at n = 1000)
+REFIT_REPS = 5
 #: vitals-like channels: level, spread and recording resolution (HR, SBP, DBP, MBP, RR, SpO₂)
 _LEVEL = np.array([85.0, 120.0, 62.0, 80.0, 18.0, 96.0])
 _SPREAD = np.array([12.0, 16.0, 10.0, 11.0, 4.0, 2.0])
@@ -112,21 +116,31 @@ def score_gap(X: np.ndarray, a1: np.ndarray, r1: float, a2: np.ndarray, r2: floa
     return float(np.abs(2.0 * rbf_matvec(X, X[sup], d[sup], sigma) - (r1 - r2)).max())
 
 
+def _timed(f):
+    w, c = time.perf_counter(), time.process_time()
+    out = f()
+    return out, (time.perf_counter() - w) * 1e3, (time.process_time() - c) * 1e3
+
+
 def bench_one(kind: str, n: int, reps: int, seed: int, refit_max: int) -> dict:
     X = keys(kind, n, seed)
     C = 1.0 / (NU * n)
-    t_solve, t_lib, t_refit, ratio = [], [], [], []
+    t_solve, t_lib, t_refit, ratio, c_solve, c_lib, c_ratio = [], [], [], [], [], [], []
+    solve(X, C, SIGMA)  # warm-up of both (first-call costs are not the solve's)
+    libsvm_solution(X, C, SIGMA)
+    if n <= refit_max:
+        refit(X, C=C, sigma=SIGMA)
     sol = a_l = rho_l = None
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        sol = solve(X, C, SIGMA)
-        t1 = time.perf_counter()
-        a_l, rho_l = libsvm_solution(X, C, SIGMA)
-        t2 = time.perf_counter()
-        t_solve.append((t1 - t0) * 1e3)
-        t_lib.append((t2 - t1) * 1e3)
-        ratio.append((t2 - t1) / (t1 - t0))
-        if n <= refit_max:
+    for rep in range(reps):
+        sol, w1, c1 = _timed(lambda: solve(X, C, SIGMA))
+        (a_l, rho_l), w2, c2 = _timed(lambda: libsvm_solution(X, C, SIGMA))
+        t_solve.append(w1)
+        t_lib.append(w2)
+        ratio.append(w2 / w1)
+        c_solve.append(c1)
+        c_lib.append(c2)
+        c_ratio.append(c2 / max(c1, 1e-6))
+        if n <= refit_max and rep < REFIT_REPS:
             t3 = time.perf_counter()
             refit(X, C=C, sigma=SIGMA)
             t_refit.append((time.perf_counter() - t3) * 1e3)
@@ -135,6 +149,7 @@ def bench_one(kind: str, n: int, reps: int, seed: int, refit_max: int) -> dict:
     return {
         "kind": kind, "n": n, "C": C, "solve_ms": _stats(t_solve), "libsvm_ms": _stats(t_lib),
         "refit_ms": _stats(t_refit) if t_refit else None, "libsvm_over_solve": _stats(ratio),
+        "solve_cpu_ms": _stats(c_solve), "libsvm_cpu_ms": _stats(c_lib), "libsvm_over_solve_cpu": _stats(c_ratio),
         "kkt_solve": cert.kkt_violation, "kkt_libsvm": kkt_of(X, a_l, rho_l, C, SIGMA),
         "score_gap_solve_libsvm": score_gap(X, sol.alpha, sol.rho, a_l, rho_l, SIGMA),
         "counts": cert.counts, "smo_iterations": cert.smo_iterations, "repair_rounds": cert.repair_rounds,
@@ -148,7 +163,8 @@ def bench_gate(n: int, reps: int, seed: int) -> dict:
 
     X = keys("icu", n, seed)
     C = 1.0 / (NU * n)
-    tc, tp = [], []
+    tc: list[float] = []
+    tp: list[float] = []
     for _ in range(reps):
         for mode, out in (("certified", tc), ("path", tp)):
             g = Gate(C, SIGMA, cold_solve=mode)
@@ -159,16 +175,27 @@ def bench_gate(n: int, reps: int, seed: int) -> dict:
             "path_over_certified": _stats(np.asarray(tp) / np.asarray(tc))}
 
 
+# peak RSS of the child itself: VmHWM of /proc/self/status (ru_maxrss would carry the forking
+# parent's size across exec on Linux); ru_maxrss where /proc is absent
 _RSS_CHILD = """
 import resource, sys, time
+
+def hwm():
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 import numpy as np
 from sv_core.bench_solve import keys, NU, SIGMA
 from sv_core.certified import solve
 n = int(sys.argv[1]); X = keys(sys.argv[2], n, int(sys.argv[3])); C = 1.0 / (NU * n)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm()
 t = time.perf_counter(); s = solve(X, C, SIGMA); t = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(base, peak, t, s.certificate.kkt_violation)
+print(base, hwm(), t, s.certificate.kkt_violation)
 """
 
 
@@ -187,15 +214,18 @@ def bench_rss(kind: str, n: int, seed: int) -> dict:
 def format_table(res: dict) -> str:
     lines = [f"certified solve vs libsvm (nu={NU}, sigma={SIGMA}, d={D}); load {res['load_before']} -> "
              f"{res['load_after']}; compiled SMO: {res['protocol']['compiled_smo']}",
-             f"{'kind':6}{'n':>7}{'threads':>8}{'solve ms [IQR]':>24}{'libsvm ms [IQR]':>24}{'lib/solve':>10}"
+             f"{'kind':6}{'n':>7}{'threads':>8} {'solve ms [IQR]':>25} {'libsvm ms [IQR]':>25}"
+             f"{'lib/solve':>10}{'(cpu)':>9}"
              f"{'refit ms':>10}{'KKT solve':>11}{'KKT libsvm':>11}{'gap':>9}{'|S|':>5}{'|E|':>6}{'fb':>4}"]
     for r in res["runs"]:
         s, ll = r["solve_ms"], r["libsvm_ms"]
         rf = f"{r['refit_ms']['median']:.1f}" if r["refit_ms"] else "-"
-        iqr_s = f"{s['median']:.2f} [{s['q25']:.2f}, {s['q75']:.2f}]"
-        iqr_l = f"{ll['median']:.2f} [{ll['q25']:.2f}, {ll['q75']:.2f}]"
+        iqr_s = f"{s['median']:.4g} [{s['q25']:.4g}, {s['q75']:.4g}]"
+        iqr_l = f"{ll['median']:.4g} [{ll['q25']:.4g}, {ll['q75']:.4g}]"
         lines.append(
-            f"{r['kind']:6}{r['n']:>7}{r['threads']:>8}{iqr_s:>24}{iqr_l:>24}{r['libsvm_over_solve']['median']:>10.2f}"
+            f"{r['kind']:6}{r['n']:>7}{r['threads']:>8} {iqr_s:>25} {iqr_l:>25}"
+            f"{r['libsvm_over_solve']['median']:>10.2f}"
+            f"{r['libsvm_over_solve_cpu']['median']:>9.2f}"
             f"{rf:>10}{r['kkt_solve']:>11.1e}{r['kkt_libsvm']:>11.1e}{r['score_gap_solve_libsvm']:>9.1e}"
             f"{r['counts']['margin']:>5}{r['counts']['error']:>6}{r['fallbacks']:>4}")
     for g in res.get("gate", []):
@@ -213,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", nargs="*", default=["icu", "gauss"], choices=["icu", "gauss"])
     ap.add_argument("--threads", nargs="*", default=["default", "1"],
                     help="BLAS thread settings to run ('default' and/or integers; default both)")
-    ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions per size")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="interleaved repetitions per size (default 41 below n = 1000, 15 below 3000, then 7)")
     ap.add_argument("--refit-max", type=int, default=1000, help="also time the refit up to this n")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gate", type=int, nargs="*", default=None,
@@ -235,13 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         with pin:
             for n in args.n:
                 for kind in args.kinds:
-                    r = bench_one(kind, n, args.reps, args.seed, args.refit_max)
+                    reps = args.reps or (41 if n < 1000 else 15 if n < 3000 else 7)
+                    r = bench_one(kind, n, reps, args.seed, args.refit_max)
+                    r["reps"] = reps
                     r["threads"] = thr
                     res["runs"].append(r)
                     print(f"{kind} n={n} threads={thr} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
                           flush=True)
     if args.gate:
-        res["gate"] = [bench_gate(n, args.reps, args.seed) for n in args.gate]
+        res["gate"] = [bench_gate(n, args.reps or 41, args.seed) for n in args.gate]
     if args.rss:
         res["rss"] = [bench_rss(kind, n, args.seed) for n in args.n for kind in args.kinds]
     res["load_after"] = [round(v, 2) for v in os.getloadavg()]

@@ -267,15 +267,15 @@ def _moves(p: _Problem, alpha: np.ndarray, g: np.ndarray, status: np.ndarray, ta
 
 
 def _repair(p: _Problem, alpha: np.ndarray, G: np.ndarray, status: np.ndarray, target: float,
-            max_rounds: int) -> tuple[np.ndarray, float, np.ndarray, np.ndarray, int, int]:
+            max_rounds: int) -> tuple[np.ndarray, float, np.ndarray, np.ndarray, float, int, int]:
     """Active-set rounds from (alpha, G = 2 K alpha − diag K, status). Returns the best state seen:
-    (alpha, rho, status, G, rounds, moves)."""
+    (alpha, rho, status, G, margin-system residual, rounds, moves)."""
     best = None
     rounds = moves = 0
     stale = 0
     worst_only = False
-    for rounds in range(1, max_rounds + 1):
-        a_new, rho, _ = _bordered(p, alpha, status)
+    for rounds in range(1, max_rounds + 1):  # noqa: B007  (the count is returned)
+        a_new, rho, resid = _bordered(p, alpha, status)
         d = np.flatnonzero(a_new != alpha)
         if d.size:
             G = G + 2.0 * p.matvec(d, a_new[d] - alpha[d])
@@ -285,7 +285,7 @@ def _repair(p: _Problem, alpha: np.ndarray, G: np.ndarray, status: np.ndarray, t
         g = rho + G
         v = _kkt(alpha, g, status, p.C)["max"]
         if best is None or v < best[0]:
-            best = (v, alpha.copy(), rho, status.copy(), G.copy())
+            best = (v, alpha.copy(), rho, status.copy(), G.copy(), resid)
             stale = 0
         else:
             stale += 1
@@ -296,8 +296,8 @@ def _repair(p: _Problem, alpha: np.ndarray, G: np.ndarray, status: np.ndarray, t
             break
         moves += m
     assert best is not None
-    _, alpha, rho, status, G = best
-    return alpha, rho, status, G, rounds, moves
+    _, alpha, rho, status, G, resid = best
+    return alpha, rho, status, G, resid, rounds, moves
 
 
 def _certify(p: _Problem, alpha: np.ndarray, rho: float, status: np.ndarray) -> tuple[dict, np.ndarray]:
@@ -385,28 +385,27 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
         status = np.where(alpha <= 0.0, RESERVE, np.where(alpha >= C, ERROR, MARGIN)).astype(np.int8)
         alpha, status = consolidate_repeats(X, alpha, status, C)
         _twin_fill(p, alpha, G, status)
-        alpha, rho, status, G, rounds, moves = _repair(p, alpha, G, status, target, MAX_ROUNDS)
+        alpha, rho, status, G, resid, rounds, moves = _repair(p, alpha, G, status, target, MAX_ROUNDS)
         kkt, G = _certify(p, alpha, rho, status)
         polished = False
         if kkt["max"] > target:
             # a second repair from the exact gradient, then a warm SMO polish to a tighter gap
-            a2, rho2, st2, _, r2, m2 = _repair(p, alpha, G, status, target, MAX_ROUNDS)
+            a2, rho2, st2, _, res2, r2, m2 = _repair(p, alpha, G, status, target, MAX_ROUNDS)
             rounds, moves = rounds + r2, moves + m2
             k2, G2 = _certify(p, a2, rho2, st2)
             if k2["max"] < kkt["max"]:
-                alpha, rho, status, kkt, G = a2, rho2, st2, k2, G2
+                alpha, rho, status, kkt, G, resid = a2, rho2, st2, k2, G2, res2
         if kkt["max"] > target:
             polished = True
             rp = smo(X, C, sigma, alpha0=alpha, tol=POLISH_TOL, cache_bytes=cache_bytes, K=gram, method=method)
             st2 = np.where(rp.alpha <= 0.0, RESERVE, np.where(rp.alpha >= C, ERROR, MARGIN)).astype(np.int8)
             a2, st2 = consolidate_repeats(X, rp.alpha, st2, C)
             _twin_fill(p, a2, rp.G, st2)
-            a2, rho2, st2, _, r2, m2 = _repair(p, a2, rp.G, st2, target, MAX_ROUNDS)
+            a2, rho2, st2, _, res2, r2, m2 = _repair(p, a2, rp.G, st2, target, MAX_ROUNDS)
             rounds, moves = rounds + r2, moves + m2
             k2, _ = _certify(p, a2, rho2, st2)
             if k2["max"] < kkt["max"]:
-                alpha, rho, status, kkt = a2, rho2, st2, k2
-        resid = _residual(p, alpha, rho, status)
+                alpha, rho, status, kkt, resid = a2, rho2, st2, k2, res2
     how, reason, fallbacks = "smo+bordered", None, 0
     if not kkt["max"] <= kkt_tol:
         reason = f"certified solve reached KKT violation {kkt['max']:.3g} > {kkt_tol:g}"

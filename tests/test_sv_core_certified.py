@@ -281,12 +281,12 @@ def _break_repair(monkeypatch):
     orig = certified._repair
 
     def broken(p, alpha, G, status, target, max_rounds):
-        a, rho, st, G2, r, m = orig(p, alpha, G, status, target, max_rounds)
+        a, rho, st, G2, res, r, m = orig(p, alpha, G, status, target, max_rounds)
         st = st.copy()
         a = a.copy()
         k = int(np.flatnonzero(st == ERROR)[0])
         st[k], a[k] = RESERVE, 0.0
-        return a, rho, st, G2, r, m
+        return a, rho, st, G2, res, r, m
 
     monkeypatch.setattr(certified, "_repair", broken)
 
