@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -51,6 +52,10 @@ TARGET_KKT = TIGHT_KKT
 MAX_ROUNDS = 30
 #: gap of the warm SMO polish tried when the repair does not reach the target
 POLISH_TOL = 1e-13
+#: up to this many keys the whole Gram matrix (at most 1.2 MB) is computed in one call and every
+#: kernel access reads it (faster than several blocked calls at this size); above it, kernel
+#: columns and blocks are computed on demand (memory O(block + cache), never the n x n matrix)
+SMALL_N = 384
 
 _NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
 
@@ -163,11 +168,18 @@ def _bordered(p: _Problem, alpha: np.ndarray, status: np.ndarray) -> tuple[np.nd
     c = np.empty(S.size + 1)
     c[0] = 1.0 - E.size * C
     c[1:] = p.diag(S) - (2.0 * C * p.matvec(E, np.ones(E.size), rows=S) if E.size else 0.0)
+    from scipy.linalg import LinAlgWarning, lu_factor, lu_solve
+
     try:
-        u = np.linalg.solve(M, c)
-        for _ in range(2):  # iterative refinement
-            u += np.linalg.solve(M, c - M @ u)
-    except np.linalg.LinAlgError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", LinAlgWarning)
+            lu = lu_factor(M, check_finite=False)
+        u = lu_solve(lu, c, check_finite=False)
+        for _ in range(2):  # iterative refinement on the one factorisation
+            u += lu_solve(lu, c - M @ u, check_finite=False)
+        if not np.isfinite(u).all():
+            raise np.linalg.LinAlgError("singular margin system")
+    except (np.linalg.LinAlgError, LinAlgWarning, ValueError):
         # (near-)duplicates left in S: consistent but singular; the minimum-norm split
         u = np.linalg.lstsq(M, c, rcond=None)[0]
     a[S] = u[1:]
@@ -347,7 +359,8 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
     target : the violation the repair aims at (1e-12)
     smo_tol : stopping gap of the SMO;  cache_bytes : memory of its kernel-column cache
     method : SMO implementation, "auto" | "compiled" | "reference"
-    gram : (n, n) ``rbf_kernel(X, X, sigma)`` when the caller already holds it (read, not copied)
+    gram : (n, n) ``rbf_kernel(X, X, sigma)`` when the caller already holds it (read, not copied);
+        computed here up to ``SMALL_N`` keys, never above
 
     Returns
     -------
@@ -378,8 +391,10 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
         gram = np.asarray(gram, dtype=np.float64)
         if gram.shape != (n, n) or not np.isfinite(gram).all():
             raise InvalidKeysError(f"gram must be a finite ({n}, {n}) array, got shape {gram.shape}")
-    p = _Problem(X, C, sigma, gram)
     with single_thread(n):
+        if gram is None and n <= SMALL_N:
+            gram = rbf_kernel(X, X, sigma)  # <= SMALL_N^2 entries (1.2 MB): one call beats many
+        p = _Problem(X, C, sigma, gram)
         r = smo(X, C, sigma, tol=smo_tol, cache_bytes=cache_bytes, K=gram, method=method)
         alpha, G = r.alpha, r.G
         status = np.where(alpha <= 0.0, RESERVE, np.where(alpha >= C, ERROR, MARGIN)).astype(np.int8)

@@ -174,6 +174,22 @@ def test_solve_by_the_reference_smo_equals_the_compiled_one():
         assert abs(a.rho - b.rho) < 1e-12
 
 
+def test_on_demand_kernel_columns_and_a_stored_gram_give_the_same_certified_state():
+    """Above ``SMALL_N`` keys nothing n x n is formed: SMO columns on demand (LRU cache, here
+    also a two-column one), blocked gradients; the result equals the solve over the Gram matrix."""
+    n = certified.SMALL_N + 116
+    X = icu_like_keys(n, np.random.default_rng(12))
+    C = calibrate_C(0.3, n)
+    lazy = solve(X, C, 3.0)
+    tiny = solve(X, C, 3.0, cache_bytes=1)
+    full = solve(X, C, 3.0, gram=rbf_kernel(X, X, 3.0))
+    for sol in (lazy, tiny):
+        assert sol.certificate.meets_target and sol.certificate.fallbacks == 0
+        np.testing.assert_array_equal(sol.status, full.status)
+        np.testing.assert_allclose(sol.alpha, full.alpha, rtol=0, atol=1e-12 * C)
+        assert abs(sol.rho - full.rho) < 1e-12
+
+
 def test_certificate_reports_every_condition_and_serialises():
     X, C, sigma = problem("icu", 3)
     sol = solve(X, C, sigma)
