@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._blas import single_thread
-from ._state import ERROR, MARGIN, RESERVE
+from ._state import ERROR, MARGIN, RESERVE, SNAP_TOL
 from .errors import PathError, RefitError
 from .refit import refit, smo_polish
 
@@ -55,7 +55,9 @@ def _repeat_candidates(X: np.ndarray) -> np.ndarray:
 def consolidate_repeats(X: np.ndarray, a: np.ndarray, status: np.ndarray, C: float):
     """Bit-identical keys have identical kernel columns, so any split of their mass is optimal;
     gather it (members at C, one remainder, the rest 0) so at most one of them is a margin key
-    and the bordered system stays non-singular. Gradients and scores are unchanged."""
+    and the bordered system stays non-singular. Gradients and scores are unchanged. The count at
+    C is read with ``SNAP_TOL`` (a group whose members all sit at C sums to k·C only up to
+    rounding: it stays k members at C, with no margin member holding a rounding residue)."""
     cand = _repeat_candidates(X)
     if cand.size == 0:
         return a, status
@@ -68,15 +70,17 @@ def consolidate_repeats(X: np.ndarray, a: np.ndarray, status: np.ndarray, C: flo
     for grp in np.flatnonzero(counts > 1):
         mem = cand[inv == grp]
         m = float(a[mem].sum())
-        for k in mem:
-            take = min(C, m)
-            if take >= C:
+        full = min(mem.size, int(np.floor(m / C + SNAP_TOL)))
+        rem = m - full * C
+        if rem <= SNAP_TOL * C:
+            rem = 0.0
+        for r, k in enumerate(mem):
+            if r < full:
                 a[k], status[k] = C, ERROR
-            elif take > 0.0:
-                a[k], status[k] = take, MARGIN
+            elif r == full and rem > 0.0:
+                a[k], status[k] = rem, MARGIN
             else:
                 a[k], status[k] = 0.0, RESERVE
-            m -= take
     return a, status
 
 

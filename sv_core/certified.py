@@ -3,17 +3,19 @@
 :func:`solve` finds the partition with a fast SMO (:mod:`sv_core.smo`), then makes the solution
 exact and proves it:
 
-1. read the partition off the SMO coefficients (0: reserve R, C: error E, otherwise margin S);
-   bit-identical keys are consolidated and near-twins in S are filled as the refit does
+1. read the partition off the SMO coefficients (within ``SNAP_TOL·C`` of 0: reserve R, of C:
+   error E, otherwise margin S); bit-identical keys are consolidated and near-twins in S are
+   filled as the refit does
    (:func:`sv_core.refit.read_off_partition`'s rule), so the margin system is non-singular;
 2. solve the bordered KKT system ``M u = c`` on S in fp64 (with iterative refinement), ``ρ`` at
    the midpoint of its KKT interval when S is empty (:func:`sv_core.solver.rho_midpoint`), margin
    coefficients within ``SNAP_TOL·C`` of a bound snapped to it (the maintained gate's and the
    refit's conventions, so gate scores and partitions are comparable);
-3. repair: keys that violate their KKT condition by more than the target move between sets
-   (all at once while that improves, then the worst one at a time; a near-twin of a margin key
-   swaps with it), and the margin system is re-solved -- a few active-set rounds, the gradient
-   updated over the keys whose coefficient changed;
+3. repair (a primal active-set method from the feasible SMO point): step towards the margin
+   system's solution until a margin coefficient reaches a bound (it leaves S), else take it
+   whole; then the keys whose gradient has the wrong sign beyond the target join S (a key next
+   to a near-twin in S refills that twin group instead, once). The objective never increases and
+   the iterate stays feasible; the gradient is updated over the keys whose coefficient changed;
 4. certify: the gradient ``g = ρ − diag K + 2 K α`` is recomputed from scratch over all n keys
    in blocks (:func:`sv_core.kernels.rbf_matvec`: O(block) memory, never the n x n matrix) and
    every KKT condition is checked: ``|Σα − 1|``, the box, ``|g_S|``, ``g_E <= 0``, ``g_R >= 0``
@@ -31,25 +33,24 @@ from __future__ import annotations
 
 import numbers
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ._active_set import Problem, certify, margin_residual, read_off, repair
 from ._blas import single_thread
 from ._gate_exact import KKT_GUARD, consolidate_repeats
-from ._state import ERROR, MARGIN, RESERVE, SNAP_TOL
+from ._state import ERROR, MARGIN, RESERVE
 from .errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
-from .kernels import rbf_kernel, rbf_matvec
-from .refit import TIGHT_KKT, TWIN_TOL
-from .smo import CACHE_BYTES, SMO_TOL, fast_smo_available, gradient, smo
-from .solver import rho_midpoint
+from .kernels import rbf_kernel
+from .refit import TIGHT_KKT
+from .smo import CACHE_BYTES, SMO_TOL, fast_smo_available, smo
 from .validation import as_keys, check_params
 
 #: the solve aims at this largest KKT violation (repairs and a warm polish are tried above it)
 TARGET_KKT = TIGHT_KKT
 #: active-set rounds of the repair before the warm SMO polish is tried
-MAX_ROUNDS = 30
+MAX_ROUNDS = 100
 #: gap of the warm SMO polish tried when the repair does not reach the target
 POLISH_TOL = 1e-13
 #: up to this many keys the whole Gram matrix (at most 1.2 MB) is computed in one call and every
@@ -114,219 +115,6 @@ class CertifiedSolution:
     def partition(self) -> dict[str, np.ndarray]:
         """Row indices of the margin (0<α<C), error (α=C) and reserve (α=0) sets."""
         return {name: np.flatnonzero(self.status == code) for code, name in _NAMES.items()}
-
-
-class _Problem:
-    """Kernel access for one solve: the stored Gram matrix when the caller has one, else kernel
-    blocks computed on demand from the keys (never the n x n matrix)."""
-
-    def __init__(self, X: np.ndarray, C: float, sigma: float, K: np.ndarray | None):
-        self.X, self.C, self.sigma, self.K = X, C, sigma, K
-        self.n = X.shape[0]
-
-    def block(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        if self.K is not None:
-            return self.K[np.ix_(rows, cols)]
-        return rbf_kernel(self.X[rows], self.X[cols], self.sigma)
-
-    def matvec(self, cols: np.ndarray, w: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """``K[rows, cols] @ w`` (all rows by default), in blocks."""
-        if self.K is not None:
-            Kr = self.K if rows is None else self.K[rows]
-            return Kr[:, cols] @ w
-        A = self.X if rows is None else self.X[rows]
-        return rbf_matvec(A, self.X[cols], w, self.sigma)
-
-    def diag(self, idx: np.ndarray) -> np.ndarray:
-        return np.ones(idx.size) if self.K is None else np.diag(self.K)[idx]
-
-    def fd2(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """Feature-space squared distances ``K_ii + K_jj − 2 K_ij`` (without cancellation for RBF)."""
-        if self.K is None:
-            from .kernels import sq_dists
-
-            return -2.0 * np.expm1(-sq_dists(self.X[rows], self.X[cols]) / self.sigma**2)
-        Kb = self.K[np.ix_(rows, cols)]
-        return self.diag(rows)[:, None] + self.diag(cols)[None, :] - 2.0 * Kb
-
-
-def _bordered(p: _Problem, alpha: np.ndarray, status: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Solve the margin system on ``status``; returns (alpha, rho, residual). With S empty rho is
-    left for the caller (NaN) and the residual is 0."""
-    C = p.C
-    S = np.flatnonzero(status == MARGIN)
-    E = np.flatnonzero(status == ERROR)
-    a = np.zeros(p.n)
-    a[E] = C
-    if S.size == 0:
-        return a, float("nan"), 0.0
-    M = np.empty((S.size + 1, S.size + 1))
-    M[0, 0] = 0.0
-    M[0, 1:] = 1.0
-    M[1:, 0] = 1.0
-    M[1:, 1:] = 2.0 * p.block(S, S)
-    c = np.empty(S.size + 1)
-    c[0] = 1.0 - E.size * C
-    c[1:] = p.diag(S) - (2.0 * C * p.matvec(E, np.ones(E.size), rows=S) if E.size else 0.0)
-    from scipy.linalg import LinAlgWarning, lu_factor, lu_solve
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", LinAlgWarning)
-            lu = lu_factor(M, check_finite=False)
-        u = lu_solve(lu, c, check_finite=False)
-        for _ in range(2):  # iterative refinement on the one factorisation
-            u += lu_solve(lu, c - M @ u, check_finite=False)
-        if not np.isfinite(u).all():
-            raise np.linalg.LinAlgError("singular margin system")
-    except (np.linalg.LinAlgError, LinAlgWarning, ValueError):
-        # (near-)duplicates left in S: consistent but singular; the minimum-norm split
-        u = np.linalg.lstsq(M, c, rcond=None)[0]
-    a[S] = u[1:]
-    return a, float(u[0]), float(np.abs(c - M @ u).max())
-
-
-def _kkt(alpha: np.ndarray, g: np.ndarray, status: np.ndarray, C: float) -> dict[str, float]:
-    """Every KKT condition's violation (absolute, as ``refit.kkt_violation``)."""
-    mar, err, res = status == MARGIN, status == ERROR, status == RESERVE
-    out = {
-        "sum": float(abs(alpha.sum() - 1.0)),
-        "box": float(max(0.0, -alpha.min(initial=0.0), (alpha - C).max(initial=0.0))),
-        "margin_gradient": float(np.abs(g[mar]).max(initial=0.0)),
-        "error_gradient": float(np.maximum(g[err], 0.0).max(initial=0.0)),
-        "reserve_gradient": float(np.maximum(-g[res], 0.0).max(initial=0.0)),
-    }
-    out["max"] = max(out.values())
-    return out
-
-
-def _twin_fill(p: _Problem, alpha: np.ndarray, G: np.ndarray, status: np.ndarray) -> None:
-    """Near-twins (feature distance² <= ``TWIN_TOL``) both in S make the margin system
-    near-singular; at the optimum a group has at most one margin member (generically). Fill each
-    such group as the refit's read-off does: keep its mass, members at C in increasing-gradient
-    order (ties by index), one margin member with the remainder, the rest reserve. In place."""
-    S = np.flatnonzero(status == MARGIN)
-    if S.size < 2:
-        return
-    close = np.triu(p.fd2(S, S) <= TWIN_TOL, k=1)
-    if not close.any():
-        return
-    parent = np.arange(S.size)
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = int(parent[i])
-        return int(i)
-
-    for i, j in zip(*np.nonzero(close)):
-        ri, rj = find(int(i)), find(int(j))
-        if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)
-    roots = np.array([find(i) for i in range(S.size)])
-    tol = SNAP_TOL * p.C
-    for r in np.unique(roots):
-        mem = S[roots == r]
-        if mem.size < 2:
-            continue
-        mem = mem[np.lexsort((mem, G[mem]))]
-        rem = float(alpha[mem].sum())
-        for k in mem:
-            if rem >= p.C - tol:
-                alpha[k], status[k] = p.C, ERROR
-                rem -= p.C
-            elif rem > tol:
-                alpha[k], status[k] = rem, MARGIN
-                rem = 0.0
-            else:
-                alpha[k], status[k] = 0.0, RESERVE
-
-
-def _moves(p: _Problem, alpha: np.ndarray, g: np.ndarray, status: np.ndarray, target: float,
-           worst_only: bool) -> int:
-    """Move KKT violators between sets (``status`` in place; ``alpha`` is left to the next
-    margin solve, so that it stays the state ``G`` was computed for); returns the keys moved."""
-    C = p.C
-    snap = SNAP_TOL * C
-    viol = np.zeros(p.n)
-    new = status.copy()
-    mar = status == MARGIN
-    lo = mar & (alpha <= snap)
-    hi = mar & (alpha >= C - snap)
-    viol[lo] = np.maximum(-alpha[lo], 0.0) + snap
-    viol[hi] = np.maximum(alpha[hi] - C, 0.0) + snap
-    new[lo], new[hi] = RESERVE, ERROR
-    up = (status == ERROR) & (g > target)
-    dn = (status == RESERVE) & (g < -target)
-    viol[up], viol[dn] = g[up], -g[dn]
-    new[up | dn] = MARGIN
-    cand = np.flatnonzero(new != status)
-    if cand.size == 0:
-        return 0
-    if worst_only:
-        cand = cand[[int(np.argmax(viol[cand]))]]
-    entering = cand[new[cand] == MARGIN]
-    S = np.flatnonzero(mar & (new == MARGIN))
-    if entering.size and S.size:
-        # a key entering next to its near-twin swaps with it instead of joining beside it
-        close = p.fd2(entering, S) <= TWIN_TOL
-        for r, k in enumerate(entering):
-            mates = S[close[r]]
-            if mates.size:
-                new[mates] = status[k]
-    status[cand] = new[cand]
-    return int(cand.size)
-
-
-def _repair(p: _Problem, alpha: np.ndarray, G: np.ndarray, status: np.ndarray, target: float,
-            max_rounds: int) -> tuple[np.ndarray, float, np.ndarray, np.ndarray, float, int, int]:
-    """Active-set rounds from (alpha, G = 2 K alpha − diag K, status). Returns the best state seen:
-    (alpha, rho, status, G, margin-system residual, rounds, moves)."""
-    best = None
-    rounds = moves = 0
-    stale = 0
-    worst_only = False
-    for rounds in range(1, max_rounds + 1):  # noqa: B007  (the count is returned)
-        a_new, rho, resid = _bordered(p, alpha, status)
-        d = np.flatnonzero(a_new != alpha)
-        if d.size:
-            G = G + 2.0 * p.matvec(d, a_new[d] - alpha[d])
-        alpha = a_new
-        if not (status == MARGIN).any():
-            rho = rho_midpoint(G, status, np.arange(p.n))
-        g = rho + G
-        v = _kkt(alpha, g, status, p.C)["max"]
-        if best is None or v < best[0]:
-            best = (v, alpha.copy(), rho, status.copy(), G.copy(), resid)
-            stale = 0
-        else:
-            stale += 1
-            if stale >= 3:
-                worst_only = True
-        m = _moves(p, alpha, g, status, target, worst_only)
-        if m == 0:
-            break
-        moves += m
-    assert best is not None
-    _, alpha, rho, status, G, resid = best
-    return alpha, rho, status, G, resid, rounds, moves
-
-
-def _certify(p: _Problem, alpha: np.ndarray, rho: float, status: np.ndarray) -> tuple[dict, np.ndarray]:
-    """KKT on the gradient recomputed from scratch (blocked); returns (violations, G)."""
-    G = gradient(p.X, alpha, p.sigma, p.K)
-    return _kkt(alpha, rho + G, status, p.C), G
-
-
-def _residual(p: _Problem, alpha: np.ndarray, rho: float, status: np.ndarray) -> float:
-    S = np.flatnonzero(status == MARGIN)
-    if S.size == 0:
-        return 0.0
-    E = np.flatnonzero(status == ERROR)
-    r0 = abs(float(alpha[S].sum()) - (1.0 - E.size * p.C))
-    KS = 2.0 * p.block(S, S) @ alpha[S] + rho
-    cS = p.diag(S) - (2.0 * p.C * p.matvec(E, np.ones(E.size), rows=S) if E.size else 0.0)
-    return max(r0, float(np.abs(KS - cS).max()))
 
 
 def _fallback(X: np.ndarray, C: float, sigma: float) -> tuple[np.ndarray, float, np.ndarray, str]:
@@ -394,31 +182,26 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
     with single_thread(n):
         if gram is None and n <= SMALL_N:
             gram = rbf_kernel(X, X, sigma)  # <= SMALL_N^2 entries (1.2 MB): one call beats many
-        p = _Problem(X, C, sigma, gram)
+        p = Problem(X, C, sigma, gram)
         r = smo(X, C, sigma, tol=smo_tol, cache_bytes=cache_bytes, K=gram, method=method)
-        alpha, G = r.alpha, r.G
-        status = np.where(alpha <= 0.0, RESERVE, np.where(alpha >= C, ERROR, MARGIN)).astype(np.int8)
-        alpha, status = consolidate_repeats(X, alpha, status, C)
-        _twin_fill(p, alpha, G, status)
-        alpha, rho, status, G, resid, rounds, moves = _repair(p, alpha, G, status, target, MAX_ROUNDS)
-        kkt, G = _certify(p, alpha, rho, status)
+        alpha, G, status = read_off(p, r.alpha, r.G)
+        alpha, rho, status, G, resid, rounds, moves = repair(p, alpha, G, status, target, MAX_ROUNDS)
+        kkt, G = certify(p, alpha, rho, status)
         polished = False
         if kkt["max"] > target:
             # a second repair from the exact gradient, then a warm SMO polish to a tighter gap
-            a2, rho2, st2, _, res2, r2, m2 = _repair(p, alpha, G, status, target, MAX_ROUNDS)
+            a2, rho2, st2, _, res2, r2, m2 = repair(p, alpha, G, status, target, MAX_ROUNDS)
             rounds, moves = rounds + r2, moves + m2
-            k2, G2 = _certify(p, a2, rho2, st2)
+            k2, G2 = certify(p, a2, rho2, st2)
             if k2["max"] < kkt["max"]:
                 alpha, rho, status, kkt, G, resid = a2, rho2, st2, k2, G2, res2
         if kkt["max"] > target:
             polished = True
             rp = smo(X, C, sigma, alpha0=alpha, tol=POLISH_TOL, cache_bytes=cache_bytes, K=gram, method=method)
-            st2 = np.where(rp.alpha <= 0.0, RESERVE, np.where(rp.alpha >= C, ERROR, MARGIN)).astype(np.int8)
-            a2, st2 = consolidate_repeats(X, rp.alpha, st2, C)
-            _twin_fill(p, a2, rp.G, st2)
-            a2, rho2, st2, _, res2, r2, m2 = _repair(p, a2, rp.G, st2, target, MAX_ROUNDS)
+            a2, G2, st2 = read_off(p, rp.alpha, rp.G)
+            a2, rho2, st2, _, res2, r2, m2 = repair(p, a2, G2, st2, target, MAX_ROUNDS)
             rounds, moves = rounds + r2, moves + m2
-            k2, _ = _certify(p, a2, rho2, st2)
+            k2, _ = certify(p, a2, rho2, st2)
             if k2["max"] < kkt["max"]:
                 alpha, rho, status, kkt, resid = a2, rho2, st2, k2, res2
     how, reason, fallbacks = "smo+bordered", None, 0
@@ -429,8 +212,8 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
         alpha, rho, status, how = _fallback(X, C, sigma)
         fallbacks = 1
         with single_thread(n):
-            kkt, _ = _certify(p, alpha, rho, status)
-            resid = _residual(p, alpha, rho, status)
+            kkt, _ = certify(p, alpha, rho, status)
+            resid = margin_residual(p, alpha, rho, status)
     cert = SolveCertificate(
         kkt_violation=kkt["max"], kkt={k: v for k, v in kkt.items() if k != "max"}, margin_residual=resid,
         certified=bool(kkt["max"] <= kkt_tol), meets_target=bool(kkt["max"] <= target), kkt_tol=kkt_tol,

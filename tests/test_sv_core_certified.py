@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+import sv_core._active_set as active_set
 import sv_core.certified as certified
 from sv_core import Gate, calibrate_C, rbf_kernel, refit, solve
 from sv_core.bench_solve import icu_like_keys
@@ -245,6 +246,43 @@ def test_repeated_keys_leave_at_most_one_margin_member_per_group():
     assert r["kkt"] <= 1e-12 and r["score_dev"] <= 1e-9
 
 
+def test_repeats_at_C_stay_at_C_whatever_the_rounding_of_their_sum():
+    """A group of bit-identical keys all at C (one of them an ulp below, as SMO can leave it) is
+    read as members at C, not as a margin member holding a rounding residue (on a real demo stay
+    that residue made the margin system inconsistent)."""
+    from sv_core._gate_exact import consolidate_repeats
+
+    X = np.vstack([np.zeros((5, 2)), np.eye(2)])
+    C = 1.0 / 6.9
+    a = np.array([C, C, C, C, C * (1 - 2.2e-16), 0.9 * C, 0.0])
+    st = np.array([ERROR, ERROR, ERROR, ERROR, MARGIN, MARGIN, RESERVE], dtype=np.int8)
+    a2, st2 = consolidate_repeats(X, a, st, C)
+    assert a2[:5].tolist() == [C] * 5 and st2[:5].tolist() == [ERROR] * 5
+    assert a2[5] == a[5] and st2[5] == MARGIN
+
+
+@pytest.mark.parametrize("kind", ["icu", "gauss", "repeats", "clusters-1e-5"])
+def test_repair_reaches_the_optimum_from_a_corrupted_partition(kind):
+    """The active-set repair alone (no SMO): from the optimum with mass swapped between random
+    error and reserve keys (a feasible but wrong partition), it certifies the same state."""
+    X, C, sigma = problem(kind, 2)
+    sol = solve(X, C, sigma)
+    p = active_set.Problem(X, C, sigma, None)
+    rng = np.random.default_rng(0)
+    E, R = sol.partition()["error"], sol.partition()["reserve"]
+    k = min(6, E.size, R.size)
+    e, r = rng.choice(E, k, replace=False), rng.choice(R, k, replace=False)
+    a, st = sol.alpha.copy(), sol.status.copy()
+    a[e], a[r] = a[r], a[e]
+    st[e], st[r] = st[r], st[e]
+    G = gradient(X, a, sigma)
+    a2, rho2, st2, _, _, rounds, moves = active_set.repair(p, a, G, st, 1e-12, certified.MAX_ROUNDS)
+    kkt, _ = active_set.certify(p, a2, rho2, st2)
+    assert moves >= 2 * k and kkt["max"] <= 1e-12
+    s = rbf_kernel(X, X, sigma)
+    assert np.abs((2 * s @ a2 - rho2) - (2 * s @ sol.alpha - sol.rho)).max() <= 1e-9
+
+
 def test_rbf_matvec_equals_the_dense_product_in_any_block_size():
     rng = np.random.default_rng(1)
     A, B, w = rng.standard_normal((57, 5)) * 3, rng.standard_normal((33, 5)), rng.standard_normal(33)
@@ -294,7 +332,7 @@ def test_bad_input_raises_typed_one_line_errors():
 def _break_repair(monkeypatch):
     """Make the repair return the read-off unrepaired, with one error key wrongly in the reserve
     set: the KKT check then fails and the fast path cannot certify."""
-    orig = certified._repair
+    orig = active_set.repair
 
     def broken(p, alpha, G, status, target, max_rounds):
         a, rho, st, G2, res, r, m = orig(p, alpha, G, status, target, max_rounds)
@@ -304,7 +342,7 @@ def _break_repair(monkeypatch):
         st[k], a[k] = RESERVE, 0.0
         return a, rho, st, G2, res, r, m
 
-    monkeypatch.setattr(certified, "_repair", broken)
+    monkeypatch.setattr(certified, "repair", broken)
 
 
 def test_an_uncertified_solve_falls_back_to_the_cp_path_and_says_so(monkeypatch):
