@@ -50,7 +50,7 @@ _STATUS_NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
 COLD_SOLVES = ("auto", "certified", "path")
 #: with ``cold_solve="auto"`` a first solve of at least this many keys uses the certified solve
 #: (below it settling keys one by one is as fast; measured by ``python -m sv_core.bench_solve --gate``)
-CERTIFIED_MIN_KEYS = 12
+CERTIFIED_MIN_KEYS = 16
 
 
 class WarmupError(GateError):
