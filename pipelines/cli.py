@@ -9,6 +9,8 @@ register.
 Global options (before the command): ``--version``, ``-v/--verbose`` (Prefect's INFO logs),
 ``-q/--quiet`` (no progress bars or Prefect warnings). Exit codes: 0 ok, 1 a verification
 failed (``receipts verify``), 2 usage error, 3 a domain error (one typed line on stderr).
+A command's inputs (source root, warehouse, cron, option combinations) are checked by
+:mod:`pipelines.preflight` before any heavy import or the Prefect API server starts.
 """
 from __future__ import annotations
 
@@ -156,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         _light_parser().parse_args(argv)  # prints help / the version / the usage error and exits
         return 2
     pre = argv[:argv.index(cmd)]
+    # the command's inputs, checked before Prefect, torch or the API server start (pipelines.preflight)
+    from .preflight import run as preflight
+
+    rc = preflight(cmd, argv[argv.index(cmd) + 1:])
+    if rc is not None:
+        return rc
     if "-v" in pre or "--verbose" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     elif "-q" in pre or "--quiet" in pre:

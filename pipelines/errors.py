@@ -54,3 +54,12 @@ class WarehouseBusyError(PipelineError):
 class ErasureError(PipelineError):
     """A warehouse table cannot be erased safely (it holds no subject/stay column and is not a
     known aggregate table), so the forget was not applied."""
+
+
+class UsageError(PipelineError):
+    """A command line that cannot run as given (a missing ``--root``, a bad cron, an option combination
+    that makes no sense). Found before the command starts; exit code 2, like argparse's own errors."""
+
+
+class IngestError(PipelineError):
+    """A streaming-ingest failure (nothing of the failed step was committed)."""
