@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     elif "-q" in pre or "--quiet" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "ERROR"
+        if process:  # libraries' own bars too (e.g. transformers' "Loading weights"), read at their import
+            os.environ.setdefault("TQDM_DISABLE", "1")
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if process:  # own Prefect API server (started before the heavy imports), SIGINT/SIGTERM handling
         from .signals import run_command
 

@@ -185,11 +185,12 @@ def runtime_with_cache(result: dict, tally) -> None:
     this_run = float(result["runtime_s"])
     original = covered(tally.original_spans)
     result["runtime_s"] = max(0.0, this_run - covered(tally.hit_spans)) + original
-    n = tally.hits + tally.computed
     result.setdefault("config", {})["task_cache"] = {"tasks_cached": tally.hits, "tasks_computed": tally.computed,
                                                      "this_run_s": round(this_run, 3)}
-    note = (f"cached: {tally.hits} of {n} tasks came from the task cache; the run time is the original "
-            f"computation's ({result['runtime_s']:.1f} s; this run took {this_run:.1f} s)")
+    note = (f"cached: {tally.hits} task(s) came from the task cache" + (f", {tally.computed} ran now" if tally.computed
+                                                                       else "")
+            + f"; the run time counts their original computation ({result['runtime_s']:.1f} s; this run took "
+              f"{this_run:.1f} s)")
     result["notes"] = f"{result['notes']} · {note}" if result.get("notes") else note
 
 

@@ -45,7 +45,7 @@ def test_a_cache_hit_reports_the_original_computation(tmp_path):
     # the two tasks ran one after the other the first time: 2 x TASK_S of original computation
     assert resumed["runtime_s"] >= 2 * TASK_S and resumed["runtime_s"] == pytest.approx(first["runtime_s"], abs=0.3)
     assert resumed["config"]["task_cache"]["tasks_cached"] == 2 and resumed["config"]["task_cache"]["tasks_computed"] == 0
-    assert resumed["notes"].startswith("n · cached: 2 of 2 tasks came from the task cache")
+    assert resumed["notes"].startswith("n · cached: 2 task(s) came from the task cache; the run time counts")
     assert runner.cache_note(resumed) == " (cached)" and runner.cache_note(first) == ""
 
 
@@ -101,4 +101,4 @@ def test_in_a_flow_the_study_result_states_the_original_run_time(prefect_harness
     assert tc["tasks_cached"] == 4 and tc["tasks_computed"] == 0 and tc["this_run_s"] < first["runtime_s"]
     # 4 tasks of TASK_S on 2 workers took about 2 x TASK_S of wall time, and that is what is stated
     assert stored["runtime_s"] >= 2 * TASK_S and stored["runtime_s"] == pytest.approx(second["runtime_s"])
-    assert "cached: 4 of 4 tasks" in stored["notes"]
+    assert "cached: 4 task(s) came from the task cache;" in stored["notes"]

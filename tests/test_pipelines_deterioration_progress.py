@@ -67,3 +67,25 @@ def test_the_flow_shows_each_epoch_and_each_model_seed(prefect_harness, tmp_path
     assert len(re.findall(r"LSTM seed \d: 2 epochs, .*\(from the task cache; trained in \d+ s then\)", cached)) == 2
     assert "epoch 1/2" not in cached
     assert run(False) == ""
+
+
+def test_quiet_hides_every_progress_bar_of_the_process(tmp_path):
+    """``forgetful -q``: libraries' own tqdm bars (e.g. transformers' "Loading weights") are off too;
+    a call of ``main([...])`` from Python leaves the caller's environment alone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os, sys\nfrom pipelines import cli\nsys.argv = ['forgetful', *sys.argv[1:]]\n"
+            "rc = cli.main()\nfrom tqdm.auto import tqdm\n"
+            "print(rc, os.environ.get('TQDM_DISABLE'), os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'), "
+            "tqdm(range(2)).disable)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    for argv, want in ((["-q", "gate-demo", "--n", "40"], "0 1 1 True"), (["gate-demo", "--n", "40"], "0 None None False")):
+        out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert out.stdout.strip().splitlines()[-1] == want, (argv, out.stdout[-500:], out.stderr[-500:])
+    from pipelines.cli import main
+
+    assert main(["-q", "gate-demo", "--n", "40"]) == 0 and "TQDM_DISABLE" not in os.environ

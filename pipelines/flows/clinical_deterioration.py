@@ -11,7 +11,8 @@ Evaluation: per seed, AUROC/AUPRC with a stay-clustered bootstrap CI; across see
 seed-level SD; the seed-averaged predictions of every model and the baseline are scored on ONE
 set of stay-clustered resamples, which gives each a real interval (plotted) and the paired
 differences between models. Defaults are small: on the demo (3 models × 3 seeds, at most 12
-epochs) this step took 174 s of run-all's 6.1 min on 2 shared cores (measured 2026-12-01).
+epochs) this step took 3.0 min at load 4-11 and 5.2 min at load 9-13 on 2 shared cores (measured
+2026-12-01 inside run-all; SV attention trains 5-10x longer than the others).
 
 Progress: one bar over every model × seed × epoch, its label the latest epoch's model, seed, train
 and validation loss and the seconds that model has trained; one line per trained model × seed

@@ -13,8 +13,10 @@
 It ends with a short summary of the headline figures, read from the result files
 (:mod:`pipelines.run_summary`); ``--json PATH`` writes the step timings as JSON.
 
-On the demo this took 6.1 min on 2 shared cores (measured 2026-12-01, load 4-11; deterioration
-3 min of it); a rerun after a crash resumes from the task cache.
+Time on the demo (measured 2026-12-01, 2 shared cores): 6.1 min wall at load 4-11, 11.2 min at
+load 9-13, about 3.3 min of CPU time either way; deterioration is about half of it. A rerun after
+a crash resumes from the task cache (the clinical studies' tasks); the synthetic audit regimes and
+the seconds-long studies run again.
 """
 from __future__ import annotations
 
