@@ -10,6 +10,11 @@ class PipelineError(Exception):
 class WarehouseMissingError(PipelineError, FileNotFoundError):
     """The warehouse file does not exist (build it with ``forgetful build-cohort``)."""
 
+    @classmethod
+    def at(cls, path) -> WarehouseMissingError:
+        """The error for the batch warehouse ``path`` (its message names the command that builds it)."""
+        return cls(f"warehouse {path} does not exist; build it first with `forgetful build-cohort --warehouse {path}`")
+
 
 class UnknownSubjectError(PipelineError, KeyError):
     """``forget`` was asked for a subject/stay that no warehouse table or gate state holds."""

@@ -19,7 +19,7 @@ What is checked (each check reuses the check of the code that later reads the in
   header line, a parquet footer; no data scan); ``demo`` needs the cached demo unless ``--fetch``
   (:func:`cohort.demo_data.ensure_demo`);
 * the study commands, and ``run-all --skip build-cohort``: the warehouse exists
-  (:func:`pipelines.warehouse.require`);
+  (what :func:`pipelines.warehouse.require` checks);
 * ``ingest``: the root's stays tables; without ``--init`` the streaming warehouse exists (else the
   message names ``ingest --init``), with ``--init`` it does not, ``--frozen`` only with ``--init``;
 * ``serve``: the cron string, with the validator Prefect itself uses (its vendored ``croniter``,
@@ -134,9 +134,10 @@ def check_ingest_root(source: str, root: str) -> None:
 
 
 def check_warehouse(path: str) -> None:
-    from .warehouse import require
-
-    require(path)
+    """What :func:`pipelines.warehouse.require` checks, without importing DuckDB (this runs on the
+    way to the API server's start)."""
+    if not Path(path).is_file():
+        raise WarehouseMissingError.at(Path(path))
 
 
 def _croniter():
