@@ -11,6 +11,8 @@ Global options (before the command): ``--version``, ``-v/--verbose`` (Prefect's 
 failed (``receipts verify``), 2 usage error, 3 a domain error (one typed line on stderr), 4 a
 storage failure — disk full, read-only file system, permission denied (one line; nothing lost,
 a pending erasure is completed by the next command).
+A command's inputs (source root, warehouse, cron, option combinations) are checked by
+:mod:`pipelines.preflight` before any heavy import or the Prefect API server starts.
 
 Every file and folder a command creates is owner-only (the command runs under umask 077): the
 warehouse and its WAL, exports, ledger anchors, keys, results and reports.
@@ -162,10 +164,19 @@ def main(argv: list[str] | None = None) -> int:
         _light_parser().parse_args(argv)  # prints help / the version / the usage error and exits
         return 2
     pre = argv[:argv.index(cmd)]
+    # the command's inputs, checked before Prefect, torch or the API server start (pipelines.preflight)
+    from .preflight import run as preflight
+
+    rc = preflight(cmd, argv[argv.index(cmd) + 1:])
+    if rc is not None:
+        return rc
     if "-v" in pre or "--verbose" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     elif "-q" in pre or "--quiet" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "ERROR"
+        if process:  # libraries' own bars too (e.g. transformers' "Loading weights"), read at their import
+            os.environ.setdefault("TQDM_DISABLE", "1")
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     old_umask = os.umask(0o077)  # owner-only files and folders (warehouse, WAL, exports, anchors, keys)
     os.umask(old_umask | 0o077)
     try:

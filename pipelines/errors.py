@@ -10,6 +10,11 @@ class PipelineError(Exception):
 class WarehouseMissingError(PipelineError, FileNotFoundError):
     """The warehouse file does not exist (build it with ``forgetful build-cohort``)."""
 
+    @classmethod
+    def at(cls, path) -> WarehouseMissingError:
+        """The error for the batch warehouse ``path`` (its message names the command that builds it)."""
+        return cls(f"warehouse {path} does not exist; build it first with `forgetful build-cohort --warehouse {path}`")
+
 
 class UnknownSubjectError(PipelineError, KeyError):
     """``forget`` was asked for a subject/stay that no warehouse table or gate state holds."""
@@ -71,6 +76,15 @@ class WarehouseBusyError(PipelineError):
 class ErasureError(PipelineError):
     """A warehouse table cannot be erased safely (it holds no subject/stay column and is not a
     known aggregate table), so the forget was not applied."""
+
+
+class UsageError(PipelineError):
+    """A command line that cannot run as given (a missing ``--root``, a bad cron, an option combination
+    that makes no sense). Found before the command starts; exit code 2, like argparse's own errors."""
+
+
+class IngestError(PipelineError):
+    """A streaming-ingest failure (nothing of the failed step was committed)."""
 
 
 # ---- file-system safety and storage failures (issue 19, items 4-7; pipelines/safe_io.py) ----

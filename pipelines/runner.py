@@ -155,9 +155,14 @@ def chunks(seq: list, size: int) -> Iterable[list]:
 
 
 def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | None = None) -> Path:
-    """Validate (aggregates only) and write ``<runs>/<study>/result.json``; returns the path."""
+    """Validate (aggregates only) and write ``<runs>/<study>/result.json``; returns the path.
+    When tasks of this flow run came from the task cache, ``runtime_s`` becomes the original
+    computation's (:func:`runtime_with_cache`; ``result`` is updated in place)."""
     from dashboards.schema import write_result
 
+    from . import task_cache
+
+    runtime_with_cache(result, task_cache.take_tally(task_cache.run_key()))
     study = study or result["study"]
     path = Path(runs_dir) / study / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +170,34 @@ def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | N
     _unstale(Path(runs_dir), f"{study}/result.json")
     publish_artifacts(result, path)
     return path
+
+
+def runtime_with_cache(result: dict, tally) -> None:
+    """A study whose tasks came (partly) from the task cache states the run time of the original
+    computation, not the seconds of the cache hits: ``runtime_s`` = this run's seconds − the time
+    spent on hits + the wall-clock time the hit tasks originally took (union of their spans, so
+    tasks that ran side by side count once). ``config.task_cache`` keeps the counts and this run's
+    seconds, and ``notes`` says so in words. ``tally``: :class:`pipelines.task_cache.Tally` or None."""
+    if tally is None or not tally.hits:
+        return
+    from .task_cache import covered
+
+    this_run = float(result["runtime_s"])
+    original = covered(tally.original_spans)
+    result["runtime_s"] = max(0.0, this_run - covered(tally.hit_spans)) + original
+    result.setdefault("config", {})["task_cache"] = {"tasks_cached": tally.hits, "tasks_computed": tally.computed,
+                                                     "this_run_s": round(this_run, 3)}
+    note = (f"cached: {tally.hits} task(s) came from the task cache" + (f", {tally.computed} ran now" if tally.computed
+                                                                       else "")
+            + f"; the run time counts their original computation ({result['runtime_s']:.1f} s; this run took "
+              f"{this_run:.1f} s)")
+    result["notes"] = f"{result['notes']} · {note}" if result.get("notes") else note
+
+
+def cache_note(result: dict) -> str:
+    """" (cached)" for a result whose tasks came from the task cache, else ""."""
+    tc = (result.get("config") or {}).get("task_cache") or {}
+    return " (cached)" if tc.get("tasks_cached") else ""
 
 
 def _in_flow_run() -> bool:

@@ -236,8 +236,7 @@ class ForgetExclusion:
 def require(warehouse: str | os.PathLike) -> Path:
     p = Path(warehouse)
     if not p.is_file():
-        raise WarehouseMissingError(
-            f"warehouse {p} does not exist; build it first with `forgetful build-cohort --warehouse {p}`")
+        raise WarehouseMissingError.at(p)
     return p
 
 

@@ -112,9 +112,6 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
 def _main(args) -> int:
     import json
 
-    if args.source in ("mimic", "clif") and not args.root:
-        print(f"error: --source {args.source} needs --root DIR", flush=True)
-        return 2
     s = runner.run_cli_flow(build_cohort_flow, args, must_exist=False, ledger_dir=args.ledger,
                             source=args.source, root=args.root,
                             warehouse=args.warehouse, runs_dir=args.runs, stays=args.stays, seed=args.seed,
