@@ -93,6 +93,9 @@ HOLDS_LEGEND = ("holds: whether this run's own value meets the claim's stated co
                 "this run (e.g. a 95 % CI lower bound above 0, or the decrement's deviation below decay's); yes/no, "
                 "— when the study states no condition. It is not the seed's verdict and not a significance test.")
 
+#: most rows of a result's first table shown up front when the result has no figure
+LEAD_ROWS = 12
+
 #: clinical studies whose seed figures come from real MIMIC-IV records
 REAL_DATA_STUDIES = frozenset({"cohort", "icu_retention", "heldout_spo2", "patient_deletion", "deterioration"})
 
@@ -314,11 +317,13 @@ def _card(res: LoadedResult, stale: Mapping[str, int], newest_receipt: int | Non
     p = res.payload
     figures = [_figure(f, seed=False) for f in p["figures"]]
     tables = [_table(t["columns"], t["rows"], t.get("title", "")) for t in p["tables"]]
-    lead: dict[str, Any] = {"ledger": None, "figure": None, "table": None}
+    lead: dict[str, Any] = {"ledger": None, "figure": None, "table": None, "rows_of": None}
     if p["study"] == "ledger":
         lead["ledger"] = _ledger(p, newest_receipt)
     elif figures:
         lead["figure"] = figures.pop(0)
+    elif tables and len(tables[0]["rows"]) > LEAD_ROWS:  # its head up front, the whole table collapsed
+        lead.update(table={**tables[0], "rows": tables[0]["rows"][:LEAD_ROWS]}, rows_of=len(tables[0]["rows"]))
     elif tables:
         lead["table"] = tables.pop(0)
     return {

@@ -430,6 +430,14 @@ def test_chart_seed_and_claims_up_front_everything_else_collapsed(tmp_path):
     lead = card.split('<div class="lead">', 1)[1].split('<div class="claims-block">', 1)[0]
     assert "<h4>retention</h4>" in lead and "<th>policy</th>" in lead and 'alt="figure:' not in card
     assert "<summary>Full results: 3 metric(s), configuration</summary>" in card  # the lead table is not repeated
+    # a long first table: its first LEAD_ROWS rows up front, the whole table under "Full results"
+    from dashboards.report import LEAD_ROWS
+
+    res["tables"][0]["rows"] = [[f"p{i}", 0.5, 0.4, 0.6] for i in range(LEAD_ROWS + 5)]
+    (tmp_path / "runs" / "icu_retention" / "result.json").write_text(json.dumps(res))
+    up_front, _, collapsed = _article(render_report(tmp_path / "runs"), "icu_retention").partition("<details")
+    assert up_front.count("<td>p") == LEAD_ROWS and collapsed.count("<td>p") == LEAD_ROWS + 5
+    assert f"The first {LEAD_ROWS} of {LEAD_ROWS + 5} rows" in up_front
 
 
 def test_receipts_of_a_study_without_a_chain_are_not_a_failure(tmp_path):
