@@ -100,9 +100,13 @@ def register(entries: list[dict], runs_dir: str | os.PathLike, base: str | os.Pa
     """The entries with ``runs_dir`` registered (created, and given an id, if needed); see the
     module docstring for moved and copied folders. ``entries`` is not modified."""
     p = Path(runs_dir).resolve()
-    p.mkdir(parents=True, exist_ok=True)
     base = Path(base).resolve()
-    fid = folder_id(p, create=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fid = folder_id(p, create=True)
+    except OSError:  # a folder we may not write into: remembered by path, as before identities
+        legacy = {"id": None, "rel": None, "abs": str(p)}
+        return [dict(e) for e in entries] + ([] if legacy in entries else [legacy])
     out = [dict(e) for e in entries if not (e["id"] is None and Path(e["abs"]).resolve() == p)]
     here = {"rel": _rel(p, base), "abs": str(p)}
     for e in out:

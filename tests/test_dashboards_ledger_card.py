@@ -220,3 +220,17 @@ def test_an_id_file_that_is_not_an_id_is_replaced(tmp_path):
     assert runs_registry.folder_id(runs) is None
     fid = runs_registry.folder_id(runs, create=True)
     assert re.fullmatch(r"[0-9a-f]{32}", fid) and runs_registry.folder_id(runs) == fid
+
+
+def test_a_folder_that_cannot_hold_an_id_is_remembered_by_path(tmp_path, monkeypatch):
+    runs = _folder(tmp_path / "runs")
+
+    def read_only(folder, fresh):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(runs_registry, "_write_id", read_only)  # as in a folder we may not write into
+    entries = runs_registry.register([], runs, tmp_path)
+    assert entries == [{"id": None, "rel": None, "abs": str(runs.resolve())}]
+    assert runs_registry.register(entries, runs, tmp_path) == entries
+    assert runs_registry.resolve(entries, tmp_path) == [runs.resolve()]
+    assert not (runs / runs_registry.ID_FILE).exists()
