@@ -121,7 +121,7 @@ def load_results(runs_dir: str | os.PathLike) -> tuple[list[LoadedResult], list[
     skipped : list of str
         Relative paths of JSON files that are not result files (no ``"study"`` key).
         Hidden files and folders (``.<warehouse>.cache/``, the task cache; ``.prefect-results``)
-        and the forget registry are never read.
+        and the forget registry are never read; ``stale.json`` is read by :func:`read_stale`.
 
     Raises
     ------
@@ -138,8 +138,8 @@ def load_results(runs_dir: str | os.PathLike) -> tuple[list[LoadedResult], list[
     for path in sorted(root.rglob("*.json")):
         rel = path.relative_to(root).as_posix()
         parts = path.relative_to(root).parts
-        if any(p.startswith(".") for p in parts) or parts[0] == "forget-registry":
-            continue
+        if any(p.startswith(".") for p in parts) or parts[0] == "forget-registry" or rel == STALE_FILE:
+            continue  # caches, the registry, and the stale marks (read by read_stale)
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
