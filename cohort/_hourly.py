@@ -91,7 +91,8 @@ class BucketSpool:
             f = self._files.get((b, part))
             if f is None:
                 f = self._files[(b, part)] = open(self._path(b, part), "ab")
-            x.tofile(f)
+            # a full disk raises OSError(ENOSPC) here; ndarray.tofile raised an errno-less short-write error
+            f.write(np.ascontiguousarray(x).data)
 
     def close(self) -> None:
         for f in self._files.values():

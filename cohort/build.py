@@ -8,8 +8,10 @@ Command line::
 
 Pipeline (SPEC §2)
 ------------------
-1. Stays: every ICU stay of the source → valid times (intime < outtime) → LOS ≥ min_hours
-   → optional deterministic sample. n_hours = ⌈LOS / 1 h⌉.
+1. Stays: every ICU stay of the source → one subject per stay (a stay listed under two
+   subjects is dropped, never assigned) → not forgotten (the forget registry, when given) →
+   valid times (intime < outtime) → LOS ≥ min_hours → optional deterministic sample.
+   n_hours = ⌈LOS / 1 h⌉.
 2. One streamed DuckDB scan of chartevents / clif_vitals with the six vitals' itemids
    (categories) pushed into the scan, joined to the cohort's stays; each row leaves DuckDB as
    one packed BIGINT key and its value, in Arrow batches (no row-level Python).
@@ -159,17 +161,36 @@ def _connect(path: Path, memory_limit: str, threads: int | None) -> duckdb.DuckD
     con.execute(f"SET temp_directory = '{tmp}'")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
-    con.execute(f"ATTACH '{path}' AS wh")
+    attach_private(con, path, "wh")
     return con
 
 
+def attach_private(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
+    """ATTACH a new DuckDB file as ``alias``, owner-only from the start: the file is made 0600
+    while it holds only DuckDB's header (no row yet), and its WAL is created 0600 before DuckDB
+    writes any row to it (DuckDB keeps an existing WAL's mode)."""
+    con.execute(f"ATTACH '{path}' AS {alias}")
+    os.chmod(path, 0o600, follow_symlinks=False)
+    wal = path.parent / (path.name + ".wal")
+    try:
+        os.close(os.open(wal, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        os.chmod(wal, 0o600, follow_symlinks=False)
+
+
 def _rm(p: Path) -> None:
+    """Remove a build's temporaries; a link in their place is removed itself, never followed."""
     import shutil
+    import stat
 
     for q in (p, p.parent / (p.name + ".wal"), p.parent / (p.name + ".spill"), p.parent / (p.name + ".buckets")):
-        if q.is_dir():
+        try:
+            mode = os.lstat(q).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(mode):
             shutil.rmtree(q, ignore_errors=True)
-        elif q.exists():
+        else:
             q.unlink()
 
 
@@ -266,8 +287,18 @@ def _scan(con, sql: str, files, what: str, stream: bool = False):
         try:
             return con.execute(sql)
         except readable as exc:
+            if _is_storage_failure(exc):
+                raise
             raise wrap(exc) from exc
     return _stream(con, sql, readable, wrap)
+
+
+def _is_storage_failure(exc: BaseException) -> bool:
+    """A full disk, an exhausted quota or a read-only file system while DuckDB writes (spill
+    files): not a property of the input, so never reported as an unreadable input."""
+    import errno
+
+    return any(os.strerror(e) in str(exc) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
 
 
 def _stream(con, sql, readable, wrap, rows: int = 1 << 20):
@@ -275,23 +306,54 @@ def _stream(con, sql, readable, wrap, rows: int = 1 << 20):
         reader = con.sql(sql).to_arrow_reader(rows)
         yield from reader
     except readable as exc:
+        if _is_storage_failure(exc):
+            raise
         raise wrap(exc) from exc
 
 
-def _exclude_registered(con, exclude_subjects, funnel: _Funnel) -> None:
-    """Drop the stays of excluded (forgotten) subjects from ``_src_stays`` before anything else
-    reads them: their measurements never leave the scan's join, and no output holds them."""
-    ids = con.execute("SELECT DISTINCT subject_id FROM _src_stays WHERE subject_id IS NOT NULL"
-                      ).fetchnumpy()["subject_id"]
-    ids = np.asarray(ids, dtype=np.int64)
+def exclude_stays(con, table: str, exclude_subjects=None) -> tuple[int, int | None]:
+    """Apply the id rules to the source's stay rows in ``table`` (``stay_id``, ``subject_id``, …)
+    before any measurement is read, in this order:
+
+    1. a stay listed under more than one subject is dropped, every row of it: the source cannot
+       say whose it is, and assigning it to one of them could re-attach a forgotten patient's
+       data to another id;
+    2. with ``exclude_subjects``: every stay that any row lists under an excluded (forgotten)
+       subject, and every stay the exclusion names by its own id (``exclude_subjects.stays``,
+       when present: the forgotten stays), so a stay relabelled to another subject in a later
+       source extract stays out too.
+
+    Returns the number of rows left after 1 and after 2 (None without ``exclude_subjects``).
+    Only counts leave this function."""
+    con.execute(f"DELETE FROM {table} WHERE stay_id IN (SELECT stay_id FROM {table} WHERE subject_id IS NOT NULL "
+                "GROUP BY stay_id HAVING count(DISTINCT subject_id) > 1)")
+    n_one = int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    if exclude_subjects is None:
+        return n_one, None
+    ids = np.asarray(con.execute(f"SELECT DISTINCT subject_id FROM {table} WHERE subject_id IS NOT NULL"
+                                 ).fetchnumpy()["subject_id"], dtype=np.int64)
     mask = np.asarray(exclude_subjects(ids), dtype=bool)
     if mask.shape != ids.shape:
         raise BadParameterError("exclude_subjects must return one boolean per subject id")
-    if mask.any():
-        con.register("_x_subjects", pa.table({"subject_id": pa.array(ids[mask])}))
-        con.execute("DELETE FROM _src_stays WHERE subject_id IN (SELECT subject_id FROM _x_subjects)")
+    x_stays = np.zeros(0, dtype=np.int64)
+    by_stay = getattr(exclude_subjects, "stays", None)
+    if by_stay is not None:
+        sids = np.asarray(con.execute(f"SELECT DISTINCT stay_id FROM {table} WHERE stay_id IS NOT NULL"
+                                      ).fetchnumpy()["stay_id"], dtype=np.int64)
+        smask = np.asarray(by_stay(sids), dtype=bool)
+        if smask.shape != sids.shape:
+            raise BadParameterError("exclude_subjects.stays must return one boolean per stay id")
+        x_stays = sids[smask]
+    if mask.any() or x_stays.size:
+        con.register("_x_subjects", pa.table({"subject_id": pa.array(ids[mask], type=pa.int64())}))
+        con.register("_x_stays", pa.table({"stay_id": pa.array(x_stays, type=pa.int64())}))
+        con.execute(f"DELETE FROM {table} WHERE subject_id IN (SELECT subject_id FROM _x_subjects) "
+                    f"OR stay_id IN (SELECT stay_id FROM _x_stays) "
+                    f"OR stay_id IN (SELECT stay_id FROM {table} "
+                    "WHERE subject_id IN (SELECT subject_id FROM _x_subjects))")
         con.unregister("_x_subjects")
-    funnel.add("not_in_forget_registry", con.execute("SELECT count(*) FROM _src_stays").fetchone()[0])
+        con.unregister("_x_stays")
+    return n_one, int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
 def check_frozen(frozen) -> dict[str, tuple[float, float, float]]:
@@ -321,8 +383,10 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     # 1. stays ---------------------------------------------------------------------------
     _scan(con, f"CREATE TABLE _src_stays AS {adapter.stays_sql()}", [adapter.scan_files[0].parent], "ICU stays")
     funnel.add("icu_stays_in_source", q("SELECT count(*) FROM _src_stays")[0])
-    if exclude_subjects is not None:
-        _exclude_registered(con, exclude_subjects, funnel)
+    n_one, n_kept = exclude_stays(con, "_src_stays", exclude_subjects)
+    funnel.add("one_subject_per_stay", n_one)  # a stay listed under two subjects is nobody's: dropped
+    if n_kept is not None:
+        funnel.add("not_in_forget_registry", n_kept)
     con.execute(
         "CREATE TABLE _valid AS SELECT *, epoch_us(intime) AS in_us, epoch_us(outtime) AS out_us "
         "FROM _src_stays WHERE stay_id IS NOT NULL AND subject_id IS NOT NULL AND intime IS NOT NULL "
@@ -607,8 +671,11 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
         hourly step holds in memory at once.
     exclude_subjects : optional ``f(subject_ids: int64 array) -> bool array`` naming subjects that
         must never enter the warehouse (the forget registry, :meth:`pipelines.warehouse.Warehouse.exclusion`);
-        applied to the source's stays before any measurement is scanned. The funnel gains the
-        step ``not_in_forget_registry`` (a count only).
+        if it also has a method ``stays(stay_ids) -> bool array``, the stays it names are excluded
+        too, whichever subject the source lists them under. Applied to the source's stays before
+        any measurement is scanned (:func:`exclude_stays`). The funnel gains the step
+        ``not_in_forget_registry`` (a count only). Independently of it, a stay the source lists
+        under more than one subject is dropped (step ``one_subject_per_stay``).
     fill : "backfill" (default: forward fill, back fill, cohort median) or "causal" (forward
         fill within the stay, the cohort median for leading gaps; no value from the future).
     frozen : optional frozen standardisation, vital -> {"mean", "sd", "median"} (see
@@ -640,11 +707,18 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     else:
         raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
     _parse_memory(memory_limit)
+    if os.path.islink(warehouse):  # os.replace below would replace the link's target
+        raise BadParameterError(f"warehouse {warehouse} is a symbolic link; the build replaces the warehouse file and "
+                                "never writes through a link: give the real path")
     warehouse = Path(warehouse).resolve()
     warehouse.parent.mkdir(parents=True, exist_ok=True)
     tmp = warehouse.parent / f".{warehouse.name}.building-{os.getpid()}"
     _rm(tmp)
-    con = _connect(tmp, memory_limit, threads)
+    try:
+        con = _connect(tmp, memory_limit, threads)
+    except BaseException:
+        _rm(tmp)  # e.g. a full disk while creating the file: no temporary left behind
+        raise
     try:
         funnel, hashed = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays,
                                      tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen,

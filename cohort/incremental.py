@@ -29,7 +29,7 @@ import duckdb
 import numpy as np
 
 from ._hourly import HOUR_MS, MS_SHIFT, SIDX_SHIFT, events, fill_within_stays, hourly_means
-from .build import HOUR_US, _plausible_case_sql, _value_sql
+from .build import HOUR_US, _plausible_case_sql, _value_sql, exclude_stays
 from .constants import VITALS
 from .errors import BadParameterError, CohortError, InputMissingError
 
@@ -109,22 +109,14 @@ def _adapter(source: str, root: Path, con, part: Path | None):
 
 
 def load_stays(con, source: str, root: str | Path, min_hours: float, exclude_subjects=None) -> int:
-    """Create the temp table ``_ing_stays`` of eligible stays (the batch build's rules: valid
-    times, first row per stay id, LOS ≥ min_hours; registered subjects dropped before any
-    measurement is scanned). Returns the number of eligible stays."""
-    import pyarrow as pa
-
+    """Create the temp table ``_ing_stays`` of eligible stays (the batch build's rules: one
+    subject per stay and registered subjects and stays dropped (:func:`cohort.build.exclude_stays`)
+    before any measurement is scanned, valid times, first row per stay id, LOS ≥ min_hours).
+    Returns the number of eligible stays."""
     a = _adapter(source, Path(root), con, None)
     con.execute(f"DROP TABLE IF EXISTS {STAYS_TABLE}")
     con.execute(f"CREATE TEMP TABLE _ing_src AS {a.stays_sql()}")
-    if exclude_subjects is not None:
-        ids = np.asarray(con.execute("SELECT DISTINCT subject_id FROM _ing_src WHERE subject_id IS NOT NULL"
-                                     ).fetchnumpy()["subject_id"], dtype=np.int64)
-        mask = np.asarray(exclude_subjects(ids), dtype=bool)
-        if mask.any():
-            con.register("_ing_x", pa.table({"subject_id": pa.array(ids[mask])}))
-            con.execute("DELETE FROM _ing_src WHERE subject_id IN (SELECT subject_id FROM _ing_x)")
-            con.unregister("_ing_x")
+    exclude_stays(con, "_ing_src", exclude_subjects)
     min_us = int(round(min_hours * HOUR_US))
     con.execute(
         f"CREATE TEMP TABLE {STAYS_TABLE} AS SELECT stay_id, subject_id, hadm_id, intime, outtime, join_key, "

@@ -93,8 +93,10 @@ def _load_mimic(root: Path):
 def _load_clif(root: Path):
     import pyarrow.parquet as pq
 
-    hosp = {r["hospitalization_id"]: r["patient_id"]
-            for r in pq.read_table(root / "clif_hospitalization.parquet").to_pylist()}
+    hosp = defaultdict(set)  # a hospitalization listed under several patients: one stay row per patient
+    for r in pq.read_table(root / "clif_hospitalization.parquet").to_pylist():
+        if r["patient_id"] is not None:
+            hosp[r["hospitalization_id"]].add(r["patient_id"])
     segs = defaultdict(list)
     for r in pq.read_table(root / "clif_adt.parquet").to_pylist():
         if (r["location_category"] or "").lower() == "icu":
@@ -102,8 +104,9 @@ def _load_clif(root: Path):
     stays = []
     for h, lst in segs.items():
         for k, (a, b) in enumerate(sorted(lst, key=lambda t: (t[0] is None, t[0], t[1])), start=1):
-            stays.append(dict(stay_id=int(h) * 100 + k, subject_id=int(hosp[h]) if h in hosp else None,
-                              hadm_id=int(h), in_us=a, out_us=b, key=str(h)))
+            for p in sorted(hosp.get(h, ())) or [None]:
+                stays.append(dict(stay_id=int(h) * 100 + k, subject_id=None if p is None else int(p),
+                                  hadm_id=int(h), in_us=a, out_us=b, key=str(h)))
 
     def meas(cohort_keys_multi):
         for r in pq.read_table(root / "clif_vitals.parquet").to_pylist():
@@ -134,6 +137,12 @@ def reference_build(source: str, root: str | Path, min_hours: float = 48, sample
     root = Path(root)
     stays, meas = _load_mimic(root) if source == "mimic" else _load_clif(root)
     funnel: list[tuple[str, int, int | None]] = [("icu_stays_in_source", len(stays), None)]
+    owners = defaultdict(set)
+    for s in stays:
+        if s["subject_id"] is not None:
+            owners[s["stay_id"]].add(s["subject_id"])
+    stays = [s for s in stays if len(owners[s["stay_id"]]) <= 1]  # a stay under two subjects is dropped
+    funnel.append(("one_subject_per_stay", len(stays), None))
     seen, valid = set(), []
     for s in sorted(stays, key=lambda s: (s["stay_id"], s["in_us"] or 0)):
         if s["subject_id"] is None or s["in_us"] is None or s["out_us"] is None or s["out_us"] <= s["in_us"]:

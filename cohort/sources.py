@@ -176,7 +176,9 @@ class ClifAdapter(Adapter):
     Stay ids: CLIF has none, so ``stay_id = hospitalization_id·100 + k`` where k is the
     1-based rank of the ICU segment within its hospitalization by ``in_dttm`` (numeric ids, as in
     the MIMIC-derived demo); with non-numeric ids a dense rank is used instead. The same rule
-    gives ``subject_id`` from ``patient_id`` and ``hadm_id`` from ``hospitalization_id``.
+    gives ``subject_id`` from ``patient_id`` and ``hadm_id`` from ``hospitalization_id``. A
+    hospitalization listed under several patients yields its stays once per patient (never one
+    patient picked silently), so the build drops them as stays with more than one subject.
     Arterial BP is recognised by ``vital_name`` containing "arterial" or "art bp"; every other
     BP row (non-invasive, manual) counts as non-invasive.
 
@@ -223,8 +225,7 @@ class ClifAdapter(Adapter):
                 SELECT a.hospitalization_id, a.in_dttm, a.out_dttm, {k} AS k
                 FROM {self.adt.reader} AS a WHERE lower(a.location_category) = 'icu'
             ), h AS (
-                SELECT hospitalization_id, any_value(patient_id) AS patient_id
-                FROM {self.hosp.reader} GROUP BY hospitalization_id
+                SELECT DISTINCT hospitalization_id, patient_id FROM {self.hosp.reader} WHERE patient_id IS NOT NULL
             ), hh AS (SELECT h.hospitalization_id, {hadm} AS hadm_id, {subj} AS subject_id FROM h)
             SELECT CAST(hh.hadm_id * 100 + seg.k AS BIGINT) AS stay_id,
                    CAST(hh.subject_id AS BIGINT) AS subject_id, CAST(hh.hadm_id AS BIGINT) AS hadm_id,

@@ -8,7 +8,12 @@ register.
 
 Global options (before the command): ``--version``, ``-v/--verbose`` (Prefect's INFO logs),
 ``-q/--quiet`` (no progress bars or Prefect warnings). Exit codes: 0 ok, 1 a verification
-failed (``receipts verify``), 2 usage error, 3 a domain error (one typed line on stderr).
+failed (``receipts verify``), 2 usage error, 3 a domain error (one typed line on stderr), 4 a
+storage failure — disk full, read-only file system, permission denied (one line; nothing lost,
+a pending erasure is completed by the next command).
+
+Every file and folder a command creates is owner-only (the command runs under umask 077): the
+warehouse and its WAL, exports, ledger anchors, keys, results and reports.
 """
 from __future__ import annotations
 
@@ -60,7 +65,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-EPILOG = "exit codes: 0 ok, 1 verification failed, 2 usage error, 3 domain error (one typed line)"
+EPILOG = ("exit codes: 0 ok, 1 verification failed, 2 usage error, 3 domain error (one typed line), "
+          "4 storage error: disk full, read-only or permission denied (one line; nothing lost)")
 
 
 def _version() -> str:
@@ -160,12 +166,17 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     elif "-q" in pre or "--quiet" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "ERROR"
-    if process:  # own Prefect API server (started before the heavy imports), SIGINT/SIGTERM handling
-        from .signals import run_command
+    old_umask = os.umask(0o077)  # owner-only files and folders (warehouse, WAL, exports, anchors, keys)
+    os.umask(old_umask | 0o077)
+    try:
+        if process:  # own Prefect API server (started before the heavy imports), SIGINT/SIGTERM handling
+            from .signals import run_command
 
-        _in_process = True
-        return run_command(cmd, argv, lambda: _dispatch(cmd, argv))
-    return _dispatch(cmd, argv)
+            _in_process = True
+            return run_command(cmd, argv, lambda: _dispatch(cmd, argv))
+        return _dispatch(cmd, argv)
+    finally:
+        os.umask(old_umask)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,10 @@ file system or an SSD may keep copies — see the README's threat model). A cras
 leaves either the old or the new warehouse, never a mix; the temporary file of a killed run is
 removed by the next command (:func:`pipelines.locking.clean_stale`).
 
+Links are never followed: a warehouse path or WAL that is a symbolic link is refused
+(:class:`~pipelines.errors.UnsafePathError`, nothing changed) and the old file is opened with
+``O_NOFOLLOW``. The new file and its WAL are owner-only (0600) from their creation.
+
 Tables with a ``subject_id`` column are filtered on it; tables with only a ``stay_id`` column on
 the excluded subjects' stays. A table with neither must be a known aggregate table
 (:data:`AGGREGATE_TABLES`), otherwise :class:`ErasureError` is raised and nothing changes (fail
@@ -26,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ErasureError
+from .safe_io import open_nofollow, refuse_link
 
 #: tables that hold no record-level rows (aggregates, build metadata, opaque gate states)
 AGGREGATE_TABLES = frozenset({"standardisation", "cohort_funnel", "build_info", "forgetful_meta", "gate_states",
@@ -43,7 +48,9 @@ def fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def _zero_and_close(fd: int) -> None:
+def zero_and_close(fd: int) -> None:
+    """Overwrite the whole file behind ``fd`` with zeros, fsync, close (best effort: a failure
+    to zero never undoes the erasure that came before it)."""
     try:
         size = os.fstat(fd).st_size
         block = b"\0" * (1 << 20)
@@ -71,7 +78,11 @@ def rewrite(warehouse: str | os.PathLike, subjects: set[int], gate_updates: dict
     meta : key -> value written to ``forgetful_meta`` (ledger head applied, …).
     content_hash_fn : ``f(con, schema) -> str`` recomputing ``build_info.content_hash``.
     """
-    wh = Path(warehouse).resolve()
+    from cohort.build import attach_private
+
+    wh = Path(os.path.abspath(warehouse))  # never resolve: a link in its place is refused, not followed
+    refuse_link(wh, "warehouse")
+    refuse_link(wh.parent / (wh.name + ".wal"), "warehouse WAL")
     tmp = temp_path(wh)
     for q in (tmp, tmp.parent / (tmp.name + ".wal")):
         q.unlink(missing_ok=True)
@@ -79,7 +90,7 @@ def rewrite(warehouse: str | os.PathLike, subjects: set[int], gate_updates: dict
     removed: dict[str, int] = {}
     try:
         con.execute(f"ATTACH '{wh}' AS old (READ_ONLY)")
-        con.execute(f"ATTACH '{tmp}' AS nw")
+        attach_private(con, tmp, "nw")
         tables = [r[0] for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE database_name = 'old' AND schema_name = 'main' "
             "ORDER BY table_name").fetchall()]
@@ -142,18 +153,27 @@ def rewrite(warehouse: str | os.PathLike, subjects: set[int], gate_updates: dict
             q.unlink(missing_ok=True)
         raise
     con.close()
-    fd = os.open(tmp, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    old_fd = os.open(wh, os.O_WRONLY)
+        fd = open_nofollow(tmp, os.O_RDONLY, "temporary warehouse")
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        old_fd = open_nofollow(wh, os.O_WRONLY, "warehouse")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     try:
         os.replace(tmp, wh)
+    except BaseException:
+        os.close(old_fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
         fsync_dir(wh.parent)
     except BaseException:
         os.close(old_fd)
         raise
     (wh.parent / (wh.name + ".wal")).unlink(missing_ok=True)
-    _zero_and_close(old_fd)
+    zero_and_close(old_fd)
     return removed

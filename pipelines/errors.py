@@ -54,3 +54,29 @@ class WarehouseBusyError(PipelineError):
 class ErasureError(PipelineError):
     """A warehouse table cannot be erased safely (it holds no subject/stay column and is not a
     known aggregate table), so the forget was not applied."""
+
+
+# ---- file-system safety and storage failures (issue 19, items 4-7; pipelines/safe_io.py) ----
+class UnsafePathError(PipelineError):
+    """A path where forgetful erases or rewrites (warehouse, its WAL, an export file or folder)
+    is a symbolic link: refused, never followed, nothing changed."""
+
+
+class StorageError(PipelineError, OSError):
+    """The disk is full, read-only or refuses permission (ENOSPC, EDQUOT, EROFS, EACCES, EPERM,
+    EIO) while forgetful writes. Exit code 4. The message says what was being done and what state
+    was left (nothing lost; a committed receipt's erasure is completed by the next command)."""
+
+    def __init__(self, message: str, errno_: int | None = None):
+        # OSError(errno, strerror) would reformat the message; keep it one plain line
+        Exception.__init__(self, message)
+        self.errno = errno_
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "storage error"
+
+
+class KeyBesideDataError(LedgerKeyError):
+    """The secret key file (or the config folder holding it and the anchors) lies in the
+    warehouse folder, a runs folder or the ledger folder, where a copy or backup of the data
+    would carry it. Set FORGETFUL_ALLOW_KEY_BESIDE_DATA=1 to accept it anyway."""

@@ -9,6 +9,11 @@ before it is released. A file that can no longer be read as an export (edited, t
 clean, so it is zeroed and removed (fail closed). Idempotent: rerunning finds nothing to remove,
 so a forget killed half-way is completed by the next command.
 
+Links are never followed (:mod:`pipelines.safe_io`): a registered folder, ``stays.parquet`` or
+``hourly.parquet`` that is a symbolic link is refused with one typed line before anything is
+changed (:func:`check_links`, also run by ``forget`` before its receipt is committed), and every
+file is opened with ``O_NOFOLLOW``.
+
 Only folder paths are remembered (in the warehouse's meta table, by
 :meth:`pipelines.warehouse.Warehouse.register_export`); nothing here prints an identifier.
 """
@@ -18,68 +23,127 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .erasure import _zero_and_close, fsync_dir
+from .erasure import fsync_dir, zero_and_close
+from .errors import UnsafePathError
+from .safe_io import open_nofollow, refuse_link, storage_errno
 
 FILES = ("stays.parquet", "hourly.parquet")
+WHAT = "export file"
+
+
+def check_links(folders: Iterable[Path]) -> None:
+    """Refuse (:class:`~pipelines.errors.UnsafePathError`) a registered export folder or export
+    file that is a symbolic link; nothing is changed."""
+    for d in folders:
+        refuse_link(Path(d), "export folder")
+        for f in FILES:
+            refuse_link(Path(d) / f, WHAT)
 
 
 def _swap(frame, target: Path) -> None:
     """Replace ``target`` by ``frame`` (fresh file, fsync, atomic rename, old inode zeroed)."""
     tmp = target.parent / f".{target.name}.forget-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        frame.write_parquet(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    old = os.open(target, os.O_RDWR)
-    os.replace(tmp, target)
-    fsync_dir(target.parent)
-    _zero_and_close(old)
+    tmp.unlink(missing_ok=True)  # a killed run's leftover (or a planted link: unlinking never follows)
+    old = open_nofollow(target, os.O_RDWR, WHAT)
+    try:
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, WHAT)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                frame.write_parquet(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(target.parent)
+    except BaseException:
+        os.close(old)
+        raise
+    zero_and_close(old)
 
 
 def _remove(target: Path) -> None:
-    """Zero ``target``'s bytes, then unlink it."""
-    _zero_and_close(os.open(target, os.O_RDWR))
+    """Zero ``target``'s bytes, then unlink it (the link itself if one was planted meanwhile)."""
+    zero_and_close(open_nofollow(target, os.O_RDWR, WHAT))
     target.unlink()
     fsync_dir(target.parent)
+
+
+def _read(target: Path):
+    """Read a Parquet export file through a descriptor opened with ``O_NOFOLLOW``."""
+    import polars as pl
+
+    with os.fdopen(open_nofollow(target, os.O_RDONLY, WHAT), "rb") as fh:
+        return pl.read_parquet(fh)
+
+
+def remove_partial(folder: str | os.PathLike) -> str:
+    """After a failed ``forgetful export``: zero and remove the export files it left in
+    ``folder`` (the export refuses a folder that already holds them, so they are its own).
+    Returns what was done, for the error message."""
+    gone = []
+    for f in FILES:
+        p = Path(folder) / f
+        if p.is_file() and not p.is_symlink():
+            try:
+                _remove(p)
+                gone.append(f)
+            except OSError:
+                return f"the partial export in {folder} could not be removed: delete {p} yourself"
+    done = f"the partial file(s) {', '.join(gone)} were removed" if gone else "no export file was written"
+    return f"{done}; the warehouse is unchanged; rerun once the disk allows"
+
+
+def _readable(target: Path):
+    """The frame in ``target``, or None when it cannot be read as Parquet (fail closed). A link
+    or a storage failure raises instead: neither says anything about the file's content."""
+    try:
+        return _read(target)
+    except UnsafePathError:
+        raise
+    except Exception as exc:
+        if storage_errno(exc) is not None:
+            raise
+        return None
 
 
 def erase(folders: Iterable[Path], subjects: set[int]) -> dict[str, int]:
     """Remove every row of ``subjects`` from the registered export ``folders``.
 
     Returns counts only: ``{"export_files_rewritten", "export_files_removed", "export_rows_removed"}``.
+    Raises :class:`~pipelines.errors.UnsafePathError` (a link, nothing changed) or a storage
+    error (the files are left as they were or already clean; rerunning completes it).
     """
     import polars as pl
 
     out = {"export_files_rewritten": 0, "export_files_removed": 0, "export_rows_removed": 0}
     subj = sorted(int(s) for s in subjects)
+    folders = [Path(d) for d in folders]
+    check_links(folders)
     for d in folders:
-        stays_p, hourly_p = (Path(d) / f for f in FILES)
+        stays_p, hourly_p = (d / f for f in FILES)
         # the stay -> patient map comes from stays.parquet; hourly.parquet is cleaned first, so a
         # kill between the two leaves the map in place for the rerun
         stays, drop = None, None
         if stays_p.is_file():
-            try:
-                stays = pl.read_parquet(stays_p)
-                drop = [int(s) for s in stays.filter(pl.col("subject_id").is_in(subj))["stay_id"].to_list()]
-            except Exception:  # unreadable: cannot be shown clean -> fail closed
+            stays = _readable(stays_p)
+            if stays is None:  # unreadable: cannot be shown clean -> fail closed
                 _remove(stays_p)
                 out["export_files_removed"] += 1
-        if hourly_p.is_file():
-            if drop is None:  # no readable stay -> patient map beside it
+            else:
+                drop = [int(s) for s in stays.filter(pl.col("subject_id").is_in(subj))["stay_id"].to_list()]
+        if hourly_p.is_file() and (drop is None or drop):
+            hourly = None if drop is None else _readable(hourly_p)  # no readable stay -> patient map beside it
+            if hourly is None:
                 _remove(hourly_p)
                 out["export_files_removed"] += 1
-            elif drop:
-                try:
-                    hourly = pl.read_parquet(hourly_p)
-                    keep = hourly.filter(~pl.col("stay_id").is_in(drop))
-                    if keep.height != hourly.height:
-                        _swap(keep, hourly_p)
-                        out["export_files_rewritten"] += 1
-                        out["export_rows_removed"] += hourly.height - keep.height
-                except Exception:
-                    _remove(hourly_p)
-                    out["export_files_removed"] += 1
+            else:
+                keep = hourly.filter(~pl.col("stay_id").is_in(drop))
+                if keep.height != hourly.height:
+                    _swap(keep, hourly_p)
+                    out["export_files_rewritten"] += 1
+                    out["export_rows_removed"] += hourly.height - keep.height
         if stays is not None and drop:
             _swap(stays.filter(~pl.col("subject_id").is_in(subj)), stays_p)
             out["export_files_rewritten"] += 1

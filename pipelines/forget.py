@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -36,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import erasure, gate_store
-from .errors import AlreadyForgottenError, UnknownSubjectError
+from . import erasure, gate_store, safe_io
+from .errors import AlreadyForgottenError, GateStoreError, UnknownSubjectError
 from .ledger import FORGET_KIND
 from .warehouse import Warehouse, _tables, data_kind, get_meta
 
@@ -66,8 +65,10 @@ class ForgetResult:
         c = self.contexts
         dec = sum(x["action"] == "decrement" for x in c)
         rem = sum(x["action"] == "removed" for x in c)
+        unusable = sum(x.get("reason") == UNUSABLE for x in c)
+        why = f" ({unusable} of them because the stored state was unusable)" if unusable else ""
         line = (f"forgotten: receipt #{self.receipt_seq}; {self.rows_deleted.get('cohort_stays', 0)} stays, "
-                f"{sum(self.rows_deleted.values())} rows erased; {dec} contexts decremented, {rem} removed; "
+                f"{sum(self.rows_deleted.values())} rows erased; {dec} contexts decremented, {rem} removed{why}; "
                 f"certified: {str(self.certified).lower()}")
         bad = [x.get("reason", "") for x in c if not x.get("certified")]
         if bad:
@@ -83,9 +84,20 @@ def plan_contexts(con, subject_id: int, keys, verify: bool = True, score_tol: fl
     Returns (gate_updates for :func:`erasure.rewrite`, per-context receipt info)."""
     updates: dict[int, tuple | None] = {}
     infos = []
-    for cid, tids in sorted(gate_store.tokens_of_subject(con, subject_id).items()):
-        study, _ = gate_store.context_info(con, cid)
-        g = gate_store.load_gate(con, cid, keys)
+    mine = gate_store.tokens_of_subject(con, subject_id)
+    bad = gate_store.unauthentic_contexts(con, keys)
+    for cid in sorted(set(mine) | set(bad)):
+        tids = mine.get(cid, np.zeros(0, dtype=np.int64))
+        if cid not in bad:
+            try:
+                study, _ = gate_store.context_info(con, cid)
+                g = gate_store.load_gate(con, cid, keys)
+            except GateStoreError as exc:
+                bad[cid] = str(exc)
+        if cid in bad:  # fail toward erasure: an unusable state never blocks a deletion
+            updates[cid] = None
+            infos.append(_unusable(con, cid, tids, bad[cid]))
+            continue
         info = {"context_id": int(cid), "study": study, "n_before": int(g.n), "removed": int(tids.size)}
         remaining = g.n - tids.size
         if remaining <= 0:
@@ -129,6 +141,27 @@ def plan_contexts(con, subject_id: int, keys, verify: bool = True, score_tol: fl
     return updates, infos
 
 
+UNUSABLE = "stored state unusable"
+
+
+def _unusable(con, cid: int, tids: np.ndarray, detail: str) -> dict:
+    """Receipt entry of a context removed whole because its stored state cannot be used."""
+    row = con.execute(f"SELECT study FROM {gate_store.STATES} WHERE context_id = ?", [int(cid)]).fetchone()
+    n = con.execute(f"SELECT count(*) FROM {gate_store.TOKENS} WHERE context_id = ?", [int(cid)]).fetchone()[0]
+    return {"context_id": int(cid), "study": str(row[0]) if row else "unknown", "n_before": int(n),
+            "removed": int(tids.size), "action": "removed", "n_after": 0, "certified": True,
+            "certificate": "context removed whole: its stored state was unusable, so nothing of it is kept",
+            "reason": UNUSABLE, "detail": detail}
+
+
+def _say_unusable(infos: list[dict]) -> None:
+    for i in infos:
+        if i.get("reason") == UNUSABLE:
+            print(f"[forgetful] context {i['context_id']} ({i['study']}): {UNUSABLE} ({i['detail']}); removed whole "
+                  "instead of decremented, a certified erasure recorded in the receipt; rerun that study to "
+                  "rebuild its gates", file=sys.stderr)
+
+
 # ------------------------------------------------------------------------------------ applying
 def _mark_stale(runs_dirs: list[Path], seq: int, kind: str) -> None:
     """Record in each runs directory which of its results predate receipt ``seq``: every
@@ -158,27 +191,31 @@ def _mark_stale(runs_dirs: list[Path], seq: int, kind: str) -> None:
         if not since:
             continue
         tmp = d / f".{STALE_FILE}.tmp{os.getpid()}"
-        tmp.write_text(json.dumps({"receipt_seq": min(since.values()), "latest": int(seq),
-                                   "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                   "files": sorted(since), "since": since}, indent=1))
+        tmp.unlink(missing_ok=True)  # never write through a planted link
+        with os.fdopen(safe_io.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "stale marker"), "w") as fh:
+            fh.write(json.dumps({"receipt_seq": min(since.values()), "latest": int(seq),
+                                 "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                 "files": sorted(since), "since": since}, indent=1))
         os.replace(tmp, d / STALE_FILE)
 
 
 def _apply(w: Warehouse, subjects: dict[int, str], updates: dict, seq_applied: int) -> dict[str, int]:
-    """Rewrite the warehouse without ``subjects`` (physically), purge caches, mark results stale."""
+    """Erase ``subjects`` from the exports, purge the task cache, mark results stale, and rewrite
+    the warehouse without them (physically). The warehouse comes last: until its swap the
+    subjects are still present, so a kill or a storage failure anywhere before leaves the whole
+    erasure pending and the next command's :func:`complete_pending` redoes every step
+    (each is idempotent)."""
     from cohort.build import content_hash
 
-    runs = w.runs_dirs()
-    # exports first: idempotent, and a kill before the warehouse swap leaves the subject present,
-    # so the next command's complete_pending redoes both
     from . import exports
 
+    runs = w.runs_dirs()
     ex = exports.erase(w.export_dirs(), set(subjects))
+    safe_io.remove_own_dir(w.cache_dir, "task cache folder")
+    _mark_stale(runs, seq_applied, data_kind(w.path))
     n, head = w.ledger.head()
     removed = erasure.rewrite(w.path, set(subjects), updates, {"ledger_seq": str(n), "ledger_head": head},
                               content_hash_fn=content_hash)
-    shutil.rmtree(w.cache_dir, ignore_errors=True)
-    _mark_stale(runs, seq_applied, data_kind(w.path))
     if any(ex.values()):
         print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
               f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
@@ -203,12 +240,17 @@ def complete_pending(w: Warehouse) -> dict[str, int]:
     finally:
         con.close()
     n, _ = w.ledger.head()
+    state = ("the receipts are committed, so every build excludes these patients; the erasure stays pending and the "
+             "next forgetful command on this warehouse completes it once the disk allows; nothing was lost")
     if not present:
-        if n and applied != str(n) and w.cache_dir.exists():
-            shutil.rmtree(w.cache_dir, ignore_errors=True)  # caches may predate the last receipt
+        if n and applied != str(n):
+            with safe_io.storage_errors("removing the task cache", state):
+                safe_io.remove_own_dir(w.cache_dir, "task cache folder")  # caches may predate the last receipt
         return {}
-    _apply(w, present, updates, max(reg[h] for h in present.values()))
-    write_ledger_result(w)
+    with safe_io.storage_errors(f"completing {len(present)} pending erasure(s)", state):
+        _apply(w, present, updates, max(reg[h] for h in present.values()))
+    with safe_io.storage_errors("updating the report's ledger card", "the pending erasures are complete"):
+        write_ledger_result(w)
     print(f"[forgetful] completed {len(present)} pending erasure(s) from the forget registry", file=sys.stderr)
     return {h: reg[h] for h in present.values()}
 
@@ -292,17 +334,38 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
             "reference": "fresh retained-key refit at the same fixed C",
             "path": "maintained fp64 C&P decremental path",
         }
-        row = w.ledger.append(KIND, h, payload)  # the durable commitment (registry entry)
-        if stays or any(counts.values()):
-            _apply(w, {sid: h}, updates, row.seq)
-        else:
-            from . import exports
+        _say_unusable(infos)
+        from . import exports
 
-            exports.erase(w.export_dirs(), {sid})
-            shutil.rmtree(w.cache_dir, ignore_errors=True)
-        write_ledger_result(w)
+        exports.check_links(w.export_dirs())  # a link is refused before anything is committed
+        with safe_io.storage_errors("forget: writing the receipt", lambda: _append_state(w, h)):
+            row = w.ledger.append(KIND, h, payload)  # the durable commitment (registry entry)
+        with safe_io.storage_errors("forget: erasing", (
+                f"receipt #{row.seq} is committed, so the patient is forgotten and every build excludes them; the "
+                "erasure is pending and the next forgetful command on this warehouse completes it (rerun this "
+                "one once the disk allows); nothing was lost")):
+            if stays or any(counts.values()):
+                _apply(w, {sid: h}, updates, row.seq)
+            else:
+                exports.erase(w.export_dirs(), {sid})
+                safe_io.remove_own_dir(w.cache_dir, "task cache folder")
+        with safe_io.storage_errors("forget: updating the report's ledger card",
+                                    f"receipt #{row.seq} is committed and the erasure is complete"):
+            write_ledger_result(w)
     return ForgetResult(receipt_seq=row.seq, receipt_mac=row.mac, rows_deleted=counts, contexts=infos,
                         certified=certified, seconds=time.perf_counter() - t0)
+
+
+def _append_state(w: Warehouse, h: str) -> str:
+    """What a failed receipt append left (read back from the ledger)."""
+    try:
+        seq = w.ledger.registry().get(h)
+    except Exception as exc:  # noqa: BLE001 - only for the message
+        return f"the ledger could not be read back ({type(exc).__name__}): run `forgetful receipts verify`"
+    if seq is None:
+        return "no receipt was written and nothing was erased; rerun once the disk allows"
+    return (f"receipt #{seq} was committed, so the patient is forgotten; the erasure is pending and the next "
+            "forgetful command on this warehouse completes it; nothing was lost")
 
 
 def ledger_result(w: Warehouse, runtime_s: float = 0.0) -> dict:

@@ -167,9 +167,31 @@ def load_gate(con: duckdb.DuckDBPyConnection, context_id: int, keys=None) -> Gat
         g = blob_to_gate(blob)
     except (GateError, ValueError, KeyError, OSError) as exc:
         raise GateStoreError(f"stored gate state of context {context_id} is invalid ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # any other failure to parse stored bytes (a bad zip, a short read)
+        raise GateStoreError(f"stored gate state of context {context_id} is invalid ({type(exc).__name__})") from None
     if sorted(int(i) for i in g.ids) != [t[0] for t in toks]:
         raise GateStoreError(f"stored gate state of context {context_id} does not match its token map")
     return g
+
+
+def unauthentic_contexts(con: duckdb.DuckDBPyConnection, keys=None) -> dict[int, str]:
+    """Every stored context whose MAC does not verify over its blob and token map (or whose token
+    map names no stored state): context id -> reason. MACs only, no gate is loaded. A forget
+    removes such a context whole, because an edited token map could hide a patient's tokens
+    from :func:`tokens_of_subject`."""
+    if not has_tables(con):
+        return {}
+    keys = _keys(keys)
+    out: dict[int, str] = {}
+    states = {int(c): (bytes(b), str(m), str(st)) for c, b, m, st in con.execute(
+        f"SELECT context_id, state_npz, state_mac, study FROM {STATES}").fetchall()}
+    for (cid,) in con.execute(f"SELECT DISTINCT context_id FROM {TOKENS}").fetchall():
+        if int(cid) not in states:
+            out[int(cid)] = "the token map names a context with no stored state"
+    for cid, (blob, mac, study) in states.items():
+        if not keys.equal(state_mac(keys, cid, study, blob, token_rows(con, cid)), mac):
+            out[cid] = "fails its MAC check (blob or token map edited, or written under another key)"
+    return out
 
 
 def drop_context(con: duckdb.DuckDBPyConnection, context_id: int) -> None:

@@ -51,7 +51,12 @@ def hold(warehouse: str | os.PathLike, exclusive: bool = True, wait: float | Non
                 ent[2] -= 1
             return
     lp.parent.mkdir(parents=True, exist_ok=True)
-    fd = ent[0] if ent is not None else os.open(lp, os.O_RDWR | os.O_CREAT, 0o600)
+    if ent is None:
+        from .safe_io import open_nofollow
+
+        fd = open_nofollow(lp, os.O_RDWR | os.O_CREAT, "warehouse lock file")
+    else:
+        fd = ent[0]
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     t0 = time.monotonic()
     said = False
@@ -118,13 +123,13 @@ def clean_stale(warehouse: str | os.PathLike) -> int:
         m = _TEMP.match(q.name)
         if not m or m["name"] != p.name or _alive(int(m["pid"])):
             continue
-        if q.is_dir():
+        if q.is_dir() and not q.is_symlink():
             shutil.rmtree(q, ignore_errors=True)
         else:
-            q.unlink(missing_ok=True)
+            q.unlink(missing_ok=True)  # a file, or a link (removed itself, never followed)
         n += 1
     cache = p.parent / f".{p.name}.cache"  # pipelines.task_cache: ``.<entry>.tmp<PID>-<n>`` of a killed writer
-    if cache.is_dir():
+    if cache.is_dir() and not cache.is_symlink():
         for q in cache.iterdir():
             m = _CACHE_TEMP.match(q.name)
             if m and not _alive(int(m["pid"])):

@@ -349,12 +349,14 @@ def configure_run_logging(verbose: bool = False) -> None:
 
 
 #: exit codes of every ``forgetful`` command (README, "Commands")
-EXIT_OK, EXIT_VERIFY_FAILED, EXIT_USAGE, EXIT_DOMAIN = 0, 1, 2, 3
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_USAGE, EXIT_DOMAIN, EXIT_STORAGE = 0, 1, 2, 3, 4
 
 
 def cli_errors(fn):
     """Wrap a CLI ``func``: a typed project error (pipelines, cohort, evaluation, sv_core,
-    dashboards) prints one line and exits 3; usage errors stay argparse's 2."""
+    dashboards) prints one line and exits 3; a storage failure (disk full, read-only, permission:
+    :class:`~pipelines.errors.StorageError`, or such an ``OSError`` / DuckDB I/O error raised
+    untyped) prints one line and exits 4; usage errors stay argparse's 2."""
     import functools
 
     @functools.wraps(fn)
@@ -364,11 +366,22 @@ def cli_errors(fn):
         from evaluation.errors import EvaluationError
         from sv_core.errors import GateError
 
-        from .errors import PipelineError
+        from .errors import PipelineError, StorageError
+        from .safe_io import describe, storage_errno
 
         try:
             return int(fn(args) or 0)
+        except StorageError as exc:
+            print(f"error: StorageError: {exc}", file=sys.stderr)
+            return EXIT_STORAGE
         except (PipelineError, CohortError, EvaluationError, GateError, ReportError) as exc:
             print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_DOMAIN
+        except Exception as exc:
+            if storage_errno(exc) is None:
+                raise
+            where = getattr(exc, "filename", None)
+            print(f"error: StorageError: {describe(exc)}{f' at {where}' if where else ''}; the command stopped; rerun "
+                  "it once the disk allows (a pending erasure is completed by the next command)", file=sys.stderr)
+            return EXIT_STORAGE
     return wrapper

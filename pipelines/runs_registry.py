@@ -25,6 +25,8 @@ import re
 import secrets
 from pathlib import Path
 
+from . import safe_io
+
 __all__ = ["ID_FILE", "folder_id", "load", "dump", "locate", "register", "resolve"]
 
 ID_FILE = ".forgetful-runs-id"
@@ -32,23 +34,27 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def _read_id(folder: Path) -> str | None:
+    f = folder / ID_FILE
+    if safe_io.is_link(f):  # a planted link is never read through (it is replaced on registration)
+        return None
     try:
-        text = (folder / ID_FILE).read_text(encoding="ascii").strip()
+        text = f.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return text if _ID.match(text) else None
 
 
 def _write_id(folder: Path, fresh: str) -> None:
-    """Write (or replace) the id file atomically, owner-only."""
+    """Write (or replace) the id file atomically, owner-only, never through a link."""
     tmp = folder / f"{ID_FILE}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)
+    fd = safe_io.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "runs folder id", 0o600)
     try:
         os.write(fd, (fresh + "\n").encode("ascii"))
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, folder / ID_FILE)
+    os.replace(tmp, folder / ID_FILE)  # replaces a link in its place, never its target
 
 
 def folder_id(folder: str | os.PathLike, *, create: bool = False) -> str | None:

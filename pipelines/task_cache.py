@@ -13,7 +13,10 @@ result folder runs code on the next cache hit — measured: a crafted record exe
 * format: canonical JSON; NumPy arrays as ``{"__ndarray__": [dtype, shape, base64]}`` restricted
   to bool/int/uint/float dtypes and read with :func:`numpy.frombuffer` — nothing can execute code;
 * integrity: each file starts with an HMAC (cache sub-key, :mod:`pipelines.keys`) of its body; a
-  file that fails it is deleted and recomputed (a forged result can never be served).
+  file that fails it is deleted and recomputed (a forged result can never be served);
+* links: a cache folder found as a symbolic link is never followed — the link itself is removed
+  (said on stderr) and a real owner-only folder made; entries are written owner-only with
+  ``O_EXCL | O_NOFOLLOW`` (:mod:`pipelines.safe_io`).
 """
 from __future__ import annotations
 
@@ -117,17 +120,23 @@ def cached(fn: Callable) -> Callable:
             p.unlink(missing_ok=True)  # tampered or truncated: recompute
         out = fn(*args, **kwargs)
         body = dumps(out)
+        from .safe_io import is_link, open_nofollow, remove_own_dir
+
+        if is_link(d):
+            remove_own_dir(d, "task cache folder")
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = d / f".{p.name}.tmp{os.getpid()}-{id(out)}"
-        tmp.write_text(keys.mac("cache", body.encode()) + "\n" + body)
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "task cache entry")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(keys.mac("cache", body.encode()) + "\n" + body)
         os.replace(tmp, p)
         return out
     return wrapper
 
 
 def clear(warehouse: str | os.PathLike) -> None:
-    import shutil
-
+    """Remove the warehouse's task cache (a link in its place: the link only, never its target)."""
+    from .safe_io import remove_own_dir
     from .warehouse import cache_dir
 
-    shutil.rmtree(cache_dir(Path(warehouse)), ignore_errors=True)
+    remove_own_dir(cache_dir(Path(warehouse)), "task cache folder")

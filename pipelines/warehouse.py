@@ -75,14 +75,18 @@ class Warehouse:
         """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures."""
         from . import ledger as ledger_mod
         from .keys import Keys
+        from .safe_io import refuse_link
 
+        refuse_link(Path(path).absolute(), "warehouse")  # resolve() below would follow it
         p = Path(path).resolve()
+        refuse_link(p.parent / (p.name + ".wal"), "warehouse WAL")
         if must_exist:
             require(p)
         keys = Keys.load()
         led = ledger_mod.Ledger(ledger_dir or ledger_mod.default_dir(p), keys)
         with locking.hold(p, exclusive=write, wait=wait):
             w = cls(p, keys, led)
+            check_key_location(p, led.dir, w.runs_dirs())
             if write:
                 locking.clean_stale(p)
             if reconcile and p.is_file():
@@ -119,17 +123,16 @@ class Warehouse:
             if own:
                 con.close()
 
-    def exclusion(self):
-        """Scan-time filter for :func:`cohort.build.build_warehouse`: maps an int64 array of
-        subject ids to a boolean mask of registered (forgotten) subjects."""
-        import numpy as np
+    def forgotten_stays(self) -> set[str]:
+        """Keyed hashes of every stay a forget receipt names (payload ``stay_id_hashes``)."""
+        from .ledger import FORGET_KIND
 
-        reg = self.ledger.registry()
+        return {h for r in self.ledger.rows() if r.kind == FORGET_KIND for h in r.payload.get("stay_id_hashes", [])}
 
-        def excluded(subject_ids) -> "np.ndarray":
-            ids = np.asarray(subject_ids, dtype=np.int64)
-            return np.fromiter((self.keys.subject_hash(int(s)) in reg for s in ids), dtype=bool, count=ids.size)
-        return excluded
+    def exclusion(self) -> ForgetExclusion:
+        """Scan-time filter for :func:`cohort.build.build_warehouse`: registered (forgotten)
+        subjects, and the stays their receipts name (whoever the source lists them under now)."""
+        return ForgetExclusion(self.keys, set(self.ledger.registry()), self.forgotten_stays())
 
     def ledger_meta(self) -> dict[str, str]:
         n, head = self.ledger.head()
@@ -205,6 +208,60 @@ class Warehouse:
 
     def export_dirs(self) -> list[Path]:
         return self._remembered("exports")
+
+
+class ForgetExclusion:
+    """The forget registry as :func:`cohort.build.exclude_stays` reads it: called on an int64
+    array of subject ids, a boolean mask of forgotten subjects; :meth:`stays` the same for stay
+    ids (keyed hashes compared; no id is stored)."""
+
+    def __init__(self, keys, subject_hashes: set[str], stay_hashes: set[str]):
+        self._keys, self._subjects, self._stays = keys, subject_hashes, stay_hashes
+
+    def __call__(self, subject_ids):
+        import numpy as np
+
+        ids = np.asarray(subject_ids, dtype=np.int64)
+        return np.fromiter((self._keys.subject_hash(int(s)) in self._subjects for s in ids), dtype=bool,
+                           count=ids.size)
+
+    def stays(self, stay_ids):
+        import numpy as np
+
+        ids = np.asarray(stay_ids, dtype=np.int64)
+        return np.fromiter((self._keys.stay_hash(int(s)) in self._stays for s in ids), dtype=bool, count=ids.size)
+
+
+ALLOW_KEY_ENV = "FORGETFUL_ALLOW_KEY_BESIDE_DATA"
+
+
+def check_key_location(warehouse: Path, ledger_dir: Path, runs_dirs=()) -> None:
+    """Refuse a key file (or the config folder with the key and the anchors) inside the
+    warehouse folder, a runs folder or the ledger folder: a copy or backup of the data would
+    carry the secret that authenticates it. A container that is the home folder or above it is
+    not counted (the default config folder lives there). ``$FORGETFUL_ALLOW_KEY_BESIDE_DATA=1``
+    accepts it anyway."""
+    from .errors import KeyBesideDataError
+    from .keys import KEY_ENV, config_dir, key_file
+
+    if os.environ.get(ALLOW_KEY_ENV) == "1":
+        return
+    home = Path.home().resolve()
+    places = [warehouse.parent, Path(ledger_dir), *map(Path, runs_dirs)]
+    secrets = [("the config folder (key, anchors)", config_dir())]
+    if not os.environ.get(KEY_ENV):
+        secrets.append(("the key file", key_file()))
+    for what, q in secrets:
+        q = Path(q).expanduser().resolve()
+        for d in places:
+            d = Path(d).resolve()
+            if d == home or d in home.parents:
+                continue
+            if q == d or d in q.parents:
+                raise KeyBesideDataError(
+                    f"{what} {q} lies inside {d}, beside the data it protects (a copy or backup of the data "
+                    f"would carry it): move it out (set FORGETFUL_CONFIG_DIR / FORGETFUL_KEY_FILE), or set "
+                    f"{ALLOW_KEY_ENV}=1 to accept it")
 
 
 def require(warehouse: str | os.PathLike) -> Path:

@@ -109,7 +109,8 @@ def clif_wh(tmp_path_factory) -> Path:
 
 def test_mimic_funnel_counts(mimic_wh):
     assert read_funnel(mimic_wh) == [
-        ("icu_stays_in_source", 5, None), ("valid_times", 5, None), ("los_ge_48h", 4, None),
+        ("icu_stays_in_source", 5, None), ("one_subject_per_stay", 5, None), ("valid_times", 5, None),
+        ("los_ge_48h", 4, None),
         ("vital_rows", 4, 38),              # 22 + 7 + 2 + 7 (non-vital 220046 and LOS-excluded 304 not read)
         ("numeric_value", 4, 35),           # 3 text-only rows
         ("charttime_within_stay", 4, 33),   # HR before intime and after outtime of 301
@@ -202,7 +203,8 @@ def test_sample_is_deterministic_and_recorded(tmp_path):
 
 def test_clif_funnel_and_values(clif_wh):
     assert read_funnel(clif_wh) == [
-        ("icu_stays_in_source", 3, None), ("valid_times", 3, None), ("los_ge_48h", 2, None),
+        ("icu_stays_in_source", 3, None), ("one_subject_per_stay", 3, None), ("valid_times", 3, None),
+        ("los_ge_48h", 2, None),
         ("vital_rows", 2, 22),            # 14 rows of hospitalization 5001 (map not a vital) + 8 of 5002
         ("numeric_value", 2, 22),
         ("charttime_within_stay", 2, 20),  # HR in the ED before ICU, HR during the later ICU segment

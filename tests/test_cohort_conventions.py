@@ -207,10 +207,10 @@ def builds(tmp_path_factory):
 
 def test_mimic_code_admits_rows_the_seed_drops(builds):
     seed, mc = builds["seed"], builds["mimic_code"]
-    assert read_funnel(seed.warehouse)[3:7] == [
+    assert read_funnel(seed.warehouse)[4:8] == [
         ("vital_rows", 4, 41), ("numeric_value", 4, 38), ("charttime_within_stay", 4, 36),
         ("plausible_range", 3, 32)]      # 30 of the fixture + RR 75 + 99.0 °C (HR 5 dropped)
-    assert read_funnel(mc.warehouse)[3:7] == [
+    assert read_funnel(mc.warehouse)[4:8] == [
         ("vital_rows", 4, 44), ("numeric_value", 4, 41), ("charttime_within_stay", 4, 39),
         ("plausible_range", 3, 34)]      # 30 (SpO₂ 29 in, 98.6 °C out) + ART BP ×2 + RR total + HR 5
     n = 60
@@ -255,7 +255,7 @@ def test_clif_convention(tmp_path):
     m = build_warehouse("clif", src, tmp_path / "m.duckdb", progress=False, memory_limit="512MB",
                         convention="mimic_code")
     assert s.content_hash == FIXTURE_CLIF_HASH
-    assert read_funnel(s.warehouse)[3:7] == read_funnel(m.warehouse)[3:7]  # 2 different rows out
+    assert read_funnel(s.warehouse)[4:8] == read_funnel(m.warehouse)[4:8]  # 2 different rows out
     con = duckdb.connect(str(s.warehouse), read_only=True)
     stay = con.execute("SELECT min(stay_id) FROM cohort_stays").fetchone()[0]
     con.close()

@@ -236,3 +236,15 @@ def test_a_folder_that_cannot_hold_an_id_is_remembered_by_path(tmp_path, monkeyp
     assert runs_registry.register(entries, runs, tmp_path) == entries
     assert runs_registry.resolve(entries, tmp_path) == [runs.resolve()]
     assert not (runs / runs_registry.ID_FILE).exists()
+
+
+def test_links_in_place_of_the_id_file_are_never_followed(tmp_path):
+    runs = _folder(tmp_path / "runs")
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_text("0123456789abcdef0123456789abcdef\n")  # looks like an id: still not read through the link
+    (runs / runs_registry.ID_FILE).symlink_to(decoy)
+    (runs / f"{runs_registry.ID_FILE}.tmp{os.getpid()}").symlink_to(decoy)
+    assert runs_registry.folder_id(runs) is None
+    (e,) = runs_registry.register([], runs, tmp_path)
+    assert e["id"] != "0123456789abcdef0123456789abcdef" and decoy.read_text().startswith("0123456789abcdef")
+    assert not (runs / runs_registry.ID_FILE).is_symlink() and runs_registry.folder_id(runs) == e["id"]

@@ -38,12 +38,16 @@ def build_task(source: str, root: str | None, warehouse: str, min_hours: float, 
 
     from cohort.build import build_warehouse
 
+    from pipelines.safe_io import storage_errors
     from pipelines.warehouse import Warehouse, put_meta
 
     with Warehouse.open(warehouse, write=True, must_exist=False, ledger_dir=ledger_dir, reconcile=False) as w:
         registered = w.runs_registry()  # carried into the rebuilt file
-        s = build_warehouse(source, root, warehouse, min_hours=min_hours, sample=sample, seed=seed,
-                            memory_limit=memory_limit, progress=progress, exclude_subjects=w.exclusion())
+        with storage_errors("build-cohort: building the warehouse",
+                            "the previous warehouse is unchanged (a build writes a new file and swaps it in only "
+                            "when complete) and its temporary files were removed; rerun once the disk allows"):
+            s = build_warehouse(source, root, warehouse, min_hours=min_hours, sample=sample, seed=seed,
+                                memory_limit=memory_limit, progress=progress, exclude_subjects=w.exclusion())
         con = duckdb.connect(str(w.path))
         try:
             for k, v in w.ledger_meta().items():

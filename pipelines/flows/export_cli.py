@@ -36,7 +36,11 @@ def _main(args) -> int:
         w.register_export(args.out)
         con = w.connect(read_only=False)
         try:
-            out = export_parquet(con, args.out, split=args.split, columns=args.columns)
+            from pipelines.exports import remove_partial
+            from pipelines.safe_io import storage_errors
+
+            with storage_errors("export: writing the Parquet files", lambda: remove_partial(args.out)):
+                out = export_parquet(con, args.out, split=args.split, columns=args.columns)
         finally:
             con.close()
     print(f"exported {out['stays']:,} stays, {out['rows']:,} stay-hours (record-level, owner-only files) "

@@ -4,7 +4,8 @@
 ``--head HASH`` / ``--min-count N`` also check an auditor's own copy of the head (truncation,
 deletion of every row, a replaced or rolled-back ledger). With ``--warehouse`` it also checks
 that no registered (forgotten) subject is present in the warehouse (re-inserted data).
-Exit 0 verified, 1 verification failed (tampered / re-inserted), 2 usage, 3 other errors.
+Exit 0 verified, 1 verification failed (tampered / re-inserted / an erasure still pending), 2 usage,
+3 other errors.
 ``list`` prints aggregate fields only (seq, time, kind, counts) — never the subject hashes.
 ``export DIR`` writes one JSON file per receipt and ``head.json`` for an auditor to keep.
 """
@@ -62,6 +63,14 @@ def _verify(args) -> int:
             print(f"TAMPERED: {len(reinserted)} forgotten subject(s) are present in the warehouse although it "
                   "records their erasure (re-inserted data)", file=sys.stderr)
             bad = {**out, "chain_verified": True, "warehouse_verified": False}
+            print(json.dumps(bad))
+            jsonout.emit(args, bad)
+            return 1
+        if out["pending_erasures"]:  # a forgotten patient still in the warehouse is not verified
+            print(f"NOT VERIFIED: {out['pending_erasures']} forgotten subject(s) are still in the warehouse (erasure "
+                  "pending); any forgetful command that writes this warehouse completes it (e.g. rerun the forget)",
+                  file=sys.stderr)
+            bad = {**out, "warehouse_verified": False}
             print(json.dumps(bad))
             jsonout.emit(args, bad)
             return 1
