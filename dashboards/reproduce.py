@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from dashboards.commands import RESULT_COMMANDS
 from dashboards.report import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,16 +38,10 @@ ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: studies cheap enough to rerun in the default test suite (seconds, seeded)
 CHEAP = ("planted_secret", "skewed_redundancy", "streaming_eviction")
-COMMANDS = {
-    "cohort": "forgetful build-cohort", "icu_retention": "forgetful retention", "heldout_spo2": "forgetful heldout-spo2",
-    "patient_deletion": "forgetful patient-deletion", "deterioration": "forgetful deterioration",
-    "ledger": "forgetful receipts verify", "deletion_audit": "forgetful audit", "deletion_latency": "forgetful bench-delete",
-    "planted_secret": "forgetful planted-secret", "skewed_redundancy": "forgetful skewed-redundancy",
-    "streaming_eviction": "forgetful streaming-eviction", "selective_copying": "forgetful selective-copying",
-    "capacity": "forgetful capacity", "mqar_control": "forgetful mqar-control", "learned_keys": "forgetful learned-keys",
-    "retrieval_memory": "forgetful retrieval-memory", "synthetic_fidelity": "python -m cohort.synthetic --fidelity",
-    "language_model": "forgetful lm", "throughput": "forgetful throughput",
-}
+#: the command stated beside each study: the one that writes its result (dashboards.commands), except
+#: where another reproduces the figure itself
+COMMANDS = {**RESULT_COMMANDS, "ledger": "forgetful receipts verify",
+            "synthetic_fidelity": "python -m cohort.synthetic --fidelity"}
 DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic (not comparable to the seed's real-data figures)",
         "mimic": "user MIMIC-IV root", "clif": "user CLIF root", "text": "text corpus"}
 

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import duckdb
 
-from . import locking
+from . import locking, runs_registry
 from .errors import WarehouseMissingError
 
 META = "forgetful_meta"
@@ -56,8 +56,14 @@ def check_key_location(warehouse: Path, ledger_dir: Path, meta: dict[str, str]) 
 
     from .keys import check_location, key_files
 
-    dirs = [Path(d) for k in ("runs_dirs", "exports") for d in json.loads(meta.get(k) or "[]")]
+    dirs = runs_registry.resolve(runs_registry.load(meta.get("runs_dirs")), warehouse.parent)
+    dirs += [Path(d) for d in json.loads(meta.get("exports") or "[]")]
     check_location(key_files(), warehouse, [ledger_dir, *dirs])
+
+
+def put_meta(con, key: str, value: str) -> None:
+    con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [key, value])
 
 
 def get_meta(con, key: str) -> str | None:
@@ -196,11 +202,41 @@ class Warehouse:
 
     def register_runs_dir(self, runs_dir: str | os.PathLike) -> None:
         """Remember a runs directory that holds results of this warehouse (so a forget can mark
-        them stale and purge them, wherever it is run from)."""
-        self._remember("runs_dirs", runs_dir)
+        them stale and rewrite their ledger card, wherever it is run from).
+
+        Runs folders are registered by identity (:mod:`pipelines.runs_registry`): the id in the
+        folder's ``.forgetful-runs-id`` plus its path relative to the warehouse, so a moved
+        folder is still found and a copy is a folder of its own."""
+        con = self.connect()
+        try:
+            entries = runs_registry.load(get_meta(con, "runs_dirs"))
+            new = runs_registry.register(entries, runs_dir, self.path.parent)
+            if new != entries:
+                put_meta(con, "runs_dirs", runs_registry.dump(new))
+        finally:
+            con.close()
+
+    def runs_registry(self) -> list[dict]:
+        """The stored registrations (for :func:`cohort build <pipelines.flows.clinical_cohort.build_task>`
+        to carry over into a rebuilt warehouse with :meth:`restore_runs_registry`)."""
+        if not self.path.is_file():
+            return []
+        con = self.connect(read_only=True)
+        try:
+            return runs_registry.load(get_meta(con, "runs_dirs"))
+        finally:
+            con.close()
+
+    def restore_runs_registry(self, entries: list[dict]) -> None:
+        con = self.connect()
+        try:
+            put_meta(con, "runs_dirs", runs_registry.dump(entries))
+        finally:
+            con.close()
 
     def runs_dirs(self) -> list[Path]:
-        return self._remembered("runs_dirs")
+        """The registered runs folders that exist now, each found by its id (never a copy of one)."""
+        return runs_registry.resolve(self.runs_registry(), self.path.parent)
 
     def register_export(self, folder: str | os.PathLike) -> None:
         """Remember a folder ``forgetful export`` wrote record-level Parquet into (a forget

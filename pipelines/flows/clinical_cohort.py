@@ -33,18 +33,16 @@ def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
 def build_task(source: str, root: str | None, warehouse: str, min_hours: float, sample: int | None, seed: int,
                memory_limit: str, progress: bool, ledger_dir: str | None = None, runs_dir: str | None = None) -> dict:
     """Build with the forget registry applied at scan time; the new warehouse records the
-    ledger head it reflects."""
-    import json
-
+    ledger head it reflects and keeps the runs folders registered with the old one."""
     import duckdb
 
     from cohort.build import build_warehouse
 
     from pipelines.safe_io import storage_errors
-    from pipelines.warehouse import META, Warehouse
+    from pipelines.warehouse import Warehouse, put_meta
 
     with Warehouse.open(warehouse, write=True, must_exist=False, ledger_dir=ledger_dir, reconcile=False) as w:
-        runs = [str(d) for d in w.runs_dirs()] + ([str(Path(runs_dir).resolve())] if runs_dir else [])
+        registered = w.runs_registry()  # carried into the rebuilt file
         with storage_errors("build-cohort: building the warehouse",
                             "the previous warehouse is unchanged (a build writes a new file and swaps it in only "
                             "when complete) and its temporary files were removed; rerun once the disk allows"):
@@ -52,11 +50,13 @@ def build_task(source: str, root: str | None, warehouse: str, min_hours: float, 
                                 memory_limit=memory_limit, progress=progress, exclude_subjects=w.exclusion())
         con = duckdb.connect(str(w.path))
         try:
-            con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
-            for k, v in {**w.ledger_meta(), "runs_dirs": json.dumps(sorted(set(runs)))}.items():
-                con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [k, v])
+            for k, v in w.ledger_meta().items():
+                put_meta(con, k, v)
         finally:
             con.close()
+        w.restore_runs_registry(registered)
+        if runs_dir:
+            w.register_runs_dir(runs_dir)
     return s.to_json()
 
 

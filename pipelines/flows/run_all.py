@@ -164,12 +164,12 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
             runner.write_study_result(fidelity_result(), runs_dir)
         elif step == "report":
             from dashboards.report import write_report
-            from pipelines.forget import _write_ledger_result
+            from pipelines.forget import write_ledger_result
             from pipelines.warehouse import Warehouse
 
             with Warehouse.open(warehouse, write=True) as w:
                 w.register_runs_dir(runs_dir)
-                _write_ledger_result(w)
+                write_ledger_result(w, render=False)  # the report is written next
             out = write_report(runs_dir, report)
             from pipelines.runner import _in_flow_run
 
