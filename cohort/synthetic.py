@@ -51,11 +51,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .constants import ITEMIDS
 from .errors import BadParameterError
 from .synthetic_calibration import DEFAULT_PARAMS, Model, load_params
 from .synthetic_chunk import CHARTEVENTS_SCHEMA, STAY_KEYS, chunk_table, value_table
-from .synthetic_items import d_items_rows
 from .synthetic_io import ChartWriter, small_tables, spool_chunk, write_table
+from .synthetic_items import d_items_rows
 
 #: Stays per chunk: ≈ 0.8M chartevents rows with non-vital rows (≈ 4,200 rows per stay).
 CHUNK_STAYS = 200
@@ -84,7 +85,7 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-_VITAL_IDS = np.array([220045, 220050, 220051, 220179, 220180, 220210, 220277, 223761, 223762])
+_VITAL_IDS = np.array(sorted(ITEMIDS), dtype=np.int64)
 
 
 def _n_vital(table) -> int:
@@ -123,7 +124,7 @@ class _Progress:
         frac = (stays / self.total_stays) if self.total_stays else min(rows / max(self.target_rows or 1, 1), 1.0)
         eta = el * (1 - frac) / frac if frac > 0 else float("nan")
         msg = (f"[synthetic] {rows:,} rows, {stays:,} stays, {rows / el / 1e6:.2f}M rows/s, "
-               + ("done in %.1f s" % el if final else f"ETA {eta:.0f} s"))
+               + (f"done in {el:.1f} s" if final else f"ETA {eta:.0f} s"))
         print(("\r" + msg) if self.tty else msg, end="\n" if (final or not self.tty) else "", file=sys.stderr,
               flush=True)
 
@@ -196,12 +197,12 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
         return k0, int(chunk_stays) if stays is None else min(int(chunk_stays), int(stays) - k0)
 
     def more(c: int, rows: int) -> bool:
-        return c < n_chunks if n_chunks is not None else rows < int(target_rows)
+        return c < n_chunks if n_chunks is not None else rows < int(target_rows or 0)
 
     writer = ChartWriter(out / "icu" / "chartevents", CHARTEVENTS_SCHEMA, fmt)
     bar = _Progress(progress, None if stays is None else int(stays), target_rows)
     acc: list[dict] = []
-    n_rows = n_vital = 0
+    n_rows = n_vital = n_done = 0
     res_cpu: dict[int, float] = {}
     res_rss: list[float] = []
     spool_dir = None
@@ -211,10 +212,10 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
             while more(c, n_rows):
                 t, st = chunk_table(seed, c, *chunk_range(c), model, short_stay_share, non_vital)
                 writer.write_table(t)
-                n_rows, n_vital = n_rows + t.num_rows, n_vital + _n_vital(t)
+                n_rows, n_vital, n_done = n_rows + t.num_rows, n_vital + _n_vital(t), n_done + st["k"].size
                 acc.append(st)
                 c += 1
-                bar.update(n_rows, c * int(chunk_stays) if stays is None else sum(s["k"].size for s in acc))
+                bar.update(n_rows, n_done)
         else:
             spool_dir = tempfile.mkdtemp(prefix="forgetful-synthetic-", dir=_spool_root(out))
             value_table()  # built once here, inherited by forked workers
@@ -234,14 +235,15 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
                         r = pending.popleft().result()
                         writer.write_spool(Path(r["spool"]))
                         n_rows, n_vital = n_rows + r["rows"], n_vital + r["vital_rows"]
+                        n_done += r["stays"]["k"].size
                         acc.append(r["stays"])
                         res_cpu[r["pid"]] = max(res_cpu.get(r["pid"], 0.0), r["cpu"])
                         res_rss.append(r["rss"])
-                        bar.update(n_rows, sum(s["k"].size for s in acc))
+                        bar.update(n_rows, n_done)
                 finally:
                     for f in pending:
                         f.cancel()
-        path = writer.commit()
+        writer.commit()
     except BaseException:
         writer.abort()
         raise
@@ -264,7 +266,6 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
     rss = {"writer": round(_peak_rss_mb(), 1)}
     if res_rss:
         rss["worker_max"] = round(max(res_rss), 1)
-    assert path.is_file()
     return GenerateSummary(out, n_stays, n_rows, time.perf_counter() - t0, fmt, n_vital, n_work, cpu, rss)
 
 
@@ -334,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps({"out": str(s.out_dir), "stays": s.n_stays, "chartevents_rows": s.n_chartevents,
                       "vital_rows": s.n_vital_rows, "seconds": round(s.seconds, 2), "workers": s.workers,
-                      "rows_per_s": round(s.n_chartevents / max(s.seconds, 1e-9)), "cpu_seconds": round(s.cpu_seconds, 2),
-                      "peak_rss_mb": s.peak_rss_mb, "format": s.fmt}))
+                      "rows_per_s": round(s.n_chartevents / max(s.seconds, 1e-9)),
+                      "cpu_seconds": round(s.cpu_seconds, 2), "peak_rss_mb": s.peak_rss_mb, "format": s.fmt}))
     return 0
 
 

@@ -15,8 +15,15 @@ import pyarrow.compute as pc
 
 from .constants import VITALS
 from .synthetic_calibration import Model
-from .synthetic_items import ART_SHARE, CATALOGUE, NON_VITAL_ROWS_PER_ICU_HOUR, QUANTILE_BUCKETS, VENT_SHARE, \
-    VITAL_ITEMS, ValueTable
+from .synthetic_items import (
+    ART_SHARE,
+    CATALOGUE,
+    NON_VITAL_ROWS_PER_ICU_HOUR,
+    QUANTILE_BUCKETS,
+    VENT_SHARE,
+    VITAL_ITEMS,
+    ValueTable,
+)
 
 HOUR_US = 3_600_000_000
 MIN_US = 60_000_000

@@ -6,7 +6,7 @@ A worker encodes its chunk into a spool file (Arrow IPC for Parquet output; a fi
 member of CSV rows for ``csv.gz``); the writer appends the spools in chunk order. CSV encoding
 and gzip therefore run in the workers, and a multi-member ``.csv.gz`` is one valid gzip file
 (RFC 1952) that DuckDB, gzip and pandas read as a whole. Parquet encoding runs in the writer,
-one row group per chunk (split at 1 Mi rows).
+one row group per chunk (split at 1 Mi rows), snappy-compressed.
 """
 from __future__ import annotations
 
@@ -60,8 +60,14 @@ class ChartWriter:
         self.path = path_no_ext.with_name(f"{path_no_ext.name}.{fmt}")
         self.tmp = self.path.with_name(f".{self.path.name}.partial")
         if fmt == "parquet":
-            self.w = pq.ParquetWriter(self.tmp, schema, compression="zstd", use_dictionary=[
-                f.name for f in schema if not (pa.types.is_timestamp(f.type) or pa.types.is_floating(f.type))])
+            # snappy (Arrow's default; ~20 % less writer CPU than zstd, ~25 % larger), dictionary
+            # pages for the repetitive columns only, statistics where a scan can prune on them
+            self.w = pq.ParquetWriter(
+                self.tmp, schema, compression="snappy",
+                use_dictionary=[f.name for f in schema if not (pa.types.is_timestamp(f.type)
+                                                               or pa.types.is_floating(f.type))],
+                write_statistics=[n for n in ("subject_id", "hadm_id", "stay_id", "charttime", "itemid", "intime")
+                                  if n in schema.names] or False)
         else:
             self.f = open(self.tmp, "wb")
             self.f.write(csv_member(schema.empty_table(), header=True))

@@ -280,7 +280,8 @@ class ValueTable:
 def d_items_rows(catalogue: tuple[Item, ...] = CATALOGUE) -> list[tuple]:
     """(itemid, label, abbreviation, linksto, category, unitname, param_type, lownormalvalue,
     highnormalvalue) of every item the generator charts, sorted by itemid."""
-    rows = [(i, lab, ab, "chartevents", cat, u, "Numeric", None, None) for i, (lab, ab, u, cat) in VITAL_ITEMS.items()]
+    rows: list[tuple] = [(i, lab, ab, "chartevents", cat, u, "Numeric", None, None)
+                         for i, (lab, ab, u, cat) in VITAL_ITEMS.items()]
     rows += [(it.itemid, it.label, it.abbreviation, "chartevents", it.category, it.unit, it.param_type, None, None)
              for it in catalogue]
     return sorted(rows)

@@ -17,8 +17,14 @@ from cohort.constants import ITEMIDS
 from cohort.errors import BadParameterError
 from cohort.synthetic import generate, main
 from cohort.synthetic_calibration import LOS_MAX_HOURS, Model, load_params
-from cohort.synthetic_items import CATALOGUE, DEMO_VITAL_ROW_SHARE, NON_VITAL_ROWS_PER_ICU_HOUR, VENT_SHARE, \
-    ValueTable, fmt_number
+from cohort.synthetic_items import (
+    CATALOGUE,
+    DEMO_VITAL_ROW_SHARE,
+    NON_VITAL_ROWS_PER_ICU_HOUR,
+    VENT_SHARE,
+    ValueTable,
+    fmt_number,
+)
 
 FILES = ("icu/chartevents", "icu/icustays", "icu/d_items", "hosp/patients", "hosp/admissions")
 VITAL_IDS = sorted(ITEMIDS)
