@@ -137,9 +137,19 @@ def _mp_context():
     return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def _spool_root(out: Path) -> str:
+_SPOOL_PREFIX = "forgetful-synthetic-"
+
+
+def _spool_root(out: Path) -> Path:
+    """Where workers hand chunks to the writer: /dev/shm (memory) when writable, else ``out``.
+    Spool folders left by a killed run (their pid is gone) are removed first."""
     shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else str(out)
+    root = shm if shm.is_dir() and os.access(shm, os.W_OK) else out
+    for old in root.glob(f"{_SPOOL_PREFIX}*-*"):
+        pid = old.name[len(_SPOOL_PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and sys.platform.startswith("linux"):
+            shutil.rmtree(old, ignore_errors=True)
+    return root
 
 
 def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, target_rows: int | None = None,
@@ -217,7 +227,7 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
                 c += 1
                 bar.update(n_rows, n_done)
         else:
-            spool_dir = tempfile.mkdtemp(prefix="forgetful-synthetic-", dir=_spool_root(out))
+            spool_dir = tempfile.mkdtemp(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-", dir=_spool_root(out))
             value_table()  # built once here, inherited by forked workers
             ctx = _mp_context()
             with ProcessPoolExecutor(n_work, mp_context=ctx, initializer=_init_worker, initargs=(prm,)) as pool:
