@@ -216,6 +216,7 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
     res_cpu: dict[int, float] = {}
     res_rss: list[float] = []
     spool_dir = None
+    small: list[Path] = []
     try:
         if n_work == 1:
             c = 0
@@ -253,16 +254,19 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
                 finally:
                     for f in pending:
                         f.cancel()
+        # the small tables first, chartevents renamed into place last: a crash leaves no root
+        merged = {k: np.concatenate([s[k] for s in acc]) for k in STAY_KEYS}
+        for rel, table in small_tables(merged, d_items_rows()).items():
+            small.append(write_table(out / rel, table, fmt))
         writer.commit()
     except BaseException:
         writer.abort()
+        for f in small:
+            f.unlink(missing_ok=True)
         raise
     finally:
         if spool_dir is not None:
             shutil.rmtree(spool_dir, ignore_errors=True)
-    merged = {k: np.concatenate([s[k] for s in acc]) for k in STAY_KEYS}
-    for rel, table in small_tables(merged, d_items_rows()).items():
-        write_table(out / rel, table, fmt)
     n_stays = int(merged["k"].size)
     bar.update(n_rows, n_stays, final=True)
     (out / "synthetic_manifest.json").write_text(json.dumps(

@@ -281,6 +281,15 @@ def test_bad_arguments_and_crashes_leave_files_as_they_were(tmp_path, monkeypatc
     with pytest.raises(RuntimeError):
         generate(tmp_path / "x", stays=20, seed=0, fmt="parquet", workers=1, chunk_stays=4)
     assert not [p for p in (tmp_path / "x").rglob("*") if p.is_file()]  # no half-written chartevents
+    monkeypatch.setattr(syn, "chunk_table", real)
+
+    def late(*a, **k):  # the run fails after chartevents is complete, while writing the small tables
+        raise OSError("disk full")
+
+    monkeypatch.setattr(syn, "small_tables", late)
+    with pytest.raises(OSError):
+        generate(tmp_path / "y", stays=8, seed=0, fmt="csv.gz", workers=1, chunk_stays=4)
+    assert not [p for p in (tmp_path / "y").rglob("*") if p.is_file()]
 
 
 def test_cli_reports_speed_and_progress(tmp_path, capsys):
