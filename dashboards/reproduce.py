@@ -244,7 +244,9 @@ def _normal(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dashboards.reproduce", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dashboards.reproduce",
+                                 description="Write docs/FIGURES.md and the README's headline table from the stored "
+                                             "result files (never hand-copied numbers), or check that they match.")
     ap.add_argument("--runs", action="append", default=None, help="runs directory (repeatable; default: runs)")
     ap.add_argument("--figures", default=str(FIGURES), help="output markdown (default: docs/FIGURES.md)")
     ap.add_argument("--readme", default=str(README))
