@@ -443,9 +443,13 @@ def run_form(form: str, site: dict, *, which: str = "all", values: dict | None =
             if argv[0] == "forgetful":
                 rc = main(argv[1:])
             else:
-                sys.argv[:] = [argv[2], *argv[3:]]
+                script = argv[1] != "-m"  # python tests/x.py ... or python -m module ...
+                sys.argv[:] = argv[1:] if script else [argv[2], *argv[3:]]
                 try:
-                    runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+                    if script:
+                        runpy.run_path(str(ROOT / argv[1]), run_name="__main__")
+                    else:
+                        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
                     rc = 0
                 except SystemExit as e:
                     rc = 0 if e.code is None else e.code
@@ -546,6 +550,20 @@ def test_serve_dry_run_form(site):
     (out,) = run_form('forgetful serve --cron "0 3 * * *" [--ingest-root DIR]', site, which="full",
                       values={"DIR": site["mimic"]}, extra=("--dry-run",))
     assert "0 3 * * *" in out and "ingest" in out
+
+
+def test_serverless_commands_import_neither_torch_nor_prefect(site):
+    """README: "forget, receipts, gate-demo, export, report and --help start no Prefect server and
+    import neither torch nor Prefect" -- export and gate-demo here (forget, receipts and --help:
+    tests/test_cli_table.py; report: tests/test_report_cli.py; no server: tests/test_pipelines_prefect.py)."""
+    code = ("import sys, io, contextlib\nfrom pipelines.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "    rc = main(sys.argv[1:])\nprint(rc, 'torch' in sys.modules, 'prefect' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FORGETFUL_CONFIG_DIR": site["config"]}
+    for argv in (["gate-demo", "--n", "40"],
+                 ["export", "--out", str(site["tmp"] / "export-light"), "--warehouse", str(site["warehouse"])]):
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=300)
+        assert r.stdout.strip().splitlines()[-1:] == ["0 False False"], (argv, r.stdout[-300:], r.stderr[-800:])
 
 
 # ---------------------------------------------------------------------------------- the snippets
