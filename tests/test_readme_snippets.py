@@ -173,7 +173,7 @@ SLOW = {
     "python -m sv_core.bench_degenerate completion": "test_slow_benchmarks",
     "python -m sv_core.bench_degenerate fuzz": "test_slow_benchmarks",
     "python -m cohort.bench --rows 100000000": "test_slow_benchmarks (--rows 20000)",
-    "python -m pipelines.bench_cli": "test_slow_benchmarks (--repeats 1 --modes private)",
+    "python -m pipelines.bench_cli": "test_slow_benchmarks (--repeats 1 --modes own)",
     "python -m sv_core.audit --trials 300 --jitter-sweep --sweep-trials 60 --json OUT": "test_slow_audit_as_written",
     "python -m cohort.synthetic --fidelity": "test_slow_fidelity (needs the real demo)",
     "python -m cohort.synthetic --fidelity --json OUT": "test_slow_fidelity (needs the real demo)",
@@ -224,6 +224,8 @@ class _Parsed(Exception):
 def _kept_process_state():
     """Restore the environment, cwd and argv after running a module's ``__main__`` in process."""
     env, cwd, argv = dict(os.environ), os.getcwd(), list(sys.argv)
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # runpy: "found in sys.modules"
@@ -233,6 +235,8 @@ def _kept_process_state():
         os.environ.update(env)
         os.chdir(cwd)
         sys.argv[:] = argv
+        if threads is not None:  # a form's --threads must not leak into later tests
+            torch.set_num_threads(threads)
 
 
 def module_parser(target: str, args: list[str]) -> argparse.ArgumentParser:
@@ -432,7 +436,8 @@ def run_form(form: str, site: dict, *, which: str = "all", values: dict | None =
         text = text.replace(old, new)
     vals = {**sample_values(site["tmp"]), **(values or {})}
     found = variants(text, vals)
-    picked = {"bare": found[:1], "full": found[-1:], "all": found}[which]
+    full = variants(re.sub(r"\[([^\[\]]*)\]", r"\1", text), vals)  # optional parts in, first alternative
+    picked = {"bare": found[:1], "full": full[:1], "all": found}[which]
     outs = []
     for argv in picked:
         argv = [*argv, *extra]
@@ -679,7 +684,7 @@ def test_slow_benchmarks(site, prefect_harness):
     run_form("python -m sv_core.bench_degenerate fuzz", site)
     run_form("python -m cohort.bench --rows 100000000", site, subst=(("100000000", "20000"),),
              extra=("--workdir", str(t / "bench")))
-    run_form("python -m pipelines.bench_cli", site, extra=("--repeats", "1", "--modes", "private",
+    run_form("python -m pipelines.bench_cli", site, extra=("--repeats", "1", "--modes", "own",
                                                            "--dir", str(t / "bench_cli")))
 
 
