@@ -253,7 +253,8 @@ def run(n: int = 10_000, batch: int = 24, checkpoints=None, refit_max: int = 200
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m sv_core.bench_stream",
+                                 description=__doc__.splitlines()[0].replace("``", ""))
     ap.add_argument("--n", type=int, default=None, help="stream length (default 10000; 2000 with --quick)")
     ap.add_argument("--batch", type=int, default=24, help="tokens between evictions")
     ap.add_argument("--refit-max", type=int, default=None,

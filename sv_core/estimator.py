@@ -238,8 +238,9 @@ class SVDDGate(OutlierMixin, BaseEstimator):
         the receipt, its exact-refit fallback and ``verify``). All-or-nothing: on any typed
         :class:`sv_core.GateError` -- :class:`sv_core.UnknownTokenError` (not held, repeated, or
         not an integer), :class:`sv_core.InfeasibleError` (``(n - k) C_ < 1``), a failed
-        verification -- the model is unchanged. ``verify=True`` checks the final state against
-        an independent refit (recorded in the last receipt's ``verification``).
+        verification -- the model is unchanged. ``verify=True`` checks the state after all the
+        deletions against one independent same-C refit; every receipt carries that verification
+        (``verification["batch_tokens"]``: the samples it covers; see ``Gate.forget_many``).
         """
         check_is_fitted(self)
         idx = np.asarray(indices)

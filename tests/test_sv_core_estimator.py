@@ -135,7 +135,11 @@ def test_forget_equals_a_refit_without_the_samples_and_returns_receipts():
     receipts = est.forget(gone, verify=True)
     assert [r.token_id for r in receipts] == gone
     assert all(r.certified for r in receipts)
-    assert receipts[-1].verification["max_abs_score_dev"] < 1e-8
+    # every receipt carries the one verification of the batch, naming what it covers (issue 18:
+    # the first receipt used to show verification=None), removed keys among the probes
+    for r in receipts:
+        assert r.verification["max_abs_score_dev"] < 1e-8 and r.verification["batch_tokens"] == gone
+        assert "removed" in r.verification["score_dev_by_probe"]
     keep = np.setdiff1d(np.arange(80), gone)
     np.testing.assert_array_equal(est.ids_, keep)
     assert not np.isin(gone, est.support_).any()
