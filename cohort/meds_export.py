@@ -73,7 +73,7 @@ def codes_table(convention: str = SEED):
     import pyarrow as pa
 
     conv = get_convention(convention)
-    rows = [(ADMISSION_CODE, "ICU admission: the stay's intime (MIMIC-IV icustays.intime); care unit not kept", None),
+    rows: list[tuple[str, str, list[str] | None]] = [(ADMISSION_CODE, "ICU admission: the stay's intime (MIMIC-IV icustays.intime); care unit not kept", None),
             (DISCHARGE_CODE, "ICU discharge: the stay's outtime (MIMIC-IV icustays.outtime); care unit not kept",
              None)]
     for v in VITALS:
@@ -178,7 +178,8 @@ def export_meds(con_or_path: Any, out_dir: str | os.PathLike, split: str | None 
                     con.unregister("_meds_subjects")
                 folder = out / "data" / MEDS_SPLIT[ours]
                 folder.mkdir(mode=0o700, exist_ok=True)
-                _write_private(folder / f"{k // int(shard_subjects)}.parquet", lambda fh, t=table: pq.write_table(t, fh))
+                _write_private(folder / f"{k // int(shard_subjects)}.parquet",
+                               lambda fh, t=table: pq.write_table(t, fh))
                 n_rows += table.num_rows
                 n_obs += pc.sum(pc.starts_with(table.column("code"), "HOURLY_MEAN//")).as_py() or 0
                 n_shards += 1

@@ -9,8 +9,9 @@ rows. In a MEDS export every data shard (``data/**/*.parquet``) and
 (never copying the removed rows), fsynced, swapped in atomically, and the old inode is zeroed
 before it is released. A file that can no longer be read as an export (edited, truncated, an
 ``hourly.parquet`` without its ``stays.parquet``, which maps stays to patients, or a MEDS shard
-without an integer ``subject_id``) cannot be shown clean, so it is zeroed and removed (fail closed). Idempotent: rerunning finds nothing to remove,
-so a forget killed half-way is completed by the next command.
+without an integer ``subject_id``) cannot be shown clean, so it is zeroed and removed (fail
+closed). Idempotent: rerunning finds nothing to remove, so a forget killed half-way is completed
+by the next command.
 
 Links are never followed (:mod:`pipelines.safe_io`): a registered folder, ``stays.parquet`` or
 ``hourly.parquet``, or a MEDS export's ``data``/``metadata`` folder, any folder or file under

@@ -175,7 +175,8 @@ def test_unreadable_shard_is_removed_and_a_kill_is_completed_by_the_next_command
     assert subjects[0] in pq.read_table(exp / "metadata" / "subject_splits.parquet").column("subject_id").to_pylist()
     assert main(["export", "--warehouse", str(p), "--out", str(tmp_path / "x")]) == 0  # any next command
     capsys.readouterr()
-    assert subjects[0] not in pq.read_table(exp / "metadata" / "subject_splits.parquet").column("subject_id").to_pylist()
+    splits = pq.read_table(exp / "metadata" / "subject_splits.parquet")
+    assert subjects[0] not in splits.column("subject_id").to_pylist()
     assert _events(exp).filter(pl.col("subject_id") == subjects[0]).height == 0
 
 

@@ -41,7 +41,6 @@ def build_task(source: str, root: str | None, warehouse: str, min_hours: float, 
     import duckdb
 
     from cohort.build import build_warehouse
-
     from pipelines.safe_io import storage_errors
     from pipelines.warehouse import Warehouse, put_meta, read_meta
 

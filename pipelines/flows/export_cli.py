@@ -27,7 +27,6 @@ def _main(args) -> int:
     from pathlib import Path
 
     from cohort.errors import BadParameterError
-
     from pipelines.exports import FILES, MEDS_TOP
 
     meds = args.format == "meds"
