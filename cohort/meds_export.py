@@ -73,9 +73,9 @@ def codes_table(convention: str = SEED):
     import pyarrow as pa
 
     conv = get_convention(convention)
-    rows: list[tuple[str, str, list[str] | None]] = [(ADMISSION_CODE, "ICU admission: the stay's intime (MIMIC-IV icustays.intime); care unit not kept", None),
-            (DISCHARGE_CODE, "ICU discharge: the stay's outtime (MIMIC-IV icustays.outtime); care unit not kept",
-             None)]
+    rows: list[tuple[str, str, list[str] | None]] = [
+        (ADMISSION_CODE, "ICU admission: the stay's intime (MIMIC-IV icustays.intime); care unit not kept", None),
+        (DISCHARGE_CODE, "ICU discharge: the stay's outtime (MIMIC-IV icustays.outtime); care unit not kept", None)]
     for v in VITALS:
         items = [(i, unit) for i, (vv, _, unit) in conv.itemids.items() if vv == v]
         named = "; ".join(f"{i} {ITEM_LABELS[i]}" for i, _ in items)
