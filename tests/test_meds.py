@@ -440,3 +440,35 @@ def test_a_measurement_whose_subject_disagrees_with_its_stay_is_not_attached(syn
     r = round_trip(wh, tmp_path / "w.duckdb")
     assert r["count"] - r["count_back"] == 1 and r["unmatched"] == 1
 
+
+
+# ------------------------------------------------------------------------------ ACES
+def test_aces_extracts_the_spo2_below_90_event_from_the_export(syn, tmp_path):
+    """ACES (es-aces) on the export with docs/meds_aces_spo2_48h.yaml labels every ICU admission
+    exactly as the warehouse says: an observed hourly SpO2 mean < 90 in hours 0-47. es-aces needs
+    polars < 2, so it lives in its own environment: set FORGETFUL_ACES_CLI to its ``aces-cli``."""
+    import os
+    import subprocess
+
+    cli = os.environ.get("FORGETFUL_ACES_CLI")
+    if not cli or not Path(cli).is_file():
+        pytest.skip("set FORGETFUL_ACES_CLI to the aces-cli of an environment with es-aces (needs polars < 2)")
+    wh, root, _ = syn
+    cfg = Path(__file__).resolve().parents[1] / "docs" / "meds_aces_spo2_48h.yaml"
+    (tmp_path / "task.yaml").write_text(cfg.read_text())
+    shards = ",".join(str(f.relative_to(root / "data"))[: -len(".parquet")]
+                      for f in sorted((root / "data").rglob("*.parquet")))
+    p = subprocess.run([cli, f"cohort_dir={tmp_path}", "cohort_name=task", "data=sharded", "data.standard=meds",
+                        f"data.root={root / 'data'}", f"data.shard={shards}", "-m"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    labels = pl.concat([pl.read_parquet(f) for f in sorted((tmp_path / "task").rglob("*.parquet"))])
+    con = duckdb.connect(str(wh), read_only=True)
+    want = pl.from_arrow(con.sql(
+        "SELECT s.subject_id, s.intime AS prediction_time, bool_or(h.spo2_observed AND h.spo2 < 90 AND h.hour < 48) "
+        "AS want FROM cohort_stays s JOIN vitals_hourly h USING (stay_id) GROUP BY ALL").to_arrow_table())
+    con.close()
+    j = want.join(labels, on=["subject_id", "prediction_time"], how="full", coalesce=True)
+    print(f"\nACES: {labels.height} ICU admissions labelled, {int(labels['boolean_value'].sum())} with SpO2 < 90 "
+          f"in 48 h; {(j['want'] == j['boolean_value']).sum()} agree with the warehouse")
+    assert labels.height == want.height and (j["want"] == j["boolean_value"]).all()
