@@ -336,3 +336,20 @@ class MedsAdapter(Adapter):
                                           AND CAST(m.subject_id AS BIGINT) = c.subject_id)
             WHERE k IS NOT NULL
         """
+
+
+def markdown_code_map(convention: str | Convention = SEED) -> str:
+    """The default code map as a Markdown table (docs/MEDS.md is checked against it)."""
+    from .conventions import ITEM_LABELS
+
+    conv = get_convention(convention)
+    out = ["| MEDS code | vital | source | unit read as | origin |", "|---|---|---|---|---|"]
+    for code, t in default_code_map(conv).vitals.items():
+        if code.startswith("LAB//"):
+            i = int(code.split("//")[1])
+            origin = f"MIMIC_IV_MEDS chartevents, itemid {i} ({ITEM_LABELS[i]})"
+        else:
+            origin = "this project's export (hourly mean)"
+        unit = "°F (converted)" if t.fahrenheit else ("°C" if t.vital == "temp_c" else "as charted")
+        out.append(f"| `{code}` | {t.vital} | {_SOURCE_NAME[t.source] or '–'} | {unit} | {origin} |")
+    return "\n".join(out)

@@ -472,3 +472,26 @@ def test_aces_extracts_the_spo2_below_90_event_from_the_export(syn, tmp_path):
     print(f"\nACES: {labels.height} ICU admissions labelled, {int(labels['boolean_value'].sum())} with SpO2 < 90 "
           f"in 48 h; {(j['want'] == j['boolean_value']).sum()} agree with the warehouse")
     assert labels.height == want.height and (j["want"] == j["boolean_value"]).all()
+
+
+def test_the_documented_code_map_is_the_default():
+    from cohort.meds import markdown_code_map
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "MEDS.md").read_text()
+    table = doc.split("<!-- code-map:begin -->\n", 1)[1].split("\n<!-- code-map:end -->", 1)[0]
+    assert table == markdown_code_map()
+
+
+def test_the_report_badge_of_a_meds_build_follows_the_exports_dataset_name(tmp_path):
+    from pipelines.flows.clinical_cohort import data_kind_of
+
+    (tmp_path / "metadata").mkdir()
+    meta = tmp_path / "metadata" / "dataset.json"
+    for name, etl, kind in [("forgetful synthetic cohort", "forgetful", "synthetic"),
+                            ("forgetful demo cohort", "forgetful", "demo"),
+                            ("forgetful demo cohort", "MIMIC_IV_MEDS", "mimic"),  # another ETL's claim: user data
+                            ("MIMIC-IV", "MIMIC_IV_MEDS", "mimic")]:
+        meta.write_text(json.dumps({"dataset_name": name, "etl_name": etl}))
+        assert data_kind_of("meds", str(tmp_path)) == kind, (name, etl)
+    meta.write_text("not json")
+    assert data_kind_of("meds", str(tmp_path)) == "mimic"
