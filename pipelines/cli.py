@@ -50,7 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-all": ("run_all", "the main job: demo check, warehouse, every clinical study, report"),
     "forget": ("forget_cli", "forget one patient everywhere, durably, with one tamper-evident receipt"),
     "receipts": ("receipts_cli", "verify, list, export or prove the deletion-receipt log"),
-    "export": ("export_cli", "export the warehouse as Parquet (stays, hourly) for your own analysis"),
+    "export": ("export_cli", "export the warehouse as Parquet or MEDS for your own analysis"),
     "report": ("report_cli", "re-render the HTML report from the stored results (no Prefect server)"),
     "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),
     "ingest": ("ingest_flow", "incremental ingest of new chartevents/vitals files into a streaming warehouse"),

@@ -14,10 +14,11 @@ an ambiguous abbreviation) is an error of the full parser too, and is reported a
 
 What is checked (each check reuses the check of the code that later reads the input):
 
-* ``--source mimic|clif`` needs ``--root``; the root's files present, readable and with their
+* ``--source mimic|clif|meds`` needs ``--root``; the root's files present, readable and with their
   required columns (:func:`cohort.sources.check_layout`: one ``DESCRIBE`` per file — a CSV's
-  header line, a parquet footer; no data scan); ``demo`` needs the cached demo unless ``--fetch``
-  (:func:`cohort.demo_data.ensure_demo`);
+  header line, a parquet footer; no data scan; MEDS: :func:`cohort.meds.check_meds_root`, every
+  data shard's footer, column names and types, and ``build-cohort --meds-codes``' JSON);
+  ``demo`` needs the cached demo unless ``--fetch`` (:func:`cohort.demo_data.ensure_demo`);
 * the study commands, and ``run-all --skip build-cohort``: the warehouse exists
   (what :func:`pipelines.warehouse.require` checks);
 * ``ingest``: the root's stays tables; without ``--init`` the streaming warehouse exists (else the
@@ -40,6 +41,8 @@ from .errors import IngestError, UsageError, WarehouseMissingError
 #: exit codes (see :mod:`pipelines.runner`)
 EXIT_USAGE, EXIT_DOMAIN = 2, 3
 SOURCES = ["demo", "mimic", "clif", "synthetic"]
+#: the sources of ``build-cohort`` and ``run-all`` (``serve`` schedules the others)
+BUILD_SOURCES = ["demo", "mimic", "clif", "meds", "synthetic"]
 DEFAULT_WAREHOUSE = "runs/warehouse.duckdb"
 
 
@@ -59,12 +62,12 @@ def _opt(*flags: str, **kw) -> tuple[tuple[str, ...], dict]:
 _WORKERS = _opt("--workers", type=int, default=2)
 _WAREHOUSE = _opt("--warehouse", default=DEFAULT_WAREHOUSE)
 _RUNS = _opt("--runs", default="runs")
-_SOURCE_ROOT = (_opt("--source", choices=SOURCES, default="demo"), _opt("--root", default=None))
+_SOURCE_ROOT = (_opt("--source", choices=BUILD_SOURCES, default="demo"), _opt("--root", default=None))
 
 #: command -> the options its checks read, declared as the command's own parser declares them
 SPECS: dict[str, tuple[tuple[tuple[str, ...], dict], ...]] = {
     "build-cohort": (*_SOURCE_ROOT, _opt("--stays", type=int, default=1500), _opt("--fetch", action="store_true"),
-                     _WAREHOUSE, _RUNS, _WORKERS),
+                     _opt("--meds-codes", default=None), _WAREHOUSE, _RUNS, _WORKERS),
     "run-all": (*_SOURCE_ROOT, _opt("--stays", type=int, default=1500), _opt("--fetch", action="store_true"),
                 _opt("--warehouse", default=None), _RUNS, _WORKERS,
                 _opt("--skip", nargs="*", default=[]),
@@ -107,14 +110,17 @@ def _positive(a: argparse.Namespace, *names: str) -> None:
 
 
 def _needs_root(source: str, root: str | None, flag: str = "--root") -> None:
-    if source in ("mimic", "clif") and not root:
-        raise UsageError(f"--source {source} needs {flag} DIR (your MIMIC-IV or CLIF folder)")
+    if source in ("mimic", "clif", "meds") and not root:
+        raise UsageError(f"--source {source} needs {flag} DIR (your MIMIC-IV, CLIF or MEDS folder)")
 
 
-def check_source(source: str, root: str | None, fetch: bool = False) -> None:
+def check_source(source: str, root: str | None, fetch: bool = False, meds_codes: str | None = None) -> None:
     """The input of a build: the demo in its cache (unless it is to be fetched), or a MIMIC-IV /
-    CLIF root whose files the build can read. ``synthetic`` is generated: nothing to check."""
+    CLIF / MEDS root whose files the build can read (MEDS: with the code map of ``meds_codes``).
+    ``synthetic`` is generated: nothing to check."""
     _needs_root(source, root)
+    if meds_codes is not None and source != "meds":
+        raise UsageError("--meds-codes applies only to --source meds")
     if source == "demo":
         if not fetch:
             from cohort.demo_data import ensure_demo
@@ -124,6 +130,10 @@ def check_source(source: str, root: str | None, fetch: bool = False) -> None:
         from cohort.sources import check_layout
 
         check_layout(source, root)
+    elif source == "meds":
+        from cohort.meds import check_meds_root, load_code_map
+
+        check_meds_root(root, load_code_map(meds_codes))
 
 
 def check_ingest_root(source: str, root: str) -> None:
@@ -175,7 +185,7 @@ def _build_cohort(a: argparse.Namespace) -> None:
     _positive(a, "workers")
     if a.source == "synthetic":
         _positive(a, "stays")
-    check_source(a.source, a.root, a.fetch)
+    check_source(a.source, a.root, a.fetch, a.meds_codes)
 
 
 def _run_all(a: argparse.Namespace) -> None:

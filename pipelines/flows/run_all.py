@@ -2,7 +2,8 @@
 
 1. fetch check: the real MIMIC-IV demo (CLIF parquet) must be in the cache
    (``python -m cohort.demo_data fetch``, or pass ``--fetch``); skipped for other sources;
-2. ``build-cohort`` (default: the demo; ``--source synthetic --stays N`` or ``--source mimic --root DIR``);
+2. ``build-cohort`` (default: the demo; ``--source synthetic --stays N``, ``--source mimic --root DIR`` or
+   ``--source meds --root DIR`` with the default MEDS code map);
 3. ``retention``, ``heldout-spo2``, ``patient-deletion``, ``deterioration``, ``audit`` — each a
    Prefect subflow with bounded task concurrency (2 threads, or ``--dask ADDRESS``), results
    cached on the warehouse content hash so a rerun after a crash resumes;
@@ -212,10 +213,10 @@ def _main(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("run-all", help="the main job: demo check, warehouse, every clinical study, report",
                        description=__doc__)
-    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo",
+    p.add_argument("--source", choices=["demo", "mimic", "clif", "meds", "synthetic"], default="demo",
                    help="data source (default: %(default)s, the real MIMIC-IV demo)")
     p.add_argument("--root", default=None,
-                   help="source folder (mimic/clif; demo: the cache folder, optional)")
+                   help="source folder (mimic/clif/meds; demo: the cache folder, optional)")
     p.add_argument("--stays", type=int, default=1500, help="synthetic: generated stays (default 1500)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic cohort and the studies (default 0)")
     p.add_argument("--warehouse", default=None, help="DuckDB warehouse (default: <runs>/warehouse.duckdb)")
