@@ -19,6 +19,9 @@ import numpy as np
 from .errors import UnknownTokenError
 from .streaming_store import ColdStore
 
+#: records are compacted only once the arrays hold more than this many slots
+COMPACT_MIN = 1024
+
 
 class ColdTier:
     """Cold keys (in ``store``) with their screening records."""
@@ -177,7 +180,7 @@ class ColdTier:
         self.min_tau -= delta
 
     def maybe_compact(self) -> None:
-        if self._used <= 1024 or 2 * len(self._pos) > self._used:
+        if self._used <= COMPACT_MIN or 2 * len(self._pos) > self._used:
             return
         p = np.sort(self._live())
         n = p.size
