@@ -269,28 +269,32 @@ def _log_row(row, log) -> None:
     log(f"    work: {w['streaming_work']}")
 
 
-def table(res: dict) -> str:
-    """Markdown table of a result (per size and thread setting)."""
-    out = ["| tokens | threads | StreamingGate ms/token: mean, median (IQR) | plain Gate ms/token: mean, median (IQR) "
-           "| libsvm re-solve ms/step: median (IQR), n | libsvm / streaming (mean) | hot / live | "
-           "score dev vs refit: median, worst | load (1 min) |", "|---" * 9 + "|"]
+def table(*results: dict) -> str:
+    """Markdown table of one or more results (per size and thread setting); wall-clock ms per
+    token with the process CPU mean in brackets (robust to a loaded machine)."""
+    out = ["| tokens | BLAS threads | StreamingGate ms/token: mean (median, IQR) [CPU mean] "
+           "| plain Gate ms/token: mean (median, IQR) [CPU mean] | libsvm re-solve s/step: median (min-max), n "
+           "| libsvm ÷ StreamingGate (means) | hot / live | score dev vs refit: median, worst | load (1 min) |",
+           "|---" * 9 + "|"]
 
-    def fmt(s):
-        return f"{s['mean_ms']:.3g}, {s['median_ms']:.3g} ({s['p25_ms']:.3g}-{s['p75_ms']:.3g})" if s.get("n") else "—"
+    def fmt(w, peer):
+        s = w.get(peer, {"n": 0})
+        if not s.get("n"):
+            return "not run (n² memory)"
+        return (f"{s['mean_ms']:.3g} ({s['median_ms']:.2g}, {s['p25_ms']:.2g}-{s['p75_ms']:.2g}) "
+                f"[{w[peer + '_cpu']['mean_ms']:.3g}]")
 
-    for r in res["sizes"]:
-        w = r["window"]
-        lib = w["libsvm"]
-        for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
-            s, p = w[name]["streaming"], w[name].get("plain_gate", {"n": 0})
-            pl = fmt(p) if p.get("n") else "not run (n² memory)"
-            ratio = f"{lib['median_ms'] / s['mean_ms']:.0f}×" if lib.get("n") else "—"
-            libs = (f"{lib['median_ms']:.4g} ({lib['p25_ms']:.4g}-{lib['p75_ms']:.4g}), {lib['n']}"
-                    if lib.get("n") else "—")
-            e = r["exactness"]
-            out.append(f"| {r['tokens']:,} | {name} | {fmt(s)} | {pl} | {libs} | {ratio} "
-                       f"| {r['n_hot']} / {r['n_live']} | {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} | "
-                       f"{r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
+    for res in results:
+        for r in res["sizes"]:
+            w, e = r["window"], r["exactness"]
+            lib = w["libsvm_s"]
+            libs = f"{np.median(lib):.3g} ({min(lib):.3g}-{max(lib):.3g}), {len(lib)}" if lib else "—"
+            for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
+                ratio = f"{1e3 * np.median(lib) / w[name]['streaming']['mean_ms']:.0f}×" if lib else "—"
+                out.append(f"| {r['tokens']:,} | {name} | {fmt(w[name], 'streaming')} | {fmt(w[name], 'plain_gate')} "
+                           f"| {libs} | {ratio} | {r['n_hot']} / {r['n_live']} "
+                           f"| {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} "
+                           f"| {r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
     return "\n".join(out)
 
 
@@ -307,7 +311,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="sizes 1000,2000 with a 96-token window (< 2 min)")
     ap.add_argument("--json", default=None, help="write the result here (e.g. runs/bench_stream/bench.json)")
+    ap.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                    help="only print the markdown table of these result files")
     a = ap.parse_args(argv)
+    if a.table:
+        res = []
+        for path in a.table:
+            with open(path) as f:
+                res.append(json.load(f))
+        print(table(*res))
+        return 0
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else ([1000, 2000] if a.quick else [1000, 10_000, 100_000])
     window = a.window or (96 if a.quick else 200)
     res = run(sizes=sizes, window=window, stream_max=a.stream_max, plain_max=a.plain_max,

@@ -74,6 +74,9 @@ class StreamingGate(StreamingOps):
                 raise InvalidParameterError(
                     f"hot_budget must be an integer >= ceil(1/C)+2 = {warm}, got {hot_budget!r}")
             hot_budget = int(hot_budget)
+        ok = isinstance(cache_entries, (int, np.integer)) and not isinstance(cache_entries, (bool, np.bool_))
+        if not ok or int(cache_entries) < 0:
+            raise InvalidParameterError(f"cache_entries must be a non-negative integer, got {cache_entries!r}")
         self.hot_budget = hot_budget
         self.screen = bool(screen)
         self.direct_cold = bool(direct_cold)

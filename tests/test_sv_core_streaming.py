@@ -334,6 +334,14 @@ def test_bad_hot_budget_is_typed(bad):
         StreamingGate(C=calibrate_C(0.3, 40), sigma=1.5, hot_budget=bad)
 
 
+@pytest.mark.parametrize("bad", [-1, 2.5, "40", True, None])
+def test_bad_cache_entries_is_typed(bad):
+    from sv_core.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError):
+        StreamingGate(C=calibrate_C(0.3, 40), sigma=1.5, cache_entries=bad)
+
+
 def test_forget_hot_key_pads_from_cold_when_the_hot_gate_would_be_infeasible():
     rng = np.random.default_rng(16)
     sg = StreamingGate(C=0.3, sigma=10.0)
