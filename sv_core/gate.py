@@ -502,7 +502,7 @@ class Gate(ExactCompletionMixin):
             out = [self._forget_slot(t, s) for t, s in zip(tids, slots)]
             if verify and self.gated:
                 self._verify_or_fallback(out[-1], removed, 0)
-                ver = out[-1].verification
+                ver = out[-1].verification or {}
                 for r in out:
                     r.verification = {**ver, "batch_tokens": list(tids)}
         except BaseException:
