@@ -182,7 +182,7 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
     n_total = max(sizes) + window + warmup + 8
     X, flag = icu_stream(n_total, d=d, seed=seed)
     sg = StreamingGate(C=C, sigma=sigma)
-    block_t: list[float] = []
+    block_t: list[dict[str, Any]] = []
     t_stream, pos = [], 0
     rows = []
     t_start = time.perf_counter()
@@ -324,14 +324,14 @@ def main(argv=None) -> int:
         return 0
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else ([1000, 2000] if a.quick else [1000, 10_000, 100_000])
     window = a.window or (96 if a.quick else 200)
-    res = run(sizes=sizes, window=window, stream_max=a.stream_max, plain_max=a.plain_max,
+    one = run(sizes=sizes, window=window, stream_max=a.stream_max, plain_max=a.plain_max,
               libsvm_steps=a.libsvm_steps, threads=a.threads, refit_sample=a.refit_sample, warmup=a.warmup,
               seed=a.seed)
-    print(table(res))
+    print(table(one))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
-            json.dump(res, f, indent=1, default=float)
+            json.dump(one, f, indent=1, default=float)
     return 0
 
 

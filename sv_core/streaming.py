@@ -32,6 +32,8 @@ module (the public class: views, scores, serialisation).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .errors import GateError, InvalidKeysError, InvalidParameterError, InvalidStateError
@@ -94,7 +96,7 @@ class StreamingGate(StreamingOps):
         self._forgotten: set[int] = set()
         self._dim: int | None = None
         self._journal: list | None = None  # undo steps of the running operation
-        self._hot_saved = None             # the hot gate before the running operation's first change
+        self._hot_saved: tuple[str, Any] | None = None  # the hot gate before the running operation's first change
         self.stats = {k: 0 for k in STATS_SAVED}
         self.stats["admitted_cold"] = 0
 

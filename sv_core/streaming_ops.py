@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,12 +20,47 @@ from .streaming_cert import build_certificate
 from .streaming_screen import READMIT_TOL, SCREEN_MARGIN, HotView, step_bound
 from .validation import as_keys, check_token_id
 
+if TYPE_CHECKING:
+    from .streaming_cache import KernelCache
+    from .streaming_cold import ColdTier
+
 #: the budget is rebased (every tau shifted) once it exceeds this, to keep tau's rounding small
 REBASE_AT = 1.0
 
 
 class StreamingOps:
     """Operations of :class:`sv_core.StreamingGate` (state set up by its constructor)."""
+
+    # the host's state (set in StreamingGate.__init__ / from_state), declared for type checking
+    C: float
+    sigma: float
+    screen: bool
+    direct_cold: bool
+    hot_budget: int | None
+    stats: dict[str, int]
+    _hot: Gate
+    _view: HotView
+    _h2s: dict[int, int]
+    _s2h: dict[int, int]
+    _cold: ColdTier
+    _cache: KernelCache
+    _b: float
+    _next_id: int
+    _forgotten: set[int]
+    _dim: int | None
+    _journal: list | None
+    _hot_saved: tuple[str, Any] | None
+    if TYPE_CHECKING:  # read-only properties of the host
+        @property
+        def n(self) -> int: ...
+        @property
+        def n_hot(self) -> int: ...
+        @property
+        def n_cold(self) -> int: ...
+        @property
+        def warmup_size(self) -> int: ...
+        @property
+        def hot_ids(self) -> np.ndarray: ...
 
     def _check_id(self, token_id) -> int:
         tid = check_token_id(token_id)
