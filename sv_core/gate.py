@@ -503,6 +503,7 @@ class Gate(ExactCompletionMixin):
             if verify and self.gated:
                 self._verify_or_fallback(out[-1], removed, 0)
                 ver = out[-1].verification
+                assert ver is not None  # set by _verify_or_fallback
                 for r in out:
                     r.verification = {**ver, "batch_tokens": list(tids)}
         except BaseException:
