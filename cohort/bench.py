@@ -1,5 +1,7 @@
-"""Scale benchmarks: the build (generate N synthetic chartevents rows, build the warehouse) and
-the generator itself; JSON reports.
+"""Scale benchmarks of the warehouse build and of the synthetic generator, as JSON reports.
+
+The build benchmark generates N synthetic chartevents rows and builds the warehouse from them;
+the generator benchmark times the generator itself.
 
     python -m cohort.bench --rows 10000000 [--format parquet|csv.gz] [--memory-limit 2GB]
         [--repeat N] [--workdir DIR] [--keep] [--reuse-data] [--json-out FILE]

@@ -1,5 +1,6 @@
-"""Build the hourly vital-sign warehouse (DuckDB) from MIMIC-IV native files, CLIF tables or a
-MEDS dataset (:mod:`cohort.meds`).
+"""Build the hourly vital-sign warehouse (DuckDB) from MIMIC-IV, CLIF or MEDS source files.
+
+Sources: MIMIC-IV native files, CLIF tables or a MEDS dataset (:mod:`cohort.meds`).
 
 Command line::
 

@@ -41,7 +41,9 @@ def _check_split(split: str | None) -> None:
 def _frame(con: Any, sql: str, params: list[Any]) -> pl.DataFrame:
     import polars as pl
 
-    frame = pl.from_arrow(con.sql(sql, params=params or None).arrow())
+    # .pl(), not from_arrow(.arrow()): DuckDB >= 1.4 returns a RecordBatchReader there, which polars
+    # cannot read when the selection is empty (an empty split); .pl() keeps the columns' types
+    frame = con.sql(sql, params=params or None).pl()
     assert isinstance(frame, pl.DataFrame)
     return frame
 

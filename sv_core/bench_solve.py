@@ -1,4 +1,4 @@
-"""Per-stay solve: the certified solve (:func:`sv_core.solve`) vs libsvm, interleaved, at every size.
+"""Per-stay solve: the certified solve (sv_core.solve) vs libsvm, interleaved, at every size.
 
 Protocol (the retention study's): ν = 0.3, σ = 3, ``C = 1/(ν n)``, d = 6, two key families:
 

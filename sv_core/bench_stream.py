@@ -1,5 +1,7 @@
-"""Streaming benchmark: ``python -m sv_core.bench_stream [--sizes 1000,10000,100000] [--threads both]
-[--quick] [--json PATH]``.
+"""Streaming benchmark: StreamingGate vs a plain Gate vs libsvm re-solves, token by token, on an ICU-like stream.
+
+``python -m sv_core.bench_stream [--sizes 1000,10000,100000] [--threads both] [--quick] [--json PATH]``;
+``--table FILE …`` prints the markdown table of saved results.
 
 An ICU-like drifting stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare far
 excursion episodes) is admitted one token at a time into a :class:`StreamingGate`

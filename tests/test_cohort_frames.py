@@ -64,3 +64,22 @@ def test_export_command_writes_private_parquet(wh, tmp_path, capsys):
     assert main(["export", "--warehouse", wh, "--out", str(out)]) == 3
     assert capsys.readouterr().err.strip().startswith("error: BadParameterError:")
     assert (out / "hourly.parquet").read_bytes() == before
+
+
+def test_an_empty_selection_is_an_empty_frame_with_the_columns(wh, tmp_path):
+    """A split without stays (small cohorts; after a forget) exports empty files with the schema."""
+    import shutil
+
+    copy = tmp_path / "w.duckdb"  # the module's warehouse stays as it is
+    shutil.copy(wh, copy)
+    con = duckdb.connect(str(copy))
+    empty = cohort.load_hourly(con, columns=["hr"], stay_ids=[-1])
+    stays = cohort.load_stays(con)
+    assert empty.height == 0 and empty.columns == ["stay_id", "hour", "split", "hr"]
+    assert empty.schema["hr"] == pl.Float64 and stays.height > 0
+    con.execute("UPDATE cohort_stays SET split = 'train' WHERE split = 'test'")
+    out = cohort.frames.export_parquet(con, tmp_path / "x", split="test")
+    con.close()
+    assert out["stays"] == 0 and out["rows"] == 0
+    back = pl.read_parquet(tmp_path / "x" / "stays.parquet")
+    assert back.height == 0 and back.columns == list(stays.columns) and back.schema == stays.schema

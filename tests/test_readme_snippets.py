@@ -39,6 +39,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 import tomllib
 import warnings
 from pathlib import Path
@@ -48,10 +49,17 @@ import pytest
 from pipelines.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = "tests/test_readme_snippets.py"
 DOCS = [ROOT / "README.md", ROOT / "REPRODUCE.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+#: a fenced block, also indented (inside a list item): (indent, language, body)
+FENCE = re.compile(r"^([ \t]*)```(\w*)[ \t]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")
-COMMAND = re.compile(r"^(?:\.venv/bin/)?(?:forgetful \S|python -m \S|python tests/|make \S|pip install )")
+#: the project's own packages: ``python -m venv`` or ``python -m pip`` are not forms of this project
+PACKAGES = ("sv_core", "cohort", "models", "evaluation", "pipelines", "dashboards", "pytest")
+COMMAND = re.compile(r"^(?:\.venv/bin/)?(?:forgetful \S|python -m (?:%s)\b|python tests/|make \S|pip install )"
+                     % "|".join(PACKAGES))
+#: ``VAR=value cmd``: the environment assignments in front of a command are not part of its form
+ENV_PREFIX = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+")
 MIMIC_PLACEHOLDER = "/path/to/mimic-iv-3.1"
 
 
@@ -62,8 +70,8 @@ def python_blocks() -> list[tuple[str, int, str]]:
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
         for m in FENCE.finditer(text):
-            if m.group(1) == "python":
-                out.append((doc.name, text[:m.start()].count("\n") + 1, m.group(2)))
+            if m.group(2) == "python":
+                out.append((doc.name, text[:m.start()].count("\n") + 1, textwrap.dedent(m.group(3))))
     return out
 
 
@@ -73,16 +81,16 @@ def doc_forms() -> dict[str, list[str]]:
 
     def add(doc, line, cmd):
         for part in cmd.split(" && "):
-            part = " ".join(part.split())
+            part = ENV_PREFIX.sub("", " ".join(part.split()))
             if COMMAND.match(part):
                 out.setdefault(part, []).append(f"{doc}:{line}")
 
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
         for m in FENCE.finditer(text):
-            if m.group(1) == "bash":
+            if m.group(2) == "bash":
                 first = text[:m.start()].count("\n") + 2
-                for i, line in enumerate(m.group(2).splitlines()):
+                for i, line in enumerate(m.group(3).splitlines()):
                     add(doc.name, first + i, re.sub(r"\s+#.*$", "", line).strip().rstrip("&").strip())
         prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
         for m in INLINE.finditer(prose):
@@ -114,16 +122,22 @@ def variants(form: str, values: dict[str, str]) -> list[list[str]]:
                     if argv and argv[-1].startswith("--"):
                         argv.append("0")
                     continue
+                if tok in values and argv and argv[-1] in OPTION_SAMPLES:
+                    tok = OPTION_SAMPLES[argv[-1]]  # ``--workers W``: a count, not the warehouse W
                 argv.append(values.get(tok, tok))
             if argv not in out:
                 out.append(argv)
     return out
 
 
+#: a placeholder's sample value where the option before it decides its meaning
+OPTION_SAMPLES = {"--workers": "2"}
+
+
 def sample_values(tmp: Path) -> dict[str, str]:
     return {"DIR": str(tmp / "dir"), "FILE": str(tmp / "file.html"), "ID": "10001", "N": "3",
             "OUT": str(tmp / "out.json"), "PATH": str(tmp / "out.json"), "HASH": "0" * 64, "H": "0" * 64,
-            "W": str(tmp / "w.duckdb"), "S": "0", "JSON": str(tmp / "frozen.json")}
+            "W": str(tmp / "w.duckdb"), "S": "0", "JSON": str(tmp / "frozen.json"), "STH.json": str(tmp / "sth.json")}
 
 
 # ------------------------------------------------------------------------------- classification
@@ -131,15 +145,32 @@ def sample_values(tmp: Path) -> dict[str, str]:
 EXECUTED = {
     "forgetful gate-demo": "test_gate_demo_forms",
     "forgetful gate-demo [--json PATH]": "test_gate_demo_forms",
-    "python -m cohort.synthetic --out DIR --stays N --seed S": "site (fixture)",
+    "python -m cohort.synthetic --out DIR --stays N --seed S [--workers W]": "site (fixture; --workers 2)",
     "python -m cohort.build --source mimic --root /path/to/mimic-iv-3.1 --convention mimic_code": "site (fixture)",
-    "forgetful forget --subject-id ID": "test_forget_receipts_export_forms",
+    "forgetful forget --subject-id ID": "forgotten (fixture)",
     "forgetful receipts verify": "test_forget_receipts_export_forms",
-    "forgetful receipts verify [--head HASH --min-count N]": "test_forget_receipts_export_forms",
-    "forgetful receipts verify --head HASH --min-count N": "test_forget_receipts_export_forms",
     "forgetful receipts verify --head H --min-count N": "test_forget_receipts_export_forms",
     "forgetful receipts export DIR": "test_forget_receipts_export_forms",
     "forgetful export --out DIR [--split test]": "test_forget_receipts_export_forms",
+    # the auditor's sequence (README, deletion guarantees), against the site's log after its forget
+    "forgetful receipts verify [--public-key FILE] [--head STH.json]": "test_auditor_forms",
+    "forgetful receipts public-key --out log.pub": "test_auditor_forms",
+    "forgetful receipts head --out sth.json": "test_auditor_forms",
+    "forgetful receipts verify --public-key log.pub --ledger forget-registry/ --head kept-sth.json":
+        "test_auditor_forms (in an auditor's folder with no key of the operator's)",
+    "forgetful receipts prove --seq 12 --out receipt12.proof.json": "test_auditor_forms (--seq 1: the site's receipt)",
+    "forgetful receipts verify-proof --public-key log.pub receipt12.proof.json": "test_auditor_forms",
+    "forgetful receipts accept-rollback --warehouse W": "test_rollback_recovery_form (backup, forget, restore)",
+    # MEDS out and in (docs/MEDS.md)
+    "forgetful export --format meds --out DIR": "test_meds_forms",
+    "forgetful export --format meds --out my_meds/": "test_meds_forms",
+    "forgetful export --format meds --out my_meds/ --shard-subjects 5000": "test_meds_forms",
+    "python -m cohort.build --source meds --root my_meds/ --warehouse w.duckdb": "test_meds_forms",
+    "forgetful build-cohort --source meds --root my_meds/": "test_meds_forms",
+    "forgetful build-cohort --source meds --root DIR": "test_meds_forms (DIR = my_meds/: the row above)",
+    "forgetful build-cohort --source meds --root MIMIC_IV_MEDS_output/ --meds-codes codes.json":
+        "test_meds_forms (the export as that folder, a codes.json naming its codes)",
+    "python -m sv_core.bench_solve": "test_bench_solve_form (--n 40 --reps 1 --threads 1 --kinds gauss)",
     "forgetful planted-secret": "test_study_and_report_forms",
     "forgetful report": "test_study_and_report_forms",
     "forgetful report [--runs DIR] [--out FILE]": "test_study_and_report_forms",
@@ -154,6 +185,7 @@ EXECUTED = {
 SLOW = {
     "forgetful run-all": "test_slow_run_all (synthetic root, reduced sizes)",
     "forgetful run-all --source synthetic --stays 1500 --runs runs_synth": "test_slow_run_all (--stays 40, reduced)",
+    "forgetful run-all --source meds --root my_meds/": "test_slow_run_all (a MEDS export of its warehouse, reduced)",
     "forgetful run-all [--source demo\\|synthetic\\|mimic] [--root DIR]": "test_slow_run_all (mimic: the synthetic root)",
     ".venv/bin/forgetful run-all --source mimic --root /path/to/mimic-iv-3.1": "test_slow_run_all (the synthetic root)",
     "forgetful build-cohort": "test_slow_run_all (its build step)",
@@ -170,9 +202,11 @@ SLOW = {
     "python -m models.bench_throughput --json OUT": "test_slow_benchmarks (--repeats 1 --warmup 0)",
     "python -m sv_core.bench_delete --json OUT": "test_slow_benchmarks (--sizes 64, 3 deletions)",
     "python -m sv_core.bench_stream [--quick] --json OUT": "test_slow_benchmarks (--quick)",
+    "python -m sv_core.bench_stream --sizes 1000,10000 --json …": "test_slow_benchmarks (--sizes 300,600)",
     "python -m sv_core.bench_degenerate completion": "test_slow_benchmarks",
     "python -m sv_core.bench_degenerate fuzz": "test_slow_benchmarks",
     "python -m cohort.bench --rows 100000000": "test_slow_benchmarks (--rows 20000)",
+    "python -m cohort.bench --generator [--sizes …] [--workers-list 1 2]": "test_slow_benchmarks (--sizes 20000)",
     "python -m pipelines.bench_cli": "test_slow_benchmarks (--repeats 1 --modes own)",
     "python -m sv_core.audit --trials 300 --jitter-sweep --sweep-trials 60 --json OUT": "test_slow_audit_as_written",
     "python -m cohort.synthetic --fidelity": "test_slow_fidelity (needs the real demo)",
@@ -335,16 +369,23 @@ def test_docs_hold_command_forms_and_snippets():
 
 
 def test_every_documented_form_is_classified():
-    missing = [f"{f} ({', '.join(w)})" for f, w in FORMS.items() if not _classified(f)]
-    assert not missing, "documented forms no test classifies (EXECUTED/SLOW/PARSE_ONLY):\n" + "\n".join(missing)
+    missing = [f"  {f!r}: ...,   # documented at {', '.join(w)}" for f, w in FORMS.items() if not _classified(f)]
+    assert not missing, (
+        f"documented command forms no test classifies. Fix: in {HERE}, add each key below (exactly as shown)"
+        " to ONE of the dicts EXECUTED (value: the name of the default-suite test that runs it with"
+        " run_form(form, ...)), SLOW (value: the @pytest.mark.slow test that runs it with run_form,"
+        " sizes reduced via subst=/extra=) or PARSE_ONLY (value: why it is only parsed, e.g. downloads,"
+        " serves until stopped, hours of CPU); or reword the docs to an already classified form:\n"
+        + "\n".join(missing))
     stale = [f for f in (*EXECUTED, *SLOW, *PARSE_ONLY) if f not in FORMS]
-    assert not stale, f"classified forms the docs no longer hold: {stale}"
+    assert not stale, (f"classified forms the docs no longer hold: remove them from EXECUTED/SLOW/PARSE_ONLY in"
+                       f" {HERE} (and their run_form calls), or put them back in the docs: {stale}")
     src = Path(__file__).read_text()
     for form, where in (*EXECUTED.items(), *SLOW.items()):
         name = where.split(" ")[0]
-        assert f"def {name}(" in src or name == "site", f"{form}: no test {name}"
+        assert f"def {name}(" in src or name == "site", f"{form!r}: its value names {name}, no test or fixture in {HERE}"
         assert form.replace(chr(92), chr(92) * 2) in src.split("# --- running forms")[-1] or name == "site", \
-            f"{form}: {name} does not run it"
+            f"{form!r}: {name} must run it with run_form({form!r}, ...) (below '# --- running forms' in {HERE})"
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -471,13 +512,27 @@ def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("site")
     s = {"tmp": tmp, "config": str(tmp / "config"), "mimic": str(tmp / "mimic")}
     (tmp / "runs").mkdir()
-    run_form("python -m cohort.synthetic --out DIR --stays N --seed S", s,
+    run_form("python -m cohort.synthetic --out DIR --stays N --seed S [--workers W]", s, which="full",
              values={"DIR": s["mimic"], "N": "8", "S": "0"})
     run_form("python -m cohort.build --source mimic --root /path/to/mimic-iv-3.1 --convention mimic_code", s,
              extra=("--quiet",), cwd=tmp / "runs")
     s["warehouse"] = tmp / "runs" / "warehouse.duckdb"
     assert s["warehouse"].is_file()
+    s["pristine"] = tmp / "pristine.duckdb"  # the warehouse before any forget (test_rollback_recovery_form)
+    shutil.copy(s["warehouse"], s["pristine"])
     return s
+
+
+@pytest.fixture(scope="module")
+def forgotten(site):
+    """The site after ``forgetful forget --subject-id ID`` of its first subject: (subject, subjects before)."""
+    import duckdb
+
+    con = duckdb.connect(str(site["warehouse"]), read_only=True)
+    subject, n_before = con.execute("SELECT min(subject_id), count(DISTINCT subject_id) FROM cohort_stays").fetchone()
+    con.close()
+    run_form("forgetful forget --subject-id ID", site, values={"ID": str(subject)})
+    return subject, n_before
 
 
 def test_gate_demo_forms(site):
@@ -488,24 +543,20 @@ def test_gate_demo_forms(site):
     assert json.loads(path.read_text())["receipt"]["certified"] is True
 
 
-def test_forget_receipts_export_forms(site):
-    import duckdb
-
-    con = duckdb.connect(str(site["warehouse"]), read_only=True)
-    subject, n_before = con.execute("SELECT min(subject_id), count(DISTINCT subject_id) FROM cohort_stays").fetchone()
-    con.close()
-    run_form("forgetful forget --subject-id ID", site, values={"ID": str(subject)})
+def test_forget_receipts_export_forms(site, forgotten):
+    subject, n_before = forgotten
     (out,) = run_form("forgetful receipts verify", site)
     v = json.loads(out)
     assert v["chain_verified"] and v["n_rows"] == 1 and v["warehouse_verified"]
-    for form in ("forgetful receipts verify [--head HASH --min-count N]",
-                 "forgetful receipts verify --head HASH --min-count N", "forgetful receipts verify --head H --min-count N"):
-        run_form(form, site, values={"HASH": v["head"], "H": v["head"], "N": "1"})
-    # the auditor's check fails on a head it did not record (exit 1)
-    run_form("forgetful receipts verify --head HASH --min-count N", site, values={"HASH": "0" * 64, "N": "1"},
-             expect=1)
+    run_form("forgetful receipts verify --head H --min-count N", site, values={"H": v["head"], "N": "1"})
+    # the check fails on a head it did not record, and on a count the log does not reach (exit 1)
+    run_form("forgetful receipts verify --head H --min-count N", site, values={"H": "0" * 64, "N": "1"}, expect=1)
+    run_form("forgetful receipts verify --head H --min-count N", site, values={"H": v["head"], "N": "2"}, expect=1)
     run_form("forgetful receipts export DIR", site, values={"DIR": str(site["tmp"] / "receipts")})
-    assert json.loads((site["tmp"] / "receipts" / "head.json").read_text())["head"] == v["head"]
+    # the export's head.json is the newest signed tree head, and the auditor's --head check accepts it
+    sth = site["tmp"] / "receipts" / "head.json"
+    assert json.loads(sth.read_text())["tree_size"] == v["n_rows"] == 1
+    run_form("forgetful receipts verify --head H --min-count N", site, values={"H": str(sth), "N": "1"})
     for i, which in enumerate(("bare", "full")):
         d = site["tmp"] / f"export{i}"
         run_form("forgetful export --out DIR [--split test]", site, which=which, values={"DIR": str(d)})
@@ -515,6 +566,123 @@ def test_forget_receipts_export_forms(site):
     stays = pl.read_parquet(site["tmp"] / "export0" / "stays.parquet")
     assert subject not in stays["subject_id"].to_list() and stays["subject_id"].n_unique() == n_before - 1
 
+
+
+def _n_stays(warehouse: Path) -> int:
+    import duckdb
+
+    con = duckdb.connect(str(warehouse), read_only=True)
+    try:
+        return con.execute("SELECT count(*) FROM cohort_stays").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_auditor_forms(site, forgotten):
+    """The operator hands over the public key, a signed head and a proof; the auditor checks them
+    in a folder of their own, with a config folder that holds no key of the operator's."""
+    op = site["tmp"]  # the operator: runs/warehouse.duckdb and runs/forget-registry/ below
+    run_form("forgetful receipts public-key --out log.pub", site)
+    assert (op / "log.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    run_form("forgetful receipts head --out sth.json", site)
+    assert json.loads((op / "sth.json").read_text())["tree_size"] >= 1
+    run_form("forgetful receipts prove --seq 12 --out receipt12.proof.json", site, subst=(("--seq 12", "--seq 1"),))
+    # the table's form: the operator's check, then with the public key and the kept head
+    run_form("forgetful receipts verify [--public-key FILE] [--head STH.json]", site,
+             values={"FILE": str(op / "log.pub"), "STH.json": str(op / "sth.json")})
+    aud = op / "auditor"
+    aud.mkdir()
+    shutil.copytree(op / "runs" / "forget-registry", aud / "forget-registry")
+    shutil.copy(op / "log.pub", aud / "log.pub")
+    shutil.copy(op / "sth.json", aud / "kept-sth.json")
+    shutil.copy(op / "receipt12.proof.json", aud / "receipt12.proof.json")
+    auditor = {**site, "config": str(aud / "config")}
+    (out,) = run_form("forgetful receipts verify --public-key log.pub --ledger forget-registry/ --head kept-sth.json",
+                      auditor, cwd=aud)
+    assert json.loads(out)["chain_verified"] is True
+    run_form("forgetful receipts verify-proof --public-key log.pub receipt12.proof.json", auditor, cwd=aud)
+    assert not [f for f in (aud / "config").rglob("*") if f.is_file()], "the auditor's check created a file"
+    # a proof edited after it was made fails the auditor's check (exit 1)
+    proof = json.loads((aud / "receipt12.proof.json").read_text())
+    proof["leaf"] = proof["leaf"].replace('"certified":', '"certified" :', 1)
+    (aud / "receipt12.proof.json").write_text(json.dumps(proof))
+    run_form("forgetful receipts verify-proof --public-key log.pub receipt12.proof.json", auditor, cwd=aud, expect=1)
+
+
+def test_rollback_recovery_form(site, tmp_path):
+    """README's accident: forget A, back up the registry and the config folder, forget B, restore the
+    backup: the log is refused (exit 1); ``accept-rollback`` records the shorter log in a receipt."""
+    w = tmp_path / "runs" / "warehouse.duckdb"
+    w.parent.mkdir()
+    shutil.copy(site["pristine"], w)
+    s = {**site, "config": str(tmp_path / "config")}
+    import duckdb
+
+    con = duckdb.connect(str(w), read_only=True)
+    a, b = [r[0] for r in con.execute("SELECT DISTINCT subject_id FROM cohort_stays ORDER BY 1 LIMIT 2").fetchall()]
+    con.close()
+    wh = ("--warehouse", str(w))
+    run_form("forgetful forget --subject-id ID", s, values={"ID": str(a)}, extra=wh)
+    (out,) = run_form("forgetful receipts accept-rollback --warehouse W", s, values={"W": str(w)})
+    assert json.loads(out) == {"accepted": False}  # nothing to accept yet
+    backup = tmp_path / "backup"
+    shutil.copytree(w.parent / "forget-registry", backup / "forget-registry")
+    shutil.copytree(tmp_path / "config", backup / "config")
+    run_form("forgetful forget --subject-id ID", s, values={"ID": str(b)}, extra=wh)
+    for name, dst in (("forget-registry", w.parent / "forget-registry"), ("config", tmp_path / "config")):
+        shutil.rmtree(dst)
+        shutil.copytree(backup / name, dst)
+    run_form("forgetful receipts verify", s, extra=wh, expect=1)  # the warehouse recorded 2 receipts, the log has 1
+    (out,) = run_form("forgetful receipts accept-rollback --warehouse W", s, values={"W": str(w)})
+    r = json.loads(out)
+    assert r["accepted"] is True and r["receipt_seq"] == 2 and (r["recorded_size"], r["log_size"]) == (2, 1)
+    run_form("forgetful receipts verify", s, extra=wh)
+
+
+def test_meds_forms(site, forgotten, prefect_harness):
+    import polars as pl
+
+    t = site["tmp"]
+    subject, n_before = forgotten
+    run_form("forgetful export --format meds --out my_meds/", site)
+    meds = t / "my_meds"
+    name = json.loads((meds / "metadata" / "dataset.json").read_text())["dataset_name"]
+    assert re.fullmatch(r"forgetful (demo|synthetic|mimic|clif) cohort", name), name
+    events = pl.concat([pl.read_parquet(f) for f in sorted((meds / "data").rglob("*.parquet"))])
+    assert events["subject_id"].n_unique() == n_before - 1 and subject not in events["subject_id"].to_list()
+    run_form("forgetful export --format meds --out DIR", site, values={"DIR": str(t / "meds_dir")})
+    sharded = t / "meds_sharded"
+    sharded.mkdir()
+    run_form("forgetful export --format meds --out my_meds/ --shard-subjects 5000", site, cwd=sharded,
+             extra=("--warehouse", str(site["warehouse"])))
+    assert (sharded / "my_meds" / "metadata" / "subject_splits.parquet").is_file()
+    n_stays = _n_stays(site["warehouse"])
+    # back in: without Prefect, then as the documented flow (the same command twice: DIR = my_meds/)
+    run_form("python -m cohort.build --source meds --root my_meds/ --warehouse w.duckdb", site, extra=("--quiet",))
+    assert _n_stays(t / "w.duckdb") == n_stays
+    flow = t / "meds_flow"
+    shutil.copytree(meds, flow / "my_meds")
+    assert variants("forgetful build-cohort --source meds --root DIR", {"DIR": "my_meds/"}) == \
+        variants("forgetful build-cohort --source meds --root my_meds/", {})
+    run_form("forgetful build-cohort --source meds --root my_meds/", site, cwd=flow, extra=("--no-progress",))
+    assert _n_stays(flow / "runs" / "warehouse.duckdb") == n_stays
+    # a custom code map: the export laid out as another ETL's output, its six codes named in codes.json
+    shutil.copytree(meds, flow / "MIMIC_IV_MEDS_output")
+    vitals = {"HOURLY_MEAN//HR//bpm": "hr", "HOURLY_MEAN//SBP//mmHg": "sbp", "HOURLY_MEAN//DBP//mmHg": "dbp",
+              "HOURLY_MEAN//RR//insp/min": "rr", "HOURLY_MEAN//SPO2//%": "spo2",
+              "HOURLY_MEAN//TEMP//°C": "temp_c"}
+    (flow / "codes.json").write_text(json.dumps({"vitals": vitals}))
+    run_form("forgetful build-cohort --source meds --root MIMIC_IV_MEDS_output/ --meds-codes codes.json", site,
+             cwd=flow, extra=("--no-progress", "--runs", "runs_codes", "--warehouse", "runs_codes/warehouse.duckdb"))
+    assert _n_stays(flow / "runs_codes" / "warehouse.duckdb") == n_stays
+
+
+def test_bench_solve_form(site):
+    out = site["tmp"] / "bench_solve.json"
+    run_form("python -m sv_core.bench_solve", site,
+             extra=("--n", "40", "--reps", "1", "--threads", "1", "--kinds", "gauss", "--json", str(out)))
+    (r,) = json.loads(out.read_text())["runs"]
+    assert r["n"] == 40 and r["kkt_solve"] < 1e-9 and r["fallbacks"] == 0 and r["score_gap_solve_libsvm"] < 1e-5
 
 def test_study_and_report_forms(site, prefect_harness):
     work = site["tmp"] / "study"
@@ -612,7 +780,7 @@ SMALL_RUN_ALL = ("--audit-trials", "2", "--det-seeds", "1", "--det-max-epochs", 
 def big_root(site):
     """A 60-stay MIMIC-IV-layout root (the slow tests' stand-in for a credentialed root)."""
     root = site["tmp"] / "mimic60"
-    run_form("python -m cohort.synthetic --out DIR --stays N --seed S", site,
+    run_form("python -m cohort.synthetic --out DIR --stays N --seed S [--workers W]", site, which="bare",
              values={"DIR": str(root), "N": "60", "S": "1"})
     return root
 
@@ -638,6 +806,13 @@ def test_slow_run_all(site, big_root, prefect_harness):
     run_form("forgetful deterioration", s, cwd=work, extra=("--seeds", "1", "--max-epochs", "1", "--n-boot", "50",
                                                            "--no-progress"))
     run_form("forgetful audit", s, cwd=work, extra=("--trials", "2", "--no-progress"))
+    # docs/MEDS.md: the main job on a MEDS export of that warehouse (default code map)
+    run_form("forgetful export --format meds --out my_meds/", s, cwd=work)
+    run_form("forgetful run-all --source meds --root my_meds/", s, cwd=work,
+             extra=(*SMALL_RUN_ALL, "--runs", "runs_meds", "--warehouse", "runs_meds/warehouse.duckdb",
+                    "--skip", "studies", "fidelity"))
+    assert (work / "runs_meds" / "report.html").is_file()
+    assert _n_stays(work / "runs_meds" / "warehouse.duckdb") == _n_stays(work / "runs" / "warehouse.duckdb")
     if _demo_cached():
         run_form("forgetful build-cohort", s, cwd=work, extra=("--no-progress",))
         run_form("forgetful run-all", s, cwd=work, extra=(*SMALL_RUN_ALL, "--runs", "runs_demo"))
@@ -680,10 +855,17 @@ def test_slow_benchmarks(site, prefect_harness):
              extra=("--sizes", "64", "--deletions", "3", "--reserve-deletions", "2", "--admissions", "2"))
     run_form("python -m sv_core.bench_stream [--quick] --json OUT", site, which="full",
              values={"OUT": str(t / "bs.json")})
+    run_form("python -m sv_core.bench_stream --sizes 1000,10000 --json …", site,
+             subst=(("1000,10000", "300,600"), ("--json …", "--json " + str(t / "bs_sizes.json"))))
+    assert [r["tokens"] for r in json.loads((t / "bs_sizes.json").read_text())["sizes"]] == [300, 600]
     run_form("python -m sv_core.bench_degenerate completion", site)
     run_form("python -m sv_core.bench_degenerate fuzz", site)
     run_form("python -m cohort.bench --rows 100000000", site, subst=(("100000000", "20000"),),
              extra=("--workdir", str(t / "bench")))
+    run_form("python -m cohort.bench --generator [--sizes …] [--workers-list 1 2]", site, which="full",
+             subst=(("--sizes …", "--sizes 20000"),), extra=("--json-out", str(t / "gen.json")))
+    gen = json.loads((t / "gen.json").read_text())
+    assert gen["kind"] == "generator_bench" and [r["workers"] for r in gen["table"]] == [1, 2]
     run_form("python -m pipelines.bench_cli", site, extra=("--repeats", "1", "--modes", "own",
                                                            "--dir", str(t / "bench_cli")))
 
