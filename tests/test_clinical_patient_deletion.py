@@ -181,3 +181,16 @@ def test_flow_runs_in_batches_and_publishes_its_gates_once(prefect_harness, base
     stored = json.loads((runs / STUDY / "result.json").read_text())
     assert stored["seed_figure"] == {} and "not comparable" in stored["notes"]  # synthetic run, real-data seed
     assert stored["metrics"]["power"]["low_power"]
+
+
+def test_state_outputs_match_the_gate_score_and_the_kernel_readout():
+    from evaluation.audit_metrics import gate_scores
+    from evaluation.studies.readout import kernel_readout_reference
+    from sv_core import rbf_kernel
+
+    rng = np.random.default_rng(0)
+    X, P = rng.normal(size=(7, 3)), rng.normal(size=(5, 3))
+    a = rng.random(7)
+    s, o = pdel.state_outputs(rbf_kernel(P, X, 1.5), X, a, 0.3)
+    assert np.allclose(s, gate_scores(X, a, 0.3, P, 1.5), rtol=1e-13, atol=1e-15)
+    assert np.allclose(o, kernel_readout_reference(P, X, a, X, 1.5), rtol=1e-13, atol=1e-15)

@@ -131,7 +131,7 @@ def test_result_with_fewer_trials_is_labelled():
     r = audit_result(summ, trials=50, seed=0, protocol={"gamma": 0.01})
     assert "1 regime x 50 of the paper's 300 trials per regime" in r["title"] and "not the paper's protocol" in r["title"]
     assert r["metrics"]["power"]["low_power"] and not r["metrics"]["paper_protocol"]
-    assert "Low power" in r["figures"][0]["caption"] or "runs 50" in r["figures"][0]["caption"]
+    assert r["figures"][0]["caption"].startswith("Low power: this audit runs 50 of the paper's 300")
     from dashboards.report import low_power_warning
 
     assert "50 of the paper's 300 trials per regime" in low_power_warning(r)

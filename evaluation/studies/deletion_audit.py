@@ -170,7 +170,8 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
         ],
         "figures": [{"kind": "bar", "title": f"median max |Δs| (maintained path) vs decay (γ = {protocol.get('gamma')})",
                      "ylabel": "max |Δ score|", "log_y": True, "categories": cats, "values": vals,
-                     "caption": (f"{pw['label'] + '. ' if pw['low_power'] else ''}{red_note}")}],
+                     "caption": (f"{'Low power: this audit ' + pw['label'] + '. ' if pw['low_power'] else ''}"
+                                 f"{red_note}")}],
         "claims": claims,
         "notes": notes,
         "config": {"trials_per_regime": trials, "regimes": names, "seed": seed,
