@@ -35,10 +35,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .calibrate import calibrate_C
-from .errors import GateError
-from .gate import Gate
-from .kernels import rbf_kernel
 from .audit_keys import (  # noqa: F401  (re-exported: the generators are part of the audit's API)
     SWEEP_JITTERS,
     clustered_keys,
@@ -50,6 +46,10 @@ from .audit_keys import (  # noqa: F401  (re-exported: the generators are part o
     redundant_keys,
     sweep_name,
 )
+from .calibrate import calibrate_C
+from .errors import GateError
+from .gate import Gate
+from .kernels import rbf_kernel
 from .refit import refit
 
 #: regime name -> generator(rng) returning (n, d) keys. Other packages add regimes (ICU, learned).

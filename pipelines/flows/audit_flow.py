@@ -40,9 +40,8 @@ LEARNED_STEPS, LEARNED_FACTS = 600, 16
 def register(regime: str, warehouse: str | None, seed: int) -> None:
     """Register the warehouse-backed ICU regime or the learned-key regime (with data kind, paper
     regime and construction); the synthetic regimes are registered by :mod:`sv_core.audit`."""
-    from sv_core import audit
-
     from evaluation.studies import audit_regimes as ar
+    from sv_core import audit
 
     if regime == ICU_REGIME:
         audit.register_regime(
@@ -75,10 +74,8 @@ def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = 
                regimes: tuple[str, ...] = DEFAULT_REGIMES, seed: int = 0,
                progress: bool = True) -> dict:
     from evaluation.studies.deletion_audit import audit_result
-
-    from sv_core.audit import REGIMES
-
     from pipelines.errors import StudyInputError
+    from sv_core.audit import REGIMES
 
     t0 = time.perf_counter()
     known = set(DEFAULT_REGIMES) | set(REGIMES)

@@ -159,8 +159,8 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
     fig = seed_figure_for(STUDY)
     result["seed_figure"] = {"text": fig["text"], "source": fig["source"]}
     done = m.get("contexts_completed", 0)
-    result["receipts"] = {"count": done, "certified": m.get("certified", 0), "chain_verified": _ledger_verified(warehouse),
-                          "attempted": len(groups), "completed": done}
+    result["receipts"] = {"count": done, "certified": m.get("certified", 0),
+                          "chain_verified": _ledger_verified(warehouse), "attempted": len(groups), "completed": done}
     runner.write_study_result(result, runs_dir)
     return result
 
@@ -179,7 +179,8 @@ def _main(args) -> int:
         print("  decay leakage " + ", ".join(f"{k}: {v:.3f}" for k, v in d.items()))
         print(f"  KKT residual max {m['kkt_residual_max']:.2e}; refit score dev max {m['refit_score_dev_max']:.2e}; "
               f"others' readout change mean {m['others_readout_change_mean']:.3g}")
-        print(f"  others' self-retrieval {m['others_self_retrieval_before']:.3f} -> {m['others_self_retrieval_after']:.3f}")
+        print(f"  others' self-retrieval {m['others_self_retrieval_before']:.3f} -> "
+              f"{m['others_self_retrieval_after']:.3f}")
     if m["power"]["low_power"]:
         print(f"  low power: this result {m['power']['label']}")
     print("  " + seed_line(STUDY, r["data"], seed_figure_for(STUDY)["text"]))
