@@ -15,6 +15,7 @@ import pytest
 from cohort.streams import iter_stays
 from cohort.synthetic import make_small_warehouse
 from evaluation.clinical import patient_deletion as pdel
+from evaluation.clinical import patient_deletion_result as pres
 from evaluation.studies.errors import StudyConfigError
 from pipelines import warehouse as wh
 
@@ -117,7 +118,7 @@ def test_sql_aggregates_match_numpy_and_the_result_labels_low_power(base_wh):
     con = duckdb.connect()
     con.register("t_rows", pa.Table.from_pylist(rows))
     con.execute("CREATE TABLE t AS SELECT * FROM t_rows")
-    m = pdel.aggregate(con, "t", attempted=4)
+    m = pres.aggregate(con, "t", attempted=4)
     col = lambda k: np.array([r[k] for r in rows], dtype=float)  # noqa: E731
     assert (m["contexts_attempted"], m["contexts_completed"]) == (4, 3)
     assert m["decay_leakage_mean"]["gamma_0.5"] == pytest.approx(col("leak_g0p5").mean(), rel=1e-12)
@@ -125,12 +126,12 @@ def test_sql_aggregates_match_numpy_and_the_result_labels_low_power(base_wh):
     assert m["gap_to_refit"]["exact"]["score_max"] == pytest.approx(col("gap_score_exact").max(), rel=1e-12)
     assert m["kkt_residual_median"] == pytest.approx(np.median(col("kkt_residual")), rel=1e-12)
     assert m["certified"] == 3 and m["partition_match_fraction"] == pytest.approx(col("partition_match").mean())
-    res = pdel.study_result(m, data="synthetic", seed_comparable=False)
+    res = pres.study_result(m, data="synthetic", seed_comparable=False)
     assert res["metrics"]["power"]["low_power"] and "3 five-patient contexts" in res["metrics"]["power"]["label"]
     leak = res["tables"][1]
     assert leak["columns"][-1] == "paper" and all(row[-1] is None for row in leak["rows"])
     assert res["claims"][0]["holds"] is True  # exact < 1e-9 and naive > 1e-6
-    real = pdel.study_result(m, data="demo", seed_comparable=True)
+    real = pres.study_result(m, data="demo", seed_comparable=True)
     paper = {row[0]: row[-1] for row in real["tables"][1]["rows"]}
     assert paper == {"exact C&P deletion": 0.0, "naive removal": None, "decay γ = 0.5": 0.29, "decay γ = 0.1": 0.09,
                      "decay γ = 0.01": None}

@@ -1,6 +1,7 @@
 """``forgetful patient-deletion``: forget one of five patients sharing a context, with a certificate.
 
-The study (:mod:`evaluation.clinical.patient_deletion`): contexts of 5 patients (first ≤ 48 h of one
+The study (:mod:`evaluation.clinical.patient_deletion`, aggregates and result in
+:mod:`evaluation.clinical.patient_deletion_result`): contexts of 5 patients (first ≤ 48 h of one
 stay each, deduplicated at 0.1 SD per patient), ν = 0.5, σ = 2, C fixed at the context size; one
 patient per context forgotten by the maintained decrement and compared, with naive removal and
 coefficient decay (γ ∈ {0.5, 0.1, 0.01}), against a same-C refit of the retained keys (gate-score and
@@ -27,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 from dashboards.seed_figures import seed_comparability, seed_figure_for, seed_line
 from evaluation.clinical import patient_deletion as pdel
+from evaluation.clinical import patient_deletion_result as pres
 from pipelines import gate_store, jsonout, ledger, runner, study_inputs, task_cache
 from pipelines import warehouse as wh
 
@@ -138,7 +140,7 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
         bar.close()
         has_rows = scratch.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
                                    [ROWS]).fetchone()[0]
-        m = (pdel.aggregate(scratch, ROWS, len(groups), gammas) if has_rows
+        m = (pres.aggregate(scratch, ROWS, len(groups), gammas) if has_rows
              else {"contexts_attempted": len(groups), "contexts_completed": 0})
     if persist_gates:
         with wh.transaction(warehouse) as con:
@@ -146,7 +148,7 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
             gate_store.rename_study(con, PENDING, STUDY)
     m["gates_persisted"] = n_persisted
     comp = seed_comparability(STUDY, data)
-    result = pdel.study_result(
+    result = pres.study_result(
         m, data=data, seed_comparable=comp["comparable"], gammas=gammas, runtime_s=time.perf_counter() - t0,
         config={"nu": nu, "sigma": sigma, "patients_per_context": per_context, "max_hours": max_hours,
                 "dedupe_tol_sd": dedupe_tol, "dedupe": "within each patient", "gammas": list(gammas),
