@@ -48,7 +48,7 @@ CHEAP = ("planted_secret", "skewed_redundancy", "streaming_eviction")
 #: where another reproduces the figure itself
 COMMANDS = {**RESULT_COMMANDS, "ledger": "forgetful receipts verify",
             "synthetic_fidelity": "python -m cohort.synthetic --fidelity"}
-DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic (not comparable to the seed's real-data figures)",
+DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic",
         "mimic": "user MIMIC-IV root", "clif": "user CLIF root", "text": "text corpus"}
 
 
@@ -124,10 +124,22 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return out
 
 
+def _comparability(p: Mapping[str, Any]) -> str:
+    """`` (seed figure not comparable: why)`` where :func:`dashboards.seed_figures.seed_comparability`
+    says so, else ""."""
+    from dashboards.seed_figures import seed_comparability
+
+    c = seed_comparability(p["study"], p["data"])
+    if not c["comparable"]:
+        return f" (seed figure not comparable: {c['reason']})"
+    return f" (not comparable in part: {c['partial']})" if c["partial"] else ""
+
+
 def study_section(p: Mapping[str, Any], source: str) -> list[str]:
     """Markdown of one result: title, provenance, headline tables, claims."""
     out = [f"### {p['title']}", "",
-           f"`{COMMANDS.get(p['study'], p['study'])}` · data: {DATA.get(p['data'], p['data'])} · file `{source}`", "",
+           f"`{COMMANDS.get(p['study'], p['study'])}` · data: {DATA.get(p['data'], p['data'])}{_comparability(p)}"
+           f" · file `{source}`", "",
            f"runtime: {fmt(float(p['runtime_s']))} s", ""]
     for tab in p.get("tables", [])[:3]:
         if tab.get("title"):
@@ -151,8 +163,8 @@ def render_figures(runs_dirs: Sequence[str | Path], studies: Sequence[str] | Non
             found.setdefault(r.payload["study"], (r.payload, f"{Path(d).name}/{r.path}"))
     lines = ["# Figures (generated — do not edit)", "",
              "Written by `python -m dashboards.reproduce --write` from the stored result files; every number below "
-             "is read from a result JSON. Seed figures live in the report and `REPRODUCE.md`; synthetic results "
-             "are labelled synthetic and are not comparable to the seed's real-data figures.", ""]
+             "is read from a result JSON. Seed figures live in the report and `REPRODUCE.md`; a real-data study run "
+             "on synthetic data says that its seed figure (from real MIMIC-IV records) is not comparable.", ""]
     for title, names in ORDER:
         names = [s for s in names if s in found and (studies is None or s in studies)]
         if not names:
@@ -194,16 +206,17 @@ def _ret(p):
 
 HEADLINE: tuple[tuple[str, str, Callable[[Mapping], str | None], str], ...] = (
     ("deletion audit, decrement vs same-C refit", "deletion_audit",
-     lambda p: (f"{fmt(_get(p, 'metrics', 'completed'))}/{fmt(_get(p, 'metrics', 'attempted'))} complete, "
+     lambda p: _get(p, "metrics", "headline") or (
+                f"{fmt(_get(p, 'metrics', 'completed'))}/{fmt(_get(p, 'metrics', 'attempted'))} complete, "
                 f"worst max |Δ score| {fmt(max(v['score_dev_worst'] for v in p['metrics'].values() if isinstance(v, Mapping) and 'score_dev_worst' in v))}")
      if _get(p, "metrics", "completed") is not None else None, "1,199/1,200, worst 1.1e-2"),
     ("ICU event-hour retention at budget |S∪E|", "icu_retention", _ret, "0.80 vs 0.05"),
     ("held-out SpO₂ control", "heldout_spo2", _ret, "0.464 vs 0.225, diff 0.239 [0.194, 0.284]"),
-    ("patient deletion: forgotten patient's readout weight; decay γ = 0.1 / 0.01", "patient_deletion",
-     lambda p: (f"{fmt(_get(p, 'metrics', 'leakage_after_max'))}; "
+    ("patient deletion: gap to a same-C refit (exact vs naive removal) and leakage", "patient_deletion",
+     lambda p: _get(p, "metrics", "headline") or (f"{fmt(_get(p, 'metrics', 'leakage_after_max'))}; "
                 f"{fmt(_get(p, 'metrics', 'decay_leakage_mean', 'gamma_0.1'))} / "
                 f"{fmt(_get(p, 'metrics', 'decay_leakage_mean', 'gamma_0.01'))}")
-     if _get(p, "metrics", "leakage_after_max") is not None else None, "0; 0.29 / 0.09"),
+     if _get(p, "metrics", "leakage_after_max") is not None else None, "leakage 0; decay 0.29 / 0.09 (γ not stated)"),
     ("receipt ledger after the main job", "ledger",
      lambda p: (f"{fmt(_get(p, 'metrics', 'receipts'))} receipts, chain "
                 f"{'verified' if _get(p, 'metrics', 'chain_verified') else 'NOT verified'}"), "– (no ledger in the seed)"),

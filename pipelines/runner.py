@@ -175,12 +175,27 @@ def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | N
 
     runtime_with_cache(result, task_cache.take_tally(task_cache.run_key()))
     study = study or result["study"]
+    seed_only_where_comparable(result)
     path = Path(runs_dir) / study / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_result(result, path)
     _unstale(Path(runs_dir), f"{study}/result.json")
     publish_artifacts(result, path)
     return path
+
+
+def seed_only_where_comparable(result: dict) -> None:
+    """A result never carries a seed figure its data cannot be compared with (a real-data study run
+    on the synthetic cohort): ``seed_figure`` is emptied and the notes say why
+    (:func:`dashboards.seed_figures.seed_comparability`, the one place this is decided)."""
+    from dashboards.seed_figures import seed_comparability
+
+    comp = seed_comparability(str(result.get("study", "")), str(result.get("data", "")))
+    if comp["comparable"] or not result.get("seed_figure"):
+        return
+    result["seed_figure"] = {}
+    note = f"seed figure not shown, not comparable: {comp['reason']}"
+    result["notes"] = f"{result['notes']} · {note}" if result.get("notes") else note
 
 
 def runtime_with_cache(result: dict, tally) -> None:

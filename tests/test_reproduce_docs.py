@@ -70,7 +70,8 @@ def test_generated_docs_hold_only_numbers_from_results(tmp_path):
     write_result(res, tmp_path / "planted_secret" / "result.json")
     md = reproduce.render_figures([tmp_path])
     assert "| x | 0.123 |" in md and "| y | 0 |" in md and "- s: 1.00e-16 — holds" in md
-    assert "synthetic (not comparable" in md
+    # a synthetic study's seed figure is synthetic too: no "not comparable" label (seed_comparability)
+    assert "data: synthetic ·" in md and "not comparable" not in md.split("###", 1)[1]
 
 
 def test_check_mode_detects_stale_docs(tmp_path):
