@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from dashboards.commands import RESULT_COMMANDS
+from dashboards.errors import ReportError
 from dashboards.report import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,7 +255,9 @@ def _normal(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dashboards.reproduce",
                                  description="Write docs/FIGURES.md and the README's headline table from the stored "
-                                             "result files (never hand-copied numbers), or check that they match.")
+                                             "result files (never hand-copied numbers), or check that they match. "
+                                             "Both read the runs directories of `forgetful run-all` (exit 2 when "
+                                             "there are none).")
     ap.add_argument("--runs", action="append", default=None, help="runs directory (repeatable; default: runs)")
     ap.add_argument("--figures", default=str(FIGURES), help="output markdown (default: docs/FIGURES.md)")
     ap.add_argument("--readme", default=str(README))
@@ -263,9 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--check", action="store_true", help="exit 1 when the committed docs differ from the results")
     a = ap.parse_args(argv)
     runs = a.runs or ["runs"]
-    fig = render_figures(runs)
+    try:  # a fresh clone has no runs/: say what to run first, in one line, and touch nothing
+        fig = render_figures(runs)
+        headline = render_headline(runs)
+    except ReportError as exc:
+        print(f"error: {exc}; the docs are generated from result files: run `forgetful run-all` first "
+              "(or name its runs directory with --runs)", file=sys.stderr)
+        return 2
     readme = Path(a.readme).read_text()
-    new_readme = _replace_block(readme, render_headline(runs))
+    new_readme = _replace_block(readme, headline)
     if a.write:
         Path(a.figures).parent.mkdir(parents=True, exist_ok=True)
         Path(a.figures).write_text(fig)

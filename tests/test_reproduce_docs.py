@@ -87,3 +87,18 @@ def test_check_mode_detects_stale_docs(tmp_path):
     with pytest.raises(SystemExit):
         reproduce._replace_block("no markers", "x")
     assert Path(figs).read_text().startswith("# Figures (generated")
+
+
+def test_no_runs_directory_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """A fresh clone has no runs/: --check and --write say what to run first (exit 2), no traceback."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{reproduce.BEGIN}\nold\n{reproduce.END}\n")
+    figs = tmp_path / "FIGURES.md"
+    figs.write_text("stale\n")
+    args = ["--runs", str(tmp_path / "no_runs"), "--figures", str(figs), "--readme", str(readme)]
+    for mode in ("--check", "--write"):
+        capsys.readouterr()
+        assert reproduce.main([*args, mode]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and "forgetful run-all" in err and "no_runs" in err
+    assert figs.read_text() == "stale\n" and "old" in readme.read_text()
