@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from evaluation.errors import PolicyError
-from evaluation.policies import SelectionPolicy, _as_keys, _check_sigma, _kernel
+from evaluation.policy_base import SelectionPolicy, as_keys, check_sigma, rbf
 
 __all__ = [
     "LeveragePolicy",
@@ -89,7 +89,7 @@ def _check_lam(lam_rel: Any, lam: Any) -> tuple[float, float | None]:
 def _as_queries(queries: Any, X: np.ndarray, who: str) -> np.ndarray:
     if queries is None:
         raise PolicyError(f"{who} needs the observed query stream (queries=...)")
-    Q = _as_keys(queries, "queries")
+    Q = as_keys(queries, "queries")
     if Q.shape[1] != X.shape[1]:
         raise PolicyError(f"queries have d={Q.shape[1]} but keys have d={X.shape[1]}")
     return Q
@@ -97,7 +97,7 @@ def _as_queries(queries: Any, X: np.ndarray, who: str) -> np.ndarray:
 
 def rbf_attention(Q: np.ndarray, X: np.ndarray, sigma: float) -> np.ndarray:
     """Readout attention ``A[q, i] = κ(q, x_i) / Σ_j κ(q, x_j)`` (an all-zero row stays zero)."""
-    W = np.asarray(_kernel()(Q, X, sigma), dtype=np.float64)
+    W = np.asarray(rbf()(Q, X, sigma), dtype=np.float64)
     row = W.sum(axis=1, keepdims=True)
     return np.divide(W, row, out=np.zeros_like(W), where=row > 0)
 
@@ -130,7 +130,7 @@ class LeveragePolicy(SelectionPolicy):
         return self.lam_rel * (tr / X.shape[1] if tr > 0 else 1.0)
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
+        X = as_keys(keys)
         G = X.T @ X + self.ridge(X) * np.eye(X.shape[1])
         Z = np.linalg.solve(G, X.T)  # (d, n) = (XᵀX + λI)⁻¹ Xᵀ
         return np.einsum("ij,ji->i", X, Z)
@@ -138,7 +138,7 @@ class LeveragePolicy(SelectionPolicy):
 
 def leverage_scores_reference(keys: Any, lam: float) -> np.ndarray:
     """Slow reference: the full hat matrix ``X (XᵀX + λI)⁻¹ Xᵀ`` by explicit inverse, its diagonal."""
-    X = _as_keys(keys)
+    X = as_keys(keys)
     H = X @ np.linalg.inv(X.T @ X + lam * np.eye(X.shape[1])) @ X.T
     return np.array([H[i, i] for i in range(X.shape[0])])
 
@@ -155,7 +155,7 @@ class KernelLeveragePolicy(SelectionPolicy):
     name = "kernel_leverage"
 
     def __init__(self, sigma: float, lam_rel: float = 1e-2, lam: float | None = None) -> None:
-        self.sigma = _check_sigma(sigma)
+        self.sigma = check_sigma(sigma)
         self.lam_rel, self.lam = _check_lam(lam_rel, lam)
 
     def _params(self) -> dict[str, Any]:
@@ -167,8 +167,8 @@ class KernelLeveragePolicy(SelectionPolicy):
         return self.lam_rel * float(np.trace(K)) / K.shape[0]
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
-        K = np.array(_kernel()(X, X, self.sigma), dtype=np.float64)
+        X = as_keys(keys)
+        K = np.array(rbf()(X, X, self.sigma), dtype=np.float64)
         lam = self.ridge(K)
         L = np.linalg.cholesky(K + lam * np.eye(K.shape[0]))
         Linv = np.linalg.solve(L, np.eye(K.shape[0]))  # L⁻¹; diag((LLᵀ)⁻¹) = column norms² of L⁻¹
@@ -177,7 +177,7 @@ class KernelLeveragePolicy(SelectionPolicy):
 
 def kernel_leverage_scores_reference(keys: Any, sigma: float, lam: float) -> np.ndarray:
     """Slow reference: explicit kernel loop, explicit inverse, diagonal of ``K (K + λI)⁻¹``."""
-    X = _as_keys(keys)
+    X = as_keys(keys)
     n = X.shape[0]
     K = np.array([[math.exp(-float(np.sum((X[i] - X[j]) ** 2)) / sigma**2) for j in range(n)] for i in range(n)])
     M = K @ np.linalg.inv(K + lam * np.eye(n))
@@ -203,7 +203,7 @@ class KeyDiffPolicy(SelectionPolicy):
         self.eps = float(eps)
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
+        X = as_keys(keys)
         nrm = np.maximum(np.linalg.norm(X, axis=1), self.eps)
         a = (X / nrm[:, None]).mean(axis=0)
         return -(X @ a) / (nrm * max(float(np.linalg.norm(a)), self.eps))
@@ -211,7 +211,7 @@ class KeyDiffPolicy(SelectionPolicy):
 
 def keydiff_scores_reference(keys: Any, eps: float = 1e-8) -> np.ndarray:
     """Slow reference of :class:`KeyDiffPolicy` (loops, explicit cosine)."""
-    X = _as_keys(keys)
+    X = as_keys(keys)
     units = [x / max(math.sqrt(float(x @ x)), eps) for x in X]
     a = sum(units) / len(units)
     na = max(math.sqrt(float(a @ a)), eps)
@@ -238,7 +238,7 @@ class SnapKVPolicy(SelectionPolicy):
     requires_queries = True
 
     def __init__(self, sigma: float, window: int | None = None, kernel_size: int = 5, pooling: str = "avg") -> None:
-        self.sigma = _check_sigma(sigma)
+        self.sigma = check_sigma(sigma)
         if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
             raise PolicyError(f"window must be None or a positive integer; got {window!r}")
         if isinstance(kernel_size, bool) or not isinstance(kernel_size, (int, np.integer)) or kernel_size < 1 \
@@ -254,7 +254,7 @@ class SnapKVPolicy(SelectionPolicy):
         return {"sigma": self.sigma, "window": self.window, "kernel_size": self.kernel_size, "pooling": self.pooling}
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
+        X = as_keys(keys)
         Q = _as_queries(queries, X, "SnapKVPolicy")
         if self.window is not None:
             Q = Q[-self.window:]
@@ -271,8 +271,8 @@ class SnapKVPolicy(SelectionPolicy):
 
 def snapkv_scores_reference(keys: Any, queries: Any, sigma: float, kernel_size: int = 5, pooling: str = "avg") -> np.ndarray:
     """Slow reference of :class:`SnapKVPolicy` (all queries as the window; loops)."""
-    X = _as_keys(keys)
-    Q = _as_keys(queries, "queries")
+    X = as_keys(keys)
+    Q = as_keys(queries, "queries")
     n = X.shape[0]
     votes = [0.0] * n
     for q in Q:
@@ -300,13 +300,13 @@ class TOVAPolicy(SelectionPolicy):
     requires_queries = True
 
     def __init__(self, sigma: float) -> None:
-        self.sigma = _check_sigma(sigma)
+        self.sigma = check_sigma(sigma)
 
     def _params(self) -> dict[str, Any]:
         return {"sigma": self.sigma}
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
+        X = as_keys(keys)
         Q = _as_queries(queries, X, "TOVAPolicy")
         return rbf_attention(Q[-1:], X, self.sigma)[0]
 

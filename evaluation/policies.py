@@ -27,12 +27,20 @@ from __future__ import annotations
 
 import hashlib
 import math
-from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from evaluation.errors import PolicyError, UnknownPolicyError
+from evaluation.peers import PEER_POLICIES
+from evaluation.policy_base import (
+    SelectionPolicy,
+    as_keys,
+    check_sigma,
+    rbf,
+    select_top_k,
+    select_top_k_reference,
+)
 
 __all__ = [
     "SelectionPolicy",
@@ -50,131 +58,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------
-# input checks
-# --------------------------------------------------------------------------------------------
-def _as_keys(keys: Any, what: str = "keys") -> np.ndarray:
-    """Validate a key matrix and return it as a float64 array of shape (n, d)."""
-    try:
-        arr = np.asarray(keys, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise PolicyError(f"{what} must be a numeric array of shape (n, d): {exc}") from None
-    if arr.ndim != 2:
-        raise PolicyError(f"{what} must have shape (n, d); got ndim={arr.ndim}")
-    if arr.shape[0] == 0:
-        raise PolicyError(f"{what} is empty (n = 0)")
-    if not np.all(np.isfinite(arr)):
-        raise PolicyError(f"{what} contains NaN or infinite values")
-    return arr
 
-
-def _check_sigma(sigma: float) -> float:
-    if not isinstance(sigma, (int, float, np.floating, np.integer)) or not math.isfinite(sigma) or sigma <= 0:
-        raise PolicyError(f"sigma must be a finite positive number; got {sigma!r}")
-    return float(sigma)
-
-
-def _kernel() -> Callable[..., np.ndarray]:
-    """The project's one RBF kernel (imported lazily so metric-only users need no solver)."""
-    from sv_core import rbf_kernel
-
-    return rbf_kernel
-
-
-# --------------------------------------------------------------------------------------------
-# selection
-# --------------------------------------------------------------------------------------------
-def select_top_k(scores: Any, k: int) -> np.ndarray:
-    """Indices of the ``k`` highest scores, returned in ascending (temporal) order.
-
-    Parameters
-    ----------
-    scores : array-like of shape (n,)
-        Finite scores; higher means "keep".
-    k : int
-        Budget, ``0 <= k <= n``.
-
-    Returns
-    -------
-    kept : ndarray of shape (k,), dtype intp
-        Sorted kept indices. Ties are broken by ascending index (the earlier token is kept).
-    """
-    s = _check_scores(scores)
-    k = _check_budget(k, s.shape[0])
-    order = np.argsort(-s, kind="stable")  # stable: equal scores keep ascending index order
-    return np.sort(order[:k]).astype(np.intp)
-
-
-def select_top_k_reference(scores: Any, k: int) -> np.ndarray:
-    """Slow reference for :func:`select_top_k` (Python sort on ``(-score, index)``)."""
-    s = _check_scores(scores)
-    k = _check_budget(k, s.shape[0])
-    ranked = sorted(range(s.shape[0]), key=lambda i: (-float(s[i]), i))
-    return np.array(sorted(ranked[:k]), dtype=np.intp)
-
-
-def _check_scores(scores: Any) -> np.ndarray:
-    try:
-        s = np.asarray(scores, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise PolicyError(f"scores must be numeric: {exc}") from None
-    if s.ndim != 1:
-        raise PolicyError(f"scores must have shape (n,); got shape {s.shape}")
-    if not np.all(np.isfinite(s)):
-        raise PolicyError("scores contain NaN or infinite values")
-    return s
-
-
-def _check_budget(k: Any, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise PolicyError(f"budget k must be an integer; got {k!r}")
-    if not 0 <= int(k) <= n:
-        raise PolicyError(f"budget k must satisfy 0 <= k <= n = {n}; got {k}")
-    return int(k)
-
-
-# --------------------------------------------------------------------------------------------
-# interface
-# --------------------------------------------------------------------------------------------
-class SelectionPolicy(ABC):
-    """One token-selection policy.
-
-    Subclasses set :attr:`name` and implement :meth:`score`. :attr:`requires_queries` marks
-    oracle policies that read the evaluation queries (all others must ignore them).
-    """
-
-    name: str = "policy"
-    requires_queries: bool = False
-
-    @abstractmethod
-    def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        """Score every key of one context.
-
-        Parameters
-        ----------
-        keys : array-like of shape (n, d)
-            The context's keys in temporal order.
-        rng : numpy Generator, optional
-            Randomness source for stochastic policies; ignored by deterministic ones.
-        queries : array-like of shape (m, d), optional
-            Evaluation queries; read only by oracle policies.
-
-        Returns
-        -------
-        scores : ndarray of shape (n,)
-            Higher = more worth keeping.
-        """
-
-    def select(self, keys: Any, k: int, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        """Kept indices (ascending, shape ``(k,)``) under budget ``k``."""
-        return select_top_k(self.score(keys, rng=rng, queries=queries), k)
-
-    def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
-        return f"{type(self).__name__}({params})"
-
-    def _params(self) -> dict[str, Any]:
-        return {}
 
 
 class SupportVectorPolicy(SelectionPolicy):
@@ -208,7 +92,7 @@ class SupportVectorPolicy(SelectionPolicy):
         if not (isinstance(tol, (int, float)) and tol >= 0):
             raise PolicyError(f"tol must be a non-negative number; got {tol!r}")
         self.nu = float(nu)
-        self.sigma = _check_sigma(sigma)
+        self.sigma = check_sigma(sigma)
         self.n0 = None if n0 is None else int(n0)
         self.tol = float(tol)
         self._cache: tuple[bytes, np.ndarray] | None = None
@@ -233,7 +117,7 @@ class SupportVectorPolicy(SelectionPolicy):
 
     def alpha(self, keys: Any) -> np.ndarray:
         """Exact coefficients α of shape (n,) (cached for the last key matrix seen)."""
-        X = _as_keys(keys)
+        X = as_keys(keys)
         digest = hashlib.sha256(np.ascontiguousarray(X).tobytes() + repr(X.shape).encode()).digest()
         if self._cache is not None and self._cache[0] == digest:
             return self._cache[1].copy()
@@ -262,22 +146,22 @@ class DensityPolicy(SelectionPolicy):
     name = "density"
 
     def __init__(self, sigma: float) -> None:
-        self.sigma = _check_sigma(sigma)
+        self.sigma = check_sigma(sigma)
 
     def _params(self) -> dict[str, Any]:
         return {"sigma": self.sigma}
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
-        K = np.array(_kernel()(X, X, self.sigma), dtype=np.float64)  # own copy
+        X = as_keys(keys)
+        K = np.array(rbf()(X, X, self.sigma), dtype=np.float64)  # own copy
         np.fill_diagonal(K, 0.0)  # zero first: subtracting κ(x,x)=1 after summing loses tiny sums
         return K.sum(axis=0)
 
 
 def density_scores_reference(keys: Any, sigma: float) -> np.ndarray:
     """Slow reference for :class:`DensityPolicy` (double loop over pairs, explicit formula)."""
-    X = _as_keys(keys)
-    sigma = _check_sigma(sigma)
+    X = as_keys(keys)
+    sigma = check_sigma(sigma)
     n = X.shape[0]
     out = np.zeros(n)
     for j in range(n):
@@ -298,19 +182,19 @@ class OracleAttentionPolicy(SelectionPolicy):
     requires_queries = True
 
     def __init__(self, sigma: float) -> None:
-        self.sigma = _check_sigma(sigma)
+        self.sigma = check_sigma(sigma)
 
     def _params(self) -> dict[str, Any]:
         return {"sigma": self.sigma}
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
+        X = as_keys(keys)
         if queries is None:
             raise PolicyError("OracleAttentionPolicy needs the evaluation queries (queries=...)")
-        Q = _as_keys(queries, "queries")
+        Q = as_keys(queries, "queries")
         if Q.shape[1] != X.shape[1]:
             raise PolicyError(f"queries have d={Q.shape[1]} but keys have d={X.shape[1]}")
-        W = np.asarray(_kernel()(Q, X, self.sigma), dtype=np.float64)  # (m, n)
+        W = np.asarray(rbf()(Q, X, self.sigma), dtype=np.float64)  # (m, n)
         row = W.sum(axis=1, keepdims=True)
         W = np.divide(W, row, out=np.zeros_like(W), where=row > 0)
         return W.sum(axis=0)
@@ -318,9 +202,9 @@ class OracleAttentionPolicy(SelectionPolicy):
 
 def oracle_scores_reference(keys: Any, queries: Any, sigma: float) -> np.ndarray:
     """Slow reference for :class:`OracleAttentionPolicy` (loops, explicit kernel)."""
-    X = _as_keys(keys)
-    Q = _as_keys(queries, "queries")
-    sigma = _check_sigma(sigma)
+    X = as_keys(keys)
+    Q = as_keys(queries, "queries")
+    sigma = check_sigma(sigma)
     out = np.zeros(X.shape[0])
     for q in Q:
         w = [math.exp(-float(np.sum((q - x) ** 2)) / sigma**2) for x in X]
@@ -337,7 +221,7 @@ class RecencyPolicy(SelectionPolicy):
     name = "recency"
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
+        X = as_keys(keys)
         return np.arange(X.shape[0], dtype=np.float64)
 
 
@@ -360,7 +244,7 @@ class RandomPolicy(SelectionPolicy):
         return {"seed": self.seed}
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
-        X = _as_keys(keys)
+        X = as_keys(keys)
         gen = rng if rng is not None else np.random.default_rng(self.seed)
         if not isinstance(gen, np.random.Generator):
             raise PolicyError(f"rng must be a numpy.random.Generator; got {type(gen).__name__}")
@@ -386,9 +270,7 @@ _ALIASES = {
 
 
 def _registry() -> dict[str, type[SelectionPolicy]]:
-    """Built-in policies plus the peers of :mod:`evaluation.peers` (imported lazily: it imports us)."""
-    from evaluation.peers import PEER_POLICIES
-
+    """Built-in policies plus the peers of :mod:`evaluation.peers`."""
     return {**_REGISTRY, **PEER_POLICIES}
 
 

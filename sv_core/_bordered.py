@@ -19,10 +19,10 @@ from ._state import (
     POLISH_EVERY,
     RESERVE,
     SNAP_TOL,
+    Degenerate,
     FloatArray,
     IntArray,
     SolverState,
-    _Degenerate,
 )
 from .errors import PathError
 
@@ -96,10 +96,10 @@ class BorderedMixin(SolverState):
     def _border_add(self, k: int, near_tol: float = 0.0) -> None:
         """Add slot k to the margin set (rank-one border update of ``Rinv``).
 
-        Raises ``_Degenerate(k, j)`` if k duplicates margin key j (equal keys; else, or without
-        stored keys, feature-space squared distance ``<= DUPLICATE_TOL``), ``_Degenerate(k, j,
+        Raises ``Degenerate(k, j)`` if k duplicates margin key j (equal keys; else, or without
+        stored keys, feature-space squared distance ``<= DUPLICATE_TOL``), ``Degenerate(k, j,
         "near")`` if it is a distinct near-twin of j (``<= near_tol``; checked first when keys are
-        stored), and ``_Degenerate(k)`` if its Schur complement is ~0.
+        stored), and ``Degenerate(k)`` if its Schur complement is ~0.
         """
         S, B = self.margin_rows()
         v = B[:, k]  # (1, 2 K[S, k])
@@ -117,13 +117,13 @@ class BorderedMixin(SolverState):
                 # (bit-equal keys have feature distance at rounding level, so only then look)
                 same = np.flatnonzero((self.X[S] == self.X[k]).all(axis=1))
                 if same.size:
-                    raise _Degenerate(int(k), int(S[same[0]]))
+                    raise Degenerate(int(k), int(S[same[0]]))
                 if dj <= near_tol:
-                    raise _Degenerate(int(k), int(S[j]), "near")
+                    raise Degenerate(int(k), int(S[j]), "near")
             if dj <= DUPLICATE_TOL:
-                raise _Degenerate(int(k), int(S[j]))
+                raise Degenerate(int(k), int(S[j]))
             if dj <= near_tol:
-                raise _Degenerate(int(k), int(S[j]), "near")
+                raise Degenerate(int(k), int(S[j]), "near")
         if S.size and kappa <= 1e-6 * scale and self._updates > 0:
             # conditioning guard: a small Schur complement is computed with a fresh inverse
             self.refactor()
@@ -131,7 +131,7 @@ class BorderedMixin(SolverState):
             np.negative(b, out=b)
             kappa = 2.0 * kkk + float(v @ b)
         if S.size and kappa <= self.GUARD * scale:
-            raise _Degenerate(int(k))
+            raise Degenerate(int(k))
         self._S.append(int(k))
         self._rows_append(int(k))
         self._updates += 1

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ._bordered import BorderedMixin
-from ._state import DEAD, ERROR, MARGIN, RESERVE, SNAP_TOL, FloatArray, _Degenerate
+from ._state import DEAD, ERROR, MARGIN, RESERVE, SNAP_TOL, Degenerate, FloatArray
 from .errors import PathError
 
 
@@ -109,7 +109,7 @@ class DegenerateMixin(BorderedMixin):
             self._border_add(k)
             self.refactor()
             ok = self._resolve_margin()
-        except _Degenerate:
+        except Degenerate:
             ok = False
         if ok:
             return True
@@ -140,7 +140,7 @@ class DegenerateMixin(BorderedMixin):
         try:
             self.status[c] = MARGIN
             self._border_add(c)
-        except _Degenerate as exc:
+        except Degenerate as exc:
             twin = exc.args[1] if len(exc.args) > 1 else None
             if twin is not None:
                 # exact duplicate: K columns are identical, so moving mass between the two keys

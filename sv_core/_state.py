@@ -40,13 +40,13 @@ G_REFRESH = 32
 POLISH_EVERY = 8
 #: margin rates |beta| above this mark an operation as ill-conditioned: its end recomputes g
 RISKY_RATE = 1e3
-_NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
-#: ``_SIGN.take(status, mode="wrap")``: +1 error (g <= 0), -1 reserve (g >= 0), 0 otherwise
+STATUS_NAMES = {RESERVE: "reserve", MARGIN: "margin", ERROR: "error", PENDING: "pending"}
+#: ``STATUS_SIGN.take(status, mode="wrap")``: +1 error (g <= 0), -1 reserve (g >= 0), 0 otherwise
 #: (margin, pending, and dead = -1, which wraps to the last entry)
-_SIGN = np.array([-1.0, 0.0, 1.0, 0.0, 0.0])
+STATUS_SIGN = np.array([-1.0, 0.0, 1.0, 0.0, 0.0])
 
 
-class _Degenerate(Exception):
+class Degenerate(Exception):
     """A key cannot join the margin set: its Schur complement is ~0 (it duplicates margin keys)."""
 
 
@@ -289,7 +289,7 @@ class SolverState:
             return float("inf")
         a = self.alpha[:n]  # dead slots hold alpha 0
         # error: g <= 0, reserve: g >= 0 (argmax/argmin + a read beat numpy's reductions)
-        x = _SIGN.take(st, mode="wrap")
+        x = STATUS_SIGN.take(st, mode="wrap")
         x *= self.g[:n]
         v = max(-float(a[a.argmin()]), float(a[a.argmax()]) - self.C, float(x[x.argmax()]))
         if self._S:

@@ -59,8 +59,6 @@ from . import _fastpath
 from ._bordered import rho_midpoint  # noqa: F401  (re-exported)
 from ._degenerate import DegenerateMixin
 from ._state import (  # noqa: F401  (re-exported: the solver's public constants)
-    _NAMES,
-    _SIGN,
     DEAD,
     DUPLICATE_TOL,
     ERROR,
@@ -73,8 +71,10 @@ from ._state import (  # noqa: F401  (re-exported: the solver's public constants
     RESERVE,
     RISKY_RATE,
     SNAP_TOL,
+    STATUS_NAMES,
+    STATUS_SIGN,
+    Degenerate,
     FloatArray,
-    _Degenerate,
 )
 from .errors import PathError
 
@@ -156,7 +156,7 @@ class MaintainedSVDD(DegenerateMixin):
                 # searched with, so the sign vectors are rebuilt exactly as the search would have
                 kind, k, t, s, events = pending
                 pending = None
-                sgn = _SIGN.take(status[:n], mode="wrap")
+                sgn = STATUS_SIGN.take(status[:n], mode="wrap")
                 nsgn = -sgn
                 ssgn = sgn
                 ssgn *= s
@@ -244,7 +244,7 @@ class MaintainedSVDD(DegenerateMixin):
                         del pinned[k_]
                         dirty = True
                 if dirty or s != s_cached:
-                    sgn = _SIGN.take(status[:n], mode="wrap")
+                    sgn = STATUS_SIGN.take(status[:n], mode="wrap")
                     nsgn = -sgn
                     ssgn = sgn
                     ssgn *= s
@@ -329,7 +329,7 @@ class MaintainedSVDD(DegenerateMixin):
                         nsgn[k] = 0.0
                         dirty = False
                     deg_pins.clear()
-                except _Degenerate as exc:
+                except Degenerate as exc:
                     status[k] = prev
                     if len(exc.args) > 2:
                         swapped.add(k)
@@ -340,7 +340,7 @@ class MaintainedSVDD(DegenerateMixin):
                         try:
                             self._border_add(k)
                             deg_pins.clear()
-                        except _Degenerate:
+                        except Degenerate:
                             status[k] = prev
                             g[k] = 0.0
                             self._sweep(k, "pivot", frozen=(c, *frozen, *pinned))
@@ -362,7 +362,7 @@ class MaintainedSVDD(DegenerateMixin):
                 dirty = True
                 try:
                     self._border_add(c)
-                except _Degenerate:
+                except Degenerate:
                     status[c] = prev
                 else:
                     g[c] = 0.0

@@ -236,17 +236,17 @@ def test_near_duplicate_regime_deletions_match_refit(monkeypatch):
 def test_exact_duplicate_keys_are_recognised_by_equality():
     """Bit-equal keys take the exact-twin path (pinned gradient / mass transfer); a key 1e-7 away
     is a near-twin, not a duplicate, even though its feature distance^2 (2.5e-15) < DUPLICATE_TOL."""
-    from sv_core.solver import MARGIN, MaintainedSVDD, _Degenerate
+    from sv_core.solver import MARGIN, MaintainedSVDD, Degenerate
 
     core = MaintainedSVDD(C=0.5, sigma=2.0, dim=2)
     core.append(np.array([[0.0, 0.0], [3.0, 0.0], [0.0, 0.0], [1e-7, 0.0]]))
     core.S = [0]
     core.status[0] = MARGIN
     core.refactor()
-    with pytest.raises(_Degenerate) as exact:
+    with pytest.raises(Degenerate) as exact:
         core._border_add(2, near_tol=1e-9)
     assert exact.value.args == (2, 0)
-    with pytest.raises(_Degenerate) as near:
+    with pytest.raises(Degenerate) as near:
         core._border_add(3, near_tol=1e-9)
     assert near.value.args == (3, 0, "near")
     core._border_add(1, near_tol=1e-9)  # a distinct key joins normally
