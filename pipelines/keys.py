@@ -44,6 +44,7 @@ KEY_ENV = "FORGETFUL_LEDGER_KEY"
 KEY_FILE_ENV = "FORGETFUL_KEY_FILE"
 CONFIG_ENV = "FORGETFUL_CONFIG_DIR"
 ALLOW_NEAR_ENV = "FORGETFUL_ALLOW_KEY_NEAR_DATA"
+SIGNING_KEY_ENV = "FORGETFUL_SIGNING_KEY_FILE"
 MIN_KEY_CHARS = 32
 PURPOSES = ("subject", "ledger", "gate", "cache", "fingerprint")
 
@@ -131,11 +132,16 @@ def check_location(key_paths: list[Path], warehouse: Path, inside: list[Path]) -
                                        f"FORGETFUL_SIGNING_KEY_FILE) or set {ALLOW_NEAR_ENV}=1 to accept it")
 
 
+def signing_key_file() -> Path:
+    """Where the Ed25519 signing key of the receipt log lives (``$FORGETFUL_SIGNING_KEY_FILE`` or
+    ``<config dir>/signing.key``); the key itself is read by :mod:`pipelines.signing`."""
+    env = os.environ.get(SIGNING_KEY_ENV)
+    return Path(env).expanduser() if env else config_dir() / "signing.key"
+
+
 def key_files() -> list[Path]:
     """The key files in use (the HMAC key file unless the key comes from ``$FORGETFUL_LEDGER_KEY``,
     and the signing key file)."""
-    from .signing import signing_key_file
-
     return ([] if os.environ.get(KEY_ENV) is not None else [key_file()]) + [signing_key_file()]
 
 

@@ -32,18 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import LedgerError, LedgerKeyError, LedgerTamperedError
-from .keys import config_dir, write_private
+from .keys import SIGNING_KEY_ENV, signing_key_file, write_private
 
-SIGNING_KEY_ENV = "FORGETFUL_SIGNING_KEY_FILE"
 STH_FORMAT = "forgetful-sth-v1"
 _TAG = b"forgetful/sth/v1"
 ZERO = "0" * 64
 _HEAD_FIELDS = ("log_id", "prev", "root_hash", "signature", "timestamp", "tree_size", "version")
-
-
-def signing_key_file() -> Path:
-    env = os.environ.get(SIGNING_KEY_ENV)
-    return Path(env).expanduser() if env else config_dir() / "signing.key"
 
 
 def load_signing_key(create: bool = False):
