@@ -152,8 +152,10 @@ def run_peer(kind: str, root: Path, threads: int | None = None) -> dict:
         con = duckdb.connect(":memory:")
         if threads:
             con.execute(f"SET threads = {int(threads)}")
-        groups, total = con.execute(peer_duckdb_sql(Path(root))).fetchone()
+        row = con.execute(peer_duckdb_sql(Path(root))).fetchone()
         con.close()
+        assert row is not None  # an aggregate without GROUP BY always returns one row
+        groups, total = row
     elif kind == "polars":
         if threads:
             os.environ["POLARS_MAX_THREADS"] = str(int(threads))  # read at Polars' import

@@ -151,14 +151,13 @@ def check_layout(source: str, root: str | Path, tables: tuple[str, ...] | None =
         raise InputMissingError(f"{kind} root {root} is not a directory. Expected {_LAYOUT[source][0]}.")
     layout, exts = _LAYOUT[source]
     found = {rel: _find(root, rel, layout, exts) for rel in (tables or tuple(REQUIRED_COLUMNS[source]))}
-    own = con is None
-    con = duckdb.connect() if own else con
+    use = duckdb.connect() if con is None else con
     try:  # every file present first, then each schema: one DESCRIBE (a CSV's header, a parquet footer)
         for rel, t in found.items():
-            t.check(con, REQUIRED_COLUMNS[source][rel])
+            t.check(use, REQUIRED_COLUMNS[source][rel])
     finally:
-        if own:
-            con.close()
+        if con is None:
+            use.close()
     return found
 
 

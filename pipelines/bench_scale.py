@@ -21,7 +21,7 @@ Every command gets ``PREFECT_API_URL`` of one Prefect API server the benchmark s
 stops at the end, so no command's figure includes a server start-up. Per run: wall seconds,
 the seconds the command reports for its own work, CPU (user + system of the process and the
 children it waited for, from ``os.wait4``), peak RSS (``ru_maxrss``: the largest process of the
-command) and, with psutil, the largest sampled RSS sum over the command's process tree; the
+command) and the largest sampled RSS sum over the command's process group (``/proc``); the
 1-minute load average at start and end. A study's task cache (beside the warehouse) is emptied
 before it runs, so nothing is served from an earlier run.
 
@@ -41,13 +41,13 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bench_proc import last_json, measure
 from .bench_scale_report import render_markdown
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -100,106 +100,6 @@ def study_argv(name: str, options: set[str], eligible: int | None, study_stays: 
     return args, eligible, "every eligible stay"
 
 
-# ------------------------------------------------------------------------------ measuring
-def _tree_rss(proc) -> int:
-    """Sum of the RSS of ``proc``'s descendants (the launcher itself left out)."""
-    total = 0
-    try:
-        procs = proc.children(recursive=True)
-    except Exception:  # the process just ended
-        return 0
-    for q in procs:
-        try:
-            total += q.memory_info().rss
-        except Exception:
-            pass
-    return total
-
-
-#: Launches a command by fork + exec and reports the command's own rusage. A child started straight
-#: from this (large) process would inherit its peak RSS: Linux records the old address space's
-#: high-water mark at exec, and subprocess may vfork. The launcher is a small interpreter, so the
-#: command's ``ru_maxrss`` is its own (floor: the launcher's ≈ 10 MB).
-LAUNCHER = """
-import json, os, sys
-pid = os.fork()
-if pid == 0:
-    try:
-        os.execvp(sys.argv[2], sys.argv[2:])
-    finally:
-        os._exit(127)
-_, status, ru = os.wait4(pid, 0)
-with open(sys.argv[1], "w") as f:
-    json.dump({"maxrss_kb": ru.ru_maxrss, "cpu_s": ru.ru_utime + ru.ru_stime}, f)
-code = os.waitstatus_to_exitcode(status)
-sys.exit(code if code >= 0 else 128 - code)
-"""
-
-
-def measure(argv: list[str], env: dict, cwd: Path, log_stem: Path, timeout: float | None = None) -> dict:
-    """Run ``argv`` in its own process group through :data:`LAUNCHER`; wall seconds, CPU (user +
-    system of the command and the children it waited for), peak RSS (the command's
-    ``ru_maxrss``: its largest process), tree RSS (largest sampled sum over its process tree, with
-    psutil), load at start and end, exit code. Its stdout and stderr go to ``<log_stem>.out`` /
-    ``.err``; after ``timeout`` seconds the group gets SIGTERM, 15 s later SIGKILL."""
-    try:
-        import psutil
-    except ImportError:  # tree RSS is then not sampled
-        psutil = None
-    log_stem.parent.mkdir(parents=True, exist_ok=True)
-    ru_file = Path(f"{log_stem}.rusage.json")
-    ru_file.unlink(missing_ok=True)
-    load0 = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    with open(f"{log_stem}.out", "wb") as out, open(f"{log_stem}.err", "wb") as err:
-        p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(ru_file), *argv], env=env or None, cwd=cwd,
-                             stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-    ps = psutil.Process(p.pid) if psutil else None
-    tree, timed_out, killed_at = 0, False, None
-    try:
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if ps is not None:
-                tree = max(tree, _tree_rss(ps))
-            el = time.perf_counter() - t0
-            if timeout and el > timeout and killed_at is None:
-                timed_out, killed_at = True, el
-                os.killpg(p.pid, signal.SIGTERM)
-            elif killed_at is not None and el > killed_at + 15:
-                os.killpg(p.pid, signal.SIGKILL)
-            time.sleep(0.25)
-    except BaseException:
-        os.killpg(p.pid, signal.SIGKILL)
-        os.waitpid(p.pid, 0)
-        p.returncode = -9
-        raise
-    p.returncode = rc = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - t0
-    own = json.loads(ru_file.read_text()) if ru_file.is_file() else None
-    ru_file.unlink(missing_ok=True)
-    maxrss_kb = own["maxrss_kb"] if own else ru.ru_maxrss  # killed launcher: the inherited figure
-    return {"wall_s": round(wall, 2), "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
-            "peak_rss_mb": round(maxrss_kb / 1024, 1), "tree_rss_mb": round(tree / 2**20, 1) if ps else None,
-            "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
-            "rc": rc, "timed_out": timed_out}
-
-
-def _last_json(path: str | Path) -> dict | None:
-    try:
-        lines = Path(path).read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return None
-    for ln in reversed(lines):
-        if ln.startswith("{"):
-            try:
-                return json.loads(ln)
-            except ValueError:
-                return None
-    return None
-
-
 def _env(api_url: str | None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(PROJECT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -213,7 +113,7 @@ def _step_record(status: str, reason: str = "", stays=None, runs=None, command=N
     return {"status": status, "reason": reason, "stays": stays, "runs": runs or [], "command": command}
 
 
-def _failed(run: dict, err: str) -> tuple[str, str]:
+def _failed(run: dict, err: str | Path) -> tuple[str, str]:
     if run.get("timed_out"):
         return "timeout", f"stopped after {run['wall_s']:.0f} s (--step-timeout)"
     try:
@@ -244,8 +144,8 @@ def root_info(root: Path) -> dict:
     con = duckdb.connect()
     try:
         t = check_layout("mimic", root, ("icu/icustays", "icu/chartevents"), con=con)
-        rows = con.execute(f"SELECT count(*) FROM {t['icu/chartevents'].reader}").fetchone()[0]
-        stays = con.execute(f"SELECT count(*) FROM {t['icu/icustays'].reader}").fetchone()[0]
+        rows = con.execute(f"SELECT count(*) FROM {t['icu/chartevents'].reader}").fetchall()[0][0]
+        stays = con.execute(f"SELECT count(*) FROM {t['icu/icustays'].reader}").fetchall()[0][0]
     finally:
         con.close()
     return {"chartevents_rows": int(rows), "stays_generated": int(stays), "vital_rows": None, "source_kind": None}
@@ -276,7 +176,7 @@ def run_size(root: Path, work: Path, a, env: dict, options: dict[str, set[str]],
     cli = [sys.executable, "-m", "pipelines.cli", "-q"]
     steps = [s for s in a.steps if s in STEPS]
     if "build" in steps:
-        runs = {k: [] for k in ["build", *(f"peer_{p}" for p in a.peers)]}
+        runs: dict[str, list[dict]] = {k: [] for k in ["build", *(f"peer_{p}" for p in a.peers)]}
         order = list(runs)
         for r in range(max(1, a.repeat)):
             for k in (order if r % 2 == 0 else order[::-1]):
@@ -286,7 +186,7 @@ def run_size(root: Path, work: Path, a, env: dict, options: dict[str, set[str]],
                 else:
                     argv = [sys.executable, "-m", "cohort.bench", "--peer", k[5:], "--root", str(root)]
                 run = measure(argv, env, work, work / "logs" / f"{k}_{r}", a.step_timeout)
-                res = _last_json(work / "logs" / f"{k}_{r}.out")
+                res = last_json(work / "logs" / f"{k}_{r}.out")
                 if run["rc"] == 0 and res:
                     run["compute_s"] = round(res["seconds"], 2)
                     if res.get("cpu_seconds") is not None:  # the build's / peer's own CPU, imports excluded
@@ -303,8 +203,8 @@ def run_size(root: Path, work: Path, a, env: dict, options: dict[str, set[str]],
         for k, rs in runs.items():
             bad = next((r for r in rs if r["rc"] != 0), None)
             status, reason = _failed(bad, work / "logs" / f"{k}_0.err") if bad else ("ok", "")
-            size["steps"][k] = _step_record(status, reason, size["eligible_stays"], rs,
-                                            "build-cohort --source mimic" if k == "build" else f"cohort.bench --peer {k[5:]}")
+            cmd = "build-cohort --source mimic" if k == "build" else f"cohort.bench --peer {k[5:]}"
+            size["steps"][k] = _step_record(status, reason, size["eligible_stays"], rs, cmd)
         if size["steps"]["build"]["status"] != "ok":
             return size
     elif not wh.is_file():

@@ -46,7 +46,7 @@ def step_summary(step: dict) -> dict[str, Any] | None:
 
     wall, cpu, comp, ccpu = med("wall_s"), med("cpu_s"), med("compute_s"), med("compute_cpu_s")
     tree = [r["tree_rss_mb"] for r in runs if r.get("tree_rss_mb") is not None]
-    phases = {}
+    phases: dict[str, list[float]] = {}
     for r in runs:
         for k, v in (r.get("cpu_phases") or {}).items():
             phases.setdefault(k, []).append(v)
@@ -214,7 +214,7 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
          "process and its children (`wait4`), *peak RSS* the largest resident set of any process of "
          "the command (`ru_maxrss`, measured through a small fork-exec launcher so a command does not "
          "inherit the benchmark's own high-water mark), *tree RSS* the largest sampled sum over its "
-         "process tree (psutil, every 0.25 s). *load* is the "
+         "process group (`/proc`, every 0.25 s). *load* is the "
          "1-minute load average at the step's start → end: on a shared machine wall time follows "
          "the load, CPU seconds much less, so compare CPU.", ""]
     if st.get("notes"):
@@ -248,6 +248,7 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
             ratios = []
             for p in peers:
                 ps = step_summary(size["steps"][p])
+                assert ps is not None  # peers holds only the steps that ran
                 cc = (fmt(b["compute_cpu_s"] / ps["compute_cpu_s"], 2)
                       if b.get("compute_cpu_s") and ps.get("compute_cpu_s") else "–")
                 ratios.append(f"{STEP_TITLES[p].split(': ')[1]}: compute CPU {cc}×, process CPU "

@@ -30,8 +30,8 @@ def _input_fingerprint(root: Path) -> str:
     con = duckdb.connect()
     try:
         rows = con.execute(
-            f"SELECT stay_id, epoch_us(charttime), itemid, valuenum FROM read_parquet('{root}/icu/chartevents.parquet') "
-            "ORDER BY ALL").fetchall()
+            "SELECT stay_id, epoch_us(charttime), itemid, valuenum "
+            f"FROM read_parquet('{root}/icu/chartevents.parquet') ORDER BY ALL").fetchall()
     finally:
         con.close()
     return hashlib.sha256(repr(rows).encode()).hexdigest()
