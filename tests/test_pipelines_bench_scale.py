@@ -111,6 +111,21 @@ def test_render_takes_every_figure_from_the_result():
     assert doc2 != doc and "| 999.0 |" in doc2 and "| 999.0 |" not in doc
 
 
+def test_merge_keeps_each_sizes_settings_and_replaces_a_remeasured_size():
+    a, b = _result(), _result()
+    a["settings"], b["settings"] = {"repeat": 3}, {"repeat": 1}
+    a["created_utc"], b["created_utc"] = "A", "B"
+    b["sizes"] = [copy.deepcopy(b["sizes"][1]), {**copy.deepcopy(b["sizes"][0]), "label": "big",
+                                                  "chartevents_rows": 10**9}]
+    b["sizes"][0]["eligible_stays"] = 7  # the 4M size measured again
+    m = rep.merge_results([a, b])
+    assert [z["chartevents_rows"] for z in m["sizes"]] == [1_000_000, 4_000_000, 16_000_000, 10**9]
+    assert m["sizes"][1]["eligible_stays"] == 7 and m["sizes"][1]["settings"] == {"repeat": 1}
+    assert m["sizes"][0]["settings"] == {"repeat": 3} and m["merged_runs"] == ["A", "B"]
+    doc = rep.render_markdown(m)
+    assert "interleaved 3×" in doc and "interleaved 1×" in doc and "runs started A, B" in doc
+
+
 def test_docs_scale_md_is_the_rendering_of_its_result():
     res, doc = ROOT / "docs" / "SCALE.json", ROOT / "docs" / "SCALE.md"
     if not res.is_file():
