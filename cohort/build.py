@@ -1,10 +1,11 @@
-"""Build the hourly vital-sign warehouse (DuckDB) from MIMIC-IV native files or CLIF tables.
+"""Build the hourly vital-sign warehouse (DuckDB) from MIMIC-IV native files, CLIF tables or a
+MEDS dataset (:mod:`cohort.meds`).
 
 Command line::
 
-    python -m cohort.build --source {mimic,clif,demo} --root DIR --warehouse FILE \\
+    python -m cohort.build --source {mimic,clif,meds,demo} --root DIR --warehouse FILE \\
         [--min-hours 48] [--sample N --seed S | --all-stays] [--memory-limit 4GB] \\
-        [--export-parquet DIR] [--convention {seed,mimic_code}]
+        [--export-parquet DIR] [--convention {seed,mimic_code}] [--meds-codes FILE]
 
 Pipeline (SPEC §2)
 ------------------
@@ -45,8 +46,8 @@ Memory: DuckDB holds at most ``memory_limit`` (default 4GB; past it, it spills t
 folder ``<warehouse>.building-<pid>.spill`` beside the warehouse, removed at the end); NumPy holds
 one Arrow batch of the scan (2^20 rows) and one bucket (``batch_stays`` stays: their vital rows
 and dense hours) at a time, so the build's peak RSS is about ``memory_limit`` + 0.5 GB whatever the
-size of chartevents (measured on the 395M-row generated root, 42,721 stays: 0.97 GB with the
-default limit, 0.82 GB with ``memory_limit="500MB"``; docs/SCALE.md). The bucket spool is
+size of chartevents (the build's peak RSS per size is measured by :mod:`pipelines.bench_scale`;
+docs/SCALE.md). The bucket spool is
 owner-only too: both hold record-level values. ``BuildSummary.cpu_phases`` splits the build's
 CPU seconds into stays, scan, hourly, write, hash and finish (the scale benchmark reports it).
 
@@ -397,8 +398,8 @@ def check_frozen(frozen) -> dict[str, tuple[float, float, float]]:
 def _build_into(con, source: str, root: Path, min_hours: float, sample: int | None, seed: int,
                 progress: bool, batch_stays: int, scratch: Path, exclude_subjects=None,
                 fill: str = "backfill", frozen: dict | None = None,
-                convention: str = SEED) -> tuple[_Funnel, dict]:
-    adapter = make_adapter(source, root, con, convention)
+                convention: str = SEED, meds_codes=None) -> tuple[_Funnel, dict]:
+    adapter = make_adapter(source, root, con, convention, meds_codes)
     funnel = _Funnel(con)
     q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
 
@@ -678,14 +679,14 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
                     memory_limit: str = "4GB", progress: bool = True, threads: int | None = None,
                     export_parquet: str | Path | None = None, batch_stays: int = 1000,
                     exclude_subjects=None, fill: str = "backfill", frozen: dict | None = None,
-                    convention: str = SEED) -> BuildSummary:
+                    convention: str = SEED, meds_codes=None) -> BuildSummary:
     """Build the warehouse and return a :class:`BuildSummary`.
 
     Parameters
     ----------
-    source : {"mimic", "clif", "demo"}
+    source : {"mimic", "clif", "meds", "demo"}
         ``demo`` = the CLIF adapter on the real MIMIC-IV demo cache (see :mod:`cohort.demo_data`);
-        ``root`` may then be None (default cache).
+        ``root`` may then be None (default cache). ``meds``: a MEDS v0.4 dataset (:mod:`cohort.meds`).
     root : path of the source files.
     warehouse : output DuckDB file; replaced atomically on success only.
     min_hours : minimum LOS in hours (default 48).
@@ -712,6 +713,10 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     convention : vital-sign convention, "seed" (default: the seed's itemids and ranges) or
         "mimic_code" (mimic-code's ``vitalsign`` itemids and limits); see :mod:`cohort.conventions`
         and docs/VITALS.md. A non-default convention is recorded in ``build_info`` params.
+    meds_codes : source ``meds`` only: the MEDS code -> vital map, a JSON file path or dict
+        (:func:`cohort.meds.load_code_map`; None: :func:`cohort.meds.default_code_map`, the
+        MIMIC_IV_MEDS chartevents codes of the convention's itemids and this project's export
+        codes). A custom map's digest is recorded in ``build_info`` params.
     """
     t0, c0 = time.perf_counter(), time.process_time()
     if min_hours < 0:
@@ -727,12 +732,18 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
 
         root = ensure_demo(root)
         adapter_source = "clif"
-    elif source in ("mimic", "clif"):
+    elif source in ("mimic", "clif", "meds"):
         if root is None:
             raise BadParameterError(f"--root is required for source {source!r}")
         adapter_source = source
     else:
-        raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
+        raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, meds, demo")
+    if meds_codes is not None:
+        if source != "meds":
+            raise BadParameterError("meds_codes (--meds-codes) applies only to --source meds")
+        from .meds import load_code_map
+
+        meds_codes = load_code_map(meds_codes, convention)  # checked before any file is written
     _parse_memory(memory_limit)
     if os.path.islink(warehouse):  # os.replace below would replace the link's target
         raise BadParameterError(f"warehouse {warehouse} is a symbolic link; the build replaces the warehouse file and "
@@ -749,7 +760,7 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     try:
         funnel, hashed = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays,
                                      tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen,
-                                     convention=convention)
+                                     convention=convention, meds_codes=meds_codes)
         h = content_hash(con, "wh.", _precomputed=hashed)
         funnel.mark("hash")
         params = {"source": source, "min_hours": min_hours, "sample": sample, "seed": seed}
@@ -759,6 +770,8 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
             params["frozen_standardisation"] = True
         if convention != SEED:
             params["convention"] = convention
+        if meds_codes is not None:
+            params["meds_codes"] = meds_codes.digest()
         con.execute("CREATE TABLE wh.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
         info = {"content_hash": h, "params": json.dumps(params), "duckdb": duckdb.__version__,
                 "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -807,7 +820,7 @@ def read_funnel(con_or_path) -> list[tuple[str, int, int | None]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cohort.build", description=__doc__.split("\n")[0])
-    p.add_argument("--source", required=True, choices=["mimic", "clif", "demo"])
+    p.add_argument("--source", required=True, choices=["mimic", "clif", "meds", "demo"])
     p.add_argument("--root", default=None, help="source folder (demo: the cache folder; default cache if omitted)")
     p.add_argument("--warehouse", default="warehouse.duckdb")
     p.add_argument("--min-hours", type=float, default=48)
@@ -820,13 +833,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export-parquet", default=None, help="folder for one Parquet file per output table")
     p.add_argument("--convention", choices=list(CONVENTIONS), default=SEED,
                    help="vital-sign itemids and ranges: seed (default) or mimic_code (docs/VITALS.md)")
+    p.add_argument("--meds-codes", default=None, metavar="FILE",
+                   help="meds: JSON code -> vital map (default: MIMIC_IV_MEDS chartevents codes; cohort.meds)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     try:
         s = build_warehouse(a.source, a.root, a.warehouse, min_hours=a.min_hours,
                             sample=None if a.all_stays else a.sample, seed=a.seed,
                             memory_limit=a.memory_limit, progress=not a.quiet, threads=a.threads,
-                            export_parquet=a.export_parquet, convention=a.convention)
+                            export_parquet=a.export_parquet, convention=a.convention, meds_codes=a.meds_codes)
     except CohortError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

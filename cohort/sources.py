@@ -1,4 +1,5 @@
-"""Input adapters: MIMIC-IV native layout and CLIF 2.1 parquet, one output contract.
+"""Input adapters: MIMIC-IV native layout and CLIF 2.1 parquet (and MEDS, :mod:`cohort.meds`),
+one output contract.
 
 Each adapter checks its files (presence, readability, required columns) and then gives the
 build two SQL relations over DuckDB:
@@ -291,13 +292,18 @@ class ClifAdapter(Adapter):
 
 
 def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection,
-                 convention: str | Convention = SEED) -> Adapter:
-    """Adapter for ``source`` in {"mimic", "clif"} (``demo`` is resolved by the caller), reading
-    the itemids / categories of ``convention`` (:mod:`cohort.conventions`)."""
+                 convention: str | Convention = SEED, meds_codes=None) -> Adapter:
+    """Adapter for ``source`` in {"mimic", "clif", "meds"} (``demo`` is resolved by the caller),
+    reading the itemids / categories of ``convention`` (:mod:`cohort.conventions`); ``meds_codes``
+    is the MEDS code map (:func:`cohort.meds.load_code_map`; None: the default)."""
     if source == "mimic":
         return MimicNativeAdapter(root, con, convention)
     if source == "clif":
         return ClifAdapter(root, con, convention)
+    if source == "meds":
+        from .meds import MedsAdapter
+
+        return MedsAdapter(root, con, convention, meds_codes)
     from .errors import BadParameterError
 
-    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
+    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, meds, demo")

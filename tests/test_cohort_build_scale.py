@@ -16,7 +16,8 @@ import cohort.build as build_mod
 from cohort.build import build_warehouse
 from cohort.synthetic import generate
 
-#: content hashes measured with the build before the VALUES-join scan (commit 8dde744)
+#: content hashes measured with the build before the VALUES-join scan (commit 8dde744) and again
+#: with integ's build (12b8dc5, IN-list scan) on the same inputs: identical
 DEMO_HASH = {"seed": "1e19e7719a8e8cd53f688a605199f424a31c1d5bce4fe3a921b096c78bfc134b",
              "mimic_code": "33de477ab08015c297425025452af7022493cc3c599ecf5fdc5f0433f584da4d"}
 GEN_HASH = {"seed": "b1ef022382acb9da8cdad988d1c3e2e905c427ea1977fe346ae5dcc731f1f960",
