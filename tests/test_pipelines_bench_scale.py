@@ -137,12 +137,56 @@ def test_study_arguments_follow_the_command_options():
     full = {"--warehouse", "--stays"}
     args, n, _ = bs.study_argv("retention", full, 5000, 200, 3000)
     assert args == ["--stays", "200"] and n == 200
+    assert not bs.needs_sample("retention", full, 5000, 200)  # the command's own option, no sampled warehouse
+    # no stays option: a cap runs on a sampled warehouse (build-cohort --sample), no cap skips a big one
     args, n, why = bs.study_argv("retention", {"--warehouse"}, 5000, 200, 3000)
+    assert args == [] and n == 200 and "--sample 200" in why
+    assert bs.needs_sample("retention", {"--warehouse"}, 5000, 200)
+    args, n, why = bs.study_argv("retention", {"--warehouse"}, 5000, None, 3000)
     assert args is None and "no stays option" in why and "5,000" in why
-    args, n, _ = bs.study_argv("retention", {"--warehouse"}, 800, 200, 3000)
+    args, n, _ = bs.study_argv("retention", {"--warehouse"}, 800, None, 3000)
     assert args == [] and n == 800  # small enough for the whole warehouse
+    args, n, _ = bs.study_argv("retention", {"--warehouse"}, 150, 200, 3000)
+    assert args == [] and n == 150 and not bs.needs_sample("retention", {"--warehouse"}, 150, 200)
+    args, n, _ = bs.study_argv("retention", {"--warehouse"}, 4000, 5000, 3000)
+    assert args == [] and n == 4000  # a cap above the warehouse: the whole warehouse, never skipped
     args, n, _ = bs.study_argv("deterioration", {"--max-stays"}, 5000, 300, 3000)
     assert args == ["--seeds", "1", "--max-epochs", "2", "--max-stays", "300"] and n == 300
+
+
+def test_result_path_and_document_source_name(tmp_path):
+    assert bs.result_path("runs/bench_scale") == Path("runs/bench_scale/result.json")
+    assert bs.result_path("docs/SCALE.json") == Path("docs/SCALE.json")
+    assert bs.source_name(tmp_path / "docs" / "SCALE.json", tmp_path / "docs" / "SCALE.md") == "SCALE.json"
+    assert bs.source_name(tmp_path / "r" / "x.json", tmp_path / "docs" / "S.md") == str(Path("..") / "r" / "x.json")
+
+
+def test_bad_arguments_fail_in_one_line_and_write_nothing(tmp_path, capsys):
+    out, doc = tmp_path / "r.json", tmp_path / "S.md"
+    for argv in (["--sizes", "1e6", "2e6", "--study-stays", "1", "2", "3"], ["--sizes", "1e6", "--steps", "nope"],
+                 ["--sizes", "1e6", "--study-stays", "0"]):
+        with pytest.raises(SystemExit) as e:
+            bs.main([*argv, "--out", str(out), "--doc", str(doc)])
+        assert e.value.code == 2
+    assert not out.exists() and not doc.exists()
+
+
+def test_render_states_the_rerun_command_uptime_and_the_sampled_warehouse(tmp_path):
+    r = _result()
+    r["command"] = "python -m pipelines.bench_scale --sizes 1e6 4e6 16e6 --study-stays 100 400 1600"
+    r["uptime_start"], r["uptime_end"] = "up 1 day, load average: 5.10, 4.00, 3.00", "load average: 6.20, 5, 4"
+    r["sizes"][1]["study_warehouse"] = {"sample": 400, "command": "build-cohort --source mimic --sample 400",
+                                        "run": {"wall_s": 12.5, "cpu_s": 20.31, "rc": 0}}
+    doc = rep.render_markdown(r, "SCALE.json")
+    assert "```\n" + r["command"] + "\n```" in doc
+    assert "5.10, 4.00, 3.00" in doc and "6.20, 5, 4" in doc
+    assert doc.count("sampled by `build-cohort --source mimic --sample 400`") == 1 and "CPU 20.3 s" in doc
+    # the --render path: the same document, named after its result file
+    res = tmp_path / "docs" / "SCALE.json"
+    res.parent.mkdir()
+    res.write_text(json.dumps(r))
+    assert bs.main(["--render", str(res), "--doc", str(tmp_path / "docs" / "SCALE.md")]) == 0
+    assert (tmp_path / "docs" / "SCALE.md").read_text() == rep.render_markdown(r, "SCALE.json")
 
 
 def test_step_table_names_real_commands_and_options():
@@ -222,6 +266,53 @@ def test_scan_peers_compute_the_hourly_means(small_root):
         assert math.isclose(r["checksum"], round(total, 3), rel_tol=1e-9, abs_tol=2e-3), kind
     with pytest.raises(ValueError, match="unknown peer"):
         run_peer("sqlite", small_root)
+
+
+def _table_rows(doc: str) -> list[list[str]]:
+    """The cells of every row of the per-size tables (header first)."""
+    out = []
+    for ln in doc.splitlines():
+        if ln.startswith("| step | stays |") or (out and ln.startswith("| ") and not ln.startswith("|---")):
+            out.append([c.strip() for c in ln.strip().strip("|").split("|")])
+        elif out and not ln.startswith("|"):
+            break
+    return out
+
+
+def test_harness_builds_a_small_root_through_the_cli(small_root, tmp_path, prefect_harness):
+    """The real harness on a 40-stay root: the build through ``python -m pipelines.cli``
+    interleaved with both peers, one row per step with every column, figures that belong to it."""
+    from prefect.settings import PREFECT_API_URL
+
+    out, doc = tmp_path / "r.json", tmp_path / "SCALE.md"
+    rc = bs.main(["--root", str(small_root), "--steps", "build", "--repeat", "1", "--workdir", str(tmp_path / "w"),
+                  "--out", str(out), "--doc", str(doc), "--api-url", str(PREFECT_API_URL.value()),
+                  "--step-timeout", "600"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    (size,) = r["sizes"]
+    assert r["command"].startswith("python -m pipelines.bench_scale --root ") and "load average" in r["uptime_start"]
+    assert size["chartevents_rows"] == rep_rows(small_root) and 0 < size["eligible_stays"] <= 40
+    for name in ("build", "peer_duckdb", "peer_polars"):
+        st = size["steps"][name]
+        assert st["status"] == "ok" and len(st["runs"]) == 1, (name, st.get("reason"))
+        for run in st["runs"]:
+            assert run["rc"] == 0 and 0 < run["cpu_s"] and 30 < run["peak_rss_mb"] < 4096
+            assert 0 < run["compute_s"] <= run["wall_s"]
+    assert set(size["steps"]["build"]["runs"][0]["cpu_phases"]) == {"stays", "scan", "hourly", "write", "hash",
+                                                                    "finish"}
+    assert len({run["groups"] for p in ("peer_duckdb", "peer_polars") for run in size["steps"][p]["runs"]}) == 1
+    rows = _table_rows(doc.read_text())
+    assert len(rows) == 4 and all(len(row) == len(rows[0]) == 11 for row in rows)
+    assert [row[0] for row in rows[1:]] == [rep.STEP_TITLES[k] for k in ("build", "peer_duckdb", "peer_polars")]
+    assert all(c not in ("", "–") for row in rows[1:2] for c in row)  # the build fills every column
+    assert doc.read_text() == rep.render_markdown(r, "r.json")
+
+
+def rep_rows(root: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(root / "icu" / "chartevents.parquet").metadata.num_rows
 
 
 @pytest.mark.slow
