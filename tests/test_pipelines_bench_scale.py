@@ -124,6 +124,13 @@ def test_merge_keeps_each_sizes_settings_and_replaces_a_remeasured_size():
     assert m["sizes"][0]["settings"] == {"repeat": 3} and m["merged_runs"] == ["A", "B"]
     doc = rep.render_markdown(m)
     assert "interleaved 3×" in doc and "interleaved 1×" in doc and "runs started A, B" in doc
+    # each size keeps the command that measured it; the document lists the reruns in order
+    a["command"], b["command"] = "python -m pipelines.bench_scale CA", "python -m pipelines.bench_scale CB --append"
+    m = rep.merge_results([a, b])
+    assert [z["command"] for z in m["sizes"]] == [a["command"], b["command"], a["command"], b["command"]]
+    doc = rep.render_markdown(m)
+    assert "```\n" + a["command"] + "\n" + b["command"] + "\n```" in doc
+    assert "```\n" + a["command"] + "\n```" in rep.render_markdown(a)  # one run: one line
 
 
 def test_docs_scale_md_is_the_rendering_of_its_result():
