@@ -162,13 +162,27 @@ def marginals(result: dict) -> dict[str, list[dict]]:
     return out
 
 
+def memory_growth(result: dict) -> dict[str, dict]:
+    """Per step measured at ≥ 2 sizes: peak RSS at the smallest and the largest size, the growth
+    in MB and the ratio of the size variable between them (issue 20: ≤ 150 MB from 1× to 4× stays)."""
+    out = {}
+    for name in step_names(result):
+        ser = _series(result, name)
+        if len(ser) >= 2:
+            (xa, sa), (xb, sb) = ser[0], ser[-1]
+            out[name] = {"x_from": xa, "x_to": xb, "ratio": xb / xa, "rss_from": sa["peak_rss_mb"],
+                         "rss_to": sb["peak_rss_mb"], "growth_mb": sb["peak_rss_mb"] - sa["peak_rss_mb"]}
+    return out
+
+
 def extrapolate(result: dict, target: dict | None = None) -> dict[str, dict]:
     """Full-MIMIC-IV estimate per step, anchored at the largest measured size (x0, y0): the build
     and its peers go to ``target["chartevents_rows"]``, the studies to ``target["eligible_stays"]``.
 
     * power law: y0·(x_target / x0)^b with the fitted exponent b (CPU, wall, peak RSS);
-    * ``cpu_s_marginal``: y0 + slope·(x_target − x0), the slope between the two largest sizes
-      (a constant start-up cost is not multiplied up)."""
+    * ``cpu_s_marginal`` / ``peak_rss_mb_marginal``: y0 + slope·(x_target − x0), the slope
+      between the two largest sizes (a constant start-up cost is not multiplied up; memory that
+      grows per stay is not flattened by a small fitted exponent)."""
     target = dict(FULL_MIMIC if target is None else target)
     f = fits(result)
     out = {}
@@ -183,10 +197,12 @@ def extrapolate(result: dict, target: dict | None = None) -> dict[str, dict]:
         for k, sk in (("cpu_s", ck), ("wall_s", "wall_s"), ("peak_rss_mb", "peak_rss_mb")):
             fit = f[name][k]
             row[k] = None if fit is None or s0[sk] is None else s0[sk] * (xt / x0) ** fit["exponent"]
-        row["cpu_s_marginal"] = None
+        row["cpu_s_marginal"] = row["peak_rss_mb_marginal"] = None
         if len(ser) >= 2:
             x1, s1 = ser[-2]
             row["cpu_s_marginal"] = s0[ck] + (s0[ck] - s1[ck]) / (x0 - x1) * (xt - x0)
+            row["peak_rss_mb_marginal"] = (s0["peak_rss_mb"]
+                                           + (s0["peak_rss_mb"] - s1["peak_rss_mb"]) / (x0 - x1) * (xt - x0))
         out[name] = row
     return out
 
@@ -331,6 +347,15 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
                  f"{'compute CPU' if fs['cpu_metric'] == 'compute_cpu_s' else 'process CPU'} | "
                  + " | ".join(fmt(fs[k]["exponent"], 2) if fs[k] else "–" for k in ("cpu_s", "wall_s", "peak_rss_mb"))
                  + " |")
+    g = memory_growth(result)
+    if g:
+        L += ["", "## Peak RSS growth", "",
+              "Smallest → largest measured size (issue 20 asks the studies for ≤ 150 MB growth from 1× to 4× stays).",
+              "", "| step | x from → to | × | peak RSS MB from → to | growth MB |", "|---|---|---:|---|---:|"]
+        for name, r in g.items():
+            L.append(f"| {STEP_TITLES.get(name, name)} | {fmt(int(r['x_from']))} → {fmt(int(r['x_to']))} | "
+                     f"{fmt(r['ratio'])} | {fmt(r['rss_from'], 0)} → {fmt(r['rss_to'], 0)} | "
+                     f"{fmt(r['growth_mb'], 0)} |")
     tgt = FULL_MIMIC
     ex = extrapolate(result)
     L += ["", "## Extrapolation to full MIMIC-IV", "",
@@ -342,9 +367,10 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
           "(no free text in most non-vital rows) and a real csv.gz must be decompressed and parsed, so a "
           "real file costs the scan more per row.", "",
           "| step | measured at x | CPU, power law | CPU, marginal | wall, power law (this load) | "
-          "peak RSS MB, power law |", "|---|---:|---:|---:|---:|---:|"]
+          "peak RSS MB, power law | peak RSS MB, marginal |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in ex.items():
         L.append(f"| {STEP_TITLES.get(name, name)} | {fmt(int(r['x_measured']))} | {_dur(r['cpu_s'])} | "
-                 f"{_dur(r['cpu_s_marginal'])} | {_dur(r['wall_s'])} | {fmt(r['peak_rss_mb'], 0)} |")
+                 f"{_dur(r['cpu_s_marginal'])} | {_dur(r['wall_s'])} | {fmt(r['peak_rss_mb'], 0)} | "
+                 f"{fmt(r.get('peak_rss_mb_marginal'), 0)} |")
     L.append("")
     return "\n".join(L)

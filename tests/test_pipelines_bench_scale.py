@@ -90,6 +90,15 @@ def test_fits_marginals_and_extrapolation():
     assert ex["retention"]["cpu_s"] == pytest.approx(83.0 * (tgt["eligible_stays"] / 1600) ** rf["exponent"])
     assert ex["retention"]["cpu_s_marginal"] == pytest.approx(0.05 * tgt["eligible_stays"] + 3)  # exact: linear
     assert ex["retention"]["x_target"] == tgt["eligible_stays"] and "deterioration" not in ex
+    # retention's peak RSS is 100 MB + 0.1 MB per stay: the marginal memory estimate is exact
+    assert ex["retention"]["peak_rss_mb_marginal"] == pytest.approx(100 + tgt["eligible_stays"] / 10)
+    g = rep.memory_growth(r)
+    assert g["retention"] == pytest.approx({"x_from": 100, "x_to": 1600, "ratio": 16.0, "rss_from": 110.0,
+                                            "rss_to": 260.0, "growth_mb": 150.0})
+    assert g["build"]["growth_mb"] == 0 and "deterioration" not in g
+    doc = rep.render_markdown(r)
+    assert "| retention | 100 → 1,600 | 16.0 | 110 → 260 | 150 |" in doc
+    assert f"| {rep.fmt(100 + tgt['eligible_stays'] / 10, 0)} |" in doc
 
 
 def test_render_takes_every_figure_from_the_result():
