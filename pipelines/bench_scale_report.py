@@ -40,7 +40,7 @@ def merge_results(results: list[dict]) -> dict:
     if not results:
         raise ValueError("nothing to merge")
     out = {k: v for k, v in results[0].items() if k != "sizes"}
-    out["merged_runs"] = [r.get("created_utc") for r in results]
+    out["merged_runs"] = [c for r in results for c in (r.get("merged_runs") or [r.get("created_utc")])]
     by_label: dict[str, dict] = {}
     for r in results:
         for size in r.get("sizes", []):
@@ -152,7 +152,9 @@ def marginals(result: dict) -> dict[str, list[dict]]:
         pts = []
         for size in result.get("sizes", []):
             st = size.get("steps", {}).get(name)
-            s = step_summary(st) if st else None
+            if not st:  # this size did not run the step
+                continue
+            s = step_summary(st)
             n = (st.get("stays") if name not in ROW_STEPS else None) or size.get("eligible_stays")
             if s is not None and n and s.get(ck) is not None:
                 pts.append((float(n), s[ck]))

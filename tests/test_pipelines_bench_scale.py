@@ -120,6 +120,21 @@ def test_render_takes_every_figure_from_the_result():
     assert doc2 != doc and "| 999.0 |" in doc2 and "| 999.0 |" not in doc
 
 
+def test_sizes_with_different_steps_render():
+    """A size measured with other steps (e.g. an appended build-only size) is left out of the
+    series of the steps it did not run."""
+    r = _result()
+    big = copy.deepcopy(r["sizes"][2])
+    big.update(label="64.0M rows", chartevents_rows=64_000_000, eligible_stays=6400)
+    big["steps"] = {"build": big["steps"]["build"]}
+    r["sizes"].append(big)
+    assert [x["to_stays"] for x in rep.marginals(r)["retention"]] == [400, 1600]
+    assert rep.fits(r)["build"]["cpu_s"]["n"] == 4 and rep.fits(r)["retention"]["cpu_s"]["n"] == 3
+    doc = rep.render_markdown(r)
+    # size tables, marginals, exponents, growth, extrapolation
+    assert "## 64.0M rows" in doc and doc.count("| retention |") == 3 + 2 + 1 + 1 + 1
+
+
 def test_merge_keeps_each_sizes_settings_and_replaces_a_remeasured_size():
     a, b = _result(), _result()
     a["settings"], b["settings"] = {"repeat": 3}, {"repeat": 1}
@@ -131,6 +146,7 @@ def test_merge_keeps_each_sizes_settings_and_replaces_a_remeasured_size():
     assert [z["chartevents_rows"] for z in m["sizes"]] == [1_000_000, 4_000_000, 16_000_000, 10**9]
     assert m["sizes"][1]["eligible_stays"] == 7 and m["sizes"][1]["settings"] == {"repeat": 1}
     assert m["sizes"][0]["settings"] == {"repeat": 3} and m["merged_runs"] == ["A", "B"]
+    assert rep.merge_results([m]) == m  # re-rendering a merged file changes nothing
     doc = rep.render_markdown(m)
     assert "interleaved 3×" in doc and "interleaved 1×" in doc and "runs started A, B" in doc
     # each size keeps the command that measured it; the document lists the reruns in order
