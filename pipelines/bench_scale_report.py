@@ -45,7 +45,8 @@ def merge_results(results: list[dict]) -> dict:
     for r in results:
         for size in r.get("sizes", []):
             by_label[size["label"]] = {**size, "settings": size.get("settings") or r.get("settings", {}),
-                                       "command": size.get("command") or r.get("command")}
+                                       "command": size.get("command") or r.get("command"),
+                                       **{k: size.get(k) or r.get(k) for k in ("uptime_start", "uptime_end")}}
     out["sizes"] = sorted(by_label.values(), key=lambda z: z.get("chartevents_rows") or 0)
     return out
 
@@ -229,6 +230,13 @@ def _dur(s) -> str:
     return f"{s:,.1f} s" if s < 600 else (f"{s / 60:,.1f} min" if s < 7200 else f"{s / 3600:,.2f} h")
 
 
+def _uptime_note(size: dict, result: dict) -> str:
+    """A merged size measured by another run than the first names that run's ``uptime``."""
+    if not size.get("uptime_start") or size.get("uptime_start") == result.get("uptime_start"):
+        return ""
+    return f" `uptime` of its run at the start: {size['uptime_start']}; at the end: {size.get('uptime_end', '?')}."
+
+
 def _sample_note(size: dict) -> str:
     sw = size.get("study_warehouse")
     if not sw:
@@ -254,8 +262,9 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
         L += ["Rerun (one line, from the repository root; replaces the result file and this document):", "",
               "```", cmds[0], "```", ""]
     elif cmds:
-        L += ["Rerun (from the repository root; the first line replaces the result file and this document, "
-              "each later one adds its sizes with `--append`):", "", "```", *cmds, "```", ""]
+        L += ["Rerun (one line, from the repository root: this result merges runs; the first command replaces "
+              "the result file and this document, each later one adds its sizes with `--append`):", "",
+              "```", " && ".join(cmds), "```", ""]
     if result.get("complete") is False:
         L += ["**Incomplete:** the run was stopped before its last size; the sizes below are the ones it finished.", ""]
     if result.get("uptime_start"):
@@ -284,7 +293,7 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
               f"{fmt(size.get('eligible_stays'))} eligible (≥ 48 h), {fmt(size.get('hourly_rows'))} hourly rows", "",
               f"Measured {size.get('measured_utc', '?')}; build and peers interleaved "
               f"{(size.get('settings') or st).get('repeat', 1)}× (median; wall min–max), the studies once."
-              + _sample_note(size), "",
+              + _sample_note(size) + _uptime_note(size, result), "",
               "| step | stays | wall s (min–max) | compute s | compute CPU s | CPU s | peak RSS MB | tree RSS MB | "
               "rows/s | CPU-ms/stay | load start → end |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -154,8 +154,14 @@ def test_merge_keeps_each_sizes_settings_and_replaces_a_remeasured_size():
     m = rep.merge_results([a, b])
     assert [z["command"] for z in m["sizes"]] == [a["command"], b["command"], a["command"], b["command"]]
     doc = rep.render_markdown(m)
-    assert "```\n" + a["command"] + "\n" + b["command"] + "\n```" in doc
+    assert "```\n" + a["command"] + " && " + b["command"] + "\n```" in doc  # still one line
     assert "```\n" + a["command"] + "\n```" in rep.render_markdown(a)  # one run: one line
+    # each run's uptime stays with its sizes; the document names the later run's beside its sizes
+    a["uptime_start"], b["uptime_start"], b["uptime_end"] = "load average: 1.00", "load average: 9.00", "la 8"
+    m = rep.merge_results([a, b])
+    assert [z["uptime_start"] for z in m["sizes"]] == ["load average: 1.00", "load average: 9.00"] * 2
+    doc = rep.render_markdown(m)
+    assert doc.count("`uptime` of its run at the start: load average: 9.00; at the end: la 8.") == 2
 
 
 def test_docs_scale_md_is_the_rendering_of_its_result():
