@@ -370,4 +370,4 @@ def test_bench_scale_end_to_end_tiny(tmp_path):
     assert len(size["steps"]["build"]["runs"]) == 2
     g = {run["groups"] for p in ("peer_duckdb", "peer_polars") for run in size["steps"][p]["runs"]}
     assert len(g) == 1  # both peers, every round, the same groups
-    assert doc.read_text() == rep.render_markdown(r, str(out / "result.json"))
+    assert doc.read_text() == rep.render_markdown(r, bs.source_name(out / "result.json", doc))
