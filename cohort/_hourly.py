@@ -18,6 +18,7 @@ The slow, obvious counterpart of all of this is :func:`cohort.reference.referenc
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,7 +54,8 @@ class BucketSpool:
 
     def __init__(self, folder: Path, n_stays: int, n_buckets: int):
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700, follow_symlinks=False)  # spooled values are record-level data: owner-only
         self.n_stays = int(n_stays)
         self.n_buckets = int(max(1, min(n_buckets, n_stays)))
         # smallest packed key of each bucket: bucket of key = last bound ≤ key

@@ -18,6 +18,14 @@ on a shared machine wall time swings with the load, CPU seconds much less. ``--r
 ``--workdir`` skips generation when that folder already holds data from the same
 (rows, seed, format).
 
+``--peer duckdb|polars --root DIR`` runs one honest peer of the build's essential scan on a
+MIMIC-layout root (what :mod:`pipelines.bench_scale` interleaves with the build): every
+chartevents row of the nine vital itemids with a number, joined to the stays of LOS ≥ 48 h,
+kept within [intime, outtime] and in the plausible range after the °F conversion, averaged per
+(stay, hour, itemid) — a plain DuckDB SQL ``GROUP BY`` and a Polars lazy query
+(``scan_parquet`` … ``group_by`` … ``collect(engine="streaming")``). Both materialise every
+group's mean; the printed count and checksum (Σ of the means) show they did the same work.
+
 ``--generator`` times :func:`cohort.synthetic.generate` end to end (generation and writing) for
 every size × worker count, ``--repeat`` times, the order reversed on every other round so that
 both sides of a comparison see the same load; per cell the median rows/s with its min and max,
@@ -56,6 +64,108 @@ def _peak_rss_mb() -> float:
 def _cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _peer_filters() -> tuple[str, str, str]:
+    """(itemid VALUES rows, converted-value SQL, plausible-range SQL) of the peers, from the seed's
+    tables. The itemids are joined as a VALUES list, as the build's scan does (there an ``IN`` list
+    ran as a MARK join over every row; in this query DuckDB plans both alike)."""
+    from .constants import CELSIUS_ITEMID, FAHRENHEIT_ITEMID, ITEMIDS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE
+
+    ids = ", ".join(f"({i})" for i in ITEMIDS)
+    value = (f"CASE WHEN itemid = {FAHRENHEIT_ITEMID} OR (itemid = {CELSIUS_ITEMID} AND valuenum > "
+             f"{PLAINLY_FAHRENHEIT_ABOVE}) THEN (valuenum - 32.0) * 5.0 / 9.0 ELSE valuenum END")
+    ok = " ".join(f"WHEN {i} THEN value BETWEEN {PLAUSIBLE[v][0]} AND {PLAUSIBLE[v][1]}"
+                  for i, (v, _, _) in ITEMIDS.items())
+    return ids, value, f"CASE itemid {ok} ELSE false END"
+
+
+def _root_table(root: Path, rel: str) -> Path:
+    for ext in (".parquet", ".csv.gz", ".csv"):
+        p = Path(root) / f"{rel}{ext}"
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"no {rel} table under {root}")
+
+
+def peer_duckdb_sql(root: Path, min_hours: float = 48) -> str:
+    """The DuckDB peer: one SQL statement returning (groups, Σ hourly means)."""
+    csv_types = {"icu/icustays": "{'stay_id': 'BIGINT', 'intime': 'TIMESTAMP', 'outtime': 'TIMESTAMP'}",
+                 "icu/chartevents": "{'stay_id': 'BIGINT', 'itemid': 'BIGINT', 'charttime': 'TIMESTAMP', "
+                                    "'value': 'VARCHAR', 'valuenum': 'DOUBLE'}"}
+
+    def reader(rel):
+        p = _root_table(root, rel)
+        if p.name.endswith(".parquet"):
+            return f"read_parquet('{p}')"
+        return f"read_csv('{p}', header=true, types={csv_types[rel]})"
+
+    ids, value, ok = _peer_filters()
+    return f"""
+        WITH s AS (SELECT stay_id, epoch_us(intime) AS in_us, epoch_us(outtime) AS out_us
+                   FROM {reader("icu/icustays")}
+                   WHERE epoch_us(outtime) - epoch_us(intime) >= {int(round(min_hours * 3_600_000_000))}),
+        m AS (SELECT ce.stay_id, ce.itemid, (epoch_us(ce.charttime) - s.in_us) // 3600000000 AS hour,
+                     {value.replace("itemid", "ce.itemid").replace("valuenum", "ce.valuenum")} AS value
+              FROM {reader("icu/chartevents")} AS ce JOIN s ON ce.stay_id = s.stay_id
+              JOIN (VALUES {ids}) AS vi(itemid) ON ce.itemid = vi.itemid
+              WHERE ce.valuenum IS NOT NULL AND epoch_us(ce.charttime) BETWEEN s.in_us AND s.out_us),
+        g AS (SELECT stay_id, hour, itemid, avg(value) AS mean FROM m WHERE {ok} GROUP BY ALL)
+        SELECT count(*), sum(mean) FROM g"""
+
+
+def peer_polars(root: Path, min_hours: float = 48) -> tuple[int, float]:
+    """The Polars lazy peer (parquet roots): (groups, Σ hourly means), streaming engine."""
+    import polars as pl
+
+    from .constants import CELSIUS_ITEMID, FAHRENHEIT_ITEMID, ITEMIDS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE
+
+    ce_path, st_path = _root_table(root, "icu/chartevents"), _root_table(root, "icu/icustays")
+    if not (ce_path.name.endswith(".parquet") and st_path.name.endswith(".parquet")):
+        raise ValueError("the Polars peer reads parquet roots only")
+    us = pl.col("outtime").dt.epoch("us") - pl.col("intime").dt.epoch("us")
+    stays = (pl.scan_parquet(st_path).select("stay_id", "intime", "outtime")
+             .filter(us >= int(round(min_hours * 3_600_000_000))))
+    item, num = pl.col("itemid"), pl.col("valuenum")
+    value = (pl.when((item == FAHRENHEIT_ITEMID) | ((item == CELSIUS_ITEMID) & (num > PLAINLY_FAHRENHEIT_ABOVE)))
+             .then((num - 32.0) * 5.0 / 9.0).otherwise(num))
+    ok = pl.lit(False)
+    for i, (v, _, _) in ITEMIDS.items():
+        lo, hi = PLAUSIBLE[v]
+        ok = pl.when(item == i).then(pl.col("value").is_between(lo, hi)).otherwise(ok)
+    q = (pl.scan_parquet(ce_path).select("stay_id", "charttime", "itemid", "valuenum")
+         .filter(item.is_in(list(ITEMIDS)) & num.is_not_null())
+         .join(stays, on="stay_id")
+         .filter(pl.col("charttime").is_between(pl.col("intime"), pl.col("outtime")))
+         .with_columns(hour=(pl.col("charttime").dt.epoch("us") - pl.col("intime").dt.epoch("us")) // 3_600_000_000,
+                       value=value)
+         .filter(ok)
+         .group_by("stay_id", "hour", "itemid").agg(mean=pl.col("value").mean()))
+    out = q.collect(engine="streaming")
+    return out.height, float(out["mean"].sum())
+
+
+def run_peer(kind: str, root: Path, threads: int | None = None) -> dict:
+    """Run one peer in this process: groups, checksum, seconds, CPU seconds and peak RSS."""
+    t, c = time.perf_counter(), _cpu_seconds()
+    if kind == "duckdb":
+        import duckdb
+
+        con = duckdb.connect(":memory:")
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+        row = con.execute(peer_duckdb_sql(Path(root))).fetchone()
+        con.close()
+        assert row is not None  # an aggregate without GROUP BY always returns one row
+        groups, total = row
+    elif kind == "polars":
+        if threads:
+            os.environ["POLARS_MAX_THREADS"] = str(int(threads))  # read at Polars' import
+        groups, total = peer_polars(Path(root))
+    else:
+        raise ValueError(f"unknown peer {kind!r}; expected duckdb or polars")
+    return {"peer": kind, "groups": int(groups), "checksum": round(float(total or 0.0), 3),
+            "seconds": time.perf_counter() - t, "cpu_seconds": _cpu_seconds() - c, "peak_rss_mb": _peak_rss_mb()}
 
 
 def run_bench(rows: int, workdir: Path, fmt: str = "parquet", memory_limit: str = "2GB", seed: int = 0,
@@ -146,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=float, nargs="+", default=[5e6, 20e6, 50e6], help="--generator: rows")
     p.add_argument("--workers-list", type=int, nargs="+", default=[1, 2], help="--generator: worker counts")
     p.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--peer", choices=["duckdb", "polars"], default=None,
+                   help="run one peer of the build's scan on --root and print its JSON line")
+    p.add_argument("--root", default=None, help="--peer: the MIMIC-layout root")
     p.add_argument("--_gen", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_build", default=None, help=argparse.SUPPRESS)
     p.add_argument("--warehouse", default=None, help=argparse.SUPPRESS)
@@ -156,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         s = generate(a._gen, target_rows=a.rows, seed=a.seed, fmt=a.format, progress=False, workers=a.workers)
         print(json.dumps({"rows": s.n_chartevents, "stays": s.n_stays, "seconds": s.seconds,
                           "cpu_seconds": s.cpu_seconds, "peak_rss_mb": s.peak_rss_mb}))
+        return 0
+    if a.peer:
+        if not a.root:
+            p.error("--peer needs --root")
+        print(json.dumps(run_peer(a.peer, Path(a.root), a.threads)))
         return 0
     if a._build:
         from .build import build_warehouse

@@ -15,7 +15,8 @@ Pipeline (SPEC §2)
    valid times (intime < outtime) → LOS ≥ min_hours → optional deterministic sample.
    n_hours = ⌈LOS / 1 h⌉.
 2. One streamed DuckDB scan of chartevents / clif_vitals with the six vitals' itemids
-   (categories) pushed into the scan, joined to the cohort's stays; each row leaves DuckDB as
+   (categories) pushed into the scan (MIMIC: a join to a small itemid map, which DuckDB pushes
+   into the Parquet reader), joined to the cohort's stays; each row leaves DuckDB as
    one packed BIGINT key and its value, in Arrow batches (no row-level Python).
    Temperature: itemid 223761 is °F; a Celsius-charted value above 50 is plainly °F; both are
    converted with (v − 32)·5/9. A null ``valuenum`` (text such as "Unable to assess" in
@@ -41,6 +42,15 @@ Scratch tables live in an in-memory DuckDB (spilling to disk past ``memory_limit
 files in a ``.buckets`` folder beside the output (removed at the end); only the output tables
 are written to the warehouse file, ``vitals_hourly`` in one streamed INSERT. The slow reference of all of this is
 :func:`cohort.reference.reference_build`.
+
+Memory: DuckDB holds at most ``memory_limit`` (default 4GB; past it, it spills to the owner-only
+folder ``<warehouse>.building-<pid>.spill`` beside the warehouse, removed at the end); NumPy holds
+one Arrow batch of the scan (2^20 rows) and one bucket (``batch_stays`` stays: their vital rows
+and dense hours) at a time, so the build's peak RSS is about ``memory_limit`` + 0.5 GB whatever the
+size of chartevents (the build's peak RSS per size is measured by :mod:`pipelines.bench_scale`;
+docs/SCALE.md). The bucket spool is
+owner-only too: both hold record-level values. ``BuildSummary.cpu_phases`` splits the build's
+CPU seconds into stays, scan, hourly, write, hash and finish (the scale benchmark reports it).
 
 The warehouse is written to a temporary file next to the target and swapped in on success;
 a failed build leaves an existing warehouse untouched.
@@ -109,6 +119,8 @@ class BuildSummary:
     source: str
     seconds: float = 0.0
     params: dict = field(default_factory=dict)
+    cpu_seconds: float = 0.0  # user + system of this process (every thread) during the build
+    cpu_phases: dict = field(default_factory=dict)  # the same, per phase (stays, scan, hourly, write, hash, finish)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -156,10 +168,12 @@ def _plausible_case_sql(col: str = "value", code: str = "vs // 4", convention: s
 def _connect(path: Path, memory_limit: str, threads: int | None) -> duckdb.DuckDBPyConnection:
     """Scratch work runs in an in-memory database (spilling to ``<path>.spill`` beyond the
     memory limit); the output file is attached as ``wh`` and receives only the final tables."""
+    tmp = path.parent / (path.name + ".spill")
+    os.mkdir(tmp, 0o700)  # owner-only before DuckDB spills a row into it (the caller removed any stale one)
+    os.chmod(tmp, 0o700)
     con = duckdb.connect(":memory:")
     con.execute(f"SET memory_limit = '{_parse_memory(memory_limit)}'")
     con.execute("SET preserve_insertion_order = false")
-    tmp = path.parent / (path.name + ".spill")
     con.execute(f"SET temp_directory = '{tmp}'")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
@@ -265,6 +279,14 @@ class _Funnel:
     def __init__(self, con: duckdb.DuckDBPyConnection):
         self.rows: list[tuple[str, int, int | None]] = []
         self.con = con
+        self.cpu_phases: dict[str, float] = {}
+        self._t = time.process_time()
+
+    def mark(self, phase: str) -> None:
+        """Charge the process CPU seconds since the last mark to ``phase``."""
+        t = time.process_time()
+        self.cpu_phases[phase] = round(self.cpu_phases.get(phase, 0.0) + t - self._t, 3)
+        self._t = t
 
     def add(self, step: str, n_stays: int, n_rows: int | None = None) -> None:
         self.rows.append((step, int(n_stays), None if n_rows is None else int(n_rows)))
@@ -413,6 +435,7 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
         f"ALTER TABLE _cohort0 ADD COLUMN n_hours INTEGER; "
         f"UPDATE _cohort0 SET n_hours = CAST(ceil((out_us - in_us) / {HOUR_US}.0) AS INTEGER)"
     )
+    funnel.mark("stays")
 
     # 2+3. one streamed scan of the measurements ----------------------------------------
     # Each vital row becomes one packed BIGINT: usable rows (numeric, within the stay,
@@ -464,6 +487,7 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
         spool.close()
     if progress:
         print(f"[cohort] scanned vitals in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+    funnel.mark("scan")
     st = status.reshape(n_cohort, 4)
     st[:, 3] = n_ok
     per_stay = {"n_all": st.sum(1), "n_num": st[:, 1:].sum(1), "n_win": st[:, 2:].sum(1), "n_ok": st[:, 3]}
@@ -569,6 +593,8 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
         for part in ("train", "other"):
             med_files[(j, part)].unlink()
 
+    funnel.mark("hourly")
+
     # 7. standardisation on the training split only (the never-recorded vitals of a training
     # stay take the median), then the output rows bucket by bucket ---------------------------
     # causal / frozen builds also record the medians (the frozen table of a streaming warehouse)
@@ -645,6 +671,7 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     con.execute("INSERT INTO wh.standardisation SELECT * FROM standardisation")
     for tname in ("_src_stays", "_valid", "_long", "_cohort0", "_sidx", "_final", "cohort_stays", "standardisation"):
         con.execute(f"DROP TABLE IF EXISTS {tname}")
+    funnel.mark("write")
     return funnel, {"vitals_hourly": out_hash}
 
 
@@ -692,7 +719,7 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
         MIMIC_IV_MEDS chartevents codes of the convention's itemids and this project's export
         codes). A custom map's digest is recorded in ``build_info`` params.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if min_hours < 0:
         raise BadParameterError(f"min_hours must be ≥ 0, got {min_hours}")
     if sample is not None and sample < 1:
@@ -736,6 +763,7 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
                                      tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen,
                                      convention=convention, meds_codes=meds_codes)
         h = content_hash(con, "wh.", _precomputed=hashed)
+        funnel.mark("hash")
         params = {"source": source, "min_hours": min_hours, "sample": sample, "seed": seed}
         if fill != "backfill":
             params["fill"] = fill
@@ -764,6 +792,7 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
         con.execute("CHECKPOINT wh")
         con.execute("DETACH wh")
         con.close()
+        funnel.mark("finish")
     except BaseException:
         try:
             con.close()
@@ -774,7 +803,8 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     os.replace(tmp, warehouse)
     _rm(tmp)
     summary = BuildSummary(warehouse=warehouse, n_stays=int(n_stays), n_rows=int(n_rows), funnel=funnel.rows,
-                           content_hash=h, source=source, seconds=time.perf_counter() - t0, params=params)
+                           content_hash=h, source=source, seconds=time.perf_counter() - t0, params=params,
+                           cpu_seconds=time.process_time() - c0, cpu_phases=funnel.cpu_phases)
     if progress:
         print(format_funnel(funnel.rows), file=sys.stderr)
     return summary

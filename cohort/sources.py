@@ -198,19 +198,20 @@ class MimicNativeAdapter(Adapter):
 
     def measurements_sql(self, cohort_table: str) -> str:
         itemids = self.convention.itemids
-        ids = ", ".join(str(i) for i in itemids)
-        vital_case = " ".join(f"WHEN {i} THEN {VITAL_CODE[v]}" for i, (v, _, _) in itemids.items())
-        src_case = " ".join(f"WHEN {i} THEN {s}" for i, (_, s, _) in itemids.items())
+        # The itemids come in as a join to a small VALUES map (itemid -> vital code, source), not
+        # as ``itemid IN (...)``: DuckDB pushes the join's key filter into the Parquet scan and
+        # needs no CASE per row, where an IN list ran as a MARK join over every chartevents row
+        # (measured on 20M generated rows: ~2.5x less CPU for this subquery; same rows, same hash).
+        vmap = ", ".join(f"({i}, {VITAL_CODE[v]}, {s})" for i, (v, s, _) in itemids.items())
         # valuenum only: a null valuenum (text such as "Unable to assess" in ``value``) is not a
         # measurement, and not reading the text column keeps the 430M-row scan lean.
         value = "CAST(ce.valuenum AS DOUBLE)"
         return (
             "SELECT CAST(ce.stay_id AS BIGINT) AS stay_id, epoch_us(ce.charttime) AS ts_us, "
-            f"CAST(CASE ce.itemid {vital_case} END AS UTINYINT) AS vital, "
-            f"CAST(CASE ce.itemid {src_case} END AS UTINYINT) AS src, "
+            "CAST(vm.vital AS UTINYINT) AS vital, CAST(vm.src AS UTINYINT) AS src, "
             f"{value} AS value, ce.itemid = {FAHRENHEIT_ITEMID} AS unit_f "
             f"FROM {self.chartevents.reader} AS ce "
-            f"WHERE ce.itemid IN ({ids})"
+            f"JOIN (VALUES {vmap}) AS vm(itemid, vital, src) ON ce.itemid = vm.itemid"
         )
 
 

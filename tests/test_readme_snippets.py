@@ -232,6 +232,10 @@ PARSE_ONLY = {
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the 20-minute main job (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",
+    "python -m pipelines.bench_scale --sizes 1e6 4e6 16e6 [--steps build,retention,heldout,deterioration] "
+    "[--study-stays N] [--repeat 2] [--out docs/SCALE.json]": "hours of CPU at these sizes; "
+    "tests/test_pipelines_bench_scale.py runs it on a tiny root",
+    "python -m pipelines.bench_scale --render FILE": "tests/test_pipelines_bench_scale.py renders result files",
 }
 STATIC_PREFIXES = ("python -m pytest", "make ", "pip install ")
 

@@ -133,7 +133,8 @@ def _main(args) -> int:
                             min_hours=args.min_hours, sample=args.sample, memory_limit=args.memory_limit,
                             fetch=args.fetch, progress=not args.no_progress, meds_codes=args.meds_codes)
     out = {"warehouse": s["warehouse"], "n_stays": s["n_stays"], "n_rows": s["n_rows"],
-           "content_hash": s["content_hash"], "seconds": round(s["seconds"], 2)}
+           "content_hash": s["content_hash"], "seconds": round(s["seconds"], 2),
+           "cpu_seconds": round(s.get("cpu_seconds", 0.0), 2), "cpu_phases": s.get("cpu_phases", {})}
     print(json.dumps(out))
     jsonout.emit(args, out)
     return 0
