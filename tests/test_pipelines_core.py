@@ -9,7 +9,6 @@ from pipelines import gate_store
 from pipelines import patient_deletion as pdel
 from pipelines import retention as ret
 from pipelines import warehouse as wh
-from pipelines.deterioration import future_event_labels, future_event_labels_reference
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +89,6 @@ def test_dedupe_indices_match_dedupe():
     idx = pdel.dedupe_indices(X, 0.1)
     assert np.array_equal(X[idx], dedupe(X, 0.1))
     assert idx.tolist() == [0, 3, 6, 9, 12, 15]
-
-
-def test_future_event_labels():
-    ev = np.array([0, 0, 1, 0, 0, 0, 0, 0, 0, 1], bool)
-    y, m = future_event_labels(ev, 6)
-    y2, m2 = future_event_labels_reference(ev, 6)
-    assert np.array_equal(y, y2) and np.array_equal(m, m2)
-    assert y.tolist() == [1, 1, 0, 1, 1, 1, 1, 1, 1, 0]
-    assert m.tolist() == [True, True, True, True, False, False, False, False, False, False]
 
 
 def test_data_kind_badges_say_what_the_data_is(tmp_path):
