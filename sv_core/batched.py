@@ -12,7 +12,8 @@ Pipeline::
       -> ridged_kkt_solve   bordered system M u = c with ridge on the margin diagonal,
                             torch.linalg.solve (reference), differentiable by autograd; or
                             solver="cholesky": the same system by the Schur complement of the
-                            SPD margin block (batched Cholesky, analytic backward)
+                            SPD margin block (batched Cholesky, analytic backward);
+                            solver="compiled": one Cholesky per problem in sv_core._batchfast
       -> validate_alpha     box / sum / padding violations (diagnostics, never raises)
 
 `batched_gate` runs the whole pipeline and applies the warm-up rule (fewer than
@@ -39,6 +40,7 @@ import torch
 
 from sv_core.batched_common import BatchedGateError, as_problems, check_box, warmup_threshold
 from sv_core.batched_fista import (
+    FISTA_BACKENDS,
     FistaInfo,
     fista_lipschitz,
     fista_svdd,
@@ -50,6 +52,7 @@ from sv_core.batched_kkt import KKT_SOLVERS, bordered_matrix, bordered_spd_solve
 from sv_core.kernels import torch_kernel  # noqa: F401  (re-exported for the models)
 
 __all__ = [
+    "FISTA_BACKENDS",
     "BatchedGateError",
     "BatchedGateResult",
     "AlphaReport",
@@ -168,6 +171,7 @@ def batched_gate(
     fista_dtype: torch.dtype | None = None,
     check_every: int = 2,
     kkt_solver: str = "lu",
+    fista_backend: str = "auto",
 ) -> BatchedGateResult:
     """Batched approximate SVDD gate: FISTA partition, ridged KKT solve, diagnostics.
 
@@ -186,6 +190,7 @@ def batched_gate(
         ``torch.float32`` for the seed's single-precision finder under a float64 solve.
     kkt_solver : "lu" (reference, ``torch.linalg.solve``) or "cholesky" (Schur-complement fast
         path); see `ridged_kkt_solve`.
+    fista_backend : "auto", "torch" (reference) or "compiled"; see `fista_svdd`.
 
     Returns
     -------
@@ -198,7 +203,7 @@ def batched_gate(
     solve_mask = m3 & ~warm.unsqueeze(-1)
     Kf = K.detach() if fista_dtype is None else K.detach().to(fista_dtype)
     a_est, info = fista_svdd(
-        Kf, C, solve_mask, iters=iters, tol=tol, check_every=check_every, return_info=True
+        Kf, C, solve_mask, iters=iters, tol=tol, check_every=check_every, return_info=True, backend=fista_backend
     )
     S, E = partition_masks(a_est.to(K.dtype), C, solve_mask, partition_tol)
     alpha, rho = ridged_kkt_solve(K, C, S, E, ridge=ridge, mask=solve_mask, solver=kkt_solver)

@@ -1,13 +1,35 @@
 """Shared pieces of the batched SVDD gate (:mod:`sv_core.batched`): its error type, the warm-up
-size, the box check and the problem layout — a batch of P Gram matrices, each shared by J
-masked problems."""
+size, the box check, the problem layout — a batch of P Gram matrices, each shared by J masked
+problems — and the optional compiled loops ``sv_core._batchfast`` (``sv_core/_batchfast.c``,
+built by ``setup.py``; the torch paths are their references)."""
 from __future__ import annotations
 
 import math
+import types
 
 import torch
 
 from sv_core.calibrate import warmup_size
+
+batchfast: types.ModuleType | None
+try:
+    from sv_core import _batchfast as batchfast
+except ImportError:  # pragma: no cover - optional, built by setup.py
+    batchfast = None
+#: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
+ABI = 1
+if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: no cover
+    batchfast = None
+
+
+def compiled_batch_available() -> bool:
+    """Whether the compiled loops ``sv_core._batchfast`` are built (``setup.py build_ext``)."""
+    return batchfast is not None
+
+
+def compiled_applicable(K: torch.Tensor) -> bool:
+    """The compiled loops are built and take ``K``: a CPU float32 / float64 tensor."""
+    return batchfast is not None and K.device.type == "cpu" and K.dtype in (torch.float32, torch.float64)
 
 
 class BatchedGateError(ValueError):

@@ -1,6 +1,6 @@
 """FISTA partition finder of the batched SVDD gate (:mod:`sv_core.batched`): Lipschitz bound,
 capped-simplex projection, the accelerated projected-gradient loop (torch reference, and the
-compiled loop ``sv_core._fista`` for CPU tensors), and the margin / bound partition."""
+compiled loop ``sv_core._batchfast.fista`` for CPU tensors), and the margin / bound partition."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from sv_core.batched_common import BatchedGateError, as_problems, check_box, kmul
+from sv_core import batched_common
+from sv_core.batched_common import BatchedGateError, as_problems, check_box, compiled_applicable, kmul
+
+FISTA_BACKENDS = ("auto", "torch", "compiled")
 
 # --------------------------------------------------------------------------------------------
 # Lipschitz constant
@@ -187,6 +190,7 @@ def fista_svdd(
     check_every: int = 2,
     return_info: bool = False,
     power_iters: int | None = None,
+    backend: str = "auto",
 ):
     """Estimate SVDD coefficients for a batch of masked problems by FISTA (001 Algorithm 1).
 
@@ -215,6 +219,10 @@ def fista_svdd(
         for an entry-wise non-negative K (any RBF Gram: the Collatz-Wielandt bound is then a
         guaranteed upper bound after any number of steps, and one step is within a few per cent
         of lambda_max), 4 otherwise.
+    backend : "torch" (the reference: the loop above over the whole padded batch, any device),
+        "compiled" (``sv_core._batchfast``, CPU float32/float64 tensors, ``tol=None``: the same loop
+        per problem on its own keys, ``K a`` over the non-zero entries of ``a`` only; equal to the
+        reference to rounding) or "auto" (compiled when built and applicable, else torch).
 
     Returns
     -------
@@ -226,11 +234,25 @@ def fista_svdd(
         raise BatchedGateError(f"iters must be >= 0, got {iters}")
     if check_every < 1:
         raise BatchedGateError(f"check_every must be >= 1, got {check_every}")
+    if backend not in FISTA_BACKENDS:
+        raise BatchedGateError(f"backend must be one of {FISTA_BACKENDS}, got {backend!r}")
     K = K.detach()
     m3 = m3.contiguous()  # an expanded (stride-0) mask sends every reduction down a slow path
+    compiled_ok = tol is None and compiled_applicable(K)
+    if backend == "compiled" and not compiled_ok:
+        raise BatchedGateError("the compiled FISTA loop needs sv_core._batchfast built, CPU float32/float64 K "
+                               "and tol=None")
+    L = fista_lipschitz(K, m3, power_iters)  # (P, J)
+    if backend != "torch" and compiled_ok:
+        a = _fista_compiled(K, m3, 1.0 / L, C, int(iters))
+        residual = torch.full(m3.shape[:-1], float("nan"), dtype=K.dtype, device=K.device)
+        if flat:
+            a, residual, L = a.squeeze(1), residual.squeeze(1), L.squeeze(1)
+        if return_info:
+            return a, FistaInfo(iterations=int(iters), residual=residual, converged=False, lipschitz=L)
+        return a
     m = m3.to(K.dtype)
     diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
-    L = fista_lipschitz(K, m3, power_iters)  # (P, J)
     invL = (1.0 / L).unsqueeze(-1)
     a = m / m.sum(-1, keepdim=True).clamp_min(1.0)
     # K y is never formed directly: y is a linear combination of the last two iterates, so
@@ -266,6 +288,22 @@ def fista_svdd(
     if return_info:
         return a, FistaInfo(iterations=done, residual=residual, converged=converged, lipschitz=L)
     return a
+
+
+def _fista_compiled(K: torch.Tensor, m3: torch.Tensor, invL: torch.Tensor, C: float, iters: int,
+                    stop_when_fixed: bool = True) -> torch.Tensor:
+    """Run the compiled loop on CPU tensors K (P, n, n), mask (P, J, n) bool, invL (P, J);
+    ``stop_when_fixed``: leave a problem at a bit-for-bit fixed point (same result, see the C)."""
+    P, J, n = m3.shape
+    Kc = K.contiguous()
+    mk = m3.to(torch.uint8).contiguous()
+    il = invL.to(K.dtype).contiguous()
+    out = torch.empty(P, J, n, dtype=K.dtype)
+    ext = batched_common.batchfast
+    assert ext is not None
+    ext.fista(Kc.numpy(), mk.numpy(), il.numpy(), out.numpy(), P, J, n, float(C), int(iters),
+              K.dtype == torch.float64, bool(stop_when_fixed))
+    return out
 
 
 def partition_masks(

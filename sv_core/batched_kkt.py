@@ -3,16 +3,18 @@ the reference (full bordered matrix, ``torch.linalg.solve``) and the Schur-compl
 path with an analytic backward."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from sv_core.batched_common import BatchedGateError, as_problems, check_box, kmul
+from sv_core import batched_common
+from sv_core.batched_common import BatchedGateError, as_problems, check_box, compiled_applicable, kmul
 
 # --------------------------------------------------------------------------------------------
 # ridged bordered KKT solve (differentiable)
 # --------------------------------------------------------------------------------------------
 
 
-KKT_SOLVERS = ("lu", "cholesky")
+KKT_SOLVERS = ("lu", "cholesky", "compiled", "auto")
 
 
 def bordered_matrix(A: torch.Tensor, s: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
@@ -133,22 +135,90 @@ def _packed_solve_lu(K, S, h, c0, empty, ridge):
 
 
 def _packed_solve_cholesky(K, S, h, c0, empty, ridge):
-    """Fast path for one problem slot: S, h (P, n), c0, empty (P,). One flat gather of K_SS
-    (its backward is a single scatter_add into (P, n*n)), then `bordered_spd_solve`."""
-    P, n = S.shape
+    """Fast path for a group of problem slots: S, h (P, Jb, n), c0, empty (P, Jb). One flat gather
+    of every K_SS (its backward is a single scatter_add into (P, n*n)), then `bordered_spd_solve`."""
+    P, Jb, n = S.shape
     dt = K.dtype
-    order, sb, m = _pack_margin(S)  # (P, m)
+    order, sb, m = _pack_margin(S)  # (P, Jb, m)
     if m == 0:
-        return torch.zeros(P, n, dtype=dt, device=K.device), c0
+        return torch.zeros(P, Jb, n, dtype=dt, device=K.device), c0
     s = sb.to(dt)
     hc = h.gather(-1, order) * s
-    flat_idx = (order.unsqueeze(-1) * n + order.unsqueeze(-2)).reshape(P, m * m)
-    Kc = K.reshape(P, n * n).gather(1, flat_idx).view(P, m, m)
+    flat_idx = (order.unsqueeze(-1) * n + order.unsqueeze(-2)).reshape(P, Jb * m * m)
+    Kc = K.reshape(P, n * n).gather(1, flat_idx).view(P, Jb, m, m)
     A = Kc * ((2.0 * s).unsqueeze(-1) * s.unsqueeze(-2))  # 2 K_SS, zero on padded pairs
     A.diagonal(dim1=-2, dim2=-1).add_(ridge * s + (1.0 - s))
     rho, a_packed = bordered_spd_solve(A, s, c0, hc, empty)
-    alpha = torch.zeros(P, n, dtype=dt, device=K.device).scatter(-1, order, a_packed * s)
+    alpha = torch.zeros(P, Jb, n, dtype=dt, device=K.device).scatter(-1, order, a_packed * s)
     return alpha, rho
+
+
+def slot_groups(sizes: list[int]) -> list[list[int]]:
+    """Problem slots grouped for the padded Cholesky solves: slots sorted by their largest margin
+    set ``sizes[j]`` (descending), a new group whenever a slot's size is below half of its group's
+    first — so padding costs at most 8x the flops of a slot's own solve — and empty slots last."""
+    order = sorted(range(len(sizes)), key=lambda j: -sizes[j])
+    groups: list[list[int]] = []
+    for j in order:
+        if groups and (2 * sizes[j] >= sizes[groups[-1][0]] or sizes[j] == 0 == sizes[groups[-1][-1]]):
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+    return groups
+
+
+class _FactorFailed(Exception):
+    """A margin block was not numerically positive definite in the compiled solve."""
+
+
+class _CompiledKKT(torch.autograd.Function):
+    """The ridged bordered solve of every (P, J) problem by ``sv_core._batchfast`` (one Cholesky
+    factor per problem on its own margin keys, kept for the backward); same system and gradients
+    as `_packed_solve_cholesky` / `_packed_solve_lu`. Raises `_FactorFailed` when a factorisation
+    fails (the caller then solves the batch by the reference)."""
+
+    @staticmethod
+    def forward(ctx, K, h, c0, S, ridge):
+        ext = batched_common.batchfast
+        assert ext is not None
+        P, J, n = S.shape
+        dt = K.dtype
+        Sk = S.to(torch.uint8).contiguous()
+        m = Sk.sum(-1, dtype=torch.int64).reshape(-1).numpy().astype(np.intp)
+        off = np.empty((P * J, 2), dtype=np.intp)
+        off[:, 0] = np.cumsum(m * m) - m * m
+        off[:, 1] = np.cumsum(m) - m
+        Lst = torch.empty(int((m * m).sum()) + 1, dtype=dt)
+        x1st = torch.empty(int(m.sum()) + 1, dtype=dt)
+        dst = torch.empty(P * J, dtype=dt)
+        alpha = torch.empty(P, J, n, dtype=dt)
+        rho = torch.empty(P, J, dtype=dt)
+        code = ext.kkt_forward(K.detach().contiguous().numpy(), Sk.numpy(), h.detach().contiguous().numpy(),
+                               c0.detach().contiguous().numpy(), alpha.numpy(), rho.numpy(), Lst.numpy(),
+                               x1st.numpy(), dst.numpy(), off, P, J, n, float(ridge), dt == torch.float64)
+        if code:
+            raise _FactorFailed
+        ctx.state = (Sk, Lst, x1st, dst, off, P, J, n)
+        ctx.save_for_backward(alpha)
+        return alpha, rho
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_alpha, g_rho):
+        ext = batched_common.batchfast
+        assert ext is not None
+        (alpha,) = ctx.saved_tensors
+        Sk, Lst, x1st, dst, off, P, J, n = ctx.state
+        dt = alpha.dtype
+        ga = torch.zeros_like(alpha) if g_alpha is None else g_alpha.to(dt).contiguous()
+        gr = torch.zeros(P, J, dtype=dt) if g_rho is None else g_rho.to(dt).contiguous()
+        gK = torch.zeros(P, n, n, dtype=dt) if ctx.needs_input_grad[0] else None
+        gh = torch.empty(P, J, n, dtype=dt)
+        gc0 = torch.empty(P, J, dtype=dt)
+        ext.kkt_backward(Sk.numpy(), alpha.numpy(), ga.numpy(), gr.numpy(), Lst.numpy(), x1st.numpy(), dst.numpy(),
+                         off, gh.numpy(), gc0.numpy(), None if gK is None else gK.numpy(), P, J, n,
+                         dt == torch.float64)
+        return gK, gh, gc0, None, None
 
 
 def ridged_kkt_solve(
@@ -170,8 +240,8 @@ def ridged_kkt_solve(
     The margin indices of every problem are packed to the front and all systems padded to the
     largest |S| (padding rows are identity, ``u = 0``), so the whole batch is one
     ``torch.linalg.solve`` call of size ``max|S| + 1``; autograd differentiates the solve, the
-    gathers and the scatter back. (The "cholesky" path pads per problem slot j instead: one
-    batched solve of size ``max_p |S_pj|`` for each j.) A problem with empty S cannot fix rho
+    gathers and the scatter back. (The "cholesky" path pads per group of problem slots j of
+    similar ``max_p |S_pj|`` instead, `slot_groups`.) A problem with empty S cannot fix rho
     from the system; rho is then the midpoint of its KKT interval ``[max_R h_i, min_E h_i]``
     with ``h_i = K_ii - 2 C (K_{:,E} 1)_i``, also differentiable.
 
@@ -187,13 +257,20 @@ def ridged_kkt_solve(
         ``torch.linalg.solve``) or "cholesky" (fast path, same system: the Schur complement of
         the SPD margin block ``A = 2 K_SS + ridge I`` solved by batched Cholesky, with an
         analytic backward - see `bordered_spd_solve`; problems whose Cholesky fails fall back to
-        the reference solve).
+        the reference solve), "compiled" (``sv_core._batchfast``: one Cholesky factor per problem
+        on its own margin keys, kept for an analytic backward; CPU float32/float64 only; a failed
+        factorisation solves the whole batch by the reference) or "auto" (compiled when built and
+        applicable, else "cholesky").
 
     Returns
     -------
     alpha : tensor shaped like S_mask: C on E, the solved alpha_S on S, 0 elsewhere.
     rho : tensor S_mask.shape[:-1]
     """
+    if solver not in KKT_SOLVERS:
+        raise BatchedGateError(f"solver must be one of {KKT_SOLVERS}, got {solver!r}")
+    if solver == "compiled" and not compiled_applicable(K):
+        raise BatchedGateError("the compiled KKT solve needs sv_core._batchfast built and a CPU float32/float64 K")
     S, flat = as_problems(K, S_mask)
     E, _ = as_problems(K, E_mask)
     if S.shape != E.shape:
@@ -201,8 +278,6 @@ def ridged_kkt_solve(
     if bool((S & E).any()):
         raise BatchedGateError("S_mask and E_mask must be disjoint")
     C = check_box(C)
-    if solver not in KKT_SOLVERS:
-        raise BatchedGateError(f"solver must be one of {KKT_SOLVERS}, got {solver!r}")
     P, J, n = S.shape
     dt = K.dtype
     e = E.to(dt)
@@ -230,15 +305,26 @@ def ridged_kkt_solve(
     else:
         c0 = 1.0 - C * nE
 
-    if solver == "lu":
+    if solver in ("compiled", "auto") and compiled_applicable(K):
+        try:
+            alpha, rho = _CompiledKKT.apply(K, h, c0, S, float(ridge))
+        except _FactorFailed:
+            alpha, rho = _packed_solve_lu(K, S, h, c0, empty, ridge)
+    elif solver == "lu":
         alpha, rho = _packed_solve_lu(K, S, h, c0, empty, ridge)
     else:
-        # one packed solve per problem slot j: nested prefixes have very different |S|, and
-        # padding every slot to the global max |S| would waste up to (m / m_j)^3 of the work
-        out = [_packed_solve_cholesky(K, S[:, j], h[:, j], c0[:, j], empty[:, j], ridge)
-               for j in range(J)]
-        alpha = torch.stack([o[0] for o in out], dim=1)
-        rho = torch.stack([o[1] for o in out], dim=1)
+        # nested prefixes have very different |S|: padding every slot to the global max |S| would
+        # waste up to (m / m_j)^3 of the work, one solve per slot costs a call each; slots of
+        # similar size share one solve (`slot_groups`)
+        groups = slot_groups(S.sum(-1).amax(0).tolist())
+        out = []
+        for js in groups:
+            ix = torch.tensor(js, device=K.device)
+            out.append(_packed_solve_cholesky(K, S[:, ix], h[:, ix], c0[:, ix], empty[:, ix], ridge))
+        inv = torch.empty(J, dtype=torch.long, device=K.device)
+        inv[torch.tensor([j for js in groups for j in js], device=K.device)] = torch.arange(J, device=K.device)
+        alpha = torch.cat([o[0] for o in out], dim=1).index_select(1, inv)
+        rho = torch.cat([o[1] for o in out], dim=1).index_select(1, inv)
     if has_E:
         alpha = alpha + C * e
     if flat:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from evaluation.clinical import deterioration as det
+from evaluation.clinical import deterioration_reader as rd
 from evaluation.clinical import deterioration_training as dtr
 from evaluation.cluster_bootstrap import paired_cluster_bootstrap, paired_cluster_bootstrap_reference
 from evaluation.errors import MetricError
@@ -136,23 +137,23 @@ def test_windows_cut_from_a_block_equal_the_reference_rows(mode, window, context
 
 
 def test_streamed_windows_equal_the_per_stay_reference_on_a_warehouse(small_wh):
-    st = det.feature_stats(small_wh)
+    st = rd.feature_stats(small_wh)
     for mode, context in (("sliding", 12), ("stay", 0)):
         for label in det.LABEL_VARIANTS:
-            ref = det.sequences(det.stay_features(small_wh, "train", label, st), mode, 24, context)
-            idx = det.split_index(small_wh, "train", mode, 24, context)
-            got = det.load_windows(small_wh, idx, np.arange(idx.n_windows), st, label)
+            ref = det.sequences(rd.stay_features(small_wh, "train", label, st), mode, 24, context)
+            idx = rd.split_index(small_wh, "train", mode, 24, context)
+            got = rd.load_windows(small_wh, idx, np.arange(idx.n_windows), st, label)
             for k in ("x", "y", "m", "group", "now", "length"):
                 np.testing.assert_array_equal(getattr(got, k), getattr(ref, k), err_msg=f"{mode} {label} {k}")
             assert idx.scored_hours == int(ref.m.sum())
             # shards of 3 windows in a shuffled order: the same rows, reordered
             order = np.random.default_rng(0).permutation(idx.n_windows)
-            parts = list(det.iter_shards(small_wh, idx, order, st, label, shard=3))
+            parts = list(rd.iter_shards(small_wh, idx, order, st, label, shard=3))
             assert len(parts) == -(-idx.n_windows // 3)
             y = np.concatenate([p.scored(p.y) for p in parts])
             want = np.concatenate([ref.y[i][ref.m[i]] for i in order])
             np.testing.assert_array_equal(y, want)
-    test = det.split_index(small_wh, "test")
+    test = rd.split_index(small_wh, "test")
     a, b = test.sample_stays(3), test.sample_stays(3)
     assert a.stay_ids.tolist() == b.stay_ids.tolist() and a.stay_ids.size == 3
     assert set(a.pieces[:, 0]) <= {0, 1, 2} and test.sample_stays(None) is test
@@ -228,13 +229,13 @@ def test_seeded_weights_ignore_other_threads_drawing_from_the_global_generator()
 
 def test_training_streams_bounded_shards_and_repeats_exactly(small_wh, monkeypatch):
     seen = []
-    real = det.load_windows
+    real = rd.load_windows
 
     def spy(warehouse, index, windows, *a, **k):
         seen.append(len(windows))
         return real(warehouse, index, windows, *a, **k)
 
-    monkeypatch.setattr(det, "load_windows", spy)
+    monkeypatch.setattr(rd, "load_windows", spy)
     data = dtr.study_data(small_wh, "sliding", 24, 12, "filled", val_windows=5, test_stays=2)
     assert data.val.n_windows == 5 and data.test.stay_ids.size == 2
     events = []
@@ -283,9 +284,9 @@ def test_flow_causal_protocol_baseline_paired_result_and_same_figures_twice(pref
     res1, res2 = res
     assert res1["figures"] == res2["figures"] and res1["tables"] == res2["tables"]
     assert _untimed(res1["metrics"]) == _untimed(res2["metrics"]) and res1["config"] == res2["config"]
-    leak = det.leakage_summary(small_wh)
+    leak = rd.leakage_summary(small_wh)
     assert 0 <= leak["all"]["share"] < 0.5 and res1["metrics"]["backfill_leak_old_loader"]["all"]["share"] == \
-        det.leakage_summary(small_wh, label="observed")["all"]["share"]
+        rd.leakage_summary(small_wh, label="observed")["all"]["share"]
     m = res1["metrics"]
     for mdl in ("lstm", "softmax"):
         assert m[mdl]["seeds"] == 2 and m[mdl]["auroc_sd"] >= 0

@@ -3,12 +3,13 @@
 LSTM vs causal softmax attention vs causal SV-hybrid attention (:data:`MODELS`), trained on
 ``train`` (AdamW, BCE on scored hours, positive-class weight), early-stopped on ``val`` BCE, and
 scored on ``test`` (per-seed AUROC/AUPRC with a stay-clustered bootstrap; the test predictions
-are returned for the paired evaluation). Protocol and data: :mod:`evaluation.clinical.deterioration`.
+are returned for the paired evaluation). Protocol: :mod:`evaluation.clinical.deterioration`;
+reading the warehouse: :mod:`evaluation.clinical.deterioration_reader`.
 
 Bounded memory
 --------------
-Every pass streams shards of :data:`~evaluation.clinical.deterioration.SHARD_WINDOWS` windows
-from the warehouse (:func:`~evaluation.clinical.deterioration.iter_shards`): an epoch permutes
+Every pass streams shards of :data:`~evaluation.clinical.deterioration_reader.SHARD_WINDOWS` windows
+from the warehouse (:func:`~evaluation.clinical.deterioration_reader.iter_shards`): an epoch permutes
 the (capped) training windows, reads them a shard at a time and trains on length-sorted batches
 within the shard; validation and test accumulate a loss sum or the scored predictions batch by
 batch. A split that fits in one shard is read once and kept (same rows, same order).
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from evaluation.clinical import deterioration as det
+from evaluation.clinical import deterioration_reader as rd
 
 MODELS = det.MODELS
 DEFAULT_SIZE = {"hidden": 32, "d_model": 32, "heads": 2, "layers": 1, "chunk": 8, "C": 0.25, "sigma": 2.0,
@@ -79,9 +81,9 @@ class StudyData:
     warehouse: str
     stats: dict
     label: str
-    train: det.SplitIndex
-    val: det.SplitIndex
-    test: det.SplitIndex
+    train: rd.SplitIndex
+    val: rd.SplitIndex
+    test: rd.SplitIndex
     max_len: int
 
 
@@ -91,10 +93,10 @@ def study_data(warehouse: str, mode: str = "sliding", window: int = 48, context:
     every model and seed)."""
     if label not in det.LABEL_VARIANTS:
         raise det.DeteriorationInputError(f"unknown label {label!r}; choose from {det.LABEL_VARIANTS}")
-    with det.connect(warehouse) as con:
-        idx = {s: det.split_index(con, s, mode, window, context) for s in ("train", "val", "test")}
+    with rd.connect(warehouse) as con:
+        idx = {s: rd.split_index(con, s, mode, window, context) for s in ("train", "val", "test")}
     max_len = max(window, *(i.longest for i in idx.values()))
-    return StudyData(str(warehouse), det.feature_stats(warehouse), label, idx["train"],
+    return StudyData(str(warehouse), rd.feature_stats(warehouse), label, idx["train"],
                      idx["val"].sample_windows(val_windows), idx["test"].sample_stays(test_stays), max_len)
 
 
@@ -179,16 +181,16 @@ class _Reader:
     """Rows of one split's windows: streamed a shard at a time, or read once and kept when the
     split fits in one shard (the rows and their order are the same either way)."""
 
-    def __init__(self, data: StudyData, index: det.SplitIndex, shard: int):
+    def __init__(self, data: StudyData, index: rd.SplitIndex, shard: int):
         self.data, self.index, self.shard = data, index, int(shard)
         self.kept = None
         if index.n_windows <= self.shard:
-            self.kept = det.load_windows(data.warehouse, index, np.arange(index.n_windows), data.stats, data.label)
+            self.kept = rd.load_windows(data.warehouse, index, np.arange(index.n_windows), data.stats, data.label)
 
     def shards(self, order: np.ndarray | None = None) -> Iterator[det.SeqData]:
         order = np.arange(self.index.n_windows) if order is None else order
         if self.kept is None:
-            yield from det.iter_shards(self.data.warehouse, self.index, order, self.data.stats, self.data.label,
+            yield from rd.iter_shards(self.data.warehouse, self.index, order, self.data.stats, self.data.label,
                                        self.shard)
             return
         k = self.kept
@@ -223,7 +225,7 @@ def mean_bce(model, reader: _Reader, device: str = "cpu") -> float:
     return tot / max(n, 1)
 
 
-def scored_targets(data: StudyData, shard: int = det.SHARD_WINDOWS) -> dict[str, np.ndarray]:
+def scored_targets(data: StudyData, shard: int = rd.SHARD_WINDOWS) -> dict[str, np.ndarray]:
     """Test labels ``y`` (int8), stay ``groups`` and the event-now baseline ``now`` (float64) at
     the scored hours, in the order of the returned predictions (streamed)."""
     ys, gs, ns = [], [], []
@@ -264,7 +266,7 @@ def _positive_rate(reader: _Reader) -> float:
 
 def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | None = None, max_epochs: int = 12,
                    patience: int = 3, batch: int = 16, lr: float = 3e-3, n_boot: int = 10_000,
-                   train_windows: int | None = None, device: str = "cpu", shard: int = det.SHARD_WINDOWS,
+                   train_windows: int | None = None, device: str = "cpu", shard: int = rd.SHARD_WINDOWS,
                    return_predictions: bool = False) -> dict[str, Any]:
     """Train one model with one seed; return test AUROC/AUPRC with a stay-clustered CI, training
     facts and (``return_predictions``) the test probabilities at the scored hours (float32, in

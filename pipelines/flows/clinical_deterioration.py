@@ -6,7 +6,8 @@ training path), each trained with several seeds (one Prefect task per model × s
 baseline (the current hour's event flag). Causal features (forward fill + training median), sliding
 48-h blocks read after 48 h of carried context (or whole stays, ``--mode stay``); labels on
 filled values (default) or observed-only (``--label observed``). Study logic:
-:mod:`evaluation.clinical.deterioration` (protocol, streaming reader) and
+:mod:`evaluation.clinical.deterioration` (protocol), :mod:`evaluation.clinical.deterioration_reader`
+(streaming reader) and
 :mod:`evaluation.clinical.deterioration_training` (models, training, caps); this module wires it.
 
 Scale: training and scoring stream shards of windows from the warehouse, so memory does not grow
@@ -37,6 +38,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from evaluation.clinical import deterioration as det
+from evaluation.clinical import deterioration_reader as rd
 from evaluation.clinical import deterioration_training as dtr
 from evaluation.cluster_bootstrap import paired_cluster_bootstrap
 from pipelines import jsonout, runner, study_inputs, task_cache
@@ -237,7 +239,7 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
         agg[m].update({"auroc_seedavg": s["auroc"], "auroc_seedavg_low": s["auroc_low"],
                        "auroc_seedavg_high": s["auroc_high"], "auprc_seedavg": s["auprc"],
                        "auprc_seedavg_low": s["auprc_low"], "auprc_seedavg_high": s["auprc_high"]})
-    leak = det.leakage_summary(warehouse, label=label)
+    leak = rd.leakage_summary(warehouse, label=label)
 
     first = runs[0]
     rows = [[LABELS[r["model"]], r["seed"], r["auroc"], r["auroc_low"], r["auroc_high"], r["auprc"],
