@@ -4,6 +4,7 @@ problems — and the optional compiled loops ``sv_core._batchfast`` (``sv_core/_
 built by ``setup.py``; the torch paths are their references)."""
 from __future__ import annotations
 
+import importlib
 import math
 import types
 
@@ -13,7 +14,7 @@ from sv_core.calibrate import warmup_size
 
 batchfast: types.ModuleType | None
 try:
-    from sv_core import _batchfast as batchfast
+    batchfast = importlib.import_module("sv_core._batchfast")
 except ImportError:  # pragma: no cover - optional, built by setup.py
     batchfast = None
 #: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
