@@ -323,3 +323,16 @@ def test_caps_are_resolved_per_device_and_stated_in_the_help():
     c = dtr.CAPS["cpu"]
     for v in (c["train_windows"], c["val_windows"], c["test_stays"], c["max_epochs"], c["seeds"]):
         assert f"{v:,}" in " ".join(doc.split())
+
+
+def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path):
+    from evaluation.clinical import deterioration_bench as bench
+
+    out = bench.bench(small_wh, ["lstm", "softmax"], rounds=2, train_windows=6, n_boot=20)
+    for m in ("lstm", "softmax"):
+        assert len(out["times_s"][m]) == 2 and min(out["times_s"][m]) > 0
+        assert len(out["summary"][m]["distinct_auroc"]) == 1  # same seed, same data: same AUROC each round
+    assert out["summary"]["lstm"]["ratio_to_lstm"] == 1.0 and out["train_windows"] == 6
+    assert bench.main(["--warehouse", small_wh, "--models", "lstm", "--rounds", "1", "--train-windows", "4",
+                       "--json", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["rounds"] == 1
