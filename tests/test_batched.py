@@ -374,3 +374,102 @@ def test_batched_gate_cholesky_solver_equals_reference():
     assert torch.equal(ref.S, fast.S) and torch.equal(ref.E, fast.E)
     assert torch.allclose(ref.alpha, fast.alpha, atol=1e-10)
     assert torch.allclose(ref.rho, fast.rho, atol=1e-10)
+
+
+# ------------------------------------------------------------------ compiled loops vs the torch references
+compiled = pytest.mark.skipif(not __import__("sv_core.batched_common").batched_common.compiled_batch_available(),
+                              reason="sv_core._batchfast is not built")
+
+
+def _nested(seed, G=5, n=40, d=3, scale=1.0):
+    """Nested prefixes (the causal layer's problems), one problem with holes (a deletion mask:
+    the compiled loop's copy path) and one empty (warm-up) problem."""
+    rng = np.random.default_rng(seed)
+    X = torch.tensor(rng.normal(size=(G, n, d)) * scale)
+    mask = torch.stack([torch.arange(n) < p for p in (0, 10, 25, n)]).expand(G, 4, n).clone()
+    mask[1, 3, ::3] = False
+    return X, mask
+
+
+@compiled
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_compiled_fista_equals_the_torch_reference(dtype, atol):
+    from sv_core.batched_fista import _fista_compiled, fista_lipschitz
+
+    for seed, scale in ((21, 1.0), (22, 0.3)):  # spread keys (many zeros), tight keys (many margin keys)
+        X, mask = _nested(seed, scale=scale)
+        K = torch_kernel(X, X, 2.0).to(dtype)
+        for C in (0.1, 0.25):
+            ref = fista_svdd(K, C, mask, iters=60, backend="torch")
+            fast = fista_svdd(K, C, mask, iters=60, backend="compiled")
+            assert torch.allclose(fast, ref, atol=atol, rtol=0), (seed, C)
+            assert torch.equal(partition_masks(fast, C, mask)[0], partition_masks(ref, C, mask)[0])
+            assert torch.all(fast[~mask] == 0) and torch.all(fast[:, 0] == 0)
+            # leaving a problem at a bit-for-bit fixed point changes nothing
+            invL = 1.0 / fista_lipschitz(K, mask)
+            for iters in (3, 60, 300):
+                assert torch.equal(_fista_compiled(K, mask, invL, C, iters, stop_when_fixed=True),
+                                   _fista_compiled(K, mask, invL, C, iters, stop_when_fixed=False))
+    with pytest.raises(BatchedGateError):
+        fista_svdd(K, 0.1, mask, iters=5, tol=1e-6, backend="compiled")
+    with pytest.raises(BatchedGateError):
+        fista_svdd(K, 0.1, mask, iters=5, backend="fortran")
+
+
+@compiled
+@pytest.mark.parametrize("with_bound", [False, True])
+def test_compiled_kkt_solve_equals_the_lu_reference_values_and_gradients(with_bound):
+    X0, mask = _nested(23)
+    C = 0.1 if with_bound else 0.25
+    with torch.no_grad():
+        a0 = fista_svdd(torch_kernel(X0, X0, 2.0), C, mask, iters=400, tol=1e-10)
+    S, E = partition_masks(a0, C, mask)
+    S[2, 2] = False  # a problem whose margin set is empty (rho from the KKT interval)
+    assert bool(S.any()) and (bool(E.any()) or not with_bound)
+    w = torch.randn(S.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for solver in ("lu", "compiled"):
+        X = X0.clone().requires_grad_(True)
+        alpha, rho = ridged_kkt_solve(torch_kernel(X, X, 2.0), C, S, E, ridge=1e-3, mask=mask, solver=solver)
+        (g,) = torch.autograd.grad((alpha * w).sum() + 0.3 * rho.sum(), X)
+        out[solver] = (alpha.detach(), rho.detach(), g)
+    for ref, fast in zip(out["lu"], out["compiled"]):
+        assert torch.allclose(ref, fast, atol=1e-10, rtol=0)
+    assert out["lu"][2].abs().max() > 1e-3
+    # a margin block that is not positive definite: the whole batch falls back to the reference
+    K = torch_kernel(X0, X0, 2.0) - 3.0 * torch.eye(X0.shape[1], dtype=torch.float64)
+    a_lu, r_lu = ridged_kkt_solve(K, C, S, E, ridge=1e-3, mask=mask, solver="lu")
+    a_c, r_c = ridged_kkt_solve(K, C, S, E, ridge=1e-3, mask=mask, solver="compiled")
+    assert torch.equal(a_lu, a_c) and torch.equal(r_lu, r_c)
+    with pytest.raises(BatchedGateError):
+        ridged_kkt_solve(K.float().to("meta"), C, S, E, solver="compiled")
+
+
+def test_slot_groups_bound_the_padding():
+    from sv_core.batched_kkt import slot_groups
+
+    assert slot_groups([8, 15, 21, 25, 29, 33, 37, 40, 43, 46, 49]) == [[10, 9, 8, 7, 6, 5, 4, 3], [2, 1], [0]]
+    assert slot_groups([0, 3, 0, 5, 2, 9]) == [[5, 3], [1, 4], [0, 2]]
+    assert slot_groups([]) == []
+    sizes = list(np.random.default_rng(0).integers(0, 60, 40))
+    for g in slot_groups(sizes):
+        assert sizes[g[-1]] * 2 >= sizes[g[0]] and sorted(g, key=lambda j: -sizes[j]) == g
+    assert sorted(j for g in slot_groups(sizes) for j in g) == list(range(40))
+
+
+def test_without_the_compiled_loops_auto_is_the_torch_reference(monkeypatch):
+    import sv_core.batched_common as bc
+
+    monkeypatch.setattr(bc, "batchfast", None)  # as on an install without a C compiler
+    assert not bc.compiled_batch_available() and not bc.compiled_applicable(torch.zeros(1, 2, 2))
+    X, mask = _nested(24)
+    K = torch_kernel(X, X, 2.0)
+    assert torch.equal(fista_svdd(K, 0.25, mask, iters=30), fista_svdd(K, 0.25, mask, iters=30, backend="torch"))
+    S, E = partition_masks(fista_svdd(K, 0.25, mask, iters=30), 0.25, mask)
+    a_auto, r_auto = ridged_kkt_solve(K, 0.25, S, E, mask=mask, solver="auto")
+    a_ch, r_ch = ridged_kkt_solve(K, 0.25, S, E, mask=mask, solver="cholesky")
+    assert torch.equal(a_auto, a_ch) and torch.equal(r_auto, r_ch)
+    with pytest.raises(BatchedGateError, match="compiled"):
+        fista_svdd(K, 0.25, mask, iters=5, backend="compiled")
+    with pytest.raises(BatchedGateError, match="compiled"):
+        ridged_kkt_solve(K, 0.25, S, E, solver="compiled")

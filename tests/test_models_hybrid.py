@@ -161,9 +161,9 @@ def test_layer_freeze_builds_exact_memory_matching_exact_mode():
 # ------------------------------------------------------------------ fast paths vs references
 
 
-@pytest.mark.parametrize("T,chunk", [(16, 4), (13, 4), (7, 8), (10, 3)])
-def test_chunked_readout_matches_dense_reference(T, chunk):
-    from models.sv_hybrid import hybrid_attend
+@pytest.mark.parametrize("T,chunk", [(16, 4), (13, 4), (7, 8), (10, 3), (27, 2), (1, 3)])
+def test_fast_readouts_match_the_dense_reference(T, chunk):
+    from models.sv_hybrid import hybrid_attend, hybrid_attend_chunked, hybrid_attend_dense
 
     torch.manual_seed(5)
     B, H, d = 2, 2, 4
@@ -175,15 +175,19 @@ def test_chunked_readout_matches_dense_reference(T, chunk):
     gate = (torch.rand(B, H, nc, T, dtype=torch.float64) * prefix).requires_grad_(True)
     w = torch.randn(B, H, T, d, dtype=torch.float64)
     res = {}
-    for fused in (False, True):
-        y = hybrid_attend(q, k, v, gate, chunk, fused=fused)
+    paths = {"ref": lambda *t: hybrid_attend(*t, chunk, fused=False), "fused": lambda *t: hybrid_attend(*t, chunk),
+             "chunked": lambda *t: hybrid_attend_chunked(*t, chunk), "dense": lambda *t: hybrid_attend_dense(*t, chunk)}
+    for name, f in paths.items():
+        y = f(q, k, v, gate)
         grads = torch.autograd.grad((y * w).sum(), (q, k, v, gate))
-        res[fused] = (y.detach(),) + grads[:3] + (grads[3] * prefix,)
-    for ref, fast in zip(res[False], res[True]):
-        assert torch.allclose(ref, fast, atol=1e-12, rtol=0)
+        res[name] = (y.detach(),) + grads[:3] + (grads[3] * prefix,)
+    for name in ("fused", "chunked", "dense"):
+        for ref, fast in zip(res["ref"], res[name]):
+            assert torch.allclose(ref, fast, atol=1e-12, rtol=0), name
     if nc > 1:
-        assert res[True][4].abs().max() > 1e-3  # the gate gradient is really exercised
-    assert torch.autograd.gradcheck(lambda *t: hybrid_attend(*t, chunk), (q, k, v, gate))
+        assert res["dense"][4].abs().max() > 1e-3  # the gate gradient is really exercised
+    for name in ("chunked", "dense"):
+        assert torch.autograd.gradcheck(paths[name], (q, k, v, gate), fast_mode=True)
 
 
 def test_fast_layer_equals_reference_layer_values_and_gradients():
@@ -202,3 +206,15 @@ def test_fast_layer_equals_reference_layer_values_and_gradients():
     assert torch.allclose(out["fast"][1], out["ref"][1], atol=1e-9, rtol=0)
     with pytest.raises(Exception, match="kkt_solver"):
         SVHybridAttention(8, 2, 24, kkt_solver="qr")
+
+
+def test_layer_rejects_unknown_solver_and_backend_names():
+    from models.multihead import AttentionConfigError
+    from models.sv_hybrid import SVHybridAttention
+
+    with pytest.raises(AttentionConfigError, match="kkt_solver"):
+        SVHybridAttention(8, 2, chunk=4, kkt_solver="qr")
+    with pytest.raises(AttentionConfigError, match="fista_backend"):
+        SVHybridAttention(8, 2, chunk=4, fista_backend="fortran")
+    for backend in ("auto", "torch", "compiled"):
+        assert SVHybridAttention(8, 2, chunk=4, fista_backend=backend).fista_backend == backend

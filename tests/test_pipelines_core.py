@@ -8,7 +8,6 @@ from cohort.synthetic import make_small_warehouse
 from pipelines import gate_store
 from pipelines import retention as ret
 from pipelines import warehouse as wh
-from pipelines.deterioration import future_event_labels, future_event_labels_reference
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +68,6 @@ def test_heldout_keys_are_5d(base_wh):
     ids = [s[0] for s in wh.stays(base_wh)][:4]
     rows = ret.retention_for_stays(str(base_wh), ids, label="event_spo2", drop=["spo2"])
     assert {r["d"] for r in rows} == {5}
-
-
-def test_future_event_labels():
-    ev = np.array([0, 0, 1, 0, 0, 0, 0, 0, 0, 1], bool)
-    y, m = future_event_labels(ev, 6)
-    y2, m2 = future_event_labels_reference(ev, 6)
-    assert np.array_equal(y, y2) and np.array_equal(m, m2)
-    assert y.tolist() == [1, 1, 0, 1, 1, 1, 1, 1, 1, 0]
-    assert m.tolist() == [True, True, True, True, False, False, False, False, False, False]
 
 
 def test_data_kind_badges_say_what_the_data_is(tmp_path):

@@ -1,40 +1,11 @@
 """Long model training shows per-epoch progress (issue 18: on a 2,000-stay root the deterioration
 bar sat still for 11 minutes): every epoch of every model × seed reaches the bar with its losses
 and seconds, each finished model × seed prints one line, a cached one says so, ``progress=False``
-prints nothing."""
+prints nothing. (The epoch listener itself: tests/test_clinical_deterioration.py.)"""
 from __future__ import annotations
 
 import re
 import shutil
-
-import numpy as np
-import pytest
-
-from pipelines import deterioration as det
-
-
-def _tiny(n: int, t: int, seed: int) -> det.SeqData:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, t, 12)).astype(np.float32)
-    y = (rng.random((n, t)) < 0.4).astype(np.float32)
-    y[:, 0], y[:, 1] = 1.0, 0.0  # both classes in every split
-    m = np.ones((n, t), dtype=bool)
-    return det.SeqData(x=x, y=y, m=m, group=np.arange(n), now=None)
-
-
-def test_every_epoch_reaches_the_listener_with_its_losses():
-    events = []
-    tr, va, te = _tiny(8, 10, 0), _tiny(4, 10, 1), _tiny(4, 10, 2)
-    with det.epoch_progress(events.append):
-        r = det.train_and_test(tr, va, te, "lstm", 0, window=10, size={"hidden": 4}, max_epochs=3, n_boot=20)
-    assert [e["epoch"] for e in events] == list(range(1, r["epochs"] + 1))
-    assert all(e["model"] == "lstm" and e["seed"] == 0 and e["max_epochs"] == 3 for e in events)
-    assert all(np.isfinite(e["train_loss"]) and np.isfinite(e["val_loss"]) for e in events)
-    assert min(e["val_loss"] for e in events) == pytest.approx(r["best_val_loss"])
-    assert [e["elapsed_s"] for e in events] == sorted(e["elapsed_s"] for e in events)
-    assert events[-1]["elapsed_s"] <= r["train_s"] + 1e-6
-    det.train_and_test(tr, va, te, "lstm", 0, window=10, size={"hidden": 4}, max_epochs=1, n_boot=20)
-    assert len(events) == r["epochs"]  # outside the block nothing is called
 
 
 def test_the_flow_shows_each_epoch_and_each_model_seed(prefect_harness, tmp_path, capsys):

@@ -223,6 +223,8 @@ SLOW = {
 #: parsed (or checked statically) only: form -> why it is not run by a test
 PARSE_ONLY = {
     "python -m cohort.demo_data fetch": "set-up step that downloads (network); tests never download",
+    "python -m evaluation.clinical.deterioration_bench --warehouse W --rounds 3 --json OUT":
+        "a benchmark (trains every model for an epoch per round); test_clinical_deterioration runs its study path",
     "python -m models.corpus fetch": "set-up step that downloads (network); tests never download",
     "forgetful serve --ingest-root DIR --ingest-interval 3600": "serves until stopped; tests/test_ingest_served.py "
                                                                 "(slow) serves it on a 3-s interval",

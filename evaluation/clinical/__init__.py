@@ -1,2 +1,2 @@
-"""Clinical study logic: pure functions over arrays and frames (no Prefect); the flows in
-``pipelines/flows`` wire them to the warehouse."""
+"""Clinical studies over the warehouse: pure functions over arrays, frames and read-only DuckDB
+connections (no Prefect); the flows in :mod:`pipelines.flows` wire them to the warehouse."""

@@ -5,14 +5,22 @@ training path), each trained with several seeds (one Prefect task per model × s
 ``train`` split, early-stopped on ``val``, scored on ``test``, beside a trivial "event now"
 baseline (the current hour's event flag). Causal features (forward fill + training median), sliding
 48-h blocks read after 48 h of carried context (or whole stays, ``--mode stay``); labels on
-filled values (default) or observed-only (``--label observed``). See :mod:`pipelines.deterioration`.
+filled values (default) or observed-only (``--label observed``). Study logic:
+:mod:`evaluation.clinical.deterioration` (protocol), :mod:`evaluation.clinical.deterioration_reader`
+(streaming reader) and
+:mod:`evaluation.clinical.deterioration_training` (models, training, caps); this module wires it.
+
+Scale: training and scoring stream shards of windows from the warehouse, so memory does not grow
+with the number of stays. Default caps (``--device cpu``): 4,096 training windows drawn afresh
+per epoch, 1,024 validation windows, 1,000 test stays, at most 12 epochs, 3 seeds; ``--device
+cuda``: 65,536 / 8,192 / every test stay. ``--train-windows``, ``--val-windows``,
+``--test-stays`` override them (0 = no cap); the caps used are in the result's config.
 
 Evaluation: per seed, AUROC/AUPRC with a stay-clustered bootstrap CI; across seeds, the mean and
 seed-level SD; the seed-averaged predictions of every model and the baseline are scored on ONE
-set of stay-clustered resamples, which gives each a real interval (plotted) and the paired
-differences between models. Defaults are small: on the demo (3 models × 3 seeds, at most 12
-epochs) this step took 3.0 min at load 4-11 and 5.2 min at load 9-13 on 2 shared cores (measured
-2026-12-01 inside run-all; SV attention trains 5-10x longer than the others).
+set of stay-clustered resamples (10,000 by default), which gives each a real interval (plotted)
+and the paired differences between models. Same seed and data → same figures (seeded weights,
+deterministic torch; see :mod:`evaluation.clinical.deterioration_training`).
 
 Progress: one bar over every model × seed × epoch, its label the latest epoch's model, seed, train
 and validation loss and the seconds that model has trained; one line per trained model × seed
@@ -29,7 +37,10 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from pipelines import deterioration as det
+from evaluation.clinical import deterioration as det
+from evaluation.clinical import deterioration_reader as rd
+from evaluation.clinical import deterioration_training as dtr
+from evaluation.cluster_bootstrap import paired_cluster_bootstrap
 from pipelines import jsonout, runner, study_inputs, task_cache
 from pipelines import warehouse as wh
 
@@ -44,12 +55,25 @@ BASELINE = "event_now"
 @task_cache.cached
 def train_task(warehouse: str, content_hash: str, model: str, seed: int, window: int, size: dict,
                max_epochs: int, n_boot: int, mode: str = "sliding", context: int = 48, label: str = "filled",
-               protocol: str = det.PROTOCOL) -> dict:
-    stats = det.feature_stats(warehouse)
-    data = {s: det.load_split(warehouse, s, window, mode=mode, context=context, label=label, stats=stats)
-            for s in ("train", "val", "test")}
-    return det.train_and_test(data["train"], data["val"], data["test"], model, seed, window=window, size=size,
-                              max_epochs=max_epochs, n_boot=n_boot, return_predictions=True)
+               protocol: str = det.PROTOCOL, caps: dict | None = None, device: str = "cpu",
+               training: str = dtr.TRAINING) -> dict:
+    caps = caps or {}
+    data = dtr.study_data(warehouse, mode, window, context, label, caps.get("val_windows"), caps.get("test_stays"))
+    return dtr.train_and_test(data, model, seed, size=size, max_epochs=max_epochs, n_boot=n_boot,
+                              train_windows=caps.get("train_windows"), device=device, return_predictions=True)
+
+
+def resolve_caps(device: str, **given: int | None) -> dict:
+    """The caps of a run: ``given`` values (0 = no cap) over the device's defaults (:data:`dtr.CAPS`)."""
+    if device not in dtr.DEVICES:
+        raise det.DeteriorationInputError(f"unknown device {device!r}; choose from {dtr.DEVICES}")
+    out = dict(dtr.CAPS[device])
+    for k, v in given.items():
+        if v is not None:
+            if v < 0:
+                raise det.DeteriorationInputError(f"{k} must be >= 0 (0 = no cap); got {v}")
+            out[k] = None if v == 0 else int(v)
+    return out
 
 
 def aggregate(runs: list[dict], models: list[str]) -> dict:
@@ -109,7 +133,7 @@ def train_with_progress(futures: list, jobs: list[tuple[str, int]], max_epochs: 
 
     index = {id(f): job for f, job in zip(futures, jobs)}
     local = _tasks_run_in_this_process()
-    with det.epoch_progress(on_epoch if progress else None):
+    with dtr.epoch_progress(on_epoch if progress else None):
         for f in as_completed(futures):
             r = f.result()
             model, seed = index[id(f)]
@@ -165,39 +189,48 @@ def _pairs(models: list[str]) -> list[tuple[str, str]]:
 @flow(name="deterioration", log_prints=True)
 @runner.warehouse_locked
 def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs",
-                       models: tuple[str, ...] = det.MODELS, seeds: int = 3, window: int = 48,
-                       max_epochs: int = 12, n_boot: int = 500, size: dict | None = None,
+                       models: tuple[str, ...] = det.MODELS, seeds: int | None = None, window: int = 48,
+                       max_epochs: int | None = None, n_boot: int = 10_000, size: dict | None = None,
                        progress: bool = True, mode: str = "sliding", context: int = 48,
-                       label: str = "filled") -> dict:
+                       label: str = "filled", device: str = "cpu", train_windows: int | None = None,
+                       val_windows: int | None = None, test_stays: int | None = None) -> dict:
+    """``seeds``, ``max_epochs`` and the window / stay caps default to the device's caps
+    (:data:`evaluation.clinical.deterioration_training.CAPS`); 0 = no cap."""
     t0 = time.perf_counter()
     wh.require(warehouse)
     if mode not in det.SEQUENCE_MODES or label not in det.LABEL_VARIANTS:
-        raise det.StudyInputError(f"mode must be one of {det.SEQUENCE_MODES} and label one of {det.LABEL_VARIANTS}")
+        raise det.DeteriorationInputError(
+            f"mode must be one of {det.SEQUENCE_MODES} and label one of {det.LABEL_VARIANTS}")
+    caps = resolve_caps(device, train_windows=train_windows, val_windows=val_windows, test_stays=test_stays)
+    seeds = caps["seeds"] if seeds is None else seeds
+    max_epochs = caps["max_epochs"] if max_epochs is None else max_epochs
+    caps.update(seeds=seeds, max_epochs=max_epochs)
+    window_caps = {k: caps[k] for k in ("train_windows", "val_windows", "test_stays")}
     # fail before any training: every split is needed (fit, early stopping, scoring) and AUROC needs events
     study_inputs.require_splits(warehouse, "deterioration", {"train": 1, "val": 1, "test": 1})
     study_inputs.require_event_stays(warehouse, "deterioration", "event_composite", 1, split="test",
                                      what="an event hour (AUROC/AUPRC need both classes)")
     h = wh.content_hash(warehouse)
-    size = {**det.DEFAULT_SIZE, **(size or {})}
+    size = {**dtr.DEFAULT_SIZE, **(size or {})}
     names = list(models)
     jobs = [(m, s) for s in range(seeds) for m in names]
-    futures = [train_task.submit(warehouse, h, m, s, window, size, max_epochs, n_boot, mode, context, label)
-               for m, s in jobs]
+    futures = [train_task.submit(warehouse, h, m, s, window, size, max_epochs, n_boot, mode, context, label,
+                                 det.PROTOCOL, window_caps, device) for m, s in jobs]
     runs = train_with_progress(futures, jobs, max_epochs, progress)
     agg = aggregate(runs, names)
 
-    # the test hours in scoring order (identical for every model: same loader, same protocol)
-    test = det.load_split(warehouse, "test", window, mode=mode, context=context, label=label)
-    y = test.scored(test.y).astype(np.int8)
-    groups = test.scored(np.broadcast_to(test.group[:, None], test.m.shape))
+    # the test hours in scoring order (identical for every model: same reader, same protocol, same sample)
+    data = dtr.study_data(warehouse, mode, window, context, label, window_caps["val_windows"],
+                          window_caps["test_stays"])
+    tgt = dtr.scored_targets(data)
+    y, groups = tgt["y"], tgt["groups"]
     scores = {m: np.mean([np.asarray(r["p_test"], dtype=np.float64) for r in runs if r["model"] == m], axis=0)
               for m in names}
     if any(s.shape != y.shape for s in scores.values()):
-        raise det.StudyInputError("cached predictions do not match the test hours; clear the task cache")
-    assert test.now is not None
-    scores[BASELINE] = test.scored(test.now).astype(np.float64)
+        raise det.DeteriorationInputError("cached predictions do not match the test hours; clear the task cache")
+    scores[BASELINE] = tgt["now"]
     pairs = _pairs(names)
-    boot = det.paired_cluster_bootstrap(y, scores, groups, pairs, n_boot=n_boot, seed=0)
+    boot = paired_cluster_bootstrap(y, scores, groups, pairs, n_boot=n_boot, seed=0)
     per_seed = seed_paired(runs, [p for p in pairs if BASELINE not in p], y)
     for p, v in per_seed.items():
         boot["pairs"][p].update({"per_seed_" + k: x for k, x in v.items()})
@@ -206,7 +239,7 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
         agg[m].update({"auroc_seedavg": s["auroc"], "auroc_seedavg_low": s["auroc_low"],
                        "auroc_seedavg_high": s["auroc_high"], "auprc_seedavg": s["auprc"],
                        "auprc_seedavg_low": s["auprc_low"], "auprc_seedavg_high": s["auprc_high"]})
-    leak = det.leakage_summary(warehouse, label=label)
+    leak = rd.leakage_summary(warehouse, label=label)
 
     first = runs[0]
     rows = [[LABELS[r["model"]], r["seed"], r["auroc"], r["auroc_low"], r["auroc_high"], r["auprc"],
@@ -267,7 +300,12 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
                    "label": label, "label_definition": det.LABEL_TEXT[label],
                    "baseline": "event now: score = the current hour's event flag (same label definition)",
                    "seeds": seeds, "max_epochs": max_epochs, "early_stopping": "val BCE, patience 3",
-                   "n_boot": n_boot, "size": size, "sv_gate_path": "batched FISTA + 1e-3 ridge (training path)"},
+                   "n_boot": n_boot, "size": size, "sv_gate_path": "batched FISTA + 1e-3 ridge (training path)",
+                   "device": device, "caps": caps, "caps_default": dtr.caps_text(device),
+                   "sample": {"train_windows_per_epoch": first["train_windows_per_epoch"],
+                              "train_windows": data.train.n_windows, "val_windows": data.val.n_windows,
+                              "test_stays": int(data.test.stay_ids.size), "test_windows": data.test.n_windows},
+                   "training": dtr.TRAINING},
     }
     runner.write_study_result(result, runs_dir)
     return result
@@ -277,8 +315,9 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
 def _main(args) -> int:
     r = runner.run_cli_flow(deterioration_flow, args, warehouse=args.warehouse, runs_dir=args.runs,
                             seeds=args.seeds, window=args.window, max_epochs=args.max_epochs, n_boot=args.n_boot,
-                            mode=args.mode, context=args.context, label=args.label,
-                            progress=not args.no_progress)
+                            mode=args.mode, context=args.context, label=args.label, device=args.device,
+                            train_windows=args.train_windows, val_windows=args.val_windows,
+                            test_stays=args.test_stays, progress=not args.no_progress)
     m = r["metrics"]
     print(f"deterioration: test {m['test_hours']} hours, {m['test_stays']} stays, prevalence {m['test_prevalence']:.3f}"
           f" (label {m['label']}, {m['mode']})")
@@ -296,10 +335,25 @@ def _main(args) -> int:
     return 0
 
 
+def _cap(key: str) -> str:
+    return " / ".join(f"{'all' if c[key] is None else f'{c[key]:,}'} on {d}" for d, c in dtr.CAPS.items())
+
+
 def add_cli(sub) -> None:
     p = sub.add_parser("deterioration", help="predict a composite event within 6 h: LSTM vs softmax vs SV attention",
                        description=__doc__)
-    p.add_argument("--seeds", type=int, default=3, help="training seeds per model (default %(default)s)")
+    p.add_argument("--device", choices=dtr.DEVICES, default="cpu",
+                   help="train on the CPU (default) or a CUDA GPU; picks the default caps below")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="training seeds per model (default: the device's cap, 3)")
+    p.add_argument("--max-epochs", type=int, default=None,
+                   help="epoch cap; early stopping on val BCE (default: the device's cap, 12)")
+    p.add_argument("--train-windows", type=int, default=None,
+                   help=f"training windows drawn per epoch (0 = all; default {_cap('train_windows')})")
+    p.add_argument("--val-windows", type=int, default=None,
+                   help=f"validation windows, a fixed sample (0 = all; default {_cap('val_windows')})")
+    p.add_argument("--test-stays", type=int, default=None,
+                   help=f"test stays, a fixed sample, every hour scored (0 = all; default {_cap('test_stays')})")
     p.add_argument("--window", type=int, default=48, help="scored hours per sliding block (default 48)")
     p.add_argument("--context", type=int, default=48,
                    help="carried context: preceding hours read before each block (default 48; 0 = disjoint windows)")
@@ -307,9 +361,8 @@ def add_cli(sub) -> None:
                    help="sliding blocks with carried context (default) or whole-stay sequences")
     p.add_argument("--label", choices=det.LABEL_VARIANTS, default="filled",
                    help="event definition: filled values (default, the warehouse's) or observed-only")
-    p.add_argument("--max-epochs", type=int, default=12,
-                   help="epoch cap; early stopping on val BCE (default %(default)s)")
-    p.add_argument("--n-boot", type=int, default=500, help="stay-clustered bootstrap resamples (default %(default)s)")
+    p.add_argument("--n-boot", type=int, default=10_000,
+                   help="stay-clustered bootstrap resamples (default %(default)s)")
     runner.add_common_args(p)
     jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

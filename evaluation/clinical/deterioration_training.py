@@ -1,0 +1,341 @@
+"""Deterioration study: models, reproducible training on streamed windows, scoring.
+
+LSTM vs causal softmax attention vs causal SV-hybrid attention (:data:`MODELS`), trained on
+``train`` (AdamW, BCE on scored hours, positive-class weight), early-stopped on ``val`` BCE, and
+scored on ``test`` (per-seed AUROC/AUPRC with a stay-clustered bootstrap; the test predictions
+are returned for the paired evaluation). Protocol: :mod:`evaluation.clinical.deterioration`;
+reading the warehouse: :mod:`evaluation.clinical.deterioration_reader`.
+
+Bounded memory
+--------------
+Every pass streams shards of :data:`~evaluation.clinical.deterioration_reader.SHARD_WINDOWS` windows
+from the warehouse (:func:`~evaluation.clinical.deterioration_reader.iter_shards`): an epoch permutes
+the (capped) training windows, reads them a shard at a time and trains on length-sorted batches
+within the shard; validation and test accumulate a loss sum or the scored predictions batch by
+batch. A split that fits in one shard is read once and kept (same rows, same order).
+
+Caps (:data:`CAPS`)
+-------------------
+``train_windows`` windows drawn afresh each epoch (seeded), a fixed sample of ``val_windows``
+validation windows, a fixed sample of ``test_stays`` test stays (all their hours), at most
+``max_epochs`` epochs, ``seeds`` seeds: defaults for a CPU run and larger ones for CUDA. ``None``
+= no cap. The caps never bind on the real demo (77 stays).
+
+Reproducibility
+---------------
+Same seed, same data, same device → same predictions and figures. Initial weights come from a
+private ``torch.Generator`` seeded by the seed (:func:`models.seeding.reset_parameters_`), never
+from the process-wide generator that concurrently training threads share; shuffling and sampling
+use NumPy generators seeded by the seed; training runs under
+``torch.use_deterministic_algorithms(True)`` (and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` on CUDA)
+with one intra-op thread on CPU, so the reduction order does not depend on the core count.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from evaluation.clinical import deterioration as det
+from evaluation.clinical import deterioration_reader as rd
+
+MODELS = det.MODELS
+DEFAULT_SIZE = {"hidden": 32, "d_model": 32, "heads": 2, "layers": 1, "chunk": 8, "C": 0.25, "sigma": 2.0,
+                "fista_iters": 40}
+#: default caps per device (see module doc); ``None`` = no cap
+CAPS: dict[str, dict[str, int | None]] = {
+    "cpu": {"train_windows": 4096, "val_windows": 1024, "test_stays": 1000, "max_epochs": 12, "seeds": 3},
+    "cuda": {"train_windows": 65536, "val_windows": 8192, "test_stays": None, "max_epochs": 12, "seeds": 3},
+}
+DEVICES = tuple(CAPS)
+TRAINING = "deterministic/v1"  # seeded generator init, deterministic algorithms, 1 CPU thread
+
+
+def caps_text(device: str) -> str:
+    """One line stating the default caps of ``device``."""
+    c = CAPS[device]
+
+    def n(v):
+        return "all" if v is None else f"{v:,}"
+
+    return (f"{device}: {n(c['train_windows'])} training windows per epoch, {n(c['val_windows'])} validation windows, "
+            f"{n(c['test_stays'])} test stays, {c['max_epochs']} epochs, {c['seeds']} seeds")
+
+
+# --------------------------------------------------------------------------------------------
+# the study's data (indexes only) and models
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StudyData:
+    """What every model × seed reads: the warehouse, feature statistics, the label, the train
+    index (all windows) and the capped val / test indexes; ``max_len`` = the longest row of the
+    full splits (the attention models' hour embeddings)."""
+
+    warehouse: str
+    stats: dict
+    label: str
+    train: rd.SplitIndex
+    val: rd.SplitIndex
+    test: rd.SplitIndex
+    max_len: int
+
+
+def study_data(warehouse: str, mode: str = "sliding", window: int = 48, context: int = 48, label: str = "filled",
+               val_windows: int | None = None, test_stays: int | None = None) -> StudyData:
+    """Indexes of the three splits (val / test sampled to the caps with seed 0: the same hours for
+    every model and seed)."""
+    if label not in det.LABEL_VARIANTS:
+        raise det.DeteriorationInputError(f"unknown label {label!r}; choose from {det.LABEL_VARIANTS}")
+    with rd.connect(warehouse) as con:
+        idx = {s: rd.split_index(con, s, mode, window, context) for s in ("train", "val", "test")}
+    max_len = max(window, *(i.longest for i in idx.values()))
+    return StudyData(str(warehouse), rd.feature_stats(warehouse), label, idx["train"],
+                     idx["val"].sample_windows(val_windows), idx["test"].sample_stays(test_stays), max_len)
+
+
+def make_model(name: str, n_features: int, max_len: int, size: dict, seed: int | None = None):
+    """One of :data:`MODELS`; ``max_len`` = the longest input row. With ``seed``, the weights are
+    drawn from a private generator seeded by it (:func:`models.seeding.reset_parameters_`)."""
+    import torch
+
+    from models.lstm import LSTMClassifier
+    from models.seeding import reset_parameters_
+    from models.sequence_classifier import CausalSequenceClassifier
+
+    if name == "lstm":
+        model = LSTMClassifier(n_features, hidden=size["hidden"])
+    elif name == "softmax":
+        model = CausalSequenceClassifier(n_features, "softmax", d_model=size["d_model"], n_heads=size["heads"],
+                                         n_layers=size["layers"], max_len=max_len)
+    elif name == "sv_attention":
+        model = CausalSequenceClassifier(n_features, "sv_hybrid", d_model=size["d_model"], n_heads=size["heads"],
+                                         n_layers=size["layers"], max_len=max_len,
+                                         attn_kwargs={"chunk": size["chunk"], "C": size["C"], "sigma": size["sigma"],
+                                                      "fista_iters": size["fista_iters"]})
+    else:
+        raise det.DeteriorationInputError(f"unknown model {name!r}; choose from {MODELS}")
+    if seed is not None:
+        reset_parameters_(model, torch.Generator().manual_seed(int(seed)))
+    return model
+
+
+_DET_LOCK = threading.Lock()
+_DET_USERS = [0, False]  # active trainings, the deterministic mode found before the first
+
+
+@contextlib.contextmanager
+def deterministic_torch(device: str = "cpu") -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` while any training is inside (reference
+    counted across threads; the previous mode comes back after the last), one intra-op thread on
+    CPU (process-wide, left set), ``CUBLAS_WORKSPACE_CONFIG`` and cuDNN determinism on CUDA."""
+    import torch
+
+    if device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+    else:
+        torch.set_num_threads(1)
+    with _DET_LOCK:
+        if _DET_USERS[0] == 0:
+            _DET_USERS[1] = torch.are_deterministic_algorithms_enabled()
+            torch.use_deterministic_algorithms(True)
+        _DET_USERS[0] += 1
+    try:
+        yield
+    finally:
+        with _DET_LOCK:
+            _DET_USERS[0] -= 1
+            if _DET_USERS[0] == 0:
+                torch.use_deterministic_algorithms(_DET_USERS[1])
+
+
+# --------------------------------------------------------------------------------------------
+# batches, passes
+# --------------------------------------------------------------------------------------------
+def _batches(d: det.SeqData, batch: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """Row batches; rows sorted by length (ties and batch order shuffled when ``rng``) so that each
+    batch is trimmed to its own longest row (trailing padding is never read by a causal model)."""
+    n = len(d.x)
+    length = d.length if d.length is not None else np.full(n, d.x.shape[1])
+    key = rng.random(n) if rng is not None else np.zeros(n)
+    order = np.lexsort((key, length))
+    out = [order[i:i + batch] for i in range(0, n, batch)]
+    if rng is not None:
+        out = [out[i] for i in rng.permutation(len(out))]
+    return out
+
+
+def _trim(d: det.SeqData, idx: np.ndarray) -> int:
+    return int(d.length[idx].max()) if d.length is not None else d.x.shape[1]
+
+
+class _Reader:
+    """Rows of one split's windows: streamed a shard at a time, or read once and kept when the
+    split fits in one shard (the rows and their order are the same either way)."""
+
+    def __init__(self, data: StudyData, index: rd.SplitIndex, shard: int):
+        self.data, self.index, self.shard = data, index, int(shard)
+        self.kept = None
+        if index.n_windows <= self.shard:
+            self.kept = rd.load_windows(data.warehouse, index, np.arange(index.n_windows), data.stats, data.label)
+
+    def shards(self, order: np.ndarray | None = None) -> Iterator[det.SeqData]:
+        order = np.arange(self.index.n_windows) if order is None else order
+        if self.kept is None:
+            yield from rd.iter_shards(self.data.warehouse, self.index, order, self.data.stats, self.data.label,
+                                       self.shard)
+            return
+        k = self.kept
+        for i in range(0, order.size, self.shard):
+            o = order[i:i + self.shard]
+            yield det.SeqData(k.x[o], k.y[o], k.m[o], k.group[o], k.now[o], k.length[o])
+
+
+def predict(model, reader: _Reader, device: str = "cpu", batch: int = 64) -> Iterator[tuple[det.SeqData, np.ndarray]]:
+    """(rows, probabilities (N, T) float32) per shard, in index order (model in eval mode)."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        for d in reader.shards():
+            out = np.zeros(d.y.shape, np.float32)
+            for idx in _batches(d, batch):
+                T = _trim(d, idx)
+                x = torch.from_numpy(np.ascontiguousarray(d.x[idx, :T])).to(device)
+                out[idx, :T] = torch.sigmoid(model(x)).float().cpu().numpy()
+            yield d, out
+
+
+def mean_bce(model, reader: _Reader, device: str = "cpu") -> float:
+    """Mean BCE over the scored hours (accumulated per shard in float64)."""
+    tot, n = 0.0, 0
+    for d, p in predict(model, reader, device):
+        q = np.clip(p[d.m].astype(np.float64), 1e-7, 1 - 1e-7)
+        y = d.y[d.m]
+        tot += float(-np.sum(y * np.log(q) + (1 - y) * np.log(1 - q)))
+        n += int(y.size)
+    return tot / max(n, 1)
+
+
+def scored_targets(data: StudyData, shard: int = rd.SHARD_WINDOWS) -> dict[str, np.ndarray]:
+    """Test labels ``y`` (int8), stay ``groups`` and the event-now baseline ``now`` (float64) at
+    the scored hours, in the order of the returned predictions (streamed)."""
+    ys, gs, ns = [], [], []
+    for d in _Reader(data, data.test, shard).shards():
+        ys.append(d.scored(d.y).astype(np.int8))
+        gs.append(d.scored(np.broadcast_to(d.group[:, None], d.m.shape)))
+        ns.append(d.scored(d.now).astype(np.float64))
+    return {"y": np.concatenate(ys), "groups": np.concatenate(gs), "now": np.concatenate(ns)}
+
+
+# --------------------------------------------------------------------------------------------
+# training
+# --------------------------------------------------------------------------------------------
+_EPOCH_LISTENERS: list[Callable[[dict], None]] = []
+
+
+@contextlib.contextmanager
+def epoch_progress(listener: Callable[[dict], None] | None) -> Iterator[None]:
+    """While inside, :func:`train_and_test` calls ``listener(event)`` in this process after every
+    epoch — from the worker thread that trains — with ``model, seed, epoch, max_epochs,
+    train_loss, val_loss, elapsed_s``. ``None`` registers nothing."""
+    if listener is None:
+        yield
+        return
+    _EPOCH_LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _EPOCH_LISTENERS.remove(listener)
+
+
+def _positive_rate(reader: _Reader) -> float:
+    pos = n = 0
+    for d in reader.shards():
+        pos, n = pos + float(d.y[d.m].sum()), n + int(d.m.sum())
+    return pos / max(n, 1)
+
+
+def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | None = None, max_epochs: int = 12,
+                   patience: int = 3, batch: int = 16, lr: float = 3e-3, n_boot: int = 10_000,
+                   train_windows: int | None = None, device: str = "cpu", shard: int = rd.SHARD_WINDOWS,
+                   return_predictions: bool = False) -> dict[str, Any]:
+    """Train one model with one seed; return test AUROC/AUPRC with a stay-clustered CI, training
+    facts and (``return_predictions``) the test probabilities at the scored hours (float32, in
+    :func:`scored_targets` order) under ``"p_test"``. ``train_windows``: windows drawn per epoch
+    (None = all)."""
+    import torch
+
+    from evaluation.cluster_bootstrap import paired_cluster_bootstrap
+
+    if device not in DEVICES:
+        raise det.DeteriorationInputError(f"unknown device {device!r}; choose from {DEVICES}")
+    size = {**DEFAULT_SIZE, **(size or {})}
+    with deterministic_torch(device):
+        model = make_model(model_name, det.N_FEATURES, data.max_len, size, seed).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        train, val = _Reader(data, data.train, shard), _Reader(data, data.val, shard)
+        pos = _positive_rate(train)
+        pw = torch.tensor((1 - pos) / max(pos, 1e-3), device=device)
+        rng = np.random.default_rng(seed)
+        W = data.train.n_windows
+        best, best_state, bad, epochs = np.inf, None, 0, 0
+        t0 = time.perf_counter()
+        for ep in range(max_epochs):
+            model.train()
+            losses = []
+            pick = np.arange(W) if train_windows is None or train_windows >= W else \
+                rng.choice(W, int(train_windows), replace=False)
+            for d in train.shards(rng.permutation(pick)):
+                for idx in _batches(d, batch, rng):
+                    T = _trim(d, idx)
+                    m = torch.from_numpy(np.ascontiguousarray(d.m[idx, :T])).to(device)
+                    if not bool(m.any()):
+                        continue
+                    x = torch.from_numpy(np.ascontiguousarray(d.x[idx, :T])).to(device)
+                    y = torch.from_numpy(np.ascontiguousarray(d.y[idx, :T])).to(device)
+                    logits = model(x)
+                    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[m], y[m], pos_weight=pw)
+                    opt.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                    losses.append(float(loss.detach()))
+            epochs = ep + 1
+            vl = mean_bce(model, val, device)
+            for fn in list(_EPOCH_LISTENERS):
+                fn({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
+                    "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
+                    "elapsed_s": time.perf_counter() - t0})
+            if vl < best - 1e-4:
+                best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
+            else:
+                bad += 1
+                if bad >= patience:
+                    break
+        train_s = time.perf_counter() - t0
+        if best_state is not None:
+            model.load_state_dict(best_state)
+        ps, ys, gs = [], [], []
+        for d, p in predict(model, _Reader(data, data.test, shard), device):
+            ps.append(d.scored(p))
+            ys.append(d.scored(d.y).astype(np.int8))
+            gs.append(d.scored(np.broadcast_to(d.group[:, None], d.m.shape)))
+    p, y, g = np.concatenate(ps), np.concatenate(ys), np.concatenate(gs)
+    b = paired_cluster_bootstrap(y, {"p": p.astype(np.float64)}, g, n_boot=n_boot, seed=seed)
+    ci = {**b["scores"]["p"], "prevalence": float(y.mean()),
+          **{k: b[k] for k in ("n", "n_pos", "n_boot_used", "n_boot_skipped", "level", "seed", "n_groups")}}
+    out = {"model": model_name, "seed": int(seed), "epochs": epochs, "best_val_loss": float(best),
+           "train_s": train_s, "n_params": int(sum(q.numel() for q in model.parameters())),
+           "train_windows_per_epoch": int(min(W, train_windows or W)), **ci}
+    if return_predictions:
+        out["p_test"] = p.astype(np.float32)
+    return out

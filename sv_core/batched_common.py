@@ -1,0 +1,90 @@
+"""Shared pieces of the batched SVDD gate (:mod:`sv_core.batched`): its error type, the warm-up
+size, the box check, the problem layout — a batch of P Gram matrices, each shared by J masked
+problems — and the optional compiled loops ``sv_core._batchfast`` (``sv_core/_batchfast.c``,
+built by ``setup.py``; the torch paths are their references)."""
+from __future__ import annotations
+
+import importlib
+import math
+import types
+
+import torch
+
+from sv_core.calibrate import warmup_size
+
+batchfast: types.ModuleType | None
+try:
+    batchfast = importlib.import_module("sv_core._batchfast")
+except ImportError:  # pragma: no cover - optional, built by setup.py
+    batchfast = None
+#: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
+ABI = 1
+if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: no cover
+    batchfast = None
+
+
+def compiled_batch_available() -> bool:
+    """Whether the compiled loops ``sv_core._batchfast`` are built (``setup.py build_ext``)."""
+    return batchfast is not None
+
+
+def compiled_applicable(K: torch.Tensor) -> bool:
+    """The compiled loops are built and take ``K``: a CPU float32 / float64 tensor."""
+    return batchfast is not None and K.device.type == "cpu" and K.dtype in (torch.float32, torch.float64)
+
+
+class BatchedGateError(ValueError):
+    """Bad input to the batched gate (shapes, dtypes, box C, masks)."""
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def warmup_threshold(C: float) -> int:
+    """Smallest number of keys for which the gate is solved: ``ceil(1/C) + 2`` (SPEC §1);
+    `sv_core.calibrate.warmup_size` with a typed error for a non-positive C."""
+    if not (C > 0):
+        raise BatchedGateError(f"box C must be positive, got {C!r}")
+    return warmup_size(C)
+
+
+def check_box(C: float) -> float:
+    C = float(C)
+    if not (C > 0) or not math.isfinite(C):
+        raise BatchedGateError(f"box C must be a positive finite number, got {C!r}")
+    return C
+
+
+# --------------------------------------------------------------------------------------------
+# shapes: a batch of P Gram matrices, each shared by J nested / masked problems
+# --------------------------------------------------------------------------------------------
+#
+# Every function below takes K of shape (P, n, n) and masks of shape (P, n) (one problem per
+# Gram) or (P, J, n) (J problems per Gram, e.g. the nested prefixes of one (sequence, head) in
+# the causal layer). Problem j of Gram p is the principal block of K[p] on mask[p, j]. Sharing
+# the Gram means one batched mat-mat product per FISTA step instead of J mat-vec products.
+
+
+def as_problems(K: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Validate shapes; return the mask as bool (P, J, n) and whether it was 2-D."""
+    if not isinstance(K, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        raise BatchedGateError("K and mask must be torch tensors")
+    if K.dim() != 3 or K.shape[-1] != K.shape[-2]:
+        raise BatchedGateError(f"K must have shape (P, n, n), got {tuple(K.shape)}")
+    if not K.is_floating_point():
+        raise BatchedGateError(f"K must be a floating tensor, got {K.dtype}")
+    P, n, _ = K.shape
+    flat = mask.dim() == 2
+    m3 = mask.unsqueeze(1) if flat else mask
+    if m3.dim() != 3 or m3.shape[0] != P or m3.shape[-1] != n:
+        raise BatchedGateError(
+            f"mask must have shape (P, n) or (P, J, n) with P={P}, n={n}; got {tuple(mask.shape)}"
+        )
+    return m3.to(device=K.device, dtype=torch.bool), flat
+
+
+def kmul(K: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """``(K[p] @ Y[p, j])`` for Y (P, J, n) -> (P, J, n) in one batched mat-mat product."""
+    return torch.matmul(Y, K.transpose(-1, -2))

@@ -1,0 +1,338 @@
+"""Deterioration study: causal features, label variants, rows with carried context, the streaming
+reader against the per-stay reference, the vectorised paired stay-clustered bootstrap against
+its per-resample reference, reproducible training (seeded weights, same figures twice) and the
+flow's result (tiny sizes)."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+from evaluation.clinical import deterioration as det
+from evaluation.clinical import deterioration_reader as rd
+from evaluation.clinical import deterioration_training as dtr
+from evaluation.cluster_bootstrap import paired_cluster_bootstrap, paired_cluster_bootstrap_reference
+from evaluation.errors import MetricError
+
+
+@pytest.fixture(scope="module")
+def small_wh(tmp_path_factory):
+    from cohort.synthetic import make_small_warehouse
+
+    return str(make_small_warehouse(tmp_path_factory.mktemp("det"), stays=24, seed=0))
+
+
+def test_future_event_labels_by_hand():
+    ev = np.array([0, 0, 1, 0, 0, 0, 0, 0, 0, 1], bool)
+    y, m = det.future_event_labels(ev, 6)
+    y2, m2 = det.future_event_labels_reference(ev, 6)
+    assert np.array_equal(y, y2) and np.array_equal(m, m2)
+    assert y.tolist() == [1, 1, 0, 1, 1, 1, 1, 1, 1, 0]
+    assert m.tolist() == [True, True, True, True, False, False, False, False, False, False]
+
+
+def test_causal_fill_matches_reference_and_never_reads_the_future():
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(30, 6))
+    obs = rng.random((30, 6)) < 0.3
+    obs[:5, 2] = False  # a leading gap
+    med = np.arange(6, dtype=float)
+    out = det.causal_fill(raw, obs, med)
+    np.testing.assert_array_equal(out, det.causal_fill_reference(raw, obs, med))
+    assert np.all(out[:5, 2] == 2.0)  # the training median, not the first later reading
+    for t in range(30):  # changing hours > t never changes hour t
+        raw2, obs2 = raw.copy(), obs.copy()
+        raw2[t + 1:] = 99.0
+        obs2[t + 1:] = True
+        np.testing.assert_array_equal(det.causal_fill(raw2, obs2, med)[: t + 1], out[: t + 1])
+
+
+def test_block_features_equal_the_per_stay_functions_and_never_cross_a_stay():
+    rng = np.random.default_rng(4)
+    lengths = [9, 1, 0, 14, 6, 30]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    raw = rng.normal(90, 20, size=(starts[-1], 6))
+    obs = rng.random((starts[-1], 6)) < 0.35
+    ev = rng.random(starts[-1]) < 0.2
+    st = {"mean": np.full(6, 80.0), "sd": np.full(6, 10.0), "median": np.arange(6, dtype=float)}
+    for label in det.LABEL_VARIANTS:
+        blk = det.block_features(raw, obs, ev, starts, st, label)
+        for j in range(len(lengths)):
+            a, b = starts[j], starts[j + 1]
+            z = (det.causal_fill_reference(raw[a:b], obs[a:b], st["median"]) - st["mean"]) / st["sd"]
+            np.testing.assert_allclose(blk.x[a:b, :6], z.astype(np.float32), rtol=0, atol=0)
+            e = det.label_events(raw[a:b], obs[a:b], ev[a:b], label)
+            y, m = det.future_event_labels_reference(e)
+            assert np.array_equal(blk.y[a:b], y) and np.array_equal(blk.m[a:b], m)
+            assert np.array_equal(blk.backfilled[a:b], det.backfill_exposure(obs[a:b]))
+
+
+def test_backfill_exposure_and_observed_label_by_hand():
+    obs = np.zeros((5, 6), bool)
+    obs[2, 0] = True  # hr first measured at hour 2
+    obs[0, 1] = True
+    assert det.backfill_exposure(obs).tolist() == [True, True, False, False, False]
+    raw = np.full((5, 6), 100.0)
+    raw[:, 4] = 85.0  # SpO2 below 90 (filled) at every hour but never observed
+    raw[:, 5] = 37.0
+    obs[3, 4] = True
+    filled_events = np.ones(5, bool)
+    assert det.label_events(raw, obs, filled_events, "filled").tolist() == [True] * 5
+    assert det.label_events(raw, obs, filled_events, "observed").tolist() == [False, False, False, True, False]
+    with pytest.raises(det.DeteriorationInputError):
+        det.label_events(raw, obs, filled_events, "nope")
+
+
+def _stays(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ev = rng.random(n) < 0.2
+        y, m = det.future_event_labels(ev)
+        x = np.arange(n, dtype=np.float32)[:, None].repeat(2, 1)
+        out.append(det.StayFeatures(x, ev, y, m, np.zeros(n, bool)))
+    return out
+
+
+@pytest.mark.parametrize("mode,context", [("sliding", 0), ("sliding", 5), ("stay", 0)])
+def test_sequences_score_every_hour_once_with_carried_context(mode, context):
+    stays = _stays([23, 7, 40])
+    d = det.sequences(stays, mode, window=10, context=context)
+    want = np.concatenate([s.y[s.m] for s in stays])
+    # each scored hour once, in stay/hour order; x carries the hour index
+    hours = d.scored(d.x[:, :, 0])
+    grp = d.scored(np.broadcast_to(d.group[:, None], d.m.shape))
+    np.testing.assert_array_equal(d.scored(d.y), want)
+    expect_h = np.concatenate([np.flatnonzero(s.m) for s in stays])
+    np.testing.assert_array_equal(hours, expect_h)
+    np.testing.assert_array_equal(grp, np.concatenate([[j] * s.m.sum() for j, s in enumerate(stays)]))
+    if mode == "sliding":
+        # a scored hour h sees min(context + (h mod window), h) earlier hours in its row
+        row_start = d.x[:, 0, 0]
+        first_scored = np.argmax(d.m, axis=1)
+        assert np.all(first_scored == np.minimum(row_start + context, row_start + first_scored) - row_start)
+        assert d.x.shape[1] == min(10 + context, 40)
+    else:
+        assert len(d.x) == 3 and d.x.shape[1] == 40
+
+
+@pytest.mark.parametrize("mode,window,context", [("sliding", 10, 0), ("sliding", 10, 5), ("sliding", 3, 40),
+                                                 ("stay", 10, 0)])
+def test_windows_cut_from_a_block_equal_the_reference_rows(mode, window, context):
+    lengths = [23, 7, 0, 40, 6, 13]
+    stays = _stays(lengths, seed=2)
+    ref = det.sequences(stays, mode, window, context)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    blk = det.StayBlock(starts, np.concatenate([s.x for s in stays]), np.concatenate([s.events for s in stays]),
+                        np.concatenate([s.y for s in stays]), np.concatenate([s.m for s in stays]),
+                        np.zeros(starts[-1], bool))
+    pieces = det.window_pieces(np.array(lengths), mode, window, context)
+    got = det.cut_windows(blk, pieces[:, 0], pieces)
+    for k in ("x", "y", "m", "group", "now", "length"):
+        np.testing.assert_array_equal(getattr(got, k), getattr(ref, k), err_msg=k)
+    assert pieces[:, 0].tolist() == ref.group.tolist()
+
+
+def test_streamed_windows_equal_the_per_stay_reference_on_a_warehouse(small_wh):
+    st = rd.feature_stats(small_wh)
+    for mode, context in (("sliding", 12), ("stay", 0)):
+        for label in det.LABEL_VARIANTS:
+            ref = det.sequences(rd.stay_features(small_wh, "train", label, st), mode, 24, context)
+            idx = rd.split_index(small_wh, "train", mode, 24, context)
+            got = rd.load_windows(small_wh, idx, np.arange(idx.n_windows), st, label)
+            for k in ("x", "y", "m", "group", "now", "length"):
+                np.testing.assert_array_equal(getattr(got, k), getattr(ref, k), err_msg=f"{mode} {label} {k}")
+            assert idx.scored_hours == int(ref.m.sum())
+            # shards of 3 windows in a shuffled order: the same rows, reordered
+            order = np.random.default_rng(0).permutation(idx.n_windows)
+            parts = list(rd.iter_shards(small_wh, idx, order, st, label, shard=3))
+            assert len(parts) == -(-idx.n_windows // 3)
+            y = np.concatenate([p.scored(p.y) for p in parts])
+            want = np.concatenate([ref.y[i][ref.m[i]] for i in order])
+            np.testing.assert_array_equal(y, want)
+    test = rd.split_index(small_wh, "test")
+    a, b = test.sample_stays(3), test.sample_stays(3)
+    assert a.stay_ids.tolist() == b.stay_ids.tolist() and a.stay_ids.size == 3
+    assert set(a.pieces[:, 0]) <= {0, 1, 2} and test.sample_stays(None) is test
+    assert test.sample_windows(2).n_windows == 2
+
+
+def test_paired_cluster_bootstrap_equals_the_reference_and_the_single_model_helper():
+    from evaluation.metrics import auroc_auprc_with_ci
+
+    rng = np.random.default_rng(1)
+    g = np.repeat(np.arange(12), rng.integers(3, 25, 12))
+    y = (rng.random(g.size) < 0.3).astype(np.int8)
+    a = np.round(y + rng.normal(0, 1.0, g.size), 1)  # ties, within and across classes
+    b = y + rng.normal(0, 2.0, g.size)
+    now = (rng.random(g.size) < 0.5).astype(float)  # a binary score: two tie groups
+    scores = {"a": a, "b": b, "a2": a.copy(), "now": now}
+    pairs = [("a", "b"), ("a", "a2"), ("b", "now")]
+    fast = paired_cluster_bootstrap(y, scores, g, pairs, n_boot=150, block_elems=64)
+    slow = paired_cluster_bootstrap_reference(y, scores, g, pairs, n_boot=150)
+    assert fast["n_boot_used"] == slow["n_boot_used"] and fast["n_groups"] == 12
+    for k in scores:
+        for q, v in slow["scores"][k].items():
+            assert fast["scores"][k][q] == pytest.approx(v, abs=1e-12), (k, q)
+    for p, d in slow["pairs"].items():
+        for q, v in d.items():
+            assert fast["pairs"][p][q] == pytest.approx(v, abs=1e-12), (p, q)
+    ref = auroc_auprc_with_ci(y, a, n_boot=150, seed=0, groups=g)
+    for k in ("auroc", "auroc_low", "auroc_high", "auprc", "auprc_low", "auprc_high"):
+        assert fast["scores"]["a"][k] == pytest.approx(getattr(ref, k), abs=1e-12)
+    same = fast["pairs"]["a - a2"]
+    assert same["auroc_diff"] == same["auroc_diff_low"] == same["auroc_diff_high"] == 0.0
+    # one positive stay among three: some resamples hold a single class (skipped, counted)
+    g3, y3 = np.repeat([0, 1, 2], 4), np.repeat([1, 0, 0], 4)
+    s3 = np.arange(12.0)
+    f3 = paired_cluster_bootstrap(y3, {"s": s3}, g3, n_boot=60)
+    r3 = paired_cluster_bootstrap_reference(y3, {"s": s3}, g3, n_boot=60)
+    assert f3["n_boot_skipped"] == r3["n_boot_skipped"] > 0
+    with pytest.raises(MetricError):
+        paired_cluster_bootstrap(y, {"a": a}, g, [("a", "zz")], n_boot=5)
+    with pytest.raises(MetricError):
+        paired_cluster_bootstrap(np.zeros(4), {"a": np.arange(4.0)}, np.arange(4), n_boot=5)
+
+
+def test_seeded_weights_ignore_other_threads_drawing_from_the_global_generator():
+    """The cause of the irreproducible deterioration runs: ``torch.manual_seed`` + building a model
+    draws from the process-wide generator, which the Prefect pool's other training thread seeds and
+    draws from at the same time. Seeded weights come from a private generator instead."""
+    import torch
+
+    size = dict(dtr.DEFAULT_SIZE)
+    quiet = {m: [p.detach().clone() for p in dtr.make_model(m, 12, 96, size, seed=0).parameters()]
+             for m in dtr.MODELS}
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            torch.manual_seed(1)
+            torch.rand(1000)
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    try:
+        for _ in range(20):
+            for m in dtr.MODELS:
+                got = list(dtr.make_model(m, 12, 96, size, seed=0).parameters())
+                assert all(torch.equal(a, b) for a, b in zip(got, quiet[m])), m
+    finally:
+        stop.set()
+        t.join()
+    other = list(dtr.make_model("lstm", 12, 96, size, seed=1).parameters())
+    assert not torch.equal(other[0], quiet["lstm"][0])
+
+
+def test_training_streams_bounded_shards_and_repeats_exactly(small_wh, monkeypatch):
+    seen = []
+    real = rd.load_windows
+
+    def spy(warehouse, index, windows, *a, **k):
+        seen.append(len(windows))
+        return real(warehouse, index, windows, *a, **k)
+
+    monkeypatch.setattr(rd, "load_windows", spy)
+    data = dtr.study_data(small_wh, "sliding", 24, 12, "filled", val_windows=5, test_stays=2)
+    assert data.val.n_windows == 5 and data.test.stay_ids.size == 2
+    events = []
+    kw = dict(size={"hidden": 4}, max_epochs=2, n_boot=50, train_windows=7, shard=3, return_predictions=True)
+    with dtr.epoch_progress(events.append):
+        r1 = dtr.train_and_test(data, "lstm", 0, **kw)
+    assert seen and max(seen) <= 3  # never more than one shard of windows in memory
+    assert r1["train_windows_per_epoch"] == 7 and [e["epoch"] for e in events] == list(range(1, r1["epochs"] + 1))
+    assert all(np.isfinite(e["train_loss"]) and np.isfinite(e["val_loss"]) for e in events)
+    assert min(e["val_loss"] for e in events) == pytest.approx(r1["best_val_loss"])
+    r2 = dtr.train_and_test(data, "lstm", 0, **kw)
+    assert np.array_equal(r1["p_test"], r2["p_test"]) and r1["auroc"] == r2["auroc"]
+    assert len(events) == r1["epochs"]  # outside the block nothing is called
+    tgt = dtr.scored_targets(data, shard=3)
+    assert tgt["y"].shape == r1["p_test"].shape and r1["n_groups"] == 2
+
+
+def _untimed(x):
+    """x without its timing fields (``train_s_mean``)."""
+    if isinstance(x, dict):
+        return {k: _untimed(v) for k, v in x.items() if k != "train_s_mean"}
+    return x
+
+
+def _flow(dst, runs, **kw):
+    from pipelines import runner
+    from pipelines.flows.clinical_deterioration import deterioration_flow
+
+    with runner.results_context(str(runs)):
+        return deterioration_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
+            warehouse=str(dst), runs_dir=str(runs), progress=False, **kw)
+
+
+def test_flow_causal_protocol_baseline_paired_result_and_same_figures_twice(prefect_harness, small_wh, tmp_path):
+    """Two runs on copies of the same warehouse (separate task caches), two models trained at once
+    in the thread pool: every AUROC, interval and figure identical."""
+    kw = dict(models=("lstm", "softmax"), seeds=2, max_epochs=1, n_boot=300, size={"hidden": 4, "d_model": 4,
+              "heads": 1}, window=24, context=12, label="observed")
+    res = []
+    for i in (1, 2):
+        runs = tmp_path / f"runs{i}"
+        runs.mkdir()
+        dst = runs / "warehouse.duckdb"
+        shutil.copy(small_wh, dst)
+        res.append(_flow(dst, runs, **kw))
+    res1, res2 = res
+    assert res1["figures"] == res2["figures"] and res1["tables"] == res2["tables"]
+    assert _untimed(res1["metrics"]) == _untimed(res2["metrics"]) and res1["config"] == res2["config"]
+    leak = rd.leakage_summary(small_wh)
+    assert 0 <= leak["all"]["share"] < 0.5 and res1["metrics"]["backfill_leak_old_loader"]["all"]["share"] == \
+        rd.leakage_summary(small_wh, label="observed")["all"]["share"]
+    m = res1["metrics"]
+    for mdl in ("lstm", "softmax"):
+        assert m[mdl]["seeds"] == 2 and m[mdl]["auroc_sd"] >= 0
+        assert m[mdl]["auroc_seedavg_low"] <= m[mdl]["auroc_seedavg"] <= m[mdl]["auroc_seedavg_high"]
+    assert set(m["paired"]) == {"softmax - lstm", "softmax - event_now", "lstm - event_now"}
+    assert m["paired"]["softmax - lstm"]["per_seed_seeds"] == 2
+    assert 0.0 <= m["event_now"]["auroc"] <= 1.0 and m["label"] == "observed"
+    assert m["bootstrap"]["n_boot_used"] + m["bootstrap"]["n_boot_skipped"] == 300
+    roc, fig = res1["figures"]
+    assert fig["categories"][-1].startswith("event now")
+    assert all(lo <= v <= hi for lo, v, hi in zip(fig["ci_low"], fig["values"], fig["ci_high"]))
+    # the ROC curves: one per model and the baseline, on the fixed 101-point FPR grid, non-decreasing, 0 -> 1
+    assert roc["kind"] == "line" and [s["label"].split(":")[0] for s in roc["series"]] == fig["categories"]
+    for s, auroc in zip(roc["series"], fig["values"]):
+        assert len(s["x"]) == len(s["y"]) == 101 and s["x"][0] == 0.0 and s["x"][-1] == 1.0 and s["y"][-1] == 1.0
+        assert all(a <= b for a, b in zip(s["y"], s["y"][1:])) and f"{auroc:.3f}" in s["label"]
+    stored = json.loads((tmp_path / "runs1" / "deterioration" / "result.json").read_text())
+    cfg = stored["config"]
+    assert cfg["protocol"] == det.PROTOCOL and cfg["training"] == dtr.TRAINING and "stay_id" not in json.dumps(stored)
+    assert cfg["caps"] == {**dtr.CAPS["cpu"], "seeds": 2, "max_epochs": 1} and cfg["device"] == "cpu"
+    assert cfg["caps_default"] == dtr.caps_text("cpu") and cfg["n_boot"] == 300
+
+
+def test_caps_are_resolved_per_device_and_stated_in_the_help():
+    from pipelines.flows.clinical_deterioration import __doc__ as doc
+    from pipelines.flows.clinical_deterioration import resolve_caps
+
+    assert resolve_caps("cpu") == dtr.CAPS["cpu"]
+    assert resolve_caps("cuda", test_stays=0, train_windows=10)["test_stays"] is None
+    assert resolve_caps("cpu", train_windows=10)["train_windows"] == 10
+    for bad in (dict(device="tpu"), dict(device="cpu", val_windows=-1)):
+        with pytest.raises(det.DeteriorationInputError):
+            resolve_caps(**bad)
+    c = dtr.CAPS["cpu"]
+    for v in (c["train_windows"], c["val_windows"], c["test_stays"], c["max_epochs"], c["seeds"]):
+        assert f"{v:,}" in " ".join(doc.split())
+
+
+def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path):
+    from evaluation.clinical import deterioration_bench as bench
+
+    out = bench.bench(small_wh, ["lstm", "softmax"], rounds=2, train_windows=6, n_boot=20)
+    for m in ("lstm", "softmax"):
+        assert len(out["times_s"][m]) == 2 and min(out["times_s"][m]) > 0
+        assert len(out["summary"][m]["distinct_auroc"]) == 1  # same seed, same data: same AUROC each round
+    assert out["summary"]["lstm"]["ratio_to_lstm"] == 1.0 and out["train_windows"] == 6
+    assert bench.main(["--warehouse", small_wh, "--models", "lstm", "--rounds", "1", "--train-windows", "4",
+                       "--json", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["rounds"] == 1
