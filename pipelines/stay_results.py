@@ -5,16 +5,28 @@ value (retention of each policy, ``n``, ``k``, event hours, the solve's certific
 format, so a study may add a value without a schema change). It carries ``subject_id`` and
 ``stay_id``, so :func:`pipelines.erasure.rewrite` drops a forgotten patient's rows and
 :func:`pipelines.warehouse.subjects_present` sees them. Record-level: it never leaves the
-warehouse (result files hold aggregates only). Writers run inside the caller's transaction.
+warehouse (result files hold aggregates only). :func:`replace` runs inside the caller's
+transaction.
+
+:func:`write_study` stores a study's output at the end of a run, in memory that does not grow
+with the number of stays: the gates batch by batch under a staging study name (each batch its own
+committed transaction — one transaction holding every gate would keep them all in memory until
+its commit), then one short transaction promotes them (:func:`pipelines.gate_store.promote_study`:
+old contexts removed, staged ones renamed with MACs computed at staging time) and replaces the
+per-stay values. A crash before that commit leaves the study's previous gates and values whole;
+the staged contexts it leaves are authentic (a forget decrements them like any other) and the
+next run removes them first.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
+from . import gate_store
 from .errors import StudyInputError
 
 TABLE = "stay_results"
@@ -76,3 +88,56 @@ def read(con: duckdb.DuckDBPyConnection, study: str) -> dict[str, np.ndarray]:
             raise StudyInputError(f"stay_results of {study!r}: value {c!r} does not cover the same stays")
         out[c] = val[sel]
     return out
+
+
+@contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection):
+    """``BEGIN`` … ``COMMIT`` on ``con``; ``ROLLBACK`` on any error."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def staging_name(study: str) -> str:
+    return f"{study}.staging"
+
+
+def write_study(warehouse, study: str, columns: Mapping[str, np.ndarray],
+                context_batches: Callable[[duckdb.DuckDBPyConnection], Iterable[list]] | None = None, *,
+                memory_limit: str = "256MB", keys=None) -> int:
+    """Store a study's per-stay values and (optionally) its gates (module docstring).
+
+    columns : per-stay columns for :func:`replace`.
+    context_batches : ``f(con)`` yielding lists of :class:`pipelines.gate_store.StoredContext`
+        (it may read the warehouse through ``con``); None: the study stores no gates and its
+        stored contexts are left as they are.
+    memory_limit : DuckDB's cap on this connection's instance (its buffer pool would otherwise
+        keep every written block cached).
+
+    Returns the number of contexts stored.
+    """
+    if keys is None:
+        from .keys import Keys
+
+        keys = Keys.load()
+    staged, macs = staging_name(study), {}
+    con = duckdb.connect(str(warehouse))
+    try:
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+        if context_batches is not None:
+            with transaction(con):
+                gate_store.delete_study(con, staged)  # a crashed run's staging, if any
+            for ctxs in context_batches(con):
+                with transaction(con):
+                    macs.update(gate_store.append_contexts(con, staged, ctxs, keys, promote_to=study))
+        with transaction(con):
+            if context_batches is not None:
+                gate_store.promote_study(con, staged, study, macs)
+            replace(con, study, columns)
+    finally:
+        con.close()
+    return len(macs)

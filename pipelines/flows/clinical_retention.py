@@ -188,55 +188,26 @@ def _first_included(cols: dict, m: int, seed: int, max_hours: int | None = None)
     return sorted(keep), len(order) - len(keep)
 
 
-def _persist(warehouse: str, study_name: str, content_hash: str, batches: list[list[int]], args: tuple,
-             cols: dict, with_gates: bool) -> int:
-    """Stage each batch's gates (from the task cache; recomputed if an entry is gone) in its own
-    transaction, then promote them and replace the per-stay values in one short transaction."""
-    import duckdb
-
+def _staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]], args: tuple):
+    """``f(con)`` yielding each batch's gates as :class:`gate_store.StoredContext` lists, from the
+    task cache (recomputed through ``con`` if an entry is gone), each validated by
+    :meth:`sv_core.Gate.from_state` before it is written."""
     from sv_core import Gate
 
-    staged, macs = f"{study_name}.staging", {}
-    con = duckdb.connect(str(warehouse))
-    try:
-        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
-        from pipelines.keys import Keys
-
-        keys = Keys.load()
-        if with_gates:
-            with _transaction(con):
-                gate_store.delete_study(con, staged)  # a crashed run's staging, if any
-            for b in batches:
-                hit, full = retention_batch_full.lookup(warehouse, content_hash, b, *args)
-                if not hit:  # the entry is gone (removed by hand): recomputed, read through this connection
-                    label, drop, nu, sigma, policies, build_gate = args
-                    full = batch_results(warehouse, b, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
-                                         build_gate=build_gate, con=con)
-                ctxs = []
-                for gs in sorted(full["gates"], key=lambda x: x["stay_id"]):
-                    g = Gate.from_state(gs["state"])
-                    ctxs.append(gate_store.StoredContext(g, np.full(g.n, gs["subject_id"]), np.full(g.n, gs["stay_id"]),
-                                                         np.asarray(gs["hours"])))
-                with _transaction(con):
-                    macs.update(gate_store.append_contexts(con, staged, ctxs, keys, promote_to=study_name))
-        with _transaction(con):
-            if with_gates:
-                gate_store.promote_study(con, staged, study_name, macs)
-            stay_results.replace(con, study_name, cols)
-    finally:
-        con.close()
-    return len(macs)
-
-
-@contextlib.contextmanager
-def _transaction(con):
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield con
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+    def contexts(con):
+        for b in batches:
+            hit, full = retention_batch_full.lookup(warehouse, content_hash, b, *args)
+            if not hit:  # the entry is gone (removed by hand): recomputed, read through this connection
+                label, drop, nu, sigma, policies, build_gate = args
+                full = batch_results(warehouse, b, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
+                                     build_gate=build_gate, con=con)
+            out = []
+            for gs in sorted(full["gates"], key=lambda x: x["stay_id"]):
+                g = Gate.from_state(gs["state"])
+                out.append(gate_store.StoredContext(g, np.full(g.n, gs["subject_id"]), np.full(g.n, gs["stay_id"]),
+                                                    np.asarray(gs["hours"])))
+            yield out
+    return contexts
 
 
 def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str, drop: list[str], nu: float,
@@ -273,7 +244,9 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
              for b in runner.chunks(sens_ids, max(1, stays_per_task // 8))],
             f"{study_name} (sensitivity)", progress) for r in b]
     with one_blas_thread():  # each staged gate is validated (Gate.from_state) before it is written
-        n_persisted = _persist(warehouse, study_name, h, batches, args, cols, persist_gates)
+        n_persisted = stay_results.write_study(
+            warehouse, study_name, cols, _staged_contexts(warehouse, h, batches, args) if persist_gates else None,
+            memory_limit=DUCKDB_MEMORY)
     fields = comp.to_result_fields()
     m = fields["metrics"]
     dims = sorted(set(cols["d"].tolist()))
@@ -388,20 +361,35 @@ def _main_heldout(args) -> int:
     return 0
 
 
+def _count(low: int):
+    """argparse type: an integer >= ``low`` (a usage error before anything starts, otherwise)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+    return parse
+
+
 def _common(p) -> None:
     p.add_argument("--nu", type=float, default=0.3, help="SVDD ν of each stay's gate (default %(default)s)")
     p.add_argument("--sigma", type=float, default=3.0, help="RBF kernel width σ (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap and stay-sample seed (default 0)")
     p.add_argument("--n-boot", type=int, default=10_000, help="stay bootstrap resamples (default %(default)s)")
-    p.add_argument("--stays", type=int, default=None, metavar="N",
+    p.add_argument("--stays", type=_count(1), default=None, metavar="N",
                    help="run on a deterministic sample of N eligible stays (seeded hash order, stable under "
                         "rebuilds; default: every eligible stay)")
-    p.add_argument("--stays-per-task", type=int, default=STAYS_PER_TASK,
+    p.add_argument("--stays-per-task", type=_count(1), default=STAYS_PER_TASK,
                    help="stays per Prefect task (default %(default)s)")
-    p.add_argument("--audit-stays", type=int, default=50, metavar="N",
+    p.add_argument("--audit-stays", type=_count(0), default=50, metavar="N",
                    help="independent refit audit of the certified solve on the first N stays with an event in the "
                         "seeded order (default %(default)s; 0: off)")
-    p.add_argument("--sensitivity-stays", type=int, default=200, metavar="N",
+    p.add_argument("--sensitivity-stays", type=_count(0), default=200, metavar="N",
                    help="ν × σ sensitivity table on the first N stays with an event in the seeded order "
                         "(default %(default)s)")
     p.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity table")
