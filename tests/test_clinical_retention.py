@@ -2,6 +2,7 @@
 a deterministic stay sample, erasure by forget, and a crash that leaves the old state whole."""
 from __future__ import annotations
 
+import os
 import shutil
 
 import duckdb
@@ -188,3 +189,24 @@ def test_vectorised_token_digest_equals_the_reference():
     assert gate_store.token_digest_arrays(tok, subj, stay, hour) == gate_store.token_digest(rows)
     perm = rng.permutation(300)
     assert gate_store.token_digest_arrays(tok[perm], subj[perm], stay[perm], hour[perm]) == gate_store.token_digest(rows)
+
+
+def test_one_blas_thread_also_limits_scipys_own_blas():
+    """scipy.linalg (the kernel-leverage peer's dtrtri) brings its own OpenBLAS; the study's limit
+    must cover it even when scipy.linalg is first used inside a task's limit nested in the flow's
+    (a fresh interpreter, so no earlier test has loaded it)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("threadpoolctl")
+    code = (
+        "import threadpoolctl\n"
+        "from pipelines.flows.clinical_retention import one_blas_thread\n"
+        "with one_blas_thread():\n"
+        "    with one_blas_thread():\n"
+        "        from scipy.linalg.lapack import dtrtri\n"
+        "    libs = [x for x in threadpoolctl.threadpool_info() if x['user_api'] == 'blas']\n"
+        "    print(len(libs), max(x['num_threads'] for x in libs))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}).stdout.split()
+    assert int(out[0]) >= 1 and out[1] == "1"

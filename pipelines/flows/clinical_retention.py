@@ -60,6 +60,9 @@ def one_blas_thread():
     except ImportError:  # optional: no limit without it
         yield
         return
+    # scipy ships its own OpenBLAS, loaded on first use of scipy.linalg; a limit only covers the
+    # libraries loaded when it is entered (and restores them on exit), so load it first
+    import scipy.linalg  # noqa: F401
     with threadpool_limits(limits=1, user_api="blas"):
         yield
 
