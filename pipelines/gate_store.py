@@ -13,13 +13,17 @@ Tables
 tokens, is :class:`GateStoreError`, never a certified gate) and then
 :meth:`sv_core.Gate.from_state`, which validates shapes, finiteness, feasibility and the KKT
 residual. Context ids are opaque integers (never derived from a record id), so receipts may name
-them. Writers run inside the caller's transaction.
+them. Writers run inside the caller's transaction. A study written in batches stages its contexts
+under another name (:func:`append_contexts` with ``promote_to``, which also computes each
+context's MAC under the final name) and publishes them in one short transaction
+(:func:`promote_study`: no blob is re-read).
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import duckdb
@@ -92,9 +96,21 @@ def token_digest(rows) -> bytes:
     return hashlib.sha256(a.tobytes()).digest()
 
 
+def token_digest_arrays(token, subject, stay, hour) -> bytes:
+    """:func:`token_digest` of the rows given as four aligned integer arrays (vectorised; the
+    same bytes: rows sorted lexicographically, as int64)."""
+    a = np.column_stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (token, subject, stay, hour)])
+    a = a[np.lexsort(a.T[::-1])]
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).digest()
+
+
 def state_mac(keys, context_id: int, study: str, blob: bytes, token_rows) -> str:
+    return _mac(keys, context_id, study, hashlib.sha256(bytes(blob)).digest(), token_digest(token_rows))
+
+
+def _mac(keys, context_id: int, study: str, blob_digest: bytes, tokens_digest: bytes) -> str:
     head = f"{int(context_id)}\0{study}\0".encode()
-    return keys.mac("gate", head + hashlib.sha256(bytes(blob)).digest() + token_digest(token_rows))
+    return keys.mac("gate", head + blob_digest + tokens_digest)
 
 
 def _keys(keys):
@@ -106,7 +122,8 @@ def _keys(keys):
 
 
 def drop_study(con: duckdb.DuckDBPyConnection, study: str) -> int:
-    """Delete every stored context of ``study`` (inside the caller's transaction); returns how many."""
+    """Delete every stored context of ``study`` (states and token maps; inside the caller's
+    transaction). Returns how many contexts were removed."""
     ensure_tables(con)
     old = [r[0] for r in con.execute(f"SELECT context_id FROM {STATES} WHERE study = ?", [study]).fetchall()]
     if old:
@@ -115,63 +132,96 @@ def drop_study(con: duckdb.DuckDBPyConnection, study: str) -> int:
     return len(old)
 
 
-def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts, keys=None) -> list[int]:
+def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: Iterable[StoredContext], keys=None, *,
+                    promote_to: str | None = None) -> list[tuple[int, str | None]]:
     """Store ``contexts`` (any iterable of :class:`StoredContext`, consumed one at a time) under
-    ``study`` beside those already stored (inside the caller's transaction). Returns the new opaque
-    context ids."""
+    ``study`` beside the ones already there (inside the caller's transaction), with new opaque
+    context ids above every existing one. The call's rows are inserted together, so its memory is
+    that of the call's serialised states: pass a batch at a time.
+
+    promote_to : also compute each context's MAC under this other study name, for a later
+        :func:`promote_study` (a staged study renamed in one short transaction).
+
+    Returns ``[(context_id, MAC under promote_to or None)]``.
+    """
     keys = _keys(keys)
     ensure_tables(con)
-    start = int(con.execute(f"SELECT coalesce(max(context_id), 0) FROM {STATES}").fetchone()[0]) + 1
+    # fetchall: a result left open by fetchone blocks the register() below
+    start = int(con.execute(f"SELECT coalesce(max(context_id), 0) FROM {STATES}").fetchall()[0][0]) + 1
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    ids = []
+    states: dict[str, list] = {c: [] for c in ("context_id", "C", "sigma", "n_tokens", "state_npz", "state_mac")}
+    tokens: dict[str, list] = {c: [] for c in ("context_id", "token_id", "subject_id", "stay_id", "hour")}
+    ids: list[tuple[int, str | None]] = []
     for j, ctx in enumerate(contexts):
         cid = start + j
         g = ctx.gate
-        tok = g.ids
+        tok = np.asarray(g.ids, dtype=np.int64)
         n = tok.size
         for name, arr in (("token_subject", ctx.token_subject), ("token_stay", ctx.token_stay),
                           ("token_hour", ctx.token_hour)):
             if np.asarray(arr).shape != (n,):
                 raise GateStoreError(f"{name} has shape {np.shape(arr)}, expected ({n},) (one per live token)")
+        subj, stay, hour = (np.asarray(a, dtype=np.int64) for a in (ctx.token_subject, ctx.token_stay, ctx.token_hour))
         blob = gate_to_blob(g)
-        rows = zip(np.asarray(tok), np.asarray(ctx.token_subject), np.asarray(ctx.token_stay), np.asarray(ctx.token_hour))
-        con.execute(f"INSERT INTO {STATES} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [cid, study, created, g.C, g.sigma, int(n), blob, state_mac(keys, cid, study, blob, rows)])
-        tbl = pa.table({"context_id": pa.array(np.full(n, cid, dtype=np.int64)),
-                        "token_id": pa.array(np.asarray(tok, dtype=np.int64)),
-                        "subject_id": pa.array(np.asarray(ctx.token_subject, dtype=np.int64)),
-                        "stay_id": pa.array(np.asarray(ctx.token_stay, dtype=np.int64)),
-                        "hour": pa.array(np.asarray(ctx.token_hour, dtype=np.int32))})
-        con.register("_gate_tokens_df", tbl)
+        bd, td = hashlib.sha256(blob).digest(), token_digest_arrays(tok, subj, stay, hour)
+        for c, v in (("context_id", cid), ("C", g.C), ("sigma", g.sigma), ("n_tokens", int(n)), ("state_npz", blob),
+                     ("state_mac", _mac(keys, cid, study, bd, td))):
+            states[c].append(v)
+        for c, v in (("context_id", np.full(n, cid, dtype=np.int64)), ("token_id", tok), ("subject_id", subj),
+                     ("stay_id", stay), ("hour", hour.astype(np.int32))):
+            tokens[c].append(v)
+        ids.append((cid, None if promote_to is None else _mac(keys, cid, promote_to, bd, td)))
+    k = len(ids)
+    if k == 0:
+        return []
+    st = pa.table({"context_id": pa.array(states["context_id"], type=pa.int64()),
+                   "study": pa.array([study] * k, type=pa.string()),
+                   "created": pa.array([created] * k, type=pa.string()),
+                   "C": pa.array(states["C"], type=pa.float64()), "sigma": pa.array(states["sigma"], type=pa.float64()),
+                   "n_tokens": pa.array(states["n_tokens"], type=pa.int32()),
+                   "state_npz": pa.array(states["state_npz"], type=pa.binary()),
+                   "state_mac": pa.array(states["state_mac"], type=pa.string())})
+    tt = pa.table({c: pa.array(np.concatenate(v)) for c, v in tokens.items()})
+    con.register("_gate_states_df", st)
+    con.register("_gate_tokens_df", tt)
+    try:
+        con.execute(f"INSERT INTO {STATES} SELECT * FROM _gate_states_df")
         con.execute(f"INSERT INTO {TOKENS} SELECT * FROM _gate_tokens_df")
+    finally:
+        con.unregister("_gate_states_df")
         con.unregister("_gate_tokens_df")
-        ids.append(cid)
     return ids
 
 
-def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts, keys=None) -> list[int]:
+def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: Iterable[StoredContext],
+                  keys=None) -> list[int]:
     """Replace every stored context of ``study`` by ``contexts`` (inside the caller's
     transaction). Returns the new opaque context ids."""
     drop_study(con, study)
-    return append_contexts(con, study, contexts, keys)
+    return [cid for cid, _ in append_contexts(con, study, contexts, keys)]
 
 
-def rename_study(con: duckdb.DuckDBPyConnection, src: str, dst: str, keys=None) -> int:
-    """Move every context stored under ``src`` to ``dst`` (their MACs, which bind the study name,
-    re-made one context at a time; inside the caller's transaction). A study written in batches
-    under a pending name is published this way in one transaction. Returns how many moved."""
-    keys = _keys(keys)
+def promote_study(con: duckdb.DuckDBPyConnection, staged: str, study: str, macs: dict[int, str]) -> int:
+    """Replace ``study`` by the contexts staged under ``staged`` (inside the caller's transaction):
+    the old contexts of ``study`` are removed and every staged context is renamed, its MAC
+    replaced by the one :func:`append_contexts` computed for ``study`` (``macs``: context id ->
+    MAC; every staged context must have one, else :class:`GateStoreError` and the caller's
+    transaction is rolled back). Returns the number of contexts promoted. The blobs are not
+    touched, so the transaction stays small whatever the number of contexts."""
     ensure_tables(con)
-    ids = [int(r[0]) for r in con.execute(f"SELECT context_id FROM {STATES} WHERE study = ? ORDER BY context_id",
-                                          [src]).fetchall()]
-    for cid in ids:
-        blob, mac = con.execute(f"SELECT state_npz, state_mac FROM {STATES} WHERE context_id = ?", [cid]).fetchone()
-        blob, toks = bytes(blob), token_rows(con, cid)
-        if not keys.equal(state_mac(keys, cid, src, blob, toks), str(mac)):  # never re-sign an edited context
-            raise GateStoreError(f"stored gate state of context {cid} fails its MAC check; not moved to {dst!r}")
-        con.execute(f"UPDATE {STATES} SET study = ?, state_mac = ? WHERE context_id = ?",
-                    [dst, state_mac(keys, cid, dst, blob, toks), cid])
-    return len(ids)
+    staged_ids = sorted(int(r[0]) for r in con.execute(
+        f"SELECT context_id FROM {STATES} WHERE study = ?", [staged]).fetchall())
+    if staged_ids != sorted(int(c) for c in macs):
+        raise GateStoreError(f"the contexts staged as {staged!r} do not match the MACs computed for {study!r}; "
+                             "nothing promoted")
+    drop_study(con, study)
+    if staged_ids:
+        con.register("_gate_promote_df", pa.table({"context_id": pa.array(staged_ids, type=pa.int64()),
+                                                    "mac": pa.array([macs[c] for c in staged_ids])}))
+        con.execute(f"UPDATE {STATES} SET study = ?, state_mac = p.mac FROM _gate_promote_df p "
+                    f"WHERE {STATES}.context_id = p.context_id AND {STATES}.study = ?", [study, staged])
+        con.unregister("_gate_promote_df")
+    return len(staged_ids)
 
 
 def token_rows(con: duckdb.DuckDBPyConnection, context_id: int) -> list[tuple[int, int, int, int]]:

@@ -23,6 +23,9 @@ result folder runs code on the next cache hit — measured: a crafted record exe
   :func:`pipelines.runner.write_study_result` puts the original seconds in ``runtime_s`` and says so.
   The layout of an entry is part of the key (the source of :func:`_pack`), so an entry written in
   another layout is never read.
+* re-reading: ``fn.lookup(*args)`` of a cached ``fn`` returns ``(True, result)`` for an authentic
+  entry without computing or tallying anything — a flow that returns only a small part of a task's
+  result through the scheduler reads the rest back from here, batch by batch.
 """
 from __future__ import annotations
 
@@ -183,32 +186,44 @@ def cached(fn: Callable) -> Callable:
     sig = inspect.signature(fn)
     digest = _source_digest(fn)
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def entry(args, kwargs):
+        """(warehouse, cache folder, entry path, keys) of a call; warehouse None: uncached."""
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         warehouse = bound.arguments.get("warehouse")
         if not warehouse:
-            return fn(*args, **kwargs)
+            return None, None, None, None
         from .keys import Keys
         from .warehouse import cache_dir
 
         params = {k: v for k, v in bound.arguments.items() if k not in PATH_PARAMS}
         key = hashlib.sha256(dumps([fn.__qualname__, digest, _LAYOUT, params]).encode()).hexdigest()[:40]
-        keys = Keys.load()
         d = cache_dir(warehouse)
-        p = d / f"{fn.__name__}-{key}.json"
-        if p.is_file():
-            t0 = time.time()
-            try:
-                mac, body = p.read_text().split("\n", 1)
-                if keys.equal(keys.mac("cache", body.encode()), mac):
-                    out, original = _unpack(body)
-                    _record(True, (t0, time.time()), original)
-                    return out
-            except (ValueError, OSError, KeyError, TypeError):
-                pass
-            p.unlink(missing_ok=True)  # tampered or truncated: recompute
+        return warehouse, d, d / f"{fn.__name__}-{key}.json", Keys.load()
+
+    def read(p: Path, keys) -> tuple[bool, Any, tuple[float, float] | None]:
+        if not p.is_file():
+            return False, None, None
+        try:
+            mac, body = p.read_text().split("\n", 1)
+            if keys.equal(keys.mac("cache", body.encode()), mac):
+                out, original = _unpack(body)
+                return True, out, original
+        except (ValueError, OSError, KeyError, TypeError):
+            pass
+        p.unlink(missing_ok=True)  # tampered or truncated: recompute
+        return False, None, None
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        warehouse, d, p, keys = entry(args, kwargs)
+        if not warehouse:
+            return fn(*args, **kwargs)
+        t0 = time.time()
+        hit, out, original = read(p, keys)
+        if hit:
+            _record(True, (t0, time.time()), original)
+            return out
         t0 = time.time()
         out = fn(*args, **kwargs)
         t1 = time.time()
@@ -225,6 +240,18 @@ def cached(fn: Callable) -> Callable:
             fh.write(keys.mac("cache", body.encode()) + "\n" + body)
         os.replace(tmp, p)
         return out
+
+    def lookup(*args, **kwargs) -> tuple[bool, Any]:
+        """``(True, result)`` when the call's authenticated entry is in the cache, else
+        ``(False, None)``; computes nothing and is not tallied (a flow re-reading the entries its
+        own tasks wrote, e.g. to persist them batch by batch, is not a cache hit)."""
+        warehouse, _, p, keys = entry(args, kwargs)
+        if not warehouse:
+            return False, None
+        hit, out, _ = read(p, keys)
+        return hit, out
+
+    wrapper.lookup = lookup  # type: ignore[attr-defined]
     return wrapper
 
 

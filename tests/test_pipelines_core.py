@@ -6,7 +6,6 @@ import pytest
 
 from cohort.synthetic import make_small_warehouse
 from pipelines import gate_store
-from pipelines import retention as ret
 from pipelines import warehouse as wh
 
 
@@ -30,44 +29,52 @@ def test_gate_store_roundtrip_is_exact(tmp_path):
 
 # ---------------------------------------------------------------------------------------- studies
 def test_planted_retention_sv_beats_recency():
+    from evaluation.clinical.retention import DEFAULT_POLICIES, build_policies, stay_retention
+
     rng = np.random.default_rng(0)
     n = 80
     X = 0.05 * rng.standard_normal((n, 6))
     events = np.zeros(n, bool)
     events[[3, 10, 17]] = True  # early, atypical hours
     X[events] += np.array([[4, 0, 0, 0, 0, 0], [0, -4, 0, 0, 0, 0], [0, 0, 0, 4, 0, 0]])
-    r = ret.stay_retention(X, events, nu=0.3, sigma=3.0, rng=np.random.default_rng(1))
+    r = stay_retention(X, events, build_policies(DEFAULT_POLICIES, nu=0.3, sigma=3.0))
     assert 0 < r["k"] < n
     assert r["retention"]["sv"] == 1.0  # outliers are support vectors
     assert r["retention"]["recency"] == 0.0  # the last k hours hold no event
     assert r["retention"]["density"] == 0.0  # density keeps the dense cluster
+    assert r["retention"]["random"] == r["k"] / n  # the random baseline's exact expectation
     assert all(0.0 <= v <= 1.0 for v in r["retention"].values())
 
 
 def test_aggregate_matches_serial_reference(base_wh):
     from cohort.streams import iter_stays
-    from evaluation.retention import compare_retention
+    from evaluation.clinical.retention import compare_retention, comparison_from_columns, concat_columns
+    from pipelines.flows.clinical_retention import batch_results
 
     ids = [s[0] for s in wh.stays(base_wh)][:10]
-    pols = ("sv", "density", "recency")
-    rows = []
+    pols = ["sv", "density", "recency", "random"]
+    parts = []
     for batch in (ids[5:], ids[:5]):  # out of order, as tasks may finish
-        rows += ret.retention_for_stays(str(base_wh), batch, policies=pols)
-    mine = ret.aggregate(rows, policies=pols, nu=0.3, sigma=3.0, n_boot=500)
+        parts.append(batch_results(str(base_wh), batch, label="event_composite", drop=[], nu=0.3, sigma=3.0,
+                                   policies=pols, build_gate=False)["columns"])
+    mine = comparison_from_columns(concat_columns(parts), policies=pols, nu=0.3, sigma=3.0, n_boot=500)
     ss = list(iter_stays(base_wh, stay_ids=ids))
     ref = compare_retention([s.z for s in ss], [s.event_composite for s in ss], policies=pols, n_boot=500,
                             progress=False)
     for p in pols:
         assert mine.means[p] == pytest.approx(ref.means[p], abs=1e-12)
-    for p in ("density", "recency"):
+    for p in ("density", "recency", "random"):
         assert (mine.diffs[p].low, mine.diffs[p].high) == pytest.approx((ref.diffs[p].low, ref.diffs[p].high))
-    assert mine.n_included == ref.n_included
+    assert mine.n_included == ref.n_included and mine.n_event_hours == ref.n_event_hours
 
 
 def test_heldout_keys_are_5d(base_wh):
+    from pipelines.flows.clinical_retention import batch_results
+
     ids = [s[0] for s in wh.stays(base_wh)][:4]
-    rows = ret.retention_for_stays(str(base_wh), ids, label="event_spo2", drop=["spo2"])
-    assert {r["d"] for r in rows} == {5}
+    cols = batch_results(str(base_wh), ids, label="event_spo2", drop=["spo2"], nu=0.3, sigma=3.0,
+                         policies=["sv", "recency"], build_gate=False)["columns"]
+    assert set(cols["d"].tolist()) == {5} and cols["stay_id"].tolist() == ids
 
 
 def test_data_kind_badges_say_what_the_data_is(tmp_path):

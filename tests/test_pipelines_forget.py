@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 
 from cohort.build import build_warehouse
-from cohort.synthetic import generate
-from pipelines import gate_store
 from cohort.streams import iter_stays
+from cohort.synthetic import generate
 from evaluation.clinical import patient_deletion as pdel
-from pipelines import retention as ret
+from pipelines import gate_store
 from pipelines import warehouse as wh
 from pipelines.cli import main
 from pipelines.errors import AlreadyForgottenError, GateStoreError, LedgerKeyError, UnknownSubjectError
@@ -68,9 +67,9 @@ def base_site(src, tmp_path_factory):
 
     ctxs = [gate_store.StoredContext(Gate.from_state(r["gate_state"]), r["token_subject"], r["token_stay"],
                                      r["token_hour"])]
-    rows = ret.retention_for_stays(str(p), group[:3], build_gate=True)
-    ret_ctx = [gate_store.StoredContext(Gate.from_state(x["gate_state"]), np.full(x["n"], x["subject_id"]),
-                                        np.full(x["n"], x["stay_id"]), x["hours"]) for x in rows if x["included"]]
+    gates = _retention_batch(str(p), group[:3])["gates"]
+    ret_ctx = [gate_store.StoredContext(g, np.full(g.n, x["subject_id"]), np.full(g.n, x["stay_id"]), x["hours"])
+               for x in gates for g in [Gate.from_state(x["state"])]]
     con = duckdb.connect(str(p))
     gate_store.replace_study(con, "patient_deletion", ctxs)
     gate_store.replace_study(con, "icu_retention", ret_ctx)
@@ -99,6 +98,15 @@ def _count(p, sql, args=()):
 
 def encodings(i: int) -> dict[str, bytes]:
     return {"decimal": str(i).encode(), "int32": np.int32(i).tobytes(), "int64": np.int64(i).tobytes()}
+
+
+def _retention_batch(warehouse: str, stay_ids) -> dict:
+    """The retention study's map step over stays, with their gates (record-level)."""
+    from evaluation.clinical.retention import DEFAULT_POLICIES
+    from pipelines.flows.clinical_retention import batch_results
+
+    return batch_results(warehouse, list(stay_ids), label="event_composite", drop=[], nu=0.3, sigma=3.0,
+                         policies=list(DEFAULT_POLICIES), build_gate=True)
 
 
 def byte_hits(folders, ids) -> list[tuple[str, int, str]]:
@@ -163,7 +171,7 @@ def test_no_byte_of_the_patient_remains(site, tmp_path):
 
     @task_cache.cached
     def per_stay(warehouse, content_hash, stay_ids):
-        return ret.retention_for_stays(warehouse, stay_ids)
+        return _retention_batch(warehouse, stay_ids)
     per_stay(str(p), "h", stays)
     assert byte_hits([cache_dir(p)], [target]), "the scan must see the id where it is present"
     header = p.read_bytes()[:3 * 4096]

@@ -298,10 +298,10 @@ def test_from_solution_with_a_wrong_alpha_solves_by_the_path():
 
 
 def test_retention_solves_each_stay_once(monkeypatch):
-    """pipelines.retention builds the persisted gate from the retention solve: one solve per stay
+    """The retention study builds the persisted gate from the retention solve: one solve per stay
     (one certified solve, no refit, no maintained-path initialisation), and the gate matches it."""
     import sv_core
-    from pipelines import retention as ret
+    from evaluation.clinical.retention import DEFAULT_POLICIES, build_policies, stay_retention
     from sv_core.solver import MaintainedSVDD
 
     calls = {"solve": 0, "refit": 0, "initialise": 0}
@@ -320,7 +320,7 @@ def test_retention_solves_each_stay_once(monkeypatch):
     X = rng.normal(size=(50, 6))
     events = np.zeros(50, bool)
     events[[2, 9]] = True
-    r = ret.stay_retention(X, events, nu=0.3, sigma=3.0, rng=np.random.default_rng(1), build_gate=True)
+    r = stay_retention(X, events, build_policies(DEFAULT_POLICIES, nu=0.3, sigma=3.0), build_gate=True)
     assert calls == {"solve": 1, "refit": 0, "initialise": 0}
     assert r["gate_score_dev"] <= 1e-9 and r["gate_alpha_dev"] <= 1e-9
     assert r["gate"].kkt_residual()["max"] <= 1e-9

@@ -1,2 +1,22 @@
 """Clinical studies over the warehouse: pure functions over arrays, frames and read-only DuckDB
-connections (no Prefect); the flows in :mod:`pipelines.flows` wire them to the warehouse."""
+connections (no Prefect).
+
+Each study is one module here; its Prefect flow in ``pipelines/flows/`` reads the warehouse,
+calls these functions on each stay's (or context's) arrays and writes the result file. Nothing is
+imported eagerly: import the study module you need.
+
+``retention``                  event-hour retention of every policy at the support-defined budget
+                               (ICU retention, held-out SpO₂ control), the aggregation over stays,
+                               the random baseline as its exact expectation and the low-power label
+``retention_sensitivity``      the ν × σ sensitivity table (SV vs ridge and kernel leverage)
+``retention_audit``            the independent refit as audit oracle of the certified solve, on a sample
+``sampling``                   deterministic, seeded stay samples (``--stays N``) stable under rebuilds
+``patient_deletion``           five-patient contexts, one patient forgotten (exact, naive, decay) and
+                               compared with a same-C refit
+``patient_deletion_result``    its aggregates over contexts and its result file
+``deterioration``              deterioration prediction (LSTM / softmax / SV attention): causal
+                               features, labels, the stay-clustered bootstrap
+``deterioration_reader``       the split index and shard reader (warehouse → NumPy windows)
+``deterioration_training``     the training loop with device caps and per-epoch progress
+``deterioration_bench``        per-epoch time of each model, interleaved (a command)
+"""

@@ -124,7 +124,7 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
     if persist_gates:
         with wh.transaction(warehouse) as con:
             gate_store.drop_study(con, PENDING)  # what a killed run left
-    n_persisted = 0
+    macs: dict[int, str] = {}  # staged context id -> its MAC under the published name
     bar = tqdm(total=len(groups), desc="patient-deletion (contexts)", disable=not progress, leave=False)
     with _scratch() as scratch:
         for batch in runner.chunks(list(zip(groups, targets)), batch_contexts):
@@ -134,7 +134,7 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
             _append_rows(scratch, [pdel.context_row(r) for r in res if r.get("completed")])
             if persist_gates:
                 with wh.transaction(warehouse) as con:
-                    n_persisted += len(gate_store.append_contexts(con, PENDING, _stored(res)))
+                    macs.update(gate_store.append_contexts(con, PENDING, _stored(res), promote_to=STUDY))
             bar.update(len(batch))
             del res, futures
         bar.close()
@@ -144,9 +144,8 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
              else {"contexts_attempted": len(groups), "contexts_completed": 0})
     if persist_gates:
         with wh.transaction(warehouse) as con:
-            gate_store.drop_study(con, STUDY)
-            gate_store.rename_study(con, PENDING, STUDY)
-    m["gates_persisted"] = n_persisted
+            gate_store.promote_study(con, PENDING, STUDY, macs)
+    m["gates_persisted"] = len(macs)
     comp = seed_comparability(STUDY, data)
     result = pres.study_result(
         m, data=data, seed_comparable=comp["comparable"], gammas=gammas, runtime_s=time.perf_counter() - t0,

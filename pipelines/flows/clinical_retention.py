@@ -1,94 +1,294 @@
 """``forgetful retention`` and ``forgetful heldout-spo2``: certified event-hour retention per ICU stay.
 
-Per stay (Prefect tasks over batches of stays, bounded concurrency): the gate is solved exactly
-(ν = 0.3, σ = 3, the whole stay; fp64 refit, never the FISTA path), budget k = |S∪E|, and the SV,
-H2O-style density, recency and random policies each keep k hours. Mean event-hour retention over
-stays with ≥ 1 event; paired SV − baseline differences with a 10,000× stay-level bootstrap, seed 0.
+A thin Prefect wrapper around :mod:`evaluation.clinical.retention` (the study's arithmetic). Per
+stay: the gate is solved by the certified solve (ν = 0.3, σ = 3, the whole stay; fp64, KKT
+checked), budget k = |S∪E|, and SV, H2O-style density, recency, random (its exact expectation
+k/n) and the key-only peers each keep k hours. Mean event-hour retention over stays with ≥ 1
+event; paired SV − baseline differences with a 10,000× stay-level bootstrap, seed 0.
 
 ``retention``: label = composite threshold event, selectors see the 6 z-scored vitals; the
 maintained C&P gates are persisted in the warehouse (``gate_states``) for ``forgetful forget``.
 ``heldout-spo2``: label = raw SpO₂ < 90 (``event_spo2``), SpO₂ removed from every selector's
 input (5-d keys).
+
+Streaming, in flat memory: stays go in batches (``--stays-per-task``) to Prefect tasks that read
+their own stays from the warehouse (read-only, given stay ids) and return a few numbers per stay;
+each batch's full result (those numbers and the stay's gate state) goes to the authenticated
+task cache beside the warehouse, so a rerun after a crash resumes there. Then the gates are
+staged into the warehouse batch by batch (each batch its own committed transaction, under a
+staging study name) and promoted in one short transaction, together with the per-stay values
+(:mod:`pipelines.stay_results`): a crash leaves the previous gates and values in place. Only the
+per-stay vectors (about twenty numbers a stay) are held until the end.
+
+``--stays N`` runs on a deterministic sample (:mod:`evaluation.clinical.sampling`: seeded hash
+order, stable under rebuilds). An audit runs the independent refit on the first stays with an
+event in that order (``--audit-stays``), and a ν × σ sensitivity table (SV vs ridge and kernel
+leverage) is computed on a capped sample (``--sensitivity-stays``; 0 turns either off).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from pipelines import task_cache
-from pipelines import gate_store, jsonout, runner, study_inputs
-from pipelines import retention as ret
+from evaluation.clinical import retention as study
+from pipelines import gate_store, jsonout, runner, stay_results, study_inputs, task_cache
 from pipelines import warehouse as wh
+from pipelines.errors import StudyInputError
 
 SEED_TEXT = {
     "icu_retention": "seed 001 §5: 0.80 (SV) vs 0.05 (H2O-style density) at mean 33% budget; 1,329 stays",
     "heldout_spo2": "seed 001 §5: 0.464 (SV) vs 0.225 (density), recency 0.409, random 0.333; "
                     "diff 0.239 [0.194, 0.284]; 718 stays, 32% budget",
 }
+LABELS = ("event_composite", "event_spo2")
+POLICIES = list(study.DEFAULT_POLICIES)
+STAYS_PER_TASK = 64
+#: DuckDB memory cap of the study's own connections (reads of a batch, staged gate writes)
+DUCKDB_MEMORY = "256MB"
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """BLAS limited to one thread: per-stay matrices are small and the task runner already runs
+    batches side by side (a multi-threaded BLAS on a small solve costs ~10-20× the CPU)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: no limit without it
+        yield
+        return
+    # scipy ships its own OpenBLAS, loaded on first use of scipy.linalg; a limit only covers the
+    # libraries loaded when it is entered (and restores them on exit), so load it first
+    import scipy.linalg  # noqa: F401
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+def _read_only(warehouse: str):
+    """A read-only connection with the study's memory cap. While :func:`held_open` keeps one open,
+    every further one in this process shares its database instance (opening one costs ~30 ms of
+    CPU otherwise, once per batch)."""
+    import duckdb
+
+    con = duckdb.connect(str(wh.require(warehouse)), read_only=True)
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")  # the instance's buffer pool stays bounded
+    return con
+
+
+@contextlib.contextmanager
+def held_open(warehouse: str):
+    """Keep one read-only connection open while the batch tasks read (closed before any write)."""
+    con = _read_only(warehouse)
+    try:
+        yield
+    finally:
+        con.close()
+
+
+def read_stays(warehouse: str, stay_ids: list[int], con=None) -> list:
+    """The batch's :class:`cohort.streams.StayStream` objects, read in one query, on ``con`` or
+    a read-only connection that is closed before any computation."""
+    from cohort.streams import iter_stays
+
+    if con is not None:
+        return list(iter_stays(con, stay_ids=list(stay_ids)))
+    own = _read_only(warehouse)
+    try:
+        return list(iter_stays(own, stay_ids=list(stay_ids)))
+    finally:
+        own.close()
+
+
+def _keys_events(s, label: str, drop: list[str]):
+    return s.keys(drop), (s.event_composite if label == "event_composite" else s.event_spo2)
+
+
+def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list[str], nu: float, sigma: float,
+                  policies: list[str], build_gate: bool, con=None) -> dict:
+    """Map step over a batch of stays: ``{"columns": per-stay columns (with stay_id, subject_id),
+    "gates": [{stay_id, subject_id, state, hours}]}`` (gates only with ``build_gate``); read
+    through ``con`` when given."""
+    if label not in LABELS:
+        raise StudyInputError(f"label must be one of {LABELS}, got {label!r}")
+    built = study.build_policies(policies, nu=nu, sigma=sigma)
+    rows, gates, ids, subj, d = [], [], [], [], None
+    with one_blas_thread():
+        for s in read_stays(warehouse, stay_ids, con):
+            X, ev = _keys_events(s, label, drop)
+            d = int(X.shape[1])
+            r = study.stay_retention(X, ev, built, build_gate=build_gate)
+            g = None if r is None else r.pop("gate", None)
+            if g is not None:
+                gates.append({"stay_id": s.stay_id, "subject_id": s.subject_id, "state": g.to_state(),
+                              "hours": s.hours.copy()})
+            rows.append(r)
+            ids.append(s.stay_id)
+            subj.append(s.subject_id)
+    cols = study.rows_to_columns(rows, list(built), d=d)
+    cols["stay_id"] = np.asarray(ids, dtype=np.int64)
+    cols["subject_id"] = np.asarray(subj, dtype=np.int64)
+    return {"columns": cols, "gates": gates}
+
+
+@task_cache.cached
+def retention_batch_full(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                         nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+    return batch_results(warehouse, stay_ids, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
+                         build_gate=build_gate)
 
 
 @task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False,
       retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
-@task_cache.cached
 def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
-                    nu: float, sigma: float, seed: int, build_gate: bool) -> list[dict]:
-    return ret.retention_for_stays(warehouse, stay_ids, label=label, drop=drop, nu=nu, sigma=sigma, seed=seed,
-                                   build_gate=build_gate)
+                    nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """The batch's per-stay columns only (a few numbers per stay); its gates stay in the task cache."""
+    return retention_batch_full(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies,
+                                build_gate)["columns"]
 
 
-def _persist(warehouse: str, study: str, rows: list[dict]) -> int:
+@task(name="retention-sensitivity", cache_policy=NO_CACHE, persist_result=False)
+@task_cache.cached
+def sensitivity_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                      sigma: float, nus: list[float]) -> list[dict]:
+    from evaluation.clinical.retention_sensitivity import settings, stay_sensitivity
+
+    grid = settings(sigma, nus)
+    out = []
+    with one_blas_thread():
+        for s in read_stays(warehouse, stay_ids):
+            r = stay_sensitivity(*_keys_events(s, label, drop), grid)
+            if r is not None:
+                out.append({"stay_id": s.stay_id, **r})
+    return out
+
+
+@task(name="retention-audit", cache_policy=NO_CACHE, persist_result=False)
+@task_cache.cached
+def audit_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+                sigma: float) -> list[dict]:
+    from evaluation.clinical.retention_audit import audit_stay
+    from evaluation.policies import SupportVectorPolicy
+
+    pol = SupportVectorPolicy(nu=nu, sigma=sigma)
+    with one_blas_thread():
+        return [audit_stay(s.keys(drop), pol.box_C(s.hours.size), sigma) for s in read_stays(warehouse, stay_ids)]
+
+
+def _first_included(cols: dict, m: int, seed: int, max_hours: int | None = None) -> tuple[list[int], int]:
+    """The first ``m`` stays with an event in the seeded order (shorter than ``max_hours``), and
+    how many were passed over for their length."""
+    from evaluation.clinical.sampling import seeded_order
+
+    inc = cols["included"]
+    order = seeded_order(cols["stay_id"][inc], seed)[:m]
+    if max_hours is None:
+        return sorted(order.tolist()), 0
+    n_of = dict(zip(cols["stay_id"][inc].tolist(), cols["n"][inc].tolist()))
+    keep = [int(s) for s in order if n_of[int(s)] <= max_hours]
+    return sorted(keep), len(order) - len(keep)
+
+
+def _staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]], args: tuple):
+    """``f(con)`` yielding each batch's gates as :class:`gate_store.StoredContext` lists, from the
+    task cache (recomputed through ``con`` if an entry is gone), each validated by
+    :meth:`sv_core.Gate.from_state` before it is written."""
     from sv_core import Gate
 
-    contexts = []
-    for r in sorted(rows, key=lambda r: r["stay_id"]):
-        if "gate_state" not in r:
-            continue
-        g = Gate.from_state(r["gate_state"])
-        n = g.n
-        contexts.append(gate_store.StoredContext(g, np.full(n, r["subject_id"]), np.full(n, r["stay_id"]),
-                                                 np.asarray(r["hours"])))
-    with wh.transaction(warehouse) as con:
-        gate_store.replace_study(con, study, contexts)
-    return len(contexts)
+    def contexts(con):
+        for b in batches:
+            hit, full = retention_batch_full.lookup(warehouse, content_hash, b, *args)
+            if not hit:  # the entry is gone (removed by hand): recomputed, read through this connection
+                label, drop, nu, sigma, policies, build_gate = args
+                full = batch_results(warehouse, b, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
+                                     build_gate=build_gate, con=con)
+            out = []
+            for gs in sorted(full["gates"], key=lambda x: x["stay_id"]):
+                g = Gate.from_state(gs["state"])
+                out.append(gate_store.StoredContext(g, np.full(g.n, gs["subject_id"]), np.full(g.n, gs["stay_id"]),
+                                                    np.asarray(gs["hours"])))
+            yield out
+    return contexts
 
 
-def run_retention(warehouse: str, runs_dir: str, study: str, *, label: str, drop: list[str], nu: float,
-                  sigma: float, seed: int, n_boot: int, stays_per_task: int, persist_gates: bool,
-                  progress: bool) -> dict:
+def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str, drop: list[str], nu: float,
+                  sigma: float, seed: int, n_boot: int, stays_per_task: int, persist_gates: bool, progress: bool,
+                  stays: int | None = None, audit_stays: int = 50, sensitivity_stays: int = 200) -> dict:
+    from evaluation.clinical.retention_audit import AUDIT_MAX_HOURS, audit_summary
+    from evaluation.clinical.retention_sensitivity import NUS, sensitivity_table, settings
+    from evaluation.clinical.sampling import sample_stays
+
+    for name, v, low in (("stays", stays, 1), ("audit_stays", audit_stays, 0), ("sensitivity_stays", sensitivity_stays, 0),
+                         ("stays_per_task", stays_per_task, 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+            raise StudyInputError(f"{name} must be an integer >= {low}, got {v!r}")
     t0 = time.perf_counter()
     h = wh.content_hash(warehouse)
-    stay_ids = [s[0] for s in wh.stays(warehouse)]
-    futures = [retention_batch.submit(warehouse, h, batch, label, drop, nu, sigma, seed, persist_gates)
-               for batch in runner.chunks(stay_ids, stays_per_task)]
-    rows = [r for batch in runner.gather(futures, f"{study} (stay batches)", progress) for r in batch]
-    comp = ret.aggregate(rows, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
-    n_persisted = _persist(warehouse, study, rows) if persist_gates else 0
+    eligible = [s[0] for s in wh.stays(warehouse)]
+    ids = sample_stays(eligible, stays, seed).tolist()
+    batches = list(runner.chunks(ids, stays_per_task))
+    args = (label, drop, nu, sigma, POLICIES, persist_gates)
+    # the flow's own BLAS limit (a task leaving its limit never restores threads mid-run), and one
+    # read-only connection held open while the tasks read (closed before the writes)
+    with one_blas_thread(), held_open(warehouse):
+        futures = [retention_batch.submit(warehouse, h, b, *args) for b in batches]
+        cols = study.concat_columns(runner.gather(futures, f"{study_name} (stay batches)", progress))
+        del futures
+        comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
+        audit_ids, too_long = _first_included(cols, audit_stays, seed, AUDIT_MAX_HOURS)
+        audit_rows = [r for b in runner.gather(
+            [audit_batch.submit(warehouse, h, b, label, drop, nu, sigma) for b in runner.chunks(audit_ids, 8)],
+            f"{study_name} (refit audit)", progress) for r in b]
+        sens_ids, _ = _first_included(cols, sensitivity_stays, seed)
+        sens_rows = [r for b in runner.gather(
+            [sensitivity_batch.submit(warehouse, h, b, label, drop, sigma, list(NUS))
+             for b in runner.chunks(sens_ids, max(1, stays_per_task // 8))],
+            f"{study_name} (sensitivity)", progress) for r in b]
+    with one_blas_thread():  # each staged gate is validated (Gate.from_state) before it is written
+        n_persisted = stay_results.write_study(
+            warehouse, study_name, cols, _staged_contexts(warehouse, h, batches, args) if persist_gates else None,
+            memory_limit=DUCKDB_MEMORY)
     fields = comp.to_result_fields()
-    dims = sorted({r["d"] for r in rows})
-    inc = [r for r in rows if r["included"]]
-    fields["metrics"].update({
-        "key_dim": dims[0] if len(dims) == 1 else dims,
-        "label": label,
-        "n_stays": len(rows),
-        "event_hours": int(sum(r["n_events"] for r in inc)),
-        "gates_persisted": n_persisted,
-    })
+    m = fields["metrics"]
+    dims = sorted(set(cols["d"].tolist()))
+    inc = cols["included"]
+    m.update({"key_dim": dims[0] if len(dims) == 1 else dims, "label": label, "n_stays": int(inc.size),
+              "n_stays_eligible": len(eligible), "gates_persisted": n_persisted})
+    kkt = cols["solve_kkt"][inc]
+    m["solve"] = {"method": "sv_core.solve (SMO + bordered KKT system, certified by the recomputed gradient)",
+                  "kkt_max": float(kkt.max()), "kkt_median": float(np.median(kkt)),
+                  "fallbacks": int(cols["solve_fallback"][inc].sum()),
+                  "polished": int(cols["solve_polished"][inc].sum())}
     if persist_gates:
-        built = [r for r in inc if "gate_score_dev" in r]
-        fields["metrics"]["gate_build_failures"] = len(inc) - len(built)
-        if built:
-            dev = np.array([r["gate_score_dev"] for r in built])
-            fields["metrics"]["gate_vs_refit_score_dev_max"] = float(dev.max())
-            fields["metrics"]["gate_vs_refit_score_dev_median"] = float(np.median(dev))
-            fields["metrics"]["gate_vs_refit_score_dev_gt_1e-6"] = int((dev > 1e-6).sum())
-    fields["config"].update({"label": label, "selector_input": f"{dims[0]}-d z-scored vitals" +
-                             (f" without {', '.join(drop)}" if drop else ""), "stays_per_task": stays_per_task})
-    title = ("Held-out SpO2 control" if study == "heldout_spo2" else "ICU event-hour retention by policy")
-    result = {"study": study, "title": f"{title} ({wh.data_kind(warehouse)})", "data": wh.data_kind(warehouse),
-              "runtime_s": time.perf_counter() - t0, "seed_figure": {"text": SEED_TEXT[study]}, **fields}
+        built = inc & cols["gate_built"]
+        m["gate_build_failures"] = int(inc.sum() - built.sum())
+        if built.any():
+            dev = cols["gate_score_dev"][built]
+            m["gate_vs_solve_score_dev_max"] = float(dev.max())
+            m["gate_vs_solve_score_dev_median"] = float(np.median(dev))
+            m["gate_vs_solve_score_dev_gt_1e-6"] = int((dev > 1e-6).sum())
+            m["gate_vs_solve_alpha_dev_max"] = float(cols["gate_alpha_dev"][built].max())
+    if audit_stays:
+        m["refit_audit"] = audit_summary(audit_rows, candidates=audit_stays, skipped_long=too_long)
+    if sens_rows:
+        sens_rows.sort(key=lambda r: r["stay_id"])
+        note = (f"all {len(sens_rows)} stays with an event" if len(sens_rows) == int(inc.sum()) else
+                f"the first {len(sens_rows)} of {int(inc.sum())} stays with an event in the seeded order (capped)")
+        table, summary = sensitivity_table(settings(sigma, NUS), sens_rows, seed=seed, n_boot=n_boot,
+                                           sample_note=note)
+        fields["tables"].append(table)
+        m["sensitivity"] = summary
+    fields["config"].update({
+        "label": label, "stays_per_task": stays_per_task, "stays_requested": stays, "audit_stays": audit_stays,
+        "sensitivity_stays": sensitivity_stays,
+        "selector_input": f"{dims[0]}-d z-scored vitals" + (f" without {', '.join(drop)}" if drop else ""),
+        "sample": ("every eligible stay" if stays is None or stays >= len(eligible) else
+                   f"{len(ids)} of {len(eligible)} eligible stays, seeded hash order (seed {seed})")})
+    title = "Held-out SpO2 control" if study_name == "heldout_spo2" else "ICU event-hour retention by policy"
+    result = {"study": study_name, "title": f"{title} ({wh.data_kind(warehouse)})", "data": wh.data_kind(warehouse),
+              "runtime_s": time.perf_counter() - t0, "seed_figure": {"text": SEED_TEXT[study_name]}, **fields}
     runner.write_study_result(result, runs_dir)
     return result
 
@@ -96,29 +296,33 @@ def run_retention(warehouse: str, runs_dir: str, study: str, *, label: str, drop
 @flow(name="icu-retention", log_prints=True)
 @runner.warehouse_locked
 def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
-                   sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = 8,
-                   persist_gates: bool = True, progress: bool = True) -> dict:
+                   sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = STAYS_PER_TASK,
+                   persist_gates: bool = True, progress: bool = True, stays: int | None = None,
+                   audit_stays: int = 50, sensitivity_stays: int = 200) -> dict:
     """Certified retention of composite-event hours (6-d keys)."""
     wh.require(warehouse)
     study_inputs.require_event_stays(warehouse, "retention", "event_composite", 1,
                                      what="a composite-event hour (only those stays are compared)")
     return run_retention(warehouse, runs_dir, "icu_retention", label="event_composite", drop=[], nu=nu,
                          sigma=sigma, seed=seed, n_boot=n_boot, stays_per_task=stays_per_task,
-                         persist_gates=persist_gates, progress=progress)
+                         persist_gates=persist_gates, progress=progress, stays=stays, audit_stays=audit_stays,
+                         sensitivity_stays=sensitivity_stays)
 
 
 @flow(name="heldout-spo2", log_prints=True)
 @runner.warehouse_locked
 def heldout_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
-                 sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = 8,
-                 progress: bool = True) -> dict:
+                 sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = STAYS_PER_TASK,
+                 progress: bool = True, stays: int | None = None, audit_stays: int = 50,
+                 sensitivity_stays: int = 200) -> dict:
     """Held-out SpO₂ control: raw SpO₂ < 90 label, SpO₂ removed from the selectors (5-d keys)."""
     wh.require(warehouse)
     study_inputs.require_event_stays(warehouse, "heldout-spo2", "event_spo2", 1,
                                      what="an SpO2 < 90 % hour (only those stays are compared)")
     return run_retention(warehouse, runs_dir, "heldout_spo2", label="event_spo2", drop=["spo2"], nu=nu,
                          sigma=sigma, seed=seed, n_boot=n_boot, stays_per_task=stays_per_task,
-                         persist_gates=False, progress=progress)
+                         persist_gates=False, progress=progress, stays=stays, audit_stays=audit_stays,
+                         sensitivity_stays=sensitivity_stays)
 
 
 def _print(res: dict, args=None) -> None:
@@ -126,38 +330,72 @@ def _print(res: dict, args=None) -> None:
     print(f"{res['study']}: {m['n_stays_included']} stays with an event (of {m['n_stays']}), "
           f"keys {m['key_dim']}-d, mean budget {m['mean_budget_fraction']:.3f}")
     for p, v in m["retention"].items():
-        print(f"  {p:<8} retention {v:.3f}")
+        print(f"  {p + (' (expectation k/n)' if p == 'random' else ''):<8} retention {v:.3f}")
     for k, v in m.items():
         if k.startswith("diff_sv_minus_"):
             print(f"  SV - {k[14:]:<8} {v['mean']:+.3f} [{v['low']:.3f}, {v['high']:.3f}]")
+    if m.get("low_power"):
+        print(f"  {m['low_power_reason']}")
+    a = m.get("refit_audit") or {}
+    if a.get("stays_audited"):
+        print(f"  refit audit on {a['stays_audited']} stays: max |Δscore| {a['score_dev_max']:.2g}, partitions equal "
+              f"on {a['partition_exact_matches']}/{a['stays_audited']}")
     print(f"  seed figure: {SEED_TEXT[res['study']]}")
     print(f"  runtime {res['runtime_s']:.1f}s")
     jsonout.emit(args, res)
 
 
+def _flow_args(args) -> dict:
+    return dict(warehouse=args.warehouse, runs_dir=args.runs, nu=args.nu, sigma=args.sigma, seed=args.seed,
+                n_boot=args.n_boot, stays_per_task=args.stays_per_task, progress=not args.no_progress,
+                stays=args.stays, audit_stays=args.audit_stays,
+                sensitivity_stays=0 if args.no_sensitivity else args.sensitivity_stays)
+
+
 @runner.cli_errors
 def _main_retention(args) -> int:
-    _print(runner.run_cli_flow(retention_flow, args, warehouse=args.warehouse, runs_dir=args.runs, nu=args.nu,
-                               sigma=args.sigma, seed=args.seed, n_boot=args.n_boot,
-                               stays_per_task=args.stays_per_task, persist_gates=not args.no_persist,
-                               progress=not args.no_progress), args)
+    _print(runner.run_cli_flow(retention_flow, args, persist_gates=not args.no_persist, **_flow_args(args)), args)
     return 0
 
 
 @runner.cli_errors
 def _main_heldout(args) -> int:
-    _print(runner.run_cli_flow(heldout_flow, args, warehouse=args.warehouse, runs_dir=args.runs, nu=args.nu,
-                               sigma=args.sigma, seed=args.seed, n_boot=args.n_boot,
-                               stays_per_task=args.stays_per_task, progress=not args.no_progress), args)
+    _print(runner.run_cli_flow(heldout_flow, args, **_flow_args(args)), args)
     return 0
+
+
+def _count(low: int):
+    """argparse type: an integer >= ``low`` (a usage error before anything starts, otherwise)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+    return parse
 
 
 def _common(p) -> None:
     p.add_argument("--nu", type=float, default=0.3, help="SVDD ν of each stay's gate (default %(default)s)")
     p.add_argument("--sigma", type=float, default=3.0, help="RBF kernel width σ (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="random policy and bootstrap seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap and stay-sample seed (default 0)")
     p.add_argument("--n-boot", type=int, default=10_000, help="stay bootstrap resamples (default %(default)s)")
-    p.add_argument("--stays-per-task", type=int, default=8, help="stays per Prefect task (default %(default)s)")
+    p.add_argument("--stays", type=_count(1), default=None, metavar="N",
+                   help="run on a deterministic sample of N eligible stays (seeded hash order, stable under "
+                        "rebuilds; default: every eligible stay)")
+    p.add_argument("--stays-per-task", type=_count(1), default=STAYS_PER_TASK,
+                   help="stays per Prefect task (default %(default)s)")
+    p.add_argument("--audit-stays", type=_count(0), default=50, metavar="N",
+                   help="independent refit audit of the certified solve on the first N stays with an event in the "
+                        "seeded order (default %(default)s; 0: off)")
+    p.add_argument("--sensitivity-stays", type=_count(0), default=200, metavar="N",
+                   help="ν × σ sensitivity table on the first N stays with an event in the seeded order "
+                        "(default %(default)s)")
+    p.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity table")
     runner.add_common_args(p)
     jsonout.add_json_arg(p)
 

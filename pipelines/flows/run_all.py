@@ -123,7 +123,7 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
                  warehouse: str | None = None, runs_dir: str = "runs", report: str | None = None,
                  audit_trials: int = 50, det_seeds: int = 3, det_max_epochs: int = 12, n_boot: int = 10_000,
                  fetch: bool = False, skip: tuple[str, ...] = (), dask_address: str | None = None,
-                 workers: int = 2, progress: bool = True) -> dict:
+                 workers: int = 2, progress: bool = True, study_stays: int | None = None) -> dict:
     """Run every step; returns {step: seconds} plus the report path."""
     warehouse = warehouse or str(Path(runs_dir) / "warehouse.duckdb")
     report = report or str(Path(runs_dir) / "report.html")
@@ -139,12 +139,12 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
         if w.path.is_file():
             w.register_runs_dir(runs_dir)
         times = _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-                           det_max_epochs, audit_trials, report)
+                           det_max_epochs, audit_trials, report, study_stays)
     return {"seconds": times, "report": report, "warehouse": warehouse}
 
 
 def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-               det_max_epochs, audit_trials, report) -> dict[str, float]:
+               det_max_epochs, audit_trials, report, study_stays=None) -> dict[str, float]:
     from tqdm.auto import tqdm
 
     from .audit_flow import DEFAULT_REGIMES, audit_flow
@@ -164,10 +164,10 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
                 progress=progress)
         elif step == "retention":
             retention_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
-                                                          progress=progress)
+                                                          progress=progress, stays=study_stays)
         elif step == "heldout-spo2":
             heldout_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
-                                                        progress=progress)
+                                                        progress=progress, stays=study_stays)
         elif step == "patient-deletion":
             patient_deletion_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
                                                                  progress=progress)
@@ -226,7 +226,8 @@ def _main(args) -> int:
             source=args.source, root=args.root, stays=args.stays, seed=args.seed, warehouse=args.warehouse,
             runs_dir=args.runs, report=args.report, audit_trials=args.audit_trials, det_seeds=args.det_seeds,
             det_max_epochs=args.det_max_epochs, n_boot=args.n_boot, fetch=args.fetch, skip=tuple(args.skip),
-            dask_address=args.dask, workers=args.workers, progress=not args.no_progress)
+            dask_address=args.dask, workers=args.workers, progress=not args.no_progress,
+            study_stays=args.study_stays)
     r["total_seconds"] = round(time.perf_counter() - t0, 1)
     print("\n".join(summary_lines(args.runs, report=r["report"], seconds=r["seconds"], total_s=r["total_seconds"],
                                   since=started)))
@@ -251,6 +252,8 @@ def add_cli(sub) -> None:
                    help="deterioration: maximum training epochs (default 12)")
     p.add_argument("--n-boot", type=int, default=10_000,
                    help="retention: stay-bootstrap resamples for the CIs (default 10000)")
+    p.add_argument("--study-stays", type=int, default=None, metavar="N",
+                   help="retention, heldout-spo2: a deterministic sample of N eligible stays (default: every stay)")
     p.add_argument("--fetch", action="store_true", help="fetch the demo data first if it is not cached")
     p.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), metavar="STEP",
                    help=f"steps to skip, of: {', '.join(STEPS)}")
