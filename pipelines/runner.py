@@ -411,6 +411,25 @@ def configure_run_logging(verbose: bool = False) -> None:
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_USAGE, EXIT_DOMAIN, EXIT_STORAGE = 0, 1, 2, 3, 4
 
 
+def is_lock_conflict(exc: BaseException) -> bool:
+    """A DuckDB I/O error saying another process holds the database file's lock (DuckDB allows one
+    writing process, or any number of reading ones, per file)."""
+    duckdb = sys.modules.get("duckdb")
+    return (duckdb is not None and isinstance(exc, getattr(duckdb, "IOException", ()))
+            and "lock" in str(exc).lower())
+
+
+def lock_conflict_line(exc: BaseException) -> str:
+    """One line for :func:`is_lock_conflict`: which file, that nothing was changed, what to do."""
+    import re
+
+    m = re.search(r'file "([^"]+)"', str(exc))
+    where = f" {m.group(1)}" if m else ""
+    return (f"the database file{where} is open in another process (another forgetful command, a DuckDB "
+            "shell or a notebook holding a connection); nothing was changed: close that connection and "
+            "rerun the command")
+
+
 def cli_errors(fn):
     """Wrap a CLI ``func``: a typed project error (pipelines, cohort, evaluation, sv_core,
     dashboards) prints one line and exits 3; a storage failure (disk full, read-only, permission:
@@ -437,6 +456,9 @@ def cli_errors(fn):
             print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_DOMAIN
         except Exception as exc:
+            if is_lock_conflict(exc):  # another process (a reader too) holds the DuckDB file
+                print(f"error: WarehouseBusyError: {lock_conflict_line(exc)}", file=sys.stderr)
+                return EXIT_DOMAIN
             if storage_errno(exc) is None:
                 raise
             where = getattr(exc, "filename", None)
