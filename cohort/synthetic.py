@@ -303,9 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cohort.synthetic", description="Synthetic MIMIC-IV native layout.")
     p.add_argument("--out", default=None, help="output folder (required unless --calibrate/--fidelity)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--stays", type=int)
+    g.add_argument("--stays", type=int, help="number of ICU stays to generate (only those of 48 h or more enter the cohort)")
     g.add_argument("--rows", type=int, help="generate chunks of stays until chartevents has ≥ this many rows")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed: same seed, same files, whatever --workers (default 0)")
     p.add_argument("--format", choices=["csv.gz", "parquet"], default="csv.gz")
     p.add_argument("--workers", type=int, default=None, help="generating processes (default: every core)")
     p.add_argument("--chunk-stays", type=int, default=CHUNK_STAYS, help="stays per chunk (part of the seed)")
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--params-out", default=None, help=f"--calibrate: output JSON (default {DEFAULT_PARAMS})")
     p.add_argument("--fidelity", action="store_true", help="print the synthetic-vs-demo fidelity table")
     p.add_argument("--json", default=None, help="--fidelity: also write the table as JSON here")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     a = p.parse_args(argv)
     if a.calibrate:
         from .errors import DemoDataMissing
