@@ -8,6 +8,9 @@ Source increments are extra measurement files beside the stays tables (append-on
 
 Each file is identified by its relative name, size and the sha256 of its bytes; a file whose
 bytes change after it was ingested is refused (:class:`SourceChangedError`), never re-read.
+:func:`plan_files` hashes only files that are new or whose size or modification time differ
+from what was recorded (a recorded file with the same size and mtime is taken as unchanged
+without reading it, so a run with nothing new costs one ``stat`` per file).
 
 Hours and the watermark. ``W`` is the largest charttime of every vital row ingested so far
 (optionally raised by an explicit ``as_of``). Contract: every row with charttime ≤ W has arrived.
@@ -22,6 +25,7 @@ build; the fill is causal (forward within the stay, the frozen median before the
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +51,7 @@ class FileId:
     name: str          # path relative to the root
     size: int
     sha256: str
+    mtime_ns: int | None = None
 
 
 def measurement_files(source: str, root: str | Path) -> list[Path]:
@@ -60,6 +65,10 @@ def measurement_files(source: str, root: str | Path) -> list[Path]:
     return sorted(out, key=lambda p: p.name)
 
 
+def _rel(root: str | Path, path: Path) -> str:
+    return str(Path(path).resolve().relative_to(Path(root).resolve()))
+
+
 def file_identity(root: str | Path, path: Path, chunk: int = 1 << 22) -> FileId:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -68,7 +77,37 @@ def file_identity(root: str | Path, path: Path, chunk: int = 1 << 22) -> FileId:
             if not b:
                 break
             h.update(b)
-    return FileId(str(Path(path).resolve().relative_to(Path(root).resolve())), path.stat().st_size, h.hexdigest())
+        sr = os.fstat(f.fileno())
+    return FileId(_rel(root, path), sr.st_size, h.hexdigest(), sr.st_mtime_ns)
+
+
+def plan_files(source: str, root: str | Path, recorded: dict[str, tuple]) -> tuple[list, list[FileId], int]:
+    """New part files of the root against ``recorded`` (name -> (size, sha256, mtime_ns or None)).
+
+    Returns ``(new [(path, FileId)] in name order, touched [FileId], files hashed)``: ``touched``
+    are recorded files whose mtime changed but whose bytes did not (the caller records the new
+    mtime). A recorded file with another size, or another sha256, is :class:`SourceChangedError`."""
+    new, touched, hashed = [], [], 0
+    for f in measurement_files(source, root):
+        name = _rel(root, f)
+        rec = recorded.get(name)
+        if rec is not None:
+            sr = f.stat()
+            if sr.st_size != int(rec[0]):
+                raise SourceChangedError(f"source file {name} changed after it was ingested (append-only "
+                                         "contract); nothing changed")
+            if rec[2] is not None and int(rec[2]) == sr.st_mtime_ns:
+                continue
+        fid = file_identity(root, f)
+        hashed += 1
+        if rec is None:
+            new.append((f, fid))
+        elif (fid.size, fid.sha256) != (int(rec[0]), rec[1]):
+            raise SourceChangedError(f"source file {name} changed after it was ingested (append-only "
+                                     "contract); nothing changed")
+        else:
+            touched.append(fid)
+    return new, touched, hashed
 
 
 def _adapter(source: str, root: Path, con, part: Path | None):
@@ -333,7 +372,7 @@ def _closed_moments(con, w_us: int | None) -> dict:
     return {}
 
 
-__all__ = ["FileId", "SourceChangedError", "measurement_files", "file_identity", "load_stays", "scan_file",
+__all__ = ["FileId", "SourceChangedError", "measurement_files", "file_identity", "plan_files", "load_stays", "scan_file",
            "empty_scan", "closed_hours", "hour_of", "causal_rows", "out_table", "make_replay", "frozen_from_batch",
            "STAYS_TABLE", "SCAN_TABLE"]
 
