@@ -185,7 +185,8 @@ out = {"wall_s": wall, "import_s": t_imp,
        "readmissions_total": r["readmissions"], "future_safe_stays": r["future_safe_stays"],
        "gated_stays": r["gated_stays"], "phases": r.get("phases", {}),
        "step_timing": [s.get("timing") for s in steps],
-       "worker_cpu_s": sum((s.get("timing") or {}).get("worker_cpu_s", 0.0) for s in steps)}
+       "worker_cpu_s": sum((s.get("timing") or {}).get("worker_cpu_s", 0.0) for s in steps),
+       "worker_peak_rss_mb": max([0.0] + [(s.get("timing") or {}).get("worker_peak_rss_mb", 0.0) for s in steps])}
 print("BENCH " + json.dumps(out), flush=True)
 """
 
@@ -254,7 +255,8 @@ def main(argv=None) -> int:
         r["load_after"] = _load()
         res["phases"].append(r)
         print(f"{name:>12}: wall {r['wall_s']:8.2f} s  cpu {r['cpu_total_s']:8.2f} s  "
-              f"rss {r['peak_rss_mb']:7.0f} MB (workers {r['peak_rss_children_mb']:.0f})  stays {r['stays_touched']:>6}  "
+              f"rss {r['peak_rss_mb']:7.0f} MB (workers {r['worker_peak_rss_mb']:.0f})  "
+              f"stays {r['stays_touched']:>6}  "
               f"tokens {r['new_tokens']:>8}  late {r['late_rows']:>5}  readm {r['readmissions_run']:>4}  "
               f"import {r['import_s']:.2f} s  load {r['load_after'][0]}", flush=True)
         return r

@@ -138,14 +138,15 @@ def update_stay(C: float, sigma: float, blob: bytes | None, tok_old: np.ndarray,
     return st.encode_state(sg.to_state()), tok, hot, counts
 
 
-def update_chunk(C: float, sigma: float, items: list) -> tuple[list, float]:
+def update_chunk(C: float, sigma: float, items: list) -> tuple[list, float, float]:
     """:func:`update_stay` over a list of ``(blob, tok_old, r0, z, old_z)`` (a worker task);
-    returns the results and the CPU seconds they took."""
+    returns the results, the CPU seconds they took and the process's peak RSS (MB)."""
+    import resource
     import time
 
     c0 = time.process_time()
     out = [update_stay(C, sigma, *it) for it in items]
-    return out, time.process_time() - c0
+    return out, time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _worker_init() -> None:
@@ -159,33 +160,62 @@ def _worker_init() -> None:
 
 
 class Pool:
-    """Worker processes for :func:`update_chunk` (forkserver: never forks a DuckDB process);
-    ``jobs`` ≤ 1 runs inline."""
+    """Worker processes for :func:`update_chunk`; ``jobs`` ≤ 1 runs inline.
+
+    Workers come from a *forkserver* (a clean process that never held a DuckDB connection or its
+    threads). Like every ``multiprocessing`` start method but fork, a worker imports the main
+    module: a script calling :func:`pipelines.ingest.ingest` needs the usual
+    ``if __name__ == "__main__":`` guard (``forgetful`` and ``python -m`` entry points have it).
+    If the pool breaks anyway (a worker died), the batch is computed inline and so is the rest
+    of the run, with a one-line warning: the results are the same either way."""
 
     def __init__(self, jobs: int):
         self.jobs = max(1, int(jobs))
         self._ex = None
         self.worker_cpu_s = 0.0  # CPU seconds of the worker processes (not children of this one)
+        self.worker_peak_rss_mb = 0.0
+
+    def _inline(self, C: float, sigma: float, items: list):
+        res, _, _ = update_chunk(C, sigma, items)
+        return lambda: res
+
+    def _broken(self, exc) -> None:
+        import sys
+
+        print(f"[forgetful] ingest worker processes failed ({type(exc).__name__}); continuing in this process",
+              file=sys.stderr)
+        self.close()
+        self.jobs = 1
 
     def submit(self, C: float, sigma: float, items: list, parallel: bool = True):
         """Start the gate updates of a batch; returns a function that gives the results."""
-        if self.jobs == 1 or not parallel or len(items) < 2:
-            res, _ = update_chunk(C, sigma, items)
-            return lambda: res
-        if self._ex is None:
-            import concurrent.futures as cf
-            import multiprocessing as mp
+        from concurrent.futures.process import BrokenProcessPool
 
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["numpy", "sv_core", "pipelines.ingest_batch"])
-            self._ex = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init)
-        n = max(1, -(-len(items) // (4 * self.jobs)))
-        futs = [self._ex.submit(update_chunk, C, sigma, items[i:i + n]) for i in range(0, len(items), n)]
+        if self.jobs == 1 or not parallel or len(items) < 2:
+            return self._inline(C, sigma, items)
+        try:
+            if self._ex is None:
+                import concurrent.futures as cf
+                import multiprocessing as mp
+
+                ctx = mp.get_context("forkserver")
+                ctx.set_forkserver_preload(["numpy", "sv_core", "pipelines.ingest_batch"])
+                self._ex = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init)
+            n = max(1, -(-len(items) // (4 * self.jobs)))
+            futs = [self._ex.submit(update_chunk, C, sigma, items[i:i + n]) for i in range(0, len(items), n)]
+        except BrokenProcessPool as exc:
+            self._broken(exc)
+            return self._inline(C, sigma, items)
 
         def get():
-            done = [f.result() for f in futs]
-            self.worker_cpu_s += sum(c for _, c in done)
-            return [r for res, _ in done for r in res]
+            try:
+                done = [f.result() for f in futs]
+            except BrokenProcessPool as exc:
+                self._broken(exc)
+                return self._inline(C, sigma, items)()
+            self.worker_cpu_s += sum(c for _, c, _ in done)
+            self.worker_peak_rss_mb = max([self.worker_peak_rss_mb] + [m for _, _, m in done])
+            return [r for res, _, _ in done for r in res]
 
         return get
 
@@ -229,7 +259,8 @@ def prepare(con, keys, b: dict[str, np.ndarray], p: StepParams) -> dict:
                           "ORDER BY a.sidx, r.ms, r.vs, r.value").fetchnumpy()
         carry = np.broadcast_to(p.median, (n, len(VITALS))).copy()
         if (b["r0"] > 0).any():
-            cr = con.execute(f"SELECT a.sidx, {', '.join('v.' + v for v in VITALS)} FROM vitals_hourly v JOIN _ing_aff a "
+            sel = ", ".join("v." + v for v in VITALS)
+            cr = con.execute(f"SELECT a.sidx, {sel} FROM vitals_hourly v JOIN _ing_aff a "
                              f"ON v.stay_id = a.stay_id AND v.hour = a.r0 - 1 WHERE v.stay_id {rng}").fetchnumpy()
             if len(cr["sidx"]):
                 carry[np.asarray(cr["sidx"], np.int64)] = np.column_stack([cr[v] for v in VITALS])
@@ -243,7 +274,7 @@ def prepare(con, keys, b: dict[str, np.ndarray], p: StepParams) -> dict:
                 raise IngestError("the stored hourly rows of a re-opened stay do not match its gate's live tokens")
         g = con.execute(f"SELECT stay_id, state_npz, state_mac FROM {st.GATES} WHERE stay_id {rng} ORDER BY stay_id"
                         ).fetchall()
-        tk = con.execute(f"SELECT stay_id, hour, token_id, event, hot FROM {st.TOKENS} WHERE stay_id {rng} "
+        tk = con.execute(f"SELECT stay_id, subject_id, hour, token_id, event, hot FROM {st.TOKENS} WHERE stay_id {rng} "
                          "ORDER BY stay_id, hour").fetchnumpy()
     finally:
         con.unregister("_ing_aff")
@@ -256,7 +287,7 @@ def prepare(con, keys, b: dict[str, np.ndarray], p: StepParams) -> dict:
     gates = {int(s): (bytes(blob), str(mac)) for s, blob, mac in g}
     t_stay = np.asarray(tk["stay_id"], np.int64)
     keep = np.isin(t_stay, ids)
-    old = {c: np.asarray(tk[c])[keep] for c in ("stay_id", "hour", "token_id", "event", "hot")}
+    old = {c: np.asarray(tk[c])[keep] for c in ("stay_id", "subject_id", "hour", "token_id", "event", "hot")}
     tb = _starts(old["stay_id"], ids)
     rb = np.searchsorted(rep, np.arange(n + 1))
     ob = np.concatenate([[0], np.cumsum(b["em"] - b["r0"])])
@@ -270,18 +301,38 @@ def prepare(con, keys, b: dict[str, np.ndarray], p: StepParams) -> dict:
         blob = None
         if s in gates:
             blob, mac = gates[s]
-            dig = st.token_digest_arrays(tok_old, int(b["subject"][i]), s, hrs)
+            # the stored rows as they are (an edited subject or token id fails the MAC)
+            dig = st.token_digest_arrays(tok_old, old["subject_id"][tb[i]:tb[i + 1]], s, hrs)
             if not keys.equal(st.gate_mac(keys, s, blob, digest=dig), mac):
                 raise IngestError("a stored per-stay gate failed its MAC check (edited state or token map); "
                                   "refusing to use it")
+            if em and not np.all(old["subject_id"][tb[i]:tb[i + 1]] == b["subject"][i]):
+                raise IngestError("a stay's stored tokens name another subject than the source does now; "
+                                  "refusing to update it")
         elif em:
             raise IngestError("a stay has live tokens but no stored gate; refusing to update it")
         items.append((blob, tok_old, int(b["r0"][i]), z[rb[i]:rb[i + 1]], old_z[ob[i]:ob[i + 1]]))
     return {"b": b, "items": items, "tab": tab, "ev": ev, "rep": rep, "old": old, "tb": tb, "reopen": reopen}
 
 
-def write(con, keys, w: dict, results: list, step: int) -> dict:
-    """Write a prepared batch's results (inside the caller's transaction); returns its counts."""
+_GATE_COLS = ("stay_id", "subject_id", "state_npz", "state_mac", "n_live", "n_hot", "n_cold", "gated", "readmissions",
+              "future_safe", "step")
+
+
+def write(con, keys, w: dict, results: list, step: int, timing: dict | None = None) -> dict:
+    """Write a prepared batch's results (inside the caller's transaction); returns its counts
+    (``timing`` accumulates seconds per table written)."""
+    import time
+
+    timing = {} if timing is None else timing
+    t0 = time.process_time()
+
+    def lap(key):  # CPU seconds (DuckDB's threads included)
+        nonlocal t0
+        t = time.process_time()
+        timing[key] = timing.get(key, 0.0) + t - t0
+        t0 = t
+
     b, ids, old = w["b"], w["b"]["ids"], w["old"]
     lo, hi = int(ids[0]), int(ids[-1])
     rng = f"BETWEEN {lo} AND {hi}"
@@ -294,6 +345,7 @@ def write(con, keys, w: dict, results: list, step: int) -> dict:
     con.register("_ing_out", w["tab"])
     con.execute("INSERT INTO vitals_hourly SELECT * FROM _ing_out")
     con.unregister("_ing_out")
+    lap("write_hourly_cpu_s")
     # token map: the new map of every stay (hours 0..r1-1) against the stored one (0..em-1)
     n_new = b["r1"]
     stay = np.repeat(ids, n_new)
@@ -311,7 +363,8 @@ def write(con, keys, w: dict, results: list, step: int) -> dict:
                     & (old["hot"][o_idx].astype(bool) == hot[in_old]))
     gone = in_old & ~same
     if gone.any():
-        con.register("_ing_tdel", pa.table({"stay_id": pa.array(stay[gone]), "hour": pa.array(hour[gone].astype(np.int32))}))
+        con.register("_ing_tdel", pa.table({"stay_id": pa.array(stay[gone]),
+                                            "hour": pa.array(hour[gone].astype(np.int32))}))
         con.execute(f"DELETE FROM {st.TOKENS} USING _ing_tdel d WHERE {st.TOKENS}.stay_id = d.stay_id "
                     f"AND {st.TOKENS}.hour = d.hour AND {st.TOKENS}.stay_id {rng}")
         con.unregister("_ing_tdel")
@@ -322,6 +375,7 @@ def write(con, keys, w: dict, results: list, step: int) -> dict:
                                        "event": pa.array(ev[ins]), "hot": pa.array(hot[ins])}))
     con.execute(f"INSERT INTO {st.TOKENS} SELECT * FROM _ing_tok")
     con.unregister("_ing_tok")
+    lap("write_tokens_cpu_s")
     # gates, MAC'd over the blob and the new token map
     tb_new = np.concatenate([[0], np.cumsum(n_new)])
     macs = []
@@ -329,6 +383,7 @@ def write(con, keys, w: dict, results: list, step: int) -> dict:
         sl = slice(tb_new[i], tb_new[i + 1])
         dig = st.token_digest_arrays(tok[sl], int(b["subject"][i]), s, hour[sl])
         macs.append(st.gate_mac(keys, s, results[i][0], digest=dig))
+    lap("write_macs_cpu_s")
     c = [r[3] for r in results]
     con.register("_ing_g", pa.table({
         "stay_id": pa.array(ids), "subject_id": pa.array(b["subject"]),
@@ -338,8 +393,15 @@ def write(con, keys, w: dict, results: list, step: int) -> dict:
         "readmissions": pa.array([x["readmissions"] for x in c], pa.int32()),
         "future_safe": pa.array([x["future_safe"] for x in c]),
         "step": pa.array(np.full(ids.size, step, np.int32))}))
-    con.execute(f"INSERT OR REPLACE INTO {st.GATES} SELECT * FROM _ing_g")
+    # an UPDATE of the stored rows (the table's key index is untouched) and an INSERT of new ones:
+    # several times cheaper than INSERT OR REPLACE (a delete and an append per row)
+    upd = ", ".join(f"{c} = g.{c}" for c in _GATE_COLS[1:])
+    con.execute(f"UPDATE {st.GATES} SET {upd} FROM _ing_g g WHERE {st.GATES}.stay_id = g.stay_id "
+                f"AND {st.GATES}.stay_id {rng}")
+    con.execute(f"INSERT INTO {st.GATES} SELECT * FROM _ing_g WHERE stay_id NOT IN "
+                f"(SELECT stay_id FROM {st.GATES} WHERE stay_id {rng})")
     con.unregister("_ing_g")
+    lap("write_gates_cpu_s")
     return {"new": sum(x["new"] for x in c), "replaced": sum(x["replaced"] for x in c),
             "reopened": sum(x["reopened"] for x in c), "readmissions": sum(x["readm_delta"] for x in c),
             "stays_updated": int(ids.size), "tokens_rewritten": int(ins.sum()),

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import PipelineError
-from .gate_store import npz_to_state, state_to_npz, token_digest
+from .gate_store import npz_to_state, token_digest
 
 STATE, FILES, ROWS, TOKENS, GATES, REQUESTS = ("ingest_state", "ingest_files", "ingest_rows", "ingest_tokens",
                                                "ingest_gates", "ingest_deletion_requests")
@@ -37,7 +37,8 @@ DROP_FOLDER = "ingest-deletions"
 DDL = {
     STATE: f"CREATE TABLE IF NOT EXISTS {STATE} (key VARCHAR PRIMARY KEY, value VARCHAR)",
     FILES: (f"CREATE TABLE IF NOT EXISTS {FILES} (name VARCHAR PRIMARY KEY, size BIGINT, sha256 VARCHAR, step INTEGER, "
-            "n_rows BIGINT, n_usable BIGINT, n_late BIGINT, watermark_us BIGINT, ingested_utc VARCHAR, mtime_ns BIGINT)"),
+            "n_rows BIGINT, n_usable BIGINT, n_late BIGINT, watermark_us BIGINT, ingested_utc VARCHAR, "
+            "mtime_ns BIGINT)"),
     ROWS: f"CREATE TABLE IF NOT EXISTS {ROWS} (stay_id BIGINT, ms BIGINT, vs BIGINT, value DOUBLE, step INTEGER)",
     TOKENS: (f"CREATE TABLE IF NOT EXISTS {TOKENS} (stay_id BIGINT, subject_id BIGINT, hour INTEGER, token_id BIGINT, "
              "event BOOLEAN, hot BOOLEAN)"),

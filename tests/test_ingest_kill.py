@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cohort.incremental import make_replay
+from cohort.incremental_replay import make_replay
 from pipelines.ingest import KILL_ENV, ingest
 
 ROOT = Path(__file__).resolve().parents[1]
