@@ -250,10 +250,19 @@ def main(argv=None) -> int:
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_start": _load()},
            "generate_s": gen_s, "part_rows": [pq.ParquetFile(p).metadata.num_rows for p in parts], "phases": []}
 
+    a.out.mkdir(parents=True, exist_ok=True)
+    name = f"bench_ingest_{a.stays}{('_' + a.label) if a.label else ''}.json"
+
+    def save():
+        res["machine"]["load_end"] = _load()
+        res["warehouse_mb"] = wh.stat().st_size / 2 ** 20 if wh.is_file() else None
+        (a.out / name).write_text(json.dumps(res, indent=2) + "\n")
+
     def phase(name, **kw):
         r = run_phase(name, wh, root, pp, extra=extra, **kw)
         r["load_after"] = _load()
         res["phases"].append(r)
+        save()  # after every phase: a long run stopped early keeps what it measured
         print(f"{name:>12}: wall {r['wall_s']:8.2f} s  cpu {r['cpu_total_s']:8.2f} s  "
               f"rss {r['peak_rss_mb']:7.0f} MB (workers {r['worker_peak_rss_mb']:.0f})  "
               f"stays {r['stays_touched']:>6}  "
@@ -269,11 +278,7 @@ def main(argv=None) -> int:
         if k == 1:
             phase("nothing_new")
     phase("nothing_new_end")
-    res["machine"]["load_end"] = _load()
-    res["warehouse_mb"] = wh.stat().st_size / 2 ** 20
-    a.out.mkdir(parents=True, exist_ok=True)
-    name = f"bench_ingest_{a.stays}{('_' + a.label) if a.label else ''}.json"
-    (a.out / name).write_text(json.dumps(res, indent=2) + "\n")
+    save()
     print(f"wrote {a.out / name}")
     return 0
 

@@ -131,7 +131,7 @@ def ingest(warehouse: str | os.PathLike, source: str, root: str | os.PathLike, *
     depend on it); ``batch_stays`` stays per committed batch; ``memory_limit`` DuckDB's memory
     limit for the run (its block cache included; sorts and joins spill beyond it). Returns
     aggregates of the run."""
-    from .ingest_batch import Pool, default_jobs
+    from .ingest_gates import Pool, default_jobs
     from .warehouse import Warehouse
 
     t0 = time.perf_counter()

@@ -133,6 +133,7 @@ def process_step(con, keys, pend: dict, frozen: dict, pool, batch_stays: int | N
     """Stage 2: the step's affected stays in batches, one committed transaction each (the
     pending record's totals advance with every batch). Returns the pending record."""
     from . import ingest_batch as ib
+    from . import ingest_gates as ig
 
     step, w_new = int(pend["step"]), pend["w_new"]
     p = ib.StepParams(step, w_new, float(st.get_state(con, "C")), float(st.get_state(con, "sigma")),
@@ -172,7 +173,7 @@ def process_step(con, keys, pend: dict, frozen: dict, pool, batch_stays: int | N
         t = time.perf_counter()
         work = ib.prepare(con, keys, {k: v[sl] for k, v in todo.items()}, p)
         timing["read_s"] += time.perf_counter() - t
-        get = pool.submit(p.C, p.sigma, work["items"], parallel=todo["ids"].size >= ib.PARALLEL_MIN_STAYS)
+        get = pool.submit(p.C, p.sigma, work["items"], parallel=todo["ids"].size >= ig.PARALLEL_MIN_STAYS)
         if prev is not None:
             commit(prev)
         prev = (work, get)

@@ -100,9 +100,9 @@ def test_token_digest_arrays_equals_the_reference():
 
 
 def test_workers_and_batch_size_change_nothing(replay_parts, tmp_path, monkeypatch):
-    import pipelines.ingest_batch as ib
+    import pipelines.ingest_gates as ig
 
-    monkeypatch.setattr(ib, "PARALLEL_MIN_STAYS", 1)
+    monkeypatch.setattr(ig, "PARALLEL_MIN_STAYS", 1)
     dumps = []
     for name, kw in (("inline", {"jobs": 1}), ("workers", {"jobs": 2, "batch_stays": 3})):
         root, parts = _copy_root(replay_parts, tmp_path / name)

@@ -3,8 +3,9 @@
 ``--init`` creates the streaming warehouse and fixes its standardisation (training-split moments
 and medians of a causal batch build of the files present, or ``--frozen FILE.json``); every run
 then ingests only the new measurement part files (``icu/chartevents*`` for mimic,
-``clif_vitals*`` for clif), one committed watermark step per file, processes the deletion queue
-first, and writes ``<runs>/ingest/result.json`` (aggregates only). ``forgetful serve`` schedules
+``clif_vitals*`` for clif) as one watermark step (committed in stages), processes the deletion
+queue first, prints one summary line and writes ``<runs>/ingest/result.json`` (aggregates only;
+``--json PATH`` for the command's own result). ``forgetful serve`` schedules
 it (interval, concurrency limit 1). See :mod:`pipelines.ingest` for the watermark, late-row and
 crash-safety rules.
 """
