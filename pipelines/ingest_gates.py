@@ -65,14 +65,41 @@ def update_chunk(C: float, sigma: float, items: list) -> tuple[list, float, floa
     return out, time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _worker_init() -> None:
-    """One BLAS thread per worker process (the parent keeps its own setting)."""
+def _worker_init(parent: int) -> None:
+    """One BLAS thread per worker process (the parent keeps its own setting), and a watch on the
+    ingest process: a worker whose ingest process died (``kill -9``) exits within a second or
+    two instead of waiting forever on its task queue (and keeping the forkserver alive)."""
+    import threading
+    import time
+
     try:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(1)
     except Exception:  # noqa: BLE001 - threadpoolctl is optional
         pass
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{parent}/stat", "rb") as f:  # a killed parent not yet reaped is a zombie
+                return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+        except FileNotFoundError:
+            return True
+        except OSError:  # no /proc: ask the kernel
+            try:
+                os.kill(parent, 0)
+                return False
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="forgetful-ingest-parent-watch", daemon=True).start()
 
 
 class Pool:
@@ -116,7 +143,8 @@ class Pool:
 
                 ctx = mp.get_context("forkserver")
                 ctx.set_forkserver_preload(["numpy", "sv_core", "pipelines.ingest_gates"])
-                self._ex = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init)
+                self._ex = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init,
+                                                   initargs=(os.getpid(),))
             n = max(1, -(-len(items) // (4 * self.jobs)))
             futs = [self._ex.submit(update_chunk, C, sigma, items[i:i + n]) for i in range(0, len(items), n)]
         except BrokenProcessPool as exc:

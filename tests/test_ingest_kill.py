@@ -112,6 +112,46 @@ def test_kill_at_fixed_points_then_rerun(parts, reference, tmp_path, kill):
     assert _state(wh) == reference, (_state(wh), reference, r["steps"])
 
 
+PARALLEL_CHILD = ("import sys; import pipelines.ingest_gates as ig; from pipelines.ingest import ingest\n"
+                  "ig.PARALLEL_MIN_STAYS = 1\nprint('ready', flush=True)\n"
+                  "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, batch_stays=2, jobs=2)\n")
+
+
+def test_kill_with_worker_processes_leaves_none_behind(parts, reference, tmp_path):
+    """kill -9 of an ingest using worker processes, inside its second batch: the workers (and
+    the forkserver they hold) exit by themselves, and the rerun equals the uninterrupted run."""
+    import psutil
+
+    wh, root = _setup(parts, tmp_path, "par")
+    env = os.environ.copy()
+    env[KILL_ENV] = "2:batch2"
+    err = open(Path(wh).parent / "child.stderr", "w")  # noqa: SIM115 - closed with the process
+    p = subprocess.Popen([sys.executable, "-c", PARALLEL_CHILD, str(wh), str(root)], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=err, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    me = psutil.Process(p.pid)
+    helpers: dict[int, psutil.Process] = {}
+    while p.poll() is None:  # the forkserver and the workers, seen while they run
+        try:
+            helpers.update({c.pid: c for c in me.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    assert p.returncode == -signal.SIGKILL, _err(wh)
+    assert len(helpers) >= 2, "the step ran without worker processes"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE
+                                              for h in helpers.values()):
+        time.sleep(0.2)
+    left = [h.pid for h in helpers.values() if h.is_running() and h.status() != psutil.STATUS_ZOMBIE]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"worker processes left behind: {left}"
+    r = ingest(wh, "mimic", root, final=True)
+    assert r["steps"] and r["steps"][0]["resumed"] is True
+    assert _state(wh) == reference
+
+
 @pytest.mark.slow
 def test_kill_at_random_points(parts, reference, tmp_path):
     rng = random.Random(7)
