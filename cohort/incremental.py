@@ -32,7 +32,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from ._hourly import HOUR_MS, MS_SHIFT, SIDX_SHIFT, events, fill_within_stays, hourly_means
+from ._hourly import MS_SHIFT, SIDX_SHIFT, events, fill_within_stays, hourly_means
 from .build import HOUR_US, _plausible_case_sql, _value_sql, exclude_stays
 from .constants import VITALS
 from .errors import BadParameterError, CohortError
@@ -200,11 +200,6 @@ def scan_file(con, source: str, root: str | Path, part: Path) -> tuple[int, int,
     return n_rows, n_ok, None if mx is None else int(mx)
 
 
-def empty_scan(con) -> None:
-    con.execute(f"DROP TABLE IF EXISTS {SCAN_TABLE}")
-    con.execute(f"CREATE TEMP TABLE {SCAN_TABLE} (stay_id BIGINT, ms BIGINT, vs BIGINT, value DOUBLE)")
-
-
 def closed_hours(w_us: int | None, in_us: np.ndarray, out_us: np.ndarray, n_hours: np.ndarray) -> np.ndarray:
     """Number of closed hours per stay at watermark ``w_us`` (hours 0..k−1 are closed)."""
     in_us = np.asarray(in_us, np.int64)
@@ -213,11 +208,6 @@ def closed_hours(w_us: int | None, in_us: np.ndarray, out_us: np.ndarray, n_hour
         return np.zeros(in_us.size, np.int64)
     full = np.clip((int(w_us) - in_us) // HOUR_US, 0, np.maximum(n_hours - 1, 0))
     return np.where(int(w_us) >= np.asarray(out_us, np.int64), n_hours, full)
-
-
-def hour_of(ms: np.ndarray, n_hours: np.ndarray) -> np.ndarray:
-    """Hour index of rows (ms since intime), capped at n_hours − 1 (rows at outtime)."""
-    return np.minimum(np.asarray(ms, np.int64) // HOUR_MS, np.asarray(n_hours, np.int64) - 1)
 
 
 def causal_rows(ms: np.ndarray, vs: np.ndarray, value: np.ndarray, sidx: np.ndarray,
@@ -267,4 +257,4 @@ def out_table(stay_id: np.ndarray, hour: np.ndarray, filled: np.ndarray, observe
 
 __all__ = ["FileId", "SourceChangedError", "measurement_files", "file_identity", "plan_files", "load_stays",
            "scan_file",
-           "empty_scan", "closed_hours", "hour_of", "causal_rows", "out_table", "STAYS_TABLE", "SCAN_TABLE"]
+           "closed_hours", "causal_rows", "out_table", "STAYS_TABLE", "SCAN_TABLE"]
