@@ -1,12 +1,17 @@
-"""Build of the optional compiled fast path ``sv_core._cpfast`` (everything else is in pyproject.toml).
+"""Build of the optional compiled fast paths (everything else is in pyproject.toml).
 
-The extension is plain C over the buffer protocol (no NumPy headers, no build-time NumPy). It is
-``optional``: without a C compiler the install still succeeds and the solver runs its NumPy
-reference loop (``sv_core.fast_path_available()`` says which one is in use).
+``sv_core._cpfast``: the simple events of the maintained C&P loop; ``sv_core._smo``: the SMO of the
+certified solve (:func:`sv_core.solve`). Both are plain C over the buffer protocol (no NumPy
+headers, no build-time NumPy) and ``optional``: without a C compiler the install still succeeds
+and the NumPy reference loops run (``sv_core.fast_path_available()`` and
+``sv_core.smo.fast_smo_available()`` say which ones are in use).
 """
 import sys
 
 from setuptools import Extension, setup
 
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
-setup(ext_modules=[Extension("sv_core._cpfast", ["sv_core/_cpfast.c"], optional=True, extra_compile_args=flags)])
+setup(ext_modules=[
+    Extension("sv_core._cpfast", ["sv_core/_cpfast.c"], optional=True, extra_compile_args=flags),
+    Extension("sv_core._smo", ["sv_core/_smo.c"], optional=True, extra_compile_args=flags),
+])

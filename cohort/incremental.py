@@ -112,7 +112,7 @@ def plan_files(source: str, root: str | Path, recorded: dict[str, tuple]) -> tup
 
 def _adapter(source: str, root: Path, con, part: Path | None):
     """The batch adapter's SQL (stays, measurements) over one part file (no full layout needed)."""
-    from .sources import CLIF_LAYOUT, NATIVE_LAYOUT, ClifAdapter, MimicNativeAdapter, Table, _find
+    from .sources import REQUIRED_COLUMNS, STAYS_TABLES, ClifAdapter, MimicNativeAdapter, Table, check_layout
 
     def fresh(cls):
         obj = cls.__new__(cls)
@@ -124,24 +124,20 @@ def _adapter(source: str, root: Path, con, part: Path | None):
             pass
         return obj
 
+    stays = check_layout(source, root, STAYS_TABLES[source], con)  # present, readable, required columns
     if source == "mimic":
         a = fresh(MimicNativeAdapter)
-        a.icustays = _find(root, "icu/icustays", NATIVE_LAYOUT)
-        a.icustays.check(con, ["subject_id", "hadm_id", "stay_id", "intime", "outtime"])
+        a.icustays = stays["icu/icustays"]
         if part is not None:
             a.chartevents = Table("icu/chartevents", part)
-            a.chartevents.check(con, ["stay_id", "charttime", "itemid", "valuenum"])
+            a.chartevents.check(con, REQUIRED_COLUMNS["mimic"]["icu/chartevents"])
         a.scan_files = [part or a.icustays.path]
         return a
     a = fresh(ClifAdapter)
-    pq = (".parquet",)
-    a.adt = _find(root, "clif_adt", CLIF_LAYOUT, pq)
-    a.hosp = _find(root, "clif_hospitalization", CLIF_LAYOUT, pq)
-    a.adt.check(con, ["hospitalization_id", "in_dttm", "out_dttm", "location_category"])
-    a.hosp.check(con, ["hospitalization_id", "patient_id"])
+    a.adt, a.hosp = stays["clif_adt"], stays["clif_hospitalization"]
     if part is not None:
         a.vitals = Table("clif_vitals", part)
-        a.vitals.check(con, ["hospitalization_id", "recorded_dttm", "vital_category", "vital_value"])
+        a.vitals.check(con, REQUIRED_COLUMNS["clif"]["clif_vitals"])
     a.scan_files = [part or a.adt.path]
     a._con = con
     return a

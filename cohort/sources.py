@@ -1,4 +1,5 @@
-"""Input adapters: MIMIC-IV native layout and CLIF 2.1 parquet, one output contract.
+"""Input adapters: MIMIC-IV native layout and CLIF 2.1 parquet (and MEDS, :mod:`cohort.meds`),
+one output contract.
 
 Each adapter checks its files (presence, readability, required columns) and then gives the
 build two SQL relations over DuckDB:
@@ -107,6 +108,60 @@ def _find(root: Path, rel: str, layout: str, exts=_EXTS) -> Table:
     raise InputMissingError(f"missing input table {rel!r}: none of {tried} exists. Expected {layout}.")
 
 
+#: required columns of every input table, per layout (the adapters and :func:`check_layout` read them)
+REQUIRED_COLUMNS: dict[str, dict[str, list[str]]] = {
+    "mimic": {
+        "icu/icustays": ["subject_id", "hadm_id", "stay_id", "intime", "outtime"],
+        "icu/chartevents": ["stay_id", "charttime", "itemid", "valuenum"],
+        "icu/d_items": ["itemid", "label"],
+        "hosp/patients": ["subject_id"],
+        "hosp/admissions": ["subject_id", "hadm_id"],
+    },
+    "clif": {
+        "clif_adt": ["hospitalization_id", "in_dttm", "out_dttm", "location_category"],
+        "clif_vitals": ["hospitalization_id", "recorded_dttm", "vital_category", "vital_value"],
+        "clif_hospitalization": ["hospitalization_id", "patient_id"],
+        "clif_patient": ["patient_id"],
+    },
+}
+#: the stays tables of a layout (what the incremental ingest reads besides its measurement part files)
+STAYS_TABLES = {"mimic": ("icu/icustays",), "clif": ("clif_adt", "clif_hospitalization")}
+_LAYOUT = {"mimic": (NATIVE_LAYOUT, _EXTS), "clif": (CLIF_LAYOUT, (".parquet",))}
+
+
+def check_layout(source: str, root: str | Path, tables: tuple[str, ...] | None = None,
+                 con: duckdb.DuckDBPyConnection | None = None) -> dict[str, Table]:
+    """Check a MIMIC-IV (``"mimic"``) or CLIF (``"clif"``) root the way the build reads it, in
+    milliseconds: the folder exists, and every table of ``tables`` (default: all the layout needs)
+    is present, readable and has its required columns. Returns the checked tables by name.
+
+    Raises
+    ------
+    BadParameterError
+        ``source`` is neither "mimic" nor "clif".
+    InputMissingError, UnreadableInputError, MissingColumnsError
+        The first problem found (the message names the file and the expected layout).
+    """
+    if source not in REQUIRED_COLUMNS:
+        from .errors import BadParameterError
+
+        raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif")
+    root = Path(root)
+    if not root.is_dir():
+        kind = "MIMIC-IV" if source == "mimic" else "CLIF"
+        raise InputMissingError(f"{kind} root {root} is not a directory. Expected {_LAYOUT[source][0]}.")
+    layout, exts = _LAYOUT[source]
+    found = {rel: _find(root, rel, layout, exts) for rel in (tables or tuple(REQUIRED_COLUMNS[source]))}
+    use = duckdb.connect() if con is None else con
+    try:  # every file present first, then each schema: one DESCRIBE (a CSV's header, a parquet footer)
+        for rel, t in found.items():
+            t.check(use, REQUIRED_COLUMNS[source][rel])
+    finally:
+        if con is None:
+            use.close()
+    return found
+
+
 class Adapter:
     """Common interface of the input adapters."""
 
@@ -128,19 +183,9 @@ class MimicNativeAdapter(Adapter):
 
     def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection, convention: str | Convention = SEED):
         self.convention = get_convention(convention)
-        root = Path(root)
-        if not root.is_dir():
-            raise InputMissingError(f"MIMIC-IV root {root} is not a directory. Expected {NATIVE_LAYOUT}.")
-        self.icustays = _find(root, "icu/icustays", NATIVE_LAYOUT)
-        self.chartevents = _find(root, "icu/chartevents", NATIVE_LAYOUT)
-        self.d_items = _find(root, "icu/d_items", NATIVE_LAYOUT)
-        self.patients = _find(root, "hosp/patients", NATIVE_LAYOUT)
-        self.admissions = _find(root, "hosp/admissions", NATIVE_LAYOUT)
-        self.icustays.check(con, ["subject_id", "hadm_id", "stay_id", "intime", "outtime"])
-        self.chartevents.check(con, ["stay_id", "charttime", "itemid", "valuenum"])
-        self.d_items.check(con, ["itemid", "label"])
-        self.patients.check(con, ["subject_id"])
-        self.admissions.check(con, ["subject_id", "hadm_id"])
+        t = check_layout("mimic", root, con=con)
+        self.icustays, self.chartevents, self.d_items = t["icu/icustays"], t["icu/chartevents"], t["icu/d_items"]
+        self.patients, self.admissions = t["hosp/patients"], t["hosp/admissions"]
         self.scan_files = [self.chartevents.path]
 
     def stays_sql(self) -> str:
@@ -192,18 +237,9 @@ class ClifAdapter(Adapter):
 
     def __init__(self, root: str | Path, con: duckdb.DuckDBPyConnection, convention: str | Convention = SEED):
         self.convention = get_convention(convention)
-        root = Path(root)
-        if not root.is_dir():
-            raise InputMissingError(f"CLIF root {root} is not a directory. Expected {CLIF_LAYOUT}.")
-        pq = (".parquet",)
-        self.adt = _find(root, "clif_adt", CLIF_LAYOUT, pq)
-        self.vitals = _find(root, "clif_vitals", CLIF_LAYOUT, pq)
-        self.hosp = _find(root, "clif_hospitalization", CLIF_LAYOUT, pq)
-        self.patient = _find(root, "clif_patient", CLIF_LAYOUT, pq)
-        self.adt.check(con, ["hospitalization_id", "in_dttm", "out_dttm", "location_category"])
-        self.vitals.check(con, ["hospitalization_id", "recorded_dttm", "vital_category", "vital_value"])
-        self.hosp.check(con, ["hospitalization_id", "patient_id"])
-        self.patient.check(con, ["patient_id"])
+        t = check_layout("clif", root, con=con)
+        self.adt, self.vitals = t["clif_adt"], t["clif_vitals"]
+        self.hosp, self.patient = t["clif_hospitalization"], t["clif_patient"]
         self.scan_files = [self.vitals.path]
         self._con = con
 
@@ -255,13 +291,18 @@ class ClifAdapter(Adapter):
 
 
 def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection,
-                 convention: str | Convention = SEED) -> Adapter:
-    """Adapter for ``source`` in {"mimic", "clif"} (``demo`` is resolved by the caller), reading
-    the itemids / categories of ``convention`` (:mod:`cohort.conventions`)."""
+                 convention: str | Convention = SEED, meds_codes=None) -> Adapter:
+    """Adapter for ``source`` in {"mimic", "clif", "meds"} (``demo`` is resolved by the caller),
+    reading the itemids / categories of ``convention`` (:mod:`cohort.conventions`); ``meds_codes``
+    is the MEDS code map (:func:`cohort.meds.load_code_map`; None: the default)."""
     if source == "mimic":
         return MimicNativeAdapter(root, con, convention)
     if source == "clif":
         return ClifAdapter(root, con, convention)
+    if source == "meds":
+        from .meds import MedsAdapter
+
+        return MedsAdapter(root, con, convention, meds_codes)
     from .errors import BadParameterError
 
-    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
+    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, meds, demo")

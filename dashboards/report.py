@@ -9,30 +9,45 @@ Every ``*.json`` under ``--runs`` that is an object with a ``"study"`` key is a 
 whole report is refused (typed error, exit status 2, no file written) if any fails — in particular
 if a file looks like record-level data. Other JSON files are skipped and listed by name.
 
-The page is one HTML file: inline CSS, figures embedded as base64 PNG (matplotlib Agg), no
-scripts and no network assets. Each section shows this run's figure beside the seed figure;
-studies without a result show "not run".
+The page reads like a results section: per study its chart (or headline table), the seed figure
+beside it and the claims table up front; everything else (further figures, the full tables, every
+metric, the configuration) is collapsed in a ``<details>`` block. It is one HTML file rendered
+from the jinja2 templates in ``dashboards/templates`` (autoescaped): inline CSS, figures embedded
+as base64 PNG (matplotlib Agg), no scripts and no network assets. Studies without a result show
+"not run" with the command that fills them. This module builds plain values for the templates;
+all markup lives in the templates.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import html
 import json
 import os
+import re
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from dashboards.atomic import atomic_write_text
+from dashboards.commands import result_command
 from dashboards.errors import ReportError, ResultSchemaError, RunsDirectoryError
 from dashboards.figures import png_data_uri, render_png
 from dashboards.labels import metric_label
 from dashboards.schema import KNOWN_STUDIES, validate_result
-from dashboards.seed_figures import CONTRACT_CARD, SEED_FIGURES
+from dashboards.seed_figures import CONTRACT_CARD, SEED_DATA, SEED_FIGURES, seed_comparability
+from dashboards.stream_card import STUDY as STREAM
+from dashboards.stream_card import stream_context
+from dashboards.templating import environment, fmt, is_number
 
-__all__ = ["LoadedResult", "SECTIONS", "load_results", "render_report", "write_report", "main"]
+__all__ = ["LoadedResult", "SECTIONS", "load_results", "read_stale", "render_report", "write_report", "main",
+           "low_power_warning", "build_context", "fmt"]
+
+#: the file a forget writes into each registered runs folder (pipelines.forget): result files that
+#: predate a deletion receipt
+STALE_FILE = "stale.json"
 
 
 @dataclass(frozen=True)
@@ -51,7 +66,8 @@ SECTIONS: tuple[Section, ...] = (
             "keeps the same k per stay. Error bars: 95 % bootstrap intervals over stays."),
     Section("heldout", "Held-out SpO₂ control", ("heldout_spo2",),
             "Events are raw SpO₂ < 90 %; the SpO₂ channel is removed from every selector's input."),
-    Section("deletion", "Deletion audit and receipts", ("ledger", "deletion_audit", "patient_deletion", "deletion_latency"),
+    Section("deletion", "Deletion audit and receipts",
+            ("ledger", "deletion_audit", "patient_deletion", "deletion_latency"),
             "Decrement (maintained fp64 C&P path) against a fresh retained-key refit at the same C; "
             "coefficient decay as the comparator. Gate-score and readout audits, not a formal privacy "
             "guarantee or deletion from model weights."),
@@ -73,46 +89,15 @@ DATA_LABELS = {
     "text": "public-domain text corpus",
 }
 
-CSS = """
-:root { --ink:#1d2733; --muted:#5f6b76; --line:#d9dee3; --run:#1f6fb2; --seed:#8c8c8c; --bg:#fbfcfd; }
-* { box-sizing: border-box; }
-body { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: var(--ink);
-       background: var(--bg); margin: 0; line-height: 1.45; font-size: 14px; }
-header { background: #16324f; color: #fff; padding: 18px 28px; }
-header h1 { margin: 0 0 4px 0; font-size: 22px; }
-header p { margin: 2px 0; color: #d5e2ef; font-size: 13px; }
-main { max-width: 1180px; margin: 0 auto; padding: 8px 24px 40px; }
-section { background: #fff; border: 1px solid var(--line); border-radius: 6px; margin: 18px 0; padding: 14px 18px; }
-h2 { font-size: 18px; margin: 4px 0 6px; }
-h3 { font-size: 15px; margin: 14px 0 6px; }
-h4 { font-size: 13px; margin: 10px 0 4px; color: var(--muted); text-transform: uppercase; letter-spacing: .04em; }
-p.intro { color: var(--muted); margin: 0 0 8px; }
-.pair { display: grid; grid-template-columns: minmax(0, 1.25fr) minmax(0, 1fr); gap: 18px; align-items: start;
-        margin: 0 0 22px; }
-header a { color: #cfe3ff; }
-.run { border-left: 4px solid var(--run); padding-left: 12px; }
-.seed { border-left: 4px solid var(--seed); padding-left: 12px; background: #f6f6f6; padding: 8px 12px; }
-.seed p { font-size: 13px; color: #444; }
-img.fig { max-width: 100%; height: auto; display: block; margin: 6px 0; border: 1px solid #eef0f2; }
-table { border-collapse: collapse; margin: 6px 0 10px; font-size: 12.5px; width: 100%; }
-th, td { border-bottom: 1px solid var(--line); padding: 3px 8px; text-align: left; vertical-align: top; }
-th { background: #f1f4f7; font-weight: 600; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-.badge { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 11.5px; margin-left: 6px;
-         background: #e7eef6; color: #16324f; }
-.badge.demo { background: #e8f4ea; color: #1e5a2c; }
-.badge.stale { background: #fde8e8; color: #8a1c1c; }
-.badge.mimic { background: #fbeee0; color: #7a3e06; }
-.warn { color: #7a3e06; background: #fff1e0; border: 1px solid #f0b36b; padding: 6px 10px; border-radius: 4px;
-        font-weight: 600; }
-.legend { color: var(--muted); font-size: 12px; margin: 2px 0 10px; }
-.notrun { color: #8a6d00; background: #fff8db; border: 1px dashed #e2c35b; padding: 8px 12px; border-radius: 4px; }
-.ok { color: #1e6b34; font-weight: 600; }
-.bad { color: #a3212f; font-weight: 600; }
-.meta { color: var(--muted); font-size: 12px; }
-footer { color: var(--muted); font-size: 12px; max-width: 1180px; margin: 0 auto; padding: 0 24px 30px; }
-@media (max-width: 820px) { .pair { grid-template-columns: 1fr; } }
-"""
+HOLDS_LEGEND = ("holds: whether this run's own value meets the claim's stated condition, checked by the study on "
+                "this run (e.g. a 95 % CI lower bound above 0, or the decrement's deviation below decay's); yes/no, "
+                "— when the study states no condition. It is not the seed's verdict and not a significance test.")
+
+#: most rows of a result's first table shown up front when the result has no figure
+LEAD_ROWS = 12
+
+#: clinical studies whose seed figures come from real MIMIC-IV records (decided in dashboards.seed_figures)
+REAL_DATA_STUDIES = frozenset(s for s, kind in SEED_DATA.items() if kind == "real")
 
 
 @dataclass(frozen=True)
@@ -136,7 +121,7 @@ def load_results(runs_dir: str | os.PathLike) -> tuple[list[LoadedResult], list[
     skipped : list of str
         Relative paths of JSON files that are not result files (no ``"study"`` key).
         Hidden files and folders (``.<warehouse>.cache/``, the task cache; ``.prefect-results``)
-        and the forget registry are never read.
+        and the forget registry are never read; ``stale.json`` is read by :func:`read_stale`.
 
     Raises
     ------
@@ -153,8 +138,8 @@ def load_results(runs_dir: str | os.PathLike) -> tuple[list[LoadedResult], list[
     for path in sorted(root.rglob("*.json")):
         rel = path.relative_to(root).as_posix()
         parts = path.relative_to(root).parts
-        if any(p.startswith(".") for p in parts) or parts[0] == "forget-registry":
-            continue
+        if any(p.startswith(".") for p in parts) or parts[0] == "forget-registry" or rel == STALE_FILE:
+            continue  # caches, the registry, and the stale marks (read by read_stale)
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -168,45 +153,25 @@ def load_results(runs_dir: str | os.PathLike) -> tuple[list[LoadedResult], list[
     return results, skipped
 
 
+def read_stale(runs_dir: str | os.PathLike) -> tuple[dict[str, int], int | None]:
+    """From ``<runs>/stale.json`` (written by a forget, trimmed by every rerun): result path -> the
+    first deletion receipt it predates, and the newest receipt the folder was told of. A missing
+    or unreadable file means nothing is stale."""
+    f = Path(runs_dir) / STALE_FILE
+    try:
+        st = json.loads(f.read_text())
+        seq = int(st["receipt_seq"])
+        since = st.get("since") if isinstance(st.get("since"), dict) else {}
+        files = {str(p): int(since.get(p, seq)) for p in st.get("files", [])}
+        return files, int(st.get("latest", seq))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}, None
+
+
 # --------------------------------------------------------------------------------------------
-# formatting helpers
+# formatting
 # --------------------------------------------------------------------------------------------
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if v == 0:
-            return "0"
-        if abs(v) < 1e-3 or abs(v) >= 1e6:
-            return f"{v:.3e}"
-        return f"{v:.4g}"
-    if isinstance(v, Mapping):
-        return "; ".join(f"{metric_label(str(k))} = {_fmt(x)}" for k, x in v.items())
-    if isinstance(v, (list, tuple)):
-        inner = ", ".join(_fmt(x) for x in v[:12])
-        return f"[{inner}{', …' if len(v) > 12 else ''}]"
-    return str(v)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            yield from _flatten(v, key + ".")
-        else:
-            yield key, v
+_is_num = is_number
 
 
 def _named(d: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
@@ -257,224 +222,186 @@ def _zero_width_cis(p: Mapping[str, Any]) -> int:
 
 
 def low_power_warning(p: Mapping[str, Any]) -> str:
-    """A visible warning when the card's intervals or estimates rest on few units (< MIN_STAYS
-    stays, or contexts for patient deletion) or an interval has zero width; "" otherwise."""
+    """The text of a visible warning when the card's intervals or estimates rest on few units
+    (< MIN_STAYS stays, or contexts for patient deletion) or an interval has zero width; "" otherwise."""
     msgs = []
     key, unit = POWER_UNITS.get(p["study"], ("", ""))
     count = p.get("metrics", {}).get(key) if key else None
     if _is_num(count) and count < MIN_STAYS:
         msgs.append(f"rests on {int(count):,} {unit} (fewer than {MIN_STAYS}): intervals and estimates here are "
                     "low-power and can move a lot on another cohort")
+    pw = p.get("metrics", {}).get("power")
+    if not msgs and isinstance(pw, Mapping) and pw.get("low_power") and pw.get("label"):
+        msgs.append(str(pw["label"]))  # the study's own label (e.g. the audit's trials per regime)
     zero = _zero_width_cis(p)
     if zero:
         msgs.append(f"{zero} interval(s) have zero width (e.g. a bootstrap over a single stay): they show no "
                     "uncertainty, not certainty")
-    if not msgs:
-        return ""
-    return '<p class="warn">⚠ Low power: this result ' + "; ".join(_e(m) for m in msgs) + ".</p>"
+    return ("Low power: this result " + "; ".join(msgs) + ".") if msgs else ""
 
 
-HOLDS_LEGEND = ("holds: whether this run's own value meets the claim's stated condition, checked by the study on "
-                "this run (e.g. a 95 % CI lower bound above 0, or the decrement's deviation below decay's); yes/no, "
-                "— when the study states no condition. It is not the seed's verdict and not a significance test.")
+# --------------------------------------------------------------------------------------------
+# view model: plain values for the templates
+# --------------------------------------------------------------------------------------------
+@lru_cache(maxsize=128)
+def _png_uri(spec_json: str, seed: bool) -> str:
+    """A figure spec drawn once per process (the seed figures recur on every render)."""
+    return png_data_uri(render_png(json.loads(spec_json), seed=seed))
 
 
-def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], raw_cols: Sequence[int] = ()) -> str:
-    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
-    body = []
-    for r in rows:
-        cells = []
-        for j, c in enumerate(r):
-            if j in raw_cols:
-                cells.append(f"<td>{c}</td>")
-            else:
-                cls = ' class="num"' if _is_num(c) else ""
-                cells.append(f"<td{cls}>{_e(_fmt(c))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _img(spec: Mapping[str, Any], *, seed: bool) -> str:
-    uri = png_data_uri(render_png(spec, seed=seed))
+def _figure(spec: Mapping[str, Any], *, seed: bool) -> dict:
     alt = ("seed figure: " if seed else "figure: ") + str(spec.get("title", spec["kind"]))
-    return f'<img class="fig" src="{uri}" alt="{_e(alt)}">'
+    return {"src": _png_uri(json.dumps(spec, sort_keys=True), seed), "alt": alt, "caption": spec.get("caption")}
 
 
-# --------------------------------------------------------------------------------------------
-# blocks
-# --------------------------------------------------------------------------------------------
-_STALE: dict[str, int] = {}  # result path -> receipt seq it predates (set by render_report)
+def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str = "") -> dict:
+    return {"title": title, "columns": list(columns), "rows": [list(r) for r in rows]}
 
 
-def _ledger_html(m: Mapping[str, Any]) -> str:
-    """The ledger card's headline: receipts, verification, head, last deletion (no identifiers)."""
-    ok = bool(m.get("chain_verified"))
-    status = ('<span class="ok">verified</span>' if ok else '<span class="bad">NOT verified</span>')
-    n = int(m.get("receipts", 0))
-    text = (f"<p>{n:,} deletion receipt(s); keyed chain {status}"
-            + (f"; {int(m.get('pending_erasures', 0))} erasure(s) pending" if m.get("pending_erasures") else "")
-            + (f"; last deletion {_e(m['last_deletion_utc'])}" if m.get("last_deletion_utc") else "")
-            + ".</p>")
-    if n:
-        text += (f'<p class="meta">head <code>{_e(m.get("head", ""))}</code> — an auditor keeps it and later runs '
-                 f'<code>forgetful receipts verify --head HEAD --min-count {n}</code>.</p>')
-    else:
-        text += '<p class="meta">No patient has been forgotten: the ledger is empty (nothing to verify yet).</p>'
-    return text
+def _claims(claims: Sequence[Mapping[str, Any]], owners: Sequence[str] | None = None) -> list[dict]:
+    return [{"study": owners[i] if owners else None, "statement": c["statement"], "reference": c["reference"],
+             "path": c["path"], "value": c.get("value"), "holds": c.get("holds"), "operation": c.get("operation")}
+            for i, c in enumerate(claims)]
 
 
-def _run_block(res: LoadedResult) -> str:
-    p = res.payload
-    data = p["data"]
-    stale = _STALE.get(res.path)
-    parts = [
-        f'<h3>{_e(p["title"])}<span class="badge {_e(data)}">{_e(DATA_LABELS.get(data, data))}</span>'
-        + (f'<span class="badge stale">stale since receipt #{stale}: rerun</span>' if stale else "") + "</h3>",
-        f'<p class="meta">study <code>{_e(p["study"])}</code> · file <code>{_e(res.path)}</code> · '
-        f'runtime {_e(_fmt(float(p["runtime_s"])))} s'
-        + (f' · created {_e(p["created"])}' if "created" in p else "") + "</p>",
-    ]
-    warn = low_power_warning(p)
-    if warn:
-        parts.append(warn)
+def _receipt_row(r: LoadedResult) -> dict:
+    rec = r.payload["receipts"]
+    done = (f"{rec['completed']:,} / {rec['attempted']:,}"
+            if rec.get("completed") is not None and rec.get("attempted") is not None else None)
+    return {"study": r.payload["study"], "data": r.payload["data"], "count": rec["count"],
+            "certified": rec["certified"], "done": done, "chain": rec["chain_verified"]}
+
+
+def _runtime(p: Mapping[str, Any]) -> dict | None:
+    """What the card says about time: the recorded seconds, labelled as the result describes them
+    (a resumed run's seconds are not presented as the study's compute time)."""
     if p["study"] == "ledger":
-        parts.append(_ledger_html(p["metrics"]))
-    for fig in p["figures"]:
-        parts.append(_img(fig, seed=False))
-    if p.get("claims"):
-        parts.append("<h4>Claims (each with its reference state and numerical path)</h4>")
-        parts.append(_claims_table(p["claims"]))
-    if "receipts" in p:
-        parts.append("<h4>Deletion receipts</h4>" + _receipts_table([res]))
-    for tab in p["tables"]:
-        if tab.get("title"):
-            parts.append(f"<h4>{_e(tab['title'])}</h4>")
-        parts.append(_table(tab["columns"], tab["rows"]))
-    if p["metrics"]:
-        parts.append("<h4>Metrics</h4>" + _table(["metric", "value"], _named(p["metrics"])))
-    if p.get("config"):
-        parts.append("<h4>Configuration</h4>" + _table(["parameter", "value"], _named(p["config"])))
-    if p.get("notes"):
-        parts.append(f'<p class="meta">{_e(p["notes"])}</p>')
-    return '<div class="run">' + "".join(parts) + "</div>"
+        return None  # written by every forget; its runtime_s carries no meaning
+    t = p.get("timing") or {}
+    return {"seconds": float(p["runtime_s"]), "resumed": bool(t.get("resumed")),
+            "cached_tasks": t.get("cached_tasks"), "tasks": t.get("tasks"), "compute_s": t.get("compute_s")}
 
 
-#: clinical studies whose seed figures come from real MIMIC-IV records
-REAL_DATA_STUDIES = frozenset({"cohort", "icu_retention", "heldout_spo2", "patient_deletion", "deterioration"})
-
-
-def _seed_for(study: str, payload: Mapping[str, Any]) -> str:
-    """The seed block beside a run — except a synthetic run of a real-data study, which is never
+def _seed(study: str, payload: Mapping[str, Any] | None) -> dict:
+    """The seed block beside a card — except a synthetic run of a real-data study, which is never
     placed beside the seed's real-data figures as if comparable."""
-    if study in REAL_DATA_STUDIES and payload.get("data") == "synthetic":
-        return ('<div class="seed"><h4>Seed figure</h4><p class="notrun">Not shown: this run used synthetic data; the '
-                'seed figure is from real MIMIC-IV records and is not comparable.</p></div>')
-    return _seed_block(study, payload["seed_figure"])
-
-
-def _seed_block(study: str, from_result: Mapping[str, Any] | None) -> str:
+    out: dict[str, Any] = {"not_comparable": False, "reason": None, "partial": None, "empty": False, "text": None,
+                           "source": None, "figure": None, "table": None}
+    if payload is not None:
+        comp = seed_comparability(study, payload.get("data", ""))
+        if not comp["comparable"]:
+            return {**out, "not_comparable": True, "reason": comp["reason"]}
+        out["partial"] = comp["partial"]
     seed = dict(SEED_FIGURES.get(study, {}))
-    if from_result:
-        seed.update({k: v for k, v in from_result.items() if v is not None})
+    if payload is not None and payload.get("seed_figure"):
+        seed.update({k: v for k, v in payload["seed_figure"].items() if v is not None})
     if not seed:
-        return '<div class="seed"><h4>Seed figure</h4><p>No published comparator for this study.</p></div>'
-    parts = ["<h4>Seed figure</h4>"]
+        return {**out, "empty": True}
+    out.update(text=seed.get("text"), source=seed.get("source"))
     if seed.get("figure"):
-        parts.append(_img(seed["figure"], seed=True))
-    if seed.get("text"):
-        parts.append(f"<p>{_e(seed['text'])}</p>")
-    if seed.get("values") and not seed.get("figure"):
-        parts.append(_table(["seed quantity", "value"], _named(seed["values"])))
-    if seed.get("source"):
-        parts.append(f'<p class="meta">source: {_e(seed["source"])}</p>')
-    return '<div class="seed">' + "".join(parts) + "</div>"
+        out["figure"] = _figure(seed["figure"], seed=True)
+    elif seed.get("values"):
+        out["table"] = _table(["seed quantity", "value"], _named(seed["values"]))
+    return out
 
 
-def _claims_table(claims: Sequence[Mapping[str, Any]], study_col: Sequence[str] | None = None) -> str:
-    cols = (["study"] if study_col else []) + ["statement", "reference state", "numerical path", "value", "holds"]
-    rows = []
-    for i, c in enumerate(claims):
-        holds = c.get("holds")
-        mark = "—" if holds is None else ('<span class="ok">yes</span>' if holds else '<span class="bad">no</span>')
-        row = ([study_col[i]] if study_col else []) + [c["statement"], c["reference"], c["path"], c.get("value"), mark]
-        rows.append(row)
-    return _table(cols, rows, raw_cols=(len(cols) - 1,)) + f'<p class="legend">{_e(HOLDS_LEGEND)}</p>'
+def _ledger(p: Mapping[str, Any], stale_seq: int | None) -> dict:
+    m = p["metrics"]
+    n = int(m.get("receipts", 0))
+    return {"receipts": n, "chain": m.get("chain_verified"), "pending": int(m.get("pending_erasures") or 0),
+            "last": m.get("last_deletion_utc") or None, "head": m.get("head") or None,
+            "behind": stale_seq if stale_seq is not None and stale_seq > n else None}
 
 
-def _receipts_table(results: Sequence[LoadedResult]) -> str:
-    rows = []
-    for r in results:
-        rec = r.payload["receipts"]
-        chain = '<span class="ok">verified</span>' if rec["chain_verified"] else '<span class="bad">NOT verified</span>'
-        done = (f"{rec['completed']:,} / {rec['attempted']:,}" if "completed" in rec and "attempted" in rec else "—")
-        rows.append([r.payload["study"], r.payload["data"], rec["count"], rec["certified"], done, chain])
-    return _table(["study", "data", "receipts", "certified", "completed / attempted", "receipt chain"], rows,
-                  raw_cols=(5,))
+def _card_anchor(r: LoadedResult) -> str:
+    """``study-<name>`` for the canonical ``<name>/result.json``, else a slug of the file's path."""
+    s = r.payload["study"]
+    return f"study-{s}" if r.path == f"{s}/result.json" else "file-" + re.sub(r"[^A-Za-z0-9]+", "-", r.path).strip("-")
 
 
-def _section_html(sec: Section, by_study: Mapping[str, list[LoadedResult]]) -> str:
-    parts = [f'<section id="{_e(sec.key)}"><h2>{_e(sec.title)}</h2><p class="intro">{_e(sec.intro)}</p>']
-    for study in sec.studies:
-        found = by_study.get(study, [])
-        if not found:
-            label = study.replace("_", " ")
-            run = (f'<div class="run"><h3>{_e(label)}</h3><p class="notrun">not run — no result file for study '
-                   f'<code>{_e(study)}</code> under the runs directory.</p></div>')
-            parts.append(f'<div class="pair">{run}{_seed_block(study, None)}</div>')
-            continue
-        for res in found:
-            parts.append(f'<div class="pair">{_run_block(res)}{_seed_for(study, res.payload)}</div>')
-    if sec.key == "deletion":
-        with_receipts = [r for rs in by_study.values() for r in rs if "receipts" in r.payload]
-        parts.append("<h3>Receipts summary (all studies)</h3>")
-        parts.append(_receipts_table(with_receipts) if with_receipts
-                     else '<p class="notrun">not run — no result file carries deletion receipts.</p>')
-    parts.append("</section>")
-    return "".join(parts)
+def _card(res: LoadedResult, stale: Mapping[str, int], newest_receipt: int | None) -> dict:
+    p = res.payload
+    figures = [_figure(f, seed=False) for f in p["figures"]]
+    tables = [_table(t["columns"], t["rows"], t.get("title", "")) for t in p["tables"]]
+    lead: dict[str, Any] = {"ledger": None, "figure": None, "table": None, "rows_of": None}
+    if p["study"] == "ledger":
+        lead["ledger"] = _ledger(p, newest_receipt)
+    elif figures:
+        lead["figure"] = figures.pop(0)
+    elif tables and len(tables[0]["rows"]) > LEAD_ROWS:  # its head up front, the whole table collapsed
+        lead.update(table={**tables[0], "rows": tables[0]["rows"][:LEAD_ROWS]}, rows_of=len(tables[0]["rows"]))
+    elif tables:
+        lead["table"] = tables.pop(0)
+    return {
+        "anchor": _card_anchor(res),
+        "study": p["study"], "title": p["title"], "data": p["data"],
+        "data_label": DATA_LABELS.get(p["data"], p["data"]),
+        "file": res.path, "created": p.get("created"),
+        "stale": None if p["study"] == "ledger" else stale.get(res.path), "command": result_command(p["study"]),
+        "runtime": _runtime(p), "warning": low_power_warning(p), "lead": lead,
+        "claims": _claims(p.get("claims") or []),
+        "receipts": [_receipt_row(res)] if "receipts" in p else [],
+        "more_figures": figures, "tables": tables,
+        "metrics": _named(p["metrics"]), "config": _named(p.get("config") or {}), "notes": p.get("notes") or "",
+        "seed": _seed(p["study"], p),
+    }
 
 
-def _contract_card_html(results: Sequence[LoadedResult]) -> str:
+def _not_run(study: str) -> dict:
+    return {"study": study, "label": study.replace("_", " "), "command": result_command(study),
+            "anchor": f"study-{study}", "seed": _seed(study, None)}
+
+
+def _contract(results: Sequence[LoadedResult]) -> dict:
     claims, owners = [], []
     for r in results:
         for c in r.payload.get("claims", []):
             claims.append(c)
             owners.append(r.payload["study"])
-    rows = []
-    for row in CONTRACT_CARD:
-        ev = [f"{_e(o)}: {_e(c['statement'])} = {_e(_fmt(c.get('value')))}"
-              + ("" if c.get("holds") is None else (" <span class='ok'>✓</span>" if c["holds"] else " <span class='bad'>✗</span>"))
-              for c, o in zip(claims, owners) if c.get("operation") == row["operation"]]
-        rows.append([row["operation"], row["statement"], row["reference"], row["boundary"],
-                     "<br>".join(ev) if ev else "<span class='meta'>no claim in this report</span>"])
-    parts = ['<section id="contract"><h2>Contract card</h2>',
-             '<p class="intro">Seed 001 Table 1. Each claim names its reference state and numerical path; '
-             "algebraic and empirical statements are kept distinct. The last column lists this report's claims "
-             "filed under each operation.</p>",
-             _table(["operation", "certified statement", "reference and path", "explicit boundary",
-                     "evidence in this report"], rows, raw_cols=(4,)),
-             '<p class="legend">✓ / ✗: the claim holds / does not hold on this run. ' + _e(HOLDS_LEGEND) + "</p>"]
-    if claims:
-        parts.append("<h3>All claims in this report</h3>" + _claims_table(claims, owners))
-    parts.append("</section>")
-    return "".join(parts)
+    all_claims = _claims(claims, owners)
+    rows = [{**row, "evidence": [c for c in all_claims if c["operation"] == row["operation"]]} for row in CONTRACT_CARD]
+    return {"rows": rows, "claims": all_claims}
 
 
-def _summary_html(results: Sequence[LoadedResult], skipped: Sequence[str]) -> str:
-    rows = []
+def build_context(runs_dir: str | os.PathLike, title: str) -> dict:
+    """Everything the report template shows, as plain values (validated results only)."""
+    results, skipped = load_results(runs_dir)
+    stale, newest = read_stale(runs_dir)
+    by_study: dict[str, list[LoadedResult]] = {}
     for r in results:
-        p = r.payload
-        rows.append([p["study"], p["title"], p["data"], float(p["runtime_s"]), r.path])
+        by_study.setdefault(r.payload["study"], []).append(r)
+    sections = []
+    for sec in SECTIONS:
+        cards = []
+        for study in sec.studies:
+            found = by_study.get(study, [])
+            cards += ([{"run": _card(r, stale, newest), "not_run": None} for r in found]
+                      or [{"run": None, "not_run": _not_run(study)}])
+        receipts = None
+        if sec.key == "deletion":
+            receipts = [_receipt_row(r) for rs in by_study.values() for r in rs if "receipts" in r.payload]
+        sections.append({"key": sec.key, "title": sec.title, "intro": sec.intro, "cards": cards,
+                         "receipts": receipts})
+    others = [_card(r, stale, newest) for r in results
+              if r.payload["study"] not in KNOWN_STUDIES and r.payload["study"] != STREAM]
     known = {s for sec in SECTIONS for s in sec.studies}
-    missing = sorted(known - {r.payload["study"] for r in results})
-    parts = ['<section id="summary"><h2>Studies in this report</h2>']
-    parts.append(_table(["study", "title", "data", "runtime (s)", "file"], rows) if rows
-                 else '<p class="notrun">No result files found — every section shows "not run".</p>')
-    if missing:
-        parts.append(f'<p class="meta">not run: {_e(", ".join(missing))}</p>')
-    if skipped:
-        parts.append(f'<p class="meta">skipped non-result JSON files: {_e(", ".join(skipped))}</p>')
-    parts.append("</section>")
-    return "".join(parts)
+    missing = sorted(known - set(by_study))
+    sources = sorted({r.payload["data"] for r in results})
+    contract = _contract(results)
+    holds = [c["holds"] for c in contract["claims"] if c["holds"] is not None]
+    summary = [{"study": r.payload["study"], "title": r.payload["title"], "data": r.payload["data"],
+                "stale": None if r.payload["study"] == "ledger" else stale.get(r.path), "runtime": _runtime(r.payload),
+                "anchor": _card_anchor(r)} for r in results]
+    return {
+        "title": title, "generated": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "n_results": len(results), "sources": sources, "demo_credit": "demo" in sources,
+        "nav": [{"key": s.key, "title": s.title} for s in SECTIONS],
+        "summary": summary, "missing": [{"study": s, "command": result_command(s)} for s in missing],
+        "skipped": skipped, "n_stale": sum(1 for s in summary if s["stale"]),
+        "claims_hold": sum(holds), "claims_checked": len(holds),
+        "sections": sections, "stream": stream_context(by_study.get(STREAM, [])), "others": others,
+        "contract": contract, "holds_legend": HOLDS_LEGEND,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,53 +409,7 @@ def _summary_html(results: Sequence[LoadedResult], skipped: Sequence[str]) -> st
 # --------------------------------------------------------------------------------------------
 def render_report(runs_dir: str | os.PathLike, *, title: str = "forgetful — study report") -> str:
     """Validate every result under ``runs_dir`` and return the report as one HTML string."""
-    results, skipped = load_results(runs_dir)
-    _STALE.clear()
-    stale_file = Path(runs_dir) / "stale.json"
-    if stale_file.is_file():
-        try:
-            st = json.loads(stale_file.read_text())
-            _STALE.update({str(f): int(st["receipt_seq"]) for f in st.get("files", [])})
-        except (ValueError, KeyError, TypeError):
-            pass
-    by_study: dict[str, list[LoadedResult]] = {}
-    for r in results:
-        by_study.setdefault(r.payload["study"], []).append(r)
-    sources = sorted({r.payload["data"] for r in results})
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    credit = ""
-    if "demo" in sources:
-        credit = ("Real records: MIMIC-IV Clinical Database Demo (PhysioNet, ODbL), as converted to CLIF 2.1 by "
-                  "the CLIF consortium. ")
-    nav = " · ".join(f'<a href="#{s.key}">{_e(s.title)}</a>' for s in SECTIONS)
-    body = [
-        "<header>",
-        f"<h1>{_e(title)}</h1>",
-        f"<p>Generated {now} from {len(results)} result file(s); data: {_e(', '.join(sources) or 'none')}. "
-        "Aggregates only — no record-level data.</p>",
-        f"<p>{nav} · <a href='#contract'>Contract card</a></p>",
-        "</header><main>",
-        _summary_html(results, skipped),
-    ]
-    for sec in SECTIONS:
-        body.append(_section_html(sec, by_study))
-    from dashboards.stream_card import STUDY as _STREAM  # streaming ingest (issue 13)
-    from dashboards.stream_card import stream_section_html
-
-    body.append(stream_section_html(by_study.get(_STREAM, [])))
-    others = [r for r in results if r.payload["study"] not in KNOWN_STUDIES and r.payload["study"] != _STREAM]
-    if others:
-        body.append('<section id="other"><h2>Other studies</h2>')
-        for r in others:
-            body.append(f'<div class="pair">{_run_block(r)}{_seed_block(r.payload["study"], r.payload["seed_figure"])}</div>')
-        body.append("</section>")
-    body.append(_contract_card_html(results))
-    body.append("</main>")
-    body.append(f"<footer>{_e(credit)}Seed figures are published comparators (seed 001 / SPEC §3), drawn in grey; "
-                "they are not this project's results.</footer>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>" + "".join(body) + "</body></html>\n")
+    return environment().get_template("report.html").render(**build_context(runs_dir, title))
 
 
 def write_report(runs_dir: str | os.PathLike, out: str | os.PathLike, **kw: Any) -> Path:

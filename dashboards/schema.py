@@ -2,14 +2,42 @@
 
 Flows call :func:`validate_result` before writing a result, and the report renderer calls it on
 every file it reads; both refuse the same things. Validation never modifies its input.
+
+Two passes:
+
+1. :func:`scan_aggregates` — the privacy scan, over the whole JSON tree: identifier-like keys or
+   table columns, lists longer than :data:`MAX_ARRAY_LEN`, tables longer than
+   :data:`MAX_TABLE_ROWS` (:class:`AggregateOnlyError`), non-finite numbers and non-JSON values;
+2. :class:`Result` — the layout, as strict pydantic models (no coercion: ``True`` is not a
+   number, ``"1"`` is not an integer); unknown top-level fields are refused, nested objects may
+   carry extra presentation keys (``ylabel``, ``log_y`` …).
+
+The first problem found is raised as one typed line, ``<file>: <where>: <what>``.
 """
 from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from dashboards.errors import AggregateOnlyError, ResultSchemaError
 
@@ -21,6 +49,8 @@ __all__ = [
     "MAX_TABLE_ROWS",
     "IDENTIFIER_KEY",
     "KNOWN_STUDIES",
+    "Result",
+    "scan_aggregates",
     "validate_result",
     "write_result",
 ]
@@ -61,175 +91,301 @@ KNOWN_STUDIES: dict[str, str] = {
     "throughput": "lm",
 }
 
-_STUDY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_REQUIRED = {
-    "study": str,
-    "title": str,
-    "data": str,
-    "runtime_s": (int, float),
-    "seed_figure": dict,
-    "metrics": dict,
-    "tables": list,
-    "figures": list,
-}
-_OPTIONAL = {
-    "schema_version": int,
-    "created": str,
-    "notes": str,
-    "config": dict,
-    "claims": list,
-    "receipts": dict,
-}
+STUDY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
+# ------------------------------------------------------------------------------ 1. privacy scan
 def _fail(msg: str, source: str | None) -> None:
     raise ResultSchemaError(msg, source=source)
 
 
-def _scan_aggregates(obj: Any, path: str, source: str | None) -> None:
-    """Recursively refuse identifier-like keys and over-long arrays anywhere in the result."""
+def scan_aggregates(obj: Any, source: str | None = None, path: str = "$") -> None:
+    """Refuse, anywhere in ``obj``, what looks like record-level data or is not plain JSON.
+
+    Raises :class:`AggregateOnlyError` for identifier-like keys or table columns, lists longer
+    than :data:`MAX_ARRAY_LEN` and tables with more than :data:`MAX_TABLE_ROWS` rows;
+    :class:`ResultSchemaError` for non-string keys, non-finite numbers and other value types.
+    """
     if isinstance(obj, Mapping):
         for k, v in obj.items():
             if not isinstance(k, str):
                 _fail(f"{path}: keys must be strings; got {k!r}", source)
             if IDENTIFIER_KEY.search(k):
-                raise AggregateOnlyError(
-                    f"{path}.{k}: key looks like a record identifier; reports hold aggregates only",
-                    source=source,
-                )
-            _scan_aggregates(v, f"{path}.{k}", source)
+                raise AggregateOnlyError(f"{path}.{k}: key looks like a record identifier; reports hold "
+                                         "aggregates only", source=source)
+            scan_aggregates(v, source, f"{path}.{k}")
+        if path.startswith("$.tables[") and path.count(".") == 1:  # a table object: columns and length
+            cols, rows = obj.get("columns"), obj.get("rows")
+            where = path[2:]
+            for c in cols if isinstance(cols, list) else ():
+                if isinstance(c, str) and IDENTIFIER_KEY.search(c.strip().replace(" ", "_")):
+                    raise AggregateOnlyError(f"{where}.columns: column {c!r} looks like a record identifier",
+                                             source=source)
+            if isinstance(rows, list) and len(rows) > MAX_TABLE_ROWS:
+                raise AggregateOnlyError(f"{where}.rows: {len(rows)} rows exceed {MAX_TABLE_ROWS}; looks like "
+                                         "per-record data", source=source)
     elif isinstance(obj, (list, tuple)):
         if len(obj) > MAX_ARRAY_LEN:
             raise AggregateOnlyError(
                 f"{path}: array of length {len(obj)} exceeds {MAX_ARRAY_LEN}; looks like per-record "
-                "data (store aggregates, e.g. a binned histogram or a curve on a fixed grid)",
-                source=source,
-            )
+                "data (store aggregates, e.g. a binned histogram or a curve on a fixed grid)", source=source)
         for i, v in enumerate(obj):
-            _scan_aggregates(v, f"{path}[{i}]", source)
+            scan_aggregates(v, source, f"{path}[{i}]")
     elif isinstance(obj, float) and not math.isfinite(obj):
         _fail(f"{path}: non-finite number {obj!r} (use null)", source)
     elif obj is not None and not isinstance(obj, (str, int, float, bool)):
         _fail(f"{path}: unsupported value type {type(obj).__name__}", source)
 
 
-def _numbers(spec: Mapping, key: str, where: str, source: str | None, n: int | None = None) -> list:
-    vals = spec.get(key)
-    if not isinstance(vals, list) or not all(_is_number(v) for v in vals):
-        _fail(f"{where}.{key}: must be a list of finite numbers", source)
-    if n is not None and len(vals) != n:
-        _fail(f"{where}.{key}: has {len(vals)} entries, expected {n}", source)
-    return vals
+# ------------------------------------------------------------------------------ 2. layout models
+Number = Annotated[StrictInt | StrictFloat, Field(allow_inf_nan=False)]
+Count = Annotated[StrictInt, Field(ge=0)]
+Cell = StrictStr | StrictBool | StrictInt | StrictFloat | None
 
 
-def _validate_figure(spec: Any, where: str, source: str | None) -> None:
-    if not isinstance(spec, Mapping):
-        _fail(f"{where}: a figure spec must be an object", source)
-    kind = spec.get("kind")
-    if kind not in FIGURE_KINDS:
-        _fail(f"{where}.kind: must be one of {FIGURE_KINDS}; got {kind!r}", source)
-    if not isinstance(spec.get("title", ""), str):
-        _fail(f"{where}.title: must be a string", source)
-    if kind == "bar":
-        cats = spec.get("categories")
-        if not isinstance(cats, list) or not cats or not all(isinstance(c, str) for c in cats):
-            _fail(f"{where}.categories: must be a non-empty list of strings", source)
-        vals = _numbers(spec, "values", where, source, len(cats))
-        if ("ci_low" in spec) != ("ci_high" in spec):
-            _fail(f"{where}: give both ci_low and ci_high or neither", source)
-        if "ci_low" in spec:
-            lo = _numbers(spec, "ci_low", where, source, len(cats))
-            hi = _numbers(spec, "ci_high", where, source, len(cats))
-            if any(a > b for a, b in zip(lo, hi)):
-                _fail(f"{where}: ci_low must not exceed ci_high", source)
-        if spec.get("log_y") and any(v <= 0 for v in vals):
-            _fail(f"{where}: log_y needs positive values", source)
-    elif kind == "line":
-        series = spec.get("series")
-        if not isinstance(series, list) or not series:
-            _fail(f"{where}.series: must be a non-empty list", source)
-        for j, s in enumerate(series):
-            w = f"{where}.series[{j}]"
-            if not isinstance(s, Mapping) or not isinstance(s.get("label"), str):
-                _fail(f"{w}: needs a string label", source)
-            x = _numbers(s, "x", w, source)
-            _numbers(s, "y", w, source, len(x))
-            if s.get("style", "line") not in ("line", "markers", "both"):
-                _fail(f"{w}.style: must be line, markers or both", source)
-    elif kind == "funnel":
-        stages = spec.get("stages")
-        if not isinstance(stages, list) or not stages:
-            _fail(f"{where}.stages: must be a non-empty list", source)
-        for j, st in enumerate(stages):
-            if not (isinstance(st, Mapping) and isinstance(st.get("label"), str) and _is_number(st.get("count"))
-                    and st["count"] >= 0):
-                _fail(f"{where}.stages[{j}]: needs a string label and a count >= 0", source)
-    elif kind == "histogram":
-        edges = _numbers(spec, "bin_edges", where, source)
-        counts = _numbers(spec, "counts", where, source, len(edges) - 1)
-        if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
-            _fail(f"{where}.bin_edges: need >= 2 strictly increasing edges", source)
-        if any(c < 0 for c in counts):
-            _fail(f"{where}.counts: must be >= 0", source)
+def _absent() -> Any:
+    """The default of an optional field that must not be ``null`` when given (pydantic does not
+    validate defaults, so an absent field passes and an explicit ``null`` is refused)."""
+    return Field(default=None)
 
 
-def _validate_table(tab: Any, where: str, source: str | None) -> None:
-    if not isinstance(tab, Mapping):
-        _fail(f"{where}: a table must be an object", source)
-    cols = tab.get("columns")
-    rows = tab.get("rows")
-    if not isinstance(tab.get("title", ""), str):
-        _fail(f"{where}.title: must be a string", source)
-    if not isinstance(cols, list) or not cols or not all(isinstance(c, str) for c in cols):
-        _fail(f"{where}.columns: must be a non-empty list of strings", source)
-    for c in cols:
-        if IDENTIFIER_KEY.search(c.strip().replace(" ", "_")):
-            raise AggregateOnlyError(f"{where}.columns: column {c!r} looks like a record identifier", source=source)
-    if not isinstance(rows, list):
-        _fail(f"{where}.rows: must be a list of rows", source)
-    if len(rows) > MAX_TABLE_ROWS:
-        raise AggregateOnlyError(
-            f"{where}.rows: {len(rows)} rows exceed {MAX_TABLE_ROWS}; looks like per-record data", source=source
-        )
-    for i, r in enumerate(rows):
-        if not isinstance(r, list) or len(r) != len(cols):
-            _fail(f"{where}.rows[{i}]: must be a list of {len(cols)} cells", source)
-        for c in r:
-            if not (c is None or isinstance(c, (str, bool)) or _is_number(c)):
-                _fail(f"{where}.rows[{i}]: cells must be strings, numbers, booleans or null", source)
+def _bad(message: str) -> PydanticCustomError:
+    return PydanticCustomError("forgetful", message)
 
 
-def _validate_claim(claim: Any, where: str, source: str | None) -> None:
-    if not isinstance(claim, Mapping):
-        _fail(f"{where}: a claim must be an object", source)
-    for key in ("statement", "reference", "path"):
-        if not isinstance(claim.get(key), str) or not claim[key].strip():
-            _fail(
-                f"{where}.{key}: every claim must name its statement, reference state and numerical path",
-                source,
-            )
-    if "holds" in claim and not isinstance(claim["holds"], bool):
-        _fail(f"{where}.holds: must be true or false", source)
-    if "operation" in claim and not isinstance(claim["operation"], str):
-        _fail(f"{where}.operation: must be a string", source)
+class _Part(BaseModel):
+    """A nested object: strict types, extra (presentation) keys allowed."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
 
-def _validate_receipts(rec: Mapping, source: str | None) -> None:
-    for key in ("count", "certified"):
-        v = rec.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            _fail(f"receipts.{key}: must be a non-negative integer", source)
-    if rec["certified"] > rec["count"]:
-        _fail("receipts.certified: cannot exceed receipts.count", source)
-    if not isinstance(rec.get("chain_verified"), bool):
-        _fail("receipts.chain_verified: must be true or false", source)
-    for key in ("attempted", "completed"):
-        if key in rec and (isinstance(rec[key], bool) or not isinstance(rec[key], int) or rec[key] < 0):
-            _fail(f"receipts.{key}: must be a non-negative integer", source)
+class BarFigure(_Part):
+    kind: Literal["bar"]
+    title: StrictStr = ""
+    categories: list[StrictStr] = Field(min_length=1)
+    values: list[Number]
+    ci_low: list[Number] = _absent()
+    ci_high: list[Number] = _absent()
+
+    @model_validator(mode="after")
+    def _shapes(self) -> BarFigure:
+        n = len(self.categories)
+        for name in ("values", "ci_low", "ci_high"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise _bad(f"{name}: has {len(v)} entries, expected {n}")
+        if ("ci_low" in self.model_fields_set) != ("ci_high" in self.model_fields_set):
+            raise _bad("give both ci_low and ci_high or neither")
+        if self.ci_low is not None and any(a > b for a, b in zip(self.ci_low, self.ci_high or [])):
+            raise _bad("ci_low must not exceed ci_high")
+        if (self.model_extra or {}).get("log_y") and any(v <= 0 for v in self.values):
+            raise _bad("log_y needs positive values")
+        return self
+
+
+class Series(_Part):
+    label: StrictStr
+    x: list[Number]
+    y: list[Number]
+    style: Literal["line", "markers", "both"] = "line"
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Series:
+        if len(self.y) != len(self.x):
+            raise _bad(f"y: has {len(self.y)} entries, expected {len(self.x)}")
+        return self
+
+
+class LineFigure(_Part):
+    kind: Literal["line"]
+    title: StrictStr = ""
+    series: list[Series] = Field(min_length=1)
+
+
+class Stage(_Part):
+    label: StrictStr
+    count: Annotated[Number, Field(ge=0)]
+
+
+class FunnelFigure(_Part):
+    kind: Literal["funnel"]
+    title: StrictStr = ""
+    stages: list[Stage] = Field(min_length=1)
+
+
+class HistogramFigure(_Part):
+    kind: Literal["histogram"]
+    title: StrictStr = ""
+    bin_edges: list[Number]
+    counts: list[Annotated[Number, Field(ge=0)]]
+
+    @model_validator(mode="after")
+    def _bins(self) -> HistogramFigure:
+        e = self.bin_edges
+        if len(self.counts) != len(e) - 1:
+            raise _bad(f"counts: has {len(self.counts)} entries, expected {len(e) - 1}")
+        if len(e) < 2 or any(b <= a for a, b in zip(e, e[1:])):
+            raise _bad("bin_edges: need >= 2 strictly increasing edges")
+        return self
+
+
+def _kind(v: Any) -> str | None:
+    k = v.get("kind") if isinstance(v, Mapping) else None
+    return k if k in FIGURE_KINDS else None
+
+
+Figure = Annotated[
+    Annotated[BarFigure, Tag("bar")] | Annotated[LineFigure, Tag("line")] | Annotated[FunnelFigure, Tag("funnel")]
+    | Annotated[HistogramFigure, Tag("histogram")],
+    Discriminator(_kind, custom_error_type="figure_kind",
+                  custom_error_message=f"kind: must be one of {FIGURE_KINDS}"),
+]
+
+
+class Table(_Part):
+    title: StrictStr = ""
+    columns: list[StrictStr] = Field(min_length=1)
+    rows: list[list[Cell]]
+
+    @model_validator(mode="after")
+    def _row_width(self) -> Table:
+        for i, r in enumerate(self.rows):
+            if len(r) != len(self.columns):
+                raise _bad(f"rows[{i}]: must be a list of {len(self.columns)} cells")
+        return self
+
+
+class Claim(_Part):
+    statement: StrictStr
+    reference: StrictStr
+    path: StrictStr
+    holds: StrictBool = _absent()
+    operation: StrictStr = _absent()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, v: Any) -> Any:
+        for key in ("statement", "reference", "path"):
+            if isinstance(v, Mapping) and not (isinstance(v.get(key), str) and v[key].strip()):
+                raise _bad(f"{key}: every claim must name its statement, reference state and numerical path")
+        return v
+
+
+class Receipts(_Part):
+    count: Count
+    certified: Count
+    #: true / false: the study's receipt chain verified or not; null: the study keeps no chain
+    chain_verified: StrictBool | None
+    attempted: Count = _absent()
+    completed: Count = _absent()
+
+    @model_validator(mode="after")
+    def _certified(self) -> Receipts:
+        if self.certified > self.count:
+            raise _bad("certified: cannot exceed receipts.count")
+        return self
+
+
+class Timing(_Part):
+    """How the run's time splits when it resumed from the task cache (all optional)."""
+
+    resumed: StrictBool = _absent()
+    cached_tasks: Count = _absent()
+    tasks: Count = _absent()
+    compute_s: Annotated[Number, Field(ge=0)] = _absent()
+
+
+class SeedFigure(_Part):
+    source: StrictStr = _absent()
+    text: StrictStr = _absent()
+    values: dict[str, Number] = _absent()
+    figure: Figure | None = None
+
+
+class Result(BaseModel):
+    """One study result file (dashboards/SCHEMA.md); unknown top-level fields are refused."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    study: StrictStr
+    title: StrictStr
+    data: StrictStr
+    runtime_s: Number
+    seed_figure: SeedFigure
+    metrics: dict[str, Any]
+    tables: list[Table]
+    figures: list[Figure]
+    schema_version: StrictInt = _absent()
+    created: StrictStr = _absent()
+    notes: StrictStr = _absent()
+    config: dict[str, Any] = _absent()
+    claims: list[Claim] = _absent()
+    receipts: Receipts = _absent()
+    timing: Timing = _absent()
+
+    @field_validator("study")
+    @classmethod
+    def _study(cls, v: str) -> str:
+        if not STUDY_NAME.match(v):
+            raise _bad(f"study must match {STUDY_NAME.pattern}; got {v!r}")
+        return v
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, v: str) -> str:
+        if v not in DATA_SOURCES:
+            raise _bad(f"data must be one of {DATA_SOURCES}; got {v!r}")
+        return v
+
+    @field_validator("runtime_s")
+    @classmethod
+    def _runtime(cls, v: float) -> float:
+        if v < 0:
+            raise _bad("runtime_s must be a finite number >= 0")
+        return v
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise _bad(f"schema_version {v} is not {SCHEMA_VERSION}")
+        return v
+
+
+_TOP = set(Result.model_fields)
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in FIGURE_KINDS and i and (isinstance(loc[i - 1], int) or loc[i - 1] == "figure"):
+            continue  # the union tag pydantic puts in the location
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _message(err: dict, result: Mapping) -> str:
+    """One readable line for a pydantic error (the first one, in field order)."""
+    loc, typ = err["loc"], err["type"]
+    where = _where(loc)
+    if len(loc) == 1 and loc[0] in _TOP:
+        if typ == "missing":
+            return f"missing required field {loc[0]!r}"
+        if typ.endswith("_type") or typ == "model_type":
+            return f"field {loc[0]!r} has type {type(result.get(loc[0])).__name__}"
+    if typ == "missing":
+        return f"{where}: required field is missing"
+    msg = err["msg"]
+    if typ in ("forgetful", "figure_kind"):
+        if len(loc) == 1:
+            return msg
+        head, _, rest = msg.partition(": ")
+        if rest and re.fullmatch(r"[a-z_]+(\[\d+\])?", head):  # "values: has 2 entries" -> where.values: …
+            return f"{where}.{head}: {rest}"
+    return f"{where}: {msg}" if where else msg
 
 
 def validate_result(result: Any, *, source: str | None = None) -> dict:
@@ -251,43 +407,17 @@ def validate_result(result: Any, *, source: str | None = None) -> dict:
     """
     if not isinstance(result, Mapping):
         _fail("a result must be a JSON object", source)
-    _scan_aggregates(result, "$", source)
-    for key, typ in _REQUIRED.items():
-        if key not in result:
-            _fail(f"missing required field {key!r}", source)
-        if not isinstance(result[key], typ) or isinstance(result[key], bool):
-            _fail(f"field {key!r} has type {type(result[key]).__name__}", source)
-    for key, typ in _OPTIONAL.items():
-        if key in result and (not isinstance(result[key], typ) or isinstance(result[key], bool)):
-            _fail(f"field {key!r} has type {type(result[key]).__name__}", source)
-    unknown = set(result) - set(_REQUIRED) - set(_OPTIONAL)
-    if unknown:
-        _fail(f"unknown top-level field(s) {sorted(unknown)}", source)
-    if not _STUDY_NAME.match(result["study"]):
-        _fail(f"study must match {_STUDY_NAME.pattern}; got {result['study']!r}", source)
-    if result["data"] not in DATA_SOURCES:
-        _fail(f"data must be one of {DATA_SOURCES}; got {result['data']!r}", source)
-    if not _is_number(result["runtime_s"]) or result["runtime_s"] < 0:
-        _fail("runtime_s must be a finite number >= 0", source)
-    if result.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        _fail(f"schema_version {result['schema_version']} is not {SCHEMA_VERSION}", source)
-    seed = result["seed_figure"]
-    for key in ("source", "text"):
-        if key in seed and not isinstance(seed[key], str):
-            _fail(f"seed_figure.{key}: must be a string", source)
-    if "values" in seed:
-        if not isinstance(seed["values"], Mapping) or not all(_is_number(v) for v in seed["values"].values()):
-            _fail("seed_figure.values: must map labels to numbers", source)
-    if "figure" in seed and seed["figure"] is not None:
-        _validate_figure(seed["figure"], "seed_figure.figure", source)
-    for i, fig in enumerate(result["figures"]):
-        _validate_figure(fig, f"figures[{i}]", source)
-    for i, tab in enumerate(result["tables"]):
-        _validate_table(tab, f"tables[{i}]", source)
-    for i, claim in enumerate(result.get("claims", [])):
-        _validate_claim(claim, f"claims[{i}]", source)
-    if "receipts" in result:
-        _validate_receipts(result["receipts"], source)
+    scan_aggregates(result, source)
+    unknown = set(result) - _TOP
+    try:
+        Result.model_validate(result)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        missing = [e for e in errors if e["type"] == "missing" and len(e["loc"]) == 1]
+        typed = [e for e in errors if len(e["loc"]) == 1 and e["loc"][0] in _TOP and e["type"] != "forgetful"]
+        if not (missing or typed) and unknown:
+            _fail(f"unknown top-level field(s) {sorted(unknown)}", source)
+        _fail(_message((missing or typed or errors)[0], result), source)
     return result  # type: ignore[return-value]
 
 

@@ -6,19 +6,21 @@ after each step, never per stay or per record): ``step``, ``hours_admitted`` (li
 ``new_tokens``, ``n_hot``, ``n_cold``, ``readmissions`` (cumulative cold -> hot re-admissions),
 ``late_rows``, ``reopened_hours``, ``replaced_tokens``, ``certified_retention`` (hot / live).
 
-:func:`stream_section_html` draws the hot and cold tier sizes against the hours admitted, the
-re-admissions and late-row re-opens per step, and a small table of sampled steps. A result
-written before the series existed (no ``stream_series``) gets the run's totals and a note.
+:func:`stream_context` gives the report template (``templates/stream.html``) the hot and cold
+tier sizes against the hours admitted, the re-admissions and late-row re-opens per step, and a
+small table of sampled steps. A result written before the series existed (no ``stream_series``)
+gets the run's totals and a note.
 """
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dashboards.figures import png_data_uri, render_png
+from dashboards.templating import environment
 
-__all__ = ["STUDY", "SERIES_FIELDS", "series_of", "stream_figures", "stream_table", "stream_section_html"]
+__all__ = ["STUDY", "SERIES_FIELDS", "series_of", "stream_figures", "stream_table", "stream_context",
+           "stream_section_html"]
 
 STUDY = "ingest"
 SERIES_FIELDS = ("step", "hours_admitted", "new_tokens", "n_hot", "n_cold", "readmissions", "late_rows",
@@ -27,10 +29,6 @@ TABLE_ROWS = 12
 _COLS = [("step", "step"), ("hours_admitted", "hours admitted"), ("n_hot", "hot"), ("n_cold", "cold"),
          ("certified_retention", "certified retention"), ("readmissions", "re-admissions (cum.)"),
          ("late_rows", "late rows"), ("reopened_hours", "re-opened hours")]
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
 
 
 def _fmt(v: Any) -> str:
@@ -92,62 +90,41 @@ def stream_table(s: Mapping[str, list], max_rows: int = TABLE_ROWS) -> tuple[lis
     return [lab for _, lab in cols], [[s[k][i] for k, _ in cols] for i in idx]
 
 
-def _html_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f'<td class="num">{_e(_fmt(v))}</td>' for v in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _figure(spec: Mapping[str, Any]) -> dict:
+    return {"src": png_data_uri(render_png(spec, width_in=5.6, height_in=3.3)), "alt": spec.get("title", "figure")}
 
 
-def _img(spec: Mapping[str, Any]) -> str:
-    uri = png_data_uri(render_png(spec, width_in=5.6, height_in=3.3))
-    return f'<img class="fig" alt="{_e(spec.get("title", "figure"))}" src="{uri}">'
-
-
-def _one(res: Any) -> str:
+def _one(res: Any) -> dict:
+    """Template values of one ingest result (LoadedResult or payload dict)."""
     p = res.payload if hasattr(res, "payload") else res
-    path = getattr(res, "path", "")
     m = p.get("metrics") or {}
-    parts = [f'<div class="run"><h3>{_e(p.get("title", "ingest"))}<span class="badge {_e(p.get("data", ""))}">'
-             f'{_e(p.get("data", ""))}</span></h3>',
-             '<p class="meta">study <code>ingest</code>' + (f" · file <code>{_e(path)}</code>" if path else "")
-             + f' · runtime {_e(_fmt(float(p.get("runtime_s", 0.0))))} s</p>']
     keys = [("n_stays", "stays"), ("n_tokens", "live tokens"), ("n_hot", "hot"), ("n_cold", "cold"),
             ("certified_retention", "certified retention"), ("readmissions", "re-admissions"),
             ("future_safe_stays", "future-safe stays"), ("gated_stays", "gated stays"),
             ("event_hour_retention_pooled", "event-hour retention (pooled)"), ("step", "watermark steps")]
     have = [(k, lab) for k, lab in keys if k in m]
-    if have:
-        parts.append("<h4>Now (after the last step)</h4>"
-                     + _html_table([lab for _, lab in have], [[m[k] for k, _ in have]]))
+    out: dict[str, Any] = {
+        "title": p.get("title", "ingest"), "data": p.get("data", ""), "path": getattr(res, "path", ""),
+        "runtime": _fmt(float(p.get("runtime_s", 0.0))),
+        "now": {"columns": [lab for _, lab in have], "rows": [[_fmt(m[k]) for k, _ in have]]} if have else None,
+        "figures": None, "no_late_rows": False, "steps": None, "n_steps": 0}
     s = series_of(p)
-    if s is None:
-        parts.append('<p class="notrun">This result has no per-step series (written before '
-                     "<code>metrics.stream_series</code> existed): rerun <code>forgetful ingest</code> to record "
-                     "hot/cold sizes and re-admissions over the replay.</p>")
-    else:
-        figs = [f"<div>{_img(f)}</div>" for f in stream_figures(s)]
-        parts.append('<div class="pair">' + "".join(figs[:2]) + "</div>")
-        if figs[2:]:
-            parts.append('<div class="pair">' + "".join(figs[2:]) + "</div>")
-        elif "late_rows" in s:
-            parts.append('<p class="meta">No late rows in these steps (no closed hour was re-opened).</p>')
+    if s is not None:
+        figs = stream_figures(s)
         cols, rows = stream_table(s)
-        n = len(s["step"])
-        parts.append(f"<h4>Sampled watermark steps ({len(rows)} of {n})</h4>" + _html_table(cols, rows))
-    parts.append('<p class="meta">Totals over all stays; hot = margin and error sets of each stay\'s gate, cold = '
-                 "reserve keys certified inert for the full history (re-admitted by an exact C&amp;P increment "
-                 "if a later operation makes their gradient negative).</p></div>")
-    return "".join(parts)
+        out.update(figures=[_figure(f) for f in figs], no_late_rows=len(figs) < 3 and "late_rows" in s,
+                   steps={"columns": cols, "rows": [[_fmt(v) for v in r] for r in rows]}, n_steps=len(s["step"]))
+    return out
+
+
+def stream_context(results: Sequence[Any]) -> list[dict]:
+    """The report template's values for the "Streaming ingest" section (empty: no section)."""
+    return [_one(r) for r in results]
 
 
 def stream_section_html(results: Sequence[Any]) -> str:
     """The "Streaming ingest" section for the given ingest results (LoadedResult or payload
-    dicts); an empty string when there are none."""
+    dicts), rendered alone from ``templates/stream.html``; an empty string when there are none."""
     if not results:
         return ""
-    body = ['<section id="stream"><h2>Streaming ingest: hot and cold tiers</h2>',
-            '<p class="intro">Per-stay future-safe memories over the watermark steps of the streaming warehouse: '
-            "tier sizes, re-admissions of cold keys, and late rows that re-opened closed hours.</p>"]
-    body += [_one(r) for r in results]
-    body.append("</section>")
-    return "".join(body)
+    return environment().get_template("stream.html").render(stream=stream_context(results))

@@ -6,8 +6,9 @@ in *which* tokens they keep (seed 001 §5: "every method retains the same number
 
 Policies
 --------
-``SupportVectorPolicy``   score = exact SVDD coefficient α from :func:`sv_core.refit` at fixed
-                          ``C = 1/(ν·n₀)``; at ``k = |S∪E|`` the kept set is exactly the support set.
+``SupportVectorPolicy``   score = exact SVDD coefficient α from the certified solve :func:`sv_core.solve`
+                          at fixed ``C = 1/(ν·n₀)``; at ``k = |S∪E|`` the kept set is exactly the
+                          support set.
 ``DensityPolicy``         H2O-style density proxy: RBF Gram column sums with the diagonal zeroed
                           (higher = denser = kept).
 ``OracleAttentionPolicy`` H2O oracle: total normalised RBF attention mass the *evaluation
@@ -180,9 +181,11 @@ class SupportVectorPolicy(SelectionPolicy):
     """Keep the support set: score = exact fixed-C SVDD coefficient α.
 
     ``C = 1/(ν·n₀)`` is calibrated once from the declared size ``n₀`` (default: the context's
-    own length ``n``). α comes from :func:`sv_core.refit`, the exact from-scratch fp64 solve
-    polished to KKT (the batch-solve reference path), so with ``k = support_size(keys)`` the kept
-    set is exactly ``{i : α_i > tol}``. The policy never inspects queries.
+    own length ``n``). α comes from :func:`sv_core.solve`, the certified fp64 solve (SMO to find
+    the partition, the bordered KKT system on the margin set, every KKT condition checked on the
+    exactly recomputed gradient; its certificate is kept in ``last_certificate``), so with
+    ``k = support_size(keys)`` the kept set is exactly ``{i : α_i > tol}``. The independent refit
+    (:func:`sv_core.refit`) stays the audit oracle. The policy never inspects queries.
 
     Parameters
     ----------
@@ -209,6 +212,8 @@ class SupportVectorPolicy(SelectionPolicy):
         self.n0 = None if n0 is None else int(n0)
         self.tol = float(tol)
         self._cache: tuple[bytes, np.ndarray] | None = None
+        #: the :class:`sv_core.SolveCertificate` of the last solve (None before the first)
+        self.last_certificate: Any = None
 
     def _params(self) -> dict[str, Any]:
         return {"nu": self.nu, "sigma": self.sigma, "n0": self.n0}
@@ -232,13 +237,14 @@ class SupportVectorPolicy(SelectionPolicy):
         digest = hashlib.sha256(np.ascontiguousarray(X).tobytes() + repr(X.shape).encode()).digest()
         if self._cache is not None and self._cache[0] == digest:
             return self._cache[1].copy()
-        from sv_core import refit
+        from sv_core import solve
 
         C = self.box_C(X.shape[0])
-        alpha, _rho = refit(X, C=C, sigma=self.sigma)
-        alpha = np.asarray(alpha, dtype=np.float64).reshape(-1)
+        sol = solve(X, C=C, sigma=self.sigma)
+        self.last_certificate = sol.certificate
+        alpha = np.asarray(sol.alpha, dtype=np.float64).reshape(-1)
         if alpha.shape != (X.shape[0],):
-            raise PolicyError(f"refit returned alpha of shape {alpha.shape}, expected ({X.shape[0]},)")
+            raise PolicyError(f"solve returned alpha of shape {alpha.shape}, expected ({X.shape[0]},)")
         self._cache = (digest, alpha.copy())
         return alpha
 

@@ -11,6 +11,8 @@ Global options (before the command): ``--version``, ``-v/--verbose`` (Prefect's 
 failed (``receipts verify``), 2 usage error, 3 a domain error (one typed line on stderr), 4 a
 storage failure — disk full, read-only file system, permission denied (one line; nothing lost,
 a pending erasure is completed by the next command).
+A command's inputs (source root, warehouse, cron, option combinations) are checked by
+:mod:`pipelines.preflight` before any heavy import or the Prefect API server starts.
 
 Every file and folder a command creates is owner-only (the command runs under umask 077): the
 warehouse and its WAL, exports, ledger anchors, keys, results and reports.
@@ -47,8 +49,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-delete": ("bench_delete_flow", "deletion latency: decrement vs same-C refit (study result)"),
     "run-all": ("run_all", "the main job: demo check, warehouse, every clinical study, report"),
     "forget": ("forget_cli", "forget one patient everywhere, durably, with one tamper-evident receipt"),
-    "receipts": ("receipts_cli", "verify, list or export the deletion-receipt ledger"),
-    "export": ("export_cli", "export the warehouse as Parquet (stays, hourly) for your own analysis"),
+    "receipts": ("receipts_cli", "verify, list, export or prove the deletion-receipt log"),
+    "export": ("export_cli", "export the warehouse as Parquet or MEDS for your own analysis"),
+    "report": ("report_cli", "re-render the HTML report from the stored results (no Prefect server)"),
     "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),
     "ingest": ("ingest_flow", "incremental ingest of new chartevents/vitals files into a streaming warehouse"),
     "gate-demo": ("gate_demo", "admit a stream, certify, evict, forget with verification"),
@@ -120,7 +123,13 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(f"pipelines.flows.{mod}")
         except ImportError as exc:  # an optional extra is missing: say so, keep the rest usable
-            print(f"forgetful: command module {mod!r} unavailable ({exc})", file=sys.stderr)
+            if exc.name == "torch":
+                from .errors import MODELS_EXTRA_HINT
+
+                print(f"forgetful: command module {mod!r} needs torch, which is not installed: {MODELS_EXTRA_HINT}",
+                      file=sys.stderr)
+            else:
+                print(f"forgetful: command module {mod!r} unavailable ({exc})", file=sys.stderr)
             continue
         module.add_cli(sub)
     _plain_help(parser)
@@ -162,10 +171,19 @@ def main(argv: list[str] | None = None) -> int:
         _light_parser().parse_args(argv)  # prints help / the version / the usage error and exits
         return 2
     pre = argv[:argv.index(cmd)]
+    # the command's inputs, checked before Prefect, torch or the API server start (pipelines.preflight)
+    from .preflight import run as preflight
+
+    rc = preflight(cmd, argv[argv.index(cmd) + 1:])
+    if rc is not None:
+        return rc
     if "-v" in pre or "--verbose" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     elif "-q" in pre or "--quiet" in pre:
         os.environ["PREFECT_LOGGING_LEVEL"] = "ERROR"
+        if process:  # libraries' own bars too (e.g. transformers' "Loading weights"), read at their import
+            os.environ.setdefault("TQDM_DISABLE", "1")
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     old_umask = os.umask(0o077)  # owner-only files and folders (warehouse, WAL, exports, anchors, keys)
     os.umask(old_umask | 0o077)
     try:
@@ -202,6 +220,9 @@ _in_process = False
 def _dispatch(cmd: str, argv: list[str]) -> int:
     with gc_paused() if _in_process else contextlib.nullcontext():  # the command's imports
         parser = build_parser([cmd])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if cmd not in sub.choices:  # its module could not be imported (build_parser said why, in one line)
+        return 3
     args = parser.parse_args(argv)
     if args.quiet and hasattr(args, "no_progress"):
         args.no_progress = True

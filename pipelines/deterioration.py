@@ -28,11 +28,14 @@ Protocol (``PROTOCOL``)
 * Training on ``train`` (AdamW, BCE on scored hours, positive-class weight), early stopping on
   ``val`` BCE; the test predictions are returned for paired evaluation
   (:func:`paired_cluster_bootstrap`: one stay-clustered resample scores every model at once).
+  After every epoch the listeners registered with :func:`epoch_progress` get the epoch's figures
+  (the CLI's per-epoch progress bar).
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -385,6 +388,24 @@ def _loss(model, d: SeqData, batch: int = 64) -> float:
     return float(-np.mean(y * np.log(m) + (1 - y) * np.log(1 - m)))
 
 
+_EPOCH_LISTENERS: list[Callable[[dict], None]] = []
+
+
+@contextlib.contextmanager
+def epoch_progress(listener: Callable[[dict], None] | None) -> Iterator[None]:
+    """While inside, :func:`train_and_test` calls ``listener(event)`` in this process after every
+    epoch — from the worker thread that trains — with ``model, seed, epoch, max_epochs,
+    train_loss, val_loss, elapsed_s``. ``None`` registers nothing."""
+    if listener is None:
+        yield
+        return
+    _EPOCH_LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _EPOCH_LISTENERS.remove(listener)
+
+
 def train_and_test(train: SeqData, val: SeqData, test: SeqData, model_name: str, seed: int, *,
                    window: int | None = None, size: dict | None = None, max_epochs: int = 12, patience: int = 3,
                    batch: int = 16, lr: float = 3e-3, n_boot: int = 1000, return_predictions: bool = False
@@ -411,6 +432,7 @@ def train_and_test(train: SeqData, val: SeqData, test: SeqData, model_name: str,
     t0 = time.perf_counter()
     for ep in range(max_epochs):
         model.train()
+        losses = []
         for idx in _batches(train, batch, rng):
             T = _trim(train, idx)
             x = torch.from_numpy(train.x[idx, :T])
@@ -424,8 +446,13 @@ def train_and_test(train: SeqData, val: SeqData, test: SeqData, model_name: str,
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            losses.append(float(loss.detach()))
         epochs = ep + 1
         vl = _loss(model, val)
+        for fn in list(_EPOCH_LISTENERS):
+            fn({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
+                "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
+                "elapsed_s": time.perf_counter() - t0})
         if vl < best - 1e-4:
             best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
         else:

@@ -10,6 +10,11 @@ class PipelineError(Exception):
 class WarehouseMissingError(PipelineError, FileNotFoundError):
     """The warehouse file does not exist (build it with ``forgetful build-cohort``)."""
 
+    @classmethod
+    def at(cls, path) -> WarehouseMissingError:
+        """The error for the batch warehouse ``path`` (its message names the command that builds it)."""
+        return cls(f"warehouse {path} does not exist; build it first with `forgetful build-cohort --warehouse {path}`")
+
 
 class UnknownSubjectError(PipelineError, KeyError):
     """``forget`` was asked for a subject/stay that no warehouse table or gate state holds."""
@@ -47,6 +52,23 @@ class LedgerKeyError(LedgerError):
     """The ledger key is missing, too short, readable by others, or differs from the ledger's."""
 
 
+class LedgerKeyMismatchError(LedgerKeyError):
+    """The ledger was written under another key than the configured one (a verification
+    failure: ``receipts verify`` exits 1)."""
+
+
+class KeyLocationError(LedgerKeyError):
+    """A key file lies beside the warehouse or inside a data folder (ledger, runs, exports)."""
+
+
+class LedgerRollbackError(LedgerTamperedError):
+    """The log is shorter than, or inconsistent with, a size and root recorded earlier (by the
+    warehouse, the signed anchor or an auditor's kept head): a restored backup or a rewrite."""
+
+    def __str__(self) -> str:
+        return f"the deletion-receipt log was rolled back or replaced: {self.reason}"
+
+
 class WarehouseBusyError(PipelineError):
     """Another forgetful command holds the warehouse's writer lock past the wait limit."""
 
@@ -54,6 +76,24 @@ class WarehouseBusyError(PipelineError):
 class ErasureError(PipelineError):
     """A warehouse table cannot be erased safely (it holds no subject/stay column and is not a
     known aggregate table), so the forget was not applied."""
+
+
+class UsageError(PipelineError):
+    """A command line that cannot run as given (a missing ``--root``, a bad cron, an option combination
+    that makes no sense). Found before the command starts; exit code 2, like argparse's own errors."""
+
+
+#: how to install the optional torch dependency (the ``models`` extra)
+MODELS_EXTRA_HINT = "pip install 'forgetful-attention[models]'"
+
+
+class MissingExtraError(PipelineError):
+    """A command needs an optional extra that is not installed (torch: ``[models]``); exit code 3.
+    Checked before the command starts (:mod:`pipelines.preflight`)."""
+
+
+class IngestError(PipelineError):
+    """A streaming-ingest failure (nothing of the failed step was committed)."""
 
 
 # ---- file-system safety and storage failures (issue 19, items 4-7; pipelines/safe_io.py) ----
@@ -76,7 +116,3 @@ class StorageError(PipelineError, OSError):
         return str(self.args[0]) if self.args else "storage error"
 
 
-class KeyBesideDataError(LedgerKeyError):
-    """The secret key file (or the config folder holding it and the anchors) lies in the
-    warehouse folder, a runs folder or the ledger folder, where a copy or backup of the data
-    would carry it. Set FORGETFUL_ALLOW_KEY_BESIDE_DATA=1 to accept it anyway."""

@@ -15,7 +15,10 @@ pending erasures completed first):
    every command completes the erasure before reading anything;
 4. erases physically (:func:`pipelines.erasure.rewrite`): the warehouse is rewritten into a fresh
    file without the patient, atomically swapped in; the task cache is removed; result files of
-   the warehouse's runs directories are marked stale with the receipt number.
+   the warehouse's runs directories are marked stale with the receipt number;
+5. rewrites the ledger card of every registered runs folder from this warehouse's ledger and
+   re-renders its report (:func:`write_ledger_result`; folders are found by identity,
+   :mod:`pipelines.runs_registry`, so a copy of a runs folder and its original stay apart).
 
 A crash after step 3 leaves a *pending* erasure that :func:`complete_pending` finishes on the
 next command (idempotent: the rewrite only ever removes registered subjects). The receipt holds
@@ -35,7 +38,7 @@ import numpy as np
 from . import erasure, gate_store, safe_io
 from .errors import AlreadyForgottenError, GateStoreError, UnknownSubjectError
 from .ledger import FORGET_KIND
-from .warehouse import Warehouse, _tables, get_meta
+from .warehouse import Warehouse, _tables, data_kind, get_meta
 
 KIND = FORGET_KIND
 STALE_FILE = "stale.json"
@@ -160,26 +163,40 @@ def _say_unusable(infos: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------ applying
-def _mark_stale(runs_dirs: list[Path], seq: int) -> None:
-    """Record in each runs directory that its warehouse-derived results predate receipt ``seq``,
-    and re-render an existing report so it says so at once."""
+def _mark_stale(runs_dirs: list[Path], seq: int, kind: str) -> None:
+    """Record in each runs directory which of its results predate receipt ``seq``: every
+    ``*/result.json`` except those whose ``data`` names another source than this warehouse's
+    (``kind``; e.g. a synthetic study beside a demo warehouse) and except the ledger card, which
+    :func:`write_ledger_result` rewrites after every forget. A result already stale keeps the
+    receipt it first predated; ``latest`` is the newest receipt."""
     for d in runs_dirs:
         if not d.is_dir():
             continue
-        files = sorted(str(p.relative_to(d)) for p in d.glob("*/result.json"))
+        since = {}
+        try:
+            old = json.loads((d / STALE_FILE).read_text())
+            since = {str(f): int(old.get("since", {}).get(f, old["receipt_seq"])) for f in old.get("files", [])}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        for p in sorted(d.glob("*/result.json")):
+            rel = p.relative_to(d).as_posix()
+            if rel == "ledger/result.json":
+                continue
+            try:
+                other = json.loads(p.read_text()).get("data")
+            except (OSError, ValueError, AttributeError):
+                other = None  # unreadable: marked, rather than vouched for
+            if not (isinstance(other, str) and other != kind):  # e.g. a synthetic study beside a demo warehouse
+                since.setdefault(rel, int(seq))
+        if not since:
+            continue
         tmp = d / f".{STALE_FILE}.tmp{os.getpid()}"
         tmp.unlink(missing_ok=True)  # never write through a planted link
         with os.fdopen(safe_io.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "stale marker"), "w") as fh:
-            fh.write(json.dumps({"receipt_seq": int(seq), "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                 "files": files}, indent=1))
+            fh.write(json.dumps({"receipt_seq": min(since.values()), "latest": int(seq),
+                                 "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                 "files": sorted(since), "since": since}, indent=1))
         os.replace(tmp, d / STALE_FILE)
-        if (d / "report.html").is_file():
-            try:
-                from dashboards.report import write_report
-
-                write_report(d, d / "report.html")
-            except Exception as exc:  # a report problem must never undo an erasure
-                print(f"[forgetful] report not re-rendered ({type(exc).__name__})", file=sys.stderr)
 
 
 def _apply(w: Warehouse, subjects: dict[int, str], updates: dict, seq_applied: int) -> dict[str, int]:
@@ -195,10 +212,8 @@ def _apply(w: Warehouse, subjects: dict[int, str], updates: dict, seq_applied: i
     runs = w.runs_dirs()
     ex = exports.erase(w.export_dirs(), set(subjects))
     safe_io.remove_own_dir(w.cache_dir, "task cache folder")
-    _mark_stale(runs, seq_applied)
-    n, head = w.ledger.head()
-    removed = erasure.rewrite(w.path, set(subjects), updates, {"ledger_seq": str(n), "ledger_head": head},
-                              content_hash_fn=content_hash)
+    _mark_stale(runs, seq_applied, data_kind(w.path))
+    removed = erasure.rewrite(w.path, set(subjects), updates, w.ledger_meta(), content_hash_fn=content_hash)
     if any(ex.values()):
         print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
               f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
@@ -229,9 +244,12 @@ def complete_pending(w: Warehouse) -> dict[str, int]:
         if n and applied != str(n):
             with safe_io.storage_errors("removing the task cache", state):
                 safe_io.remove_own_dir(w.cache_dir, "task cache folder")  # caches may predate the last receipt
+                w.record_ledger()  # it reflects every receipt: record the log it extends (no rollback)
         return {}
     with safe_io.storage_errors(f"completing {len(present)} pending erasure(s)", state):
         _apply(w, present, updates, max(reg[h] for h in present.values()))
+    with safe_io.storage_errors("updating the report's ledger card", "the pending erasures are complete"):
+        write_ledger_result(w)
     print(f"[forgetful] completed {len(present)} pending erasure(s) from the forget registry", file=sys.stderr)
     return {h: reg[h] for h in present.values()}
 
@@ -330,9 +348,10 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
             else:
                 exports.erase(w.export_dirs(), {sid})
                 safe_io.remove_own_dir(w.cache_dir, "task cache folder")
+                w.record_ledger()
         with safe_io.storage_errors("forget: updating the report's ledger card",
                                     f"receipt #{row.seq} is committed and the erasure is complete"):
-            _write_ledger_result(w)
+            write_ledger_result(w)
     return ForgetResult(receipt_seq=row.seq, receipt_mac=row.mac, rows_deleted=counts, contexts=infos,
                         certified=certified, seconds=time.perf_counter() - t0)
 
@@ -364,12 +383,25 @@ def ledger_result(w: Warehouse, runtime_s: float = 0.0) -> dict:
     }
 
 
-def _write_ledger_result(w: Warehouse) -> None:
+def write_ledger_result(w: Warehouse, render: bool = True) -> list[Path]:
+    """Write the ledger card of ``w``'s own ledger into every runs folder registered with the
+    warehouse (found by identity: never a copy's or the original's), then — with ``render`` —
+    re-render each folder's ``report.html`` so it says at once what the card and the stale marks
+    say. A report problem never undoes an erasure (it is reported on stderr). Returns the cards."""
     from .runner import write_study_result
-    from .warehouse import data_kind
 
     res = ledger_result(w)
     res["data"] = data_kind(w.path)
+    written = []
     for d in w.runs_dirs():
-        if d.is_dir():
-            write_study_result(res, d, "ledger")
+        if not d.is_dir():
+            continue
+        written.append(write_study_result(res, d, "ledger"))
+        if render and (d / "report.html").is_file():
+            try:
+                from dashboards.report import write_report
+
+                write_report(d, d / "report.html")
+            except Exception as exc:  # a report problem must never undo an erasure
+                print(f"[forgetful] report not re-rendered ({type(exc).__name__})", file=sys.stderr)
+    return written

@@ -105,15 +105,22 @@ def _keys(keys):
     return keys
 
 
-def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: list[StoredContext], keys=None) -> list[int]:
-    """Replace every stored context of ``study`` by ``contexts`` (inside the caller's
-    transaction). Returns the new opaque context ids."""
-    keys = _keys(keys)
+def drop_study(con: duckdb.DuckDBPyConnection, study: str) -> int:
+    """Delete every stored context of ``study`` (inside the caller's transaction); returns how many."""
     ensure_tables(con)
     old = [r[0] for r in con.execute(f"SELECT context_id FROM {STATES} WHERE study = ?", [study]).fetchall()]
     if old:
         con.execute(f"DELETE FROM {TOKENS} WHERE context_id IN (SELECT unnest(?::BIGINT[]))", [old])
         con.execute(f"DELETE FROM {STATES} WHERE study = ?", [study])
+    return len(old)
+
+
+def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts, keys=None) -> list[int]:
+    """Store ``contexts`` (any iterable of :class:`StoredContext`, consumed one at a time) under
+    ``study`` beside those already stored (inside the caller's transaction). Returns the new opaque
+    context ids."""
+    keys = _keys(keys)
+    ensure_tables(con)
     start = int(con.execute(f"SELECT coalesce(max(context_id), 0) FROM {STATES}").fetchone()[0]) + 1
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     ids = []
@@ -140,6 +147,31 @@ def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: list[Sto
         con.unregister("_gate_tokens_df")
         ids.append(cid)
     return ids
+
+
+def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts, keys=None) -> list[int]:
+    """Replace every stored context of ``study`` by ``contexts`` (inside the caller's
+    transaction). Returns the new opaque context ids."""
+    drop_study(con, study)
+    return append_contexts(con, study, contexts, keys)
+
+
+def rename_study(con: duckdb.DuckDBPyConnection, src: str, dst: str, keys=None) -> int:
+    """Move every context stored under ``src`` to ``dst`` (their MACs, which bind the study name,
+    re-made one context at a time; inside the caller's transaction). A study written in batches
+    under a pending name is published this way in one transaction. Returns how many moved."""
+    keys = _keys(keys)
+    ensure_tables(con)
+    ids = [int(r[0]) for r in con.execute(f"SELECT context_id FROM {STATES} WHERE study = ? ORDER BY context_id",
+                                          [src]).fetchall()]
+    for cid in ids:
+        blob, mac = con.execute(f"SELECT state_npz, state_mac FROM {STATES} WHERE context_id = ?", [cid]).fetchone()
+        blob, toks = bytes(blob), token_rows(con, cid)
+        if not keys.equal(state_mac(keys, cid, src, blob, toks), str(mac)):  # never re-sign an edited context
+            raise GateStoreError(f"stored gate state of context {cid} fails its MAC check; not moved to {dst!r}")
+        con.execute(f"UPDATE {STATES} SET study = ?, state_mac = ? WHERE context_id = ?",
+                    [dst, state_mac(keys, cid, dst, blob, toks), cid])
+    return len(ids)
 
 
 def token_rows(con: duckdb.DuckDBPyConnection, context_id: int) -> list[tuple[int, int, int, int]]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import PipelineError
+from .errors import IngestError  # noqa: F401 - its home is pipelines.errors (the preflight raises it, too)
 from .gate_store import npz_to_state, token_digest
 
 STATE, FILES, ROWS, TOKENS, GATES, REQUESTS = ("ingest_state", "ingest_files", "ingest_rows", "ingest_tokens",
@@ -48,10 +48,6 @@ DDL = {
     REQUESTS: (f"CREATE TABLE IF NOT EXISTS {REQUESTS} (request_key VARCHAR PRIMARY KEY, kind VARCHAR, "
                "key_hash VARCHAR, status VARCHAR, receipt_seq INTEGER, requested_utc VARCHAR, done_utc VARCHAR)"),
 }
-
-
-class IngestError(PipelineError):
-    """A streaming-ingest failure (nothing of the failed step was committed)."""
 
 
 def ensure_tables(con) -> None:

@@ -21,8 +21,11 @@ Where the key comes from (first match):
    ``$XDG_CONFIG_HOME/forgetful``, else ``~/.config/forgetful`` — created on first use with
    64 random hex characters, mode 0600, in a directory of mode 0700.
 
-The key is never stored beside the warehouse. An empty or short key, or a key file readable by
-group/others, is refused (:class:`KeyError_`). Threat model: whoever holds the key can
+The key is never stored beside the warehouse: a key file (this one or the log's signing key,
+:mod:`pipelines.signing`) beside the warehouse or inside the ledger, runs or export folders is
+refused (:func:`check_location`, :class:`KeyLocationError`) unless
+``$FORGETFUL_ALLOW_KEY_NEAR_DATA=1``. An empty or short key, or a key file readable by
+group/others, is refused (:class:`LedgerKeyError`). Threat model: whoever holds the key can
 enumerate the (small, ~10⁸) MIMIC id space and recover which subject a hash names; the key
 protects the registry against everyone else.
 """
@@ -35,11 +38,12 @@ import secrets
 import stat
 from pathlib import Path
 
-from .errors import LedgerKeyError
+from .errors import KeyLocationError, LedgerKeyError
 
 KEY_ENV = "FORGETFUL_LEDGER_KEY"
 KEY_FILE_ENV = "FORGETFUL_KEY_FILE"
 CONFIG_ENV = "FORGETFUL_CONFIG_DIR"
+ALLOW_NEAR_ENV = "FORGETFUL_ALLOW_KEY_NEAR_DATA"
 MIN_KEY_CHARS = 32
 PURPOSES = ("subject", "ledger", "gate", "cache", "fingerprint")
 
@@ -84,16 +88,55 @@ def load_master(create: bool = True) -> bytes:
         raise LedgerKeyError(f"key path {p} exists but is not a file")
     if not create or os.environ.get(KEY_FILE_ENV):
         raise LedgerKeyError(f"no key at {p} (and ${KEY_ENV} is unset)")
+    write_private(p, (secrets.token_hex(32) + "\n").encode())
+    return _read_file(p)
+
+
+def write_private(p: Path, data: bytes) -> bool:
+    """Create ``p`` with ``data``, mode 0600, in a folder created 0700; fsynced. Returns False
+    (and writes nothing) when the file exists already (created concurrently by another process)."""
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # created concurrently by another process
-        return _read_file(p)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_hex(32) + "\n")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-    return _read_file(p)
+    return True
+
+
+def check_location(key_paths: list[Path], warehouse: Path, inside: list[Path]) -> None:
+    """Refuse a key file, or the config folder (keys and anchors), that lies beside ``warehouse``
+    (anywhere under its folder) or inside one of the ``inside`` folders (the ledger, runs and
+    export folders), unless ``$FORGETFUL_ALLOW_KEY_NEAR_DATA=1``: whoever copies or backs up the
+    data folder must not get the keys with it. A folder that is the home directory or contains it
+    (``--runs ~``) is not held against the default config folder."""
+    if os.environ.get(ALLOW_NEAR_ENV) == "1":
+        return
+    home = Path.home().resolve()
+    beside = Path(warehouse).resolve().parent
+    places = [*(Path(d).resolve() for d in inside), beside]  # the most specific folder is named
+    places = [d for d in places if not home.is_relative_to(d)]
+    secrets_ = [(f"key file {Path(k).expanduser().resolve()}", Path(k).expanduser().resolve()) for k in key_paths]
+    secrets_.append((f"the config folder {config_dir().expanduser().resolve()} (keys, anchors)",
+                     config_dir().expanduser().resolve()))
+    for what, q in secrets_:
+        for d in places:
+            if q.is_relative_to(d):
+                where = "beside the warehouse" if d == beside else f"inside the data folder {d}"
+                raise KeyLocationError(f"{what} lies {where}, where a copy or backup of the data would carry it: move "
+                                       f"it out (FORGETFUL_CONFIG_DIR / FORGETFUL_KEY_FILE / "
+                                       f"FORGETFUL_SIGNING_KEY_FILE) or set {ALLOW_NEAR_ENV}=1 to accept it")
+
+
+def key_files() -> list[Path]:
+    """The key files in use (the HMAC key file unless the key comes from ``$FORGETFUL_LEDGER_KEY``,
+    and the signing key file)."""
+    from .signing import signing_key_file
+
+    return ([] if os.environ.get(KEY_ENV) is not None else [key_file()]) + [signing_key_file()]
 
 
 class Keys:

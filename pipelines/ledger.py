@@ -1,5 +1,5 @@
-"""The deletion-receipt ledger and forget registry: an append-only, keyed (HMAC) chain of receipts
-that lives in its own directory, never inside the (rebuildable) warehouse.
+"""The deletion-receipt ledger and forget registry: an append-only log of receipts in its own
+folder, never inside the (rebuildable) warehouse, keyed for the operator and signed for everyone.
 
 File ``<ledger dir>/receipts.jsonl``, one canonical JSON object per line::
 
@@ -8,13 +8,18 @@ File ``<ledger dir>/receipts.jsonl``, one canonical JSON object per line::
 
 * ``seq`` counts 1, 2, 3, … without gaps; ``prev`` is the previous row's ``mac`` (64 zeros first);
 * ``mac`` = HMAC-SHA256 under the ledger sub-key (:mod:`pipelines.keys`) of the canonical JSON of
-  every other field. Without the key no row can be edited, forged, appended or recomputed;
-* ``key_fp`` is the key's public fingerprint: a ledger read with a different key is refused
-  (:class:`LedgerKeyError`), never silently re-hashed;
-* **anchors** against truncation and rollback (which a chain alone cannot see): every append
-  also records the head ``(seq, mac)`` in the config directory (beside the key, not beside the
-  ledger), and ``verify(head=…, min_count=…)`` checks an auditor's own copy of the head. A
-  warehouse also records the head it has applied.
+  every other field; ``key_fp`` is the key's public fingerprint (another key is refused,
+  :class:`LedgerKeyMismatchError`). Subject and stay ids are keyed hashes: the id space is small
+  enough to brute-force a plain hash;
+* **publicly verifiable**: each line is a leaf of an RFC 9162 Merkle tree
+  (:mod:`pipelines.translog`), and after every append the log signs a tree head with its
+  Ed25519 key (:mod:`pipelines.signing`) into ``heads.jsonl``. Anyone with the public key checks
+  the log, inclusion proofs and consistency with a head they kept (:mod:`pipelines.logaudit`)
+  without being able to write a row;
+* **no rollback**: every append also stores the new signed head as the *anchor* in the config
+  folder (beside the keys, not beside the ledger), and a warehouse records the size and root
+  it has applied (:meth:`Ledger.record`). A log shorter than, or inconsistent with, any of them
+  is refused (:class:`LedgerRollbackError`).
 
 The *registry* is the set of ``subject_id_hash`` values of ``forget_subject`` rows: every build
 excludes those subjects at scan time, and every command completes pending erasures first.
@@ -24,46 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .errors import LedgerError, LedgerKeyError, LedgerTamperedError
-from .keys import Keys, config_dir
+from . import logaudit, signing, translog
+from .errors import LedgerError, LedgerKeyMismatchError, LedgerTamperedError
+from .keys import Keys
+from .logaudit import FILE, GENESIS, HEADS, LogState, Row, canonical_json  # noqa: F401  (public names)
 
-FILE = "receipts.jsonl"
-GENESIS = "0" * 64
 LEDGER_ENV = "FORGETFUL_LEDGER_DIR"
 FORGET_KIND = "forget_subject"
-_FIELDS = ("seq", "ts", "kind", "subject_id_hash", "payload", "key_fp", "prev", "mac")
-
-
-def canonical_json(obj: Any) -> str:
-    """Canonical JSON: sorted keys, no whitespace, ASCII only, finite numbers only."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-@dataclass(frozen=True)
-class Row:
-    seq: int
-    ts: str
-    kind: str
-    subject_id_hash: str
-    payload: dict
-    key_fp: str
-    prev: str
-    mac: str
-
-    def body(self) -> bytes:
-        return canonical_json([self.seq, self.ts, self.kind, self.subject_id_hash, self.payload, self.key_fp,
-                               self.prev]).encode("ascii")
-
-    def to_json(self) -> dict:
-        return {f: getattr(self, f) for f in _FIELDS}
+ROLLBACK_KIND = "rollback_accepted"
 
 
 def default_dir(warehouse: str | os.PathLike) -> Path:
@@ -72,96 +50,144 @@ def default_dir(warehouse: str | os.PathLike) -> Path:
     return Path(env).expanduser().resolve() if env else Path(warehouse).resolve().parent / "forget-registry"
 
 
+def _append_line(path: Path, line: str) -> None:
+    """Append one line, fsynced; a failed or short write (disk full) is cut back off, so the file
+    never ends in half a line."""
+    new = not path.exists()
+    data = (line + "\n").encode("ascii")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(28, f"short write to {path.name} (disk full?)")
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+    if new:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
 class Ledger:
-    """One ledger directory under one key. Reading verifies the whole chain every time (a few
-    µs per row), so a caller never acts on a tampered registry."""
+    """One ledger directory under one key. Reading verifies the whole log every time (HMAC
+    chain, Merkle roots, the newest head's signature, the anchor), so a caller never acts on a
+    tampered registry."""
 
     def __init__(self, directory: str | os.PathLike, keys: Keys):
         self.dir = Path(directory).resolve()
         self.path = self.dir / FILE
+        self.heads_path = self.dir / HEADS
         self.keys = keys
+        self._signer = None
+        self._verified: tuple | None = None  # (file signature, LogState) of the last full verification
+
+    # -- keys ----------------------------------------------------------------------------
+    def signer(self, create: bool = False):
+        """The log's Ed25519 private key (created in the config folder on the first append)."""
+        if self._signer is None:
+            self._signer = signing.load_signing_key(create=create)
+        return self._signer
+
+    def public_key(self):
+        return self.signer().public_key()
 
     # -- anchors -------------------------------------------------------------------------
-    def _anchor_path(self) -> Path:
-        h = hashlib.sha256(str(self.path).encode()).hexdigest()[:32]
-        return config_dir() / "anchors" / f"{h}.json"
+    def anchor(self):
+        """The anchor's signed head (or a legacy ``{"seq", "head"}``), None when absent."""
+        return logaudit.read_anchor(self.path)
 
-    def anchor(self) -> dict | None:
-        p = self._anchor_path()
-        if not p.is_file():
-            return None
-        try:
-            a = json.loads(p.read_text())
-            return {"seq": int(a["seq"]), "head": str(a["head"])}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise LedgerTamperedError(0, f"the head anchor {p} is unreadable ({type(exc).__name__})") from None
-
-    def _write_anchor(self, seq: int, head: str) -> None:
-        p = self._anchor_path()
+    def _write_anchor(self, head: signing.TreeHead) -> None:
+        p = logaudit.anchor_path(self.path)
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = p.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(canonical_json({"seq": seq, "head": head, "ledger": str(self.path)}))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(canonical_json({"head": head.to_json(), "ledger": str(self.path)}))
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, p)
 
     # -- reading -------------------------------------------------------------------------
-    def _parse(self) -> list[Row]:
-        if not self.path.is_file():
-            return []
-        out = []
-        raw = self.path.read_bytes()
-        if raw and not raw.endswith(b"\n"):
-            raise LedgerTamperedError(0, "the last line is incomplete (truncated write or edit)")
-        for i, line in enumerate(raw.splitlines(), start=1):
+    def _signature(self) -> tuple:
+        """Identity of the files a verification read (inode, size, mtime and ctime in ns)."""
+        out: list[tuple | None] = []
+        for f in (self.path, self.heads_path, logaudit.anchor_path(self.path), signing.signing_key_file()):
             try:
-                d = json.loads(line)
-                if not isinstance(d, dict) or set(d) != set(_FIELDS):
-                    raise ValueError("fields")
-                r = Row(int(d["seq"]), str(d["ts"]), str(d["kind"]), str(d["subject_id_hash"]), d["payload"],
-                        str(d["key_fp"]), str(d["prev"]), str(d["mac"]))
-                if not isinstance(r.payload, dict) or canonical_json(r.to_json()) != line.decode("ascii"):
-                    raise ValueError("not canonical")
-            except (ValueError, TypeError, UnicodeDecodeError):
-                raise LedgerTamperedError(i, "line is not a canonical receipt row") from None
-            out.append(r)
-        return out
+                s = os.stat(f)
+                out.append((s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns))
+            except FileNotFoundError:
+                out.append(None)
+        return (self.keys.fingerprint, *out)
 
-    def verify(self, head: str | None = None, min_count: int | None = None) -> dict:
-        """Check every row, the chain, the key, the stored anchor and (optionally) an auditor's
-        head hash / minimum count. Returns ``{"n_rows", "head", "key_fp", "anchor"}``; raises
-        :class:`LedgerTamperedError` (or :class:`LedgerKeyError` for a different key)."""
-        rows = self._parse()
-        prev = GENESIS
+    def state(self, check_anchor: bool = True) -> LogState:
+        """The verified log (see :meth:`verify`); ``check_anchor=False`` only for the recovery.
+        A full verification is repeated whenever any file it read changed (a command reads the
+        registry many times; an unchanged log is not re-hashed within one process)."""
+        sig = self._signature()
+        if check_anchor and self._verified is not None and self._verified[0] == sig:
+            return self._verified[1]
+        st = self._state(check_anchor)
+        if check_anchor:
+            self._verified = (sig, st)
+        return st
+
+    def _state(self, check_anchor: bool) -> LogState:
+        st = LogState.read(self.dir)
         fp = self.keys.fingerprint
-        for i, r in enumerate(rows, start=1):
-            if r.seq != i:
-                raise LedgerTamperedError(r.seq, f"expected seq {i} (rows missing, duplicated or reordered)")
+        logaudit.check_rows(st.rows)
+        for r in st.rows:
             if r.key_fp != fp:
-                raise LedgerKeyError(f"receipt {r.seq} was written under key fingerprint {r.key_fp}, the configured key "
-                                     f"is {fp}: restore the original key (see README, deletion guarantees)")
-            if r.prev != prev:
-                raise LedgerTamperedError(r.seq, "prev does not match the previous row's mac")
+                raise LedgerKeyMismatchError(
+                    f"receipt {r.seq} was written under key fingerprint {r.key_fp}, the configured key is {fp}: "
+                    "restore the original key (see README, deletion guarantees)")
             if not Keys.equal(self.keys.mac("ledger", r.body()), r.mac):
                 raise LedgerTamperedError(r.seq, "mac does not match the row's content (edited or forged)")
-            prev = r.mac
+        # a reader without the signing key still checks the heads' chain and roots (the rows are
+        # authenticated by their MACs); a writer needs the key (:meth:`_sign_tail`)
+        pub = self.public_key() if signing.signing_key_file().exists() else None
+        if pub is not None and st.heads and st.heads[-1].log_id != signing.log_id(pub):
+            raise LedgerKeyMismatchError("the log's tree heads were signed by another key than the configured "
+                                         f"signing key {signing.signing_key_file()}: restore the original key")
+        logaudit.check_heads(st, pub, allow_unsigned_tail=True)  # rows are authenticated by their MACs
+        a = self.anchor() if check_anchor else None
+        if isinstance(a, dict):  # a legacy unsigned anchor: accepted only for a log that predates signing
+            if st.heads:
+                raise LedgerTamperedError(a["seq"], "the anchor is not a signed tree head (forged)")
+            if a["seq"] > st.size:
+                raise logaudit.LedgerRollbackError(
+                    st.size + 1, f"the ledger holds {st.size} rows but its anchor records {a['seq']} (rows or the "
+                                 "whole ledger deleted)")
+            if a["seq"] > 0 and not Keys.equal(st.rows[a["seq"] - 1].mac, a["head"]):
+                raise logaudit.LedgerRollbackError(a["seq"], "row does not match the anchored head (ledger replaced "
+                                                             "or rolled back)")
+        elif a is not None:
+            logaudit.check_kept_head(st, a, pub, "the anchor")
+        return st
+
+    def verify(self, head: str | None = None, min_count: int | None = None) -> dict:
+        """Check every row (MAC, link, key), every signed head, the stored anchor and
+        (optionally) an auditor's head MAC / minimum count. Returns ``{"n_rows", "head", "root",
+        "key_fp", "anchor", "unsigned"}``; raises :class:`LedgerTamperedError` (a rollback:
+        :class:`LedgerRollbackError`) or :class:`LedgerKeyMismatchError`."""
+        st = self.state()
+        rows = st.rows
+        logaudit.check_legacy(rows, head, min_count)
         a = self.anchor()
-        if a is not None and a["seq"] > 0:
-            if len(rows) < a["seq"]:
-                raise LedgerTamperedError(len(rows) + 1, f"the ledger holds {len(rows)} rows but its anchor records "
-                                                          f"{a['seq']} (rows or the whole ledger deleted)")
-            if not Keys.equal(rows[a["seq"] - 1].mac, a["head"]):
-                raise LedgerTamperedError(a["seq"], "row does not match the anchored head (ledger replaced or rolled back)")
-        if min_count is not None and len(rows) < int(min_count):
-            raise LedgerTamperedError(len(rows) + 1, f"{len(rows)} rows, fewer than the expected {int(min_count)}")
-        if head is not None and not any(Keys.equal(r.mac, head) for r in rows):
-            if not (head == GENESIS and not rows):
-                raise LedgerTamperedError(len(rows), "the given head hash is not in the chain (truncated or replaced)")
-        return {"n_rows": len(rows), "head": prev, "key_fp": fp,
-                "anchor": "none" if a is None else f"seq {a['seq']} matched"}
+        anchor = ("none" if a is None else f"seq {a['seq']} matched (unsigned, legacy)" if isinstance(a, dict)
+                  else f"size {a.tree_size} consistent")
+        return {"n_rows": len(rows), "head": rows[-1].mac if rows else GENESIS, "root": st.root().hex(),
+                "key_fp": self.keys.fingerprint, "anchor": anchor, "unsigned": len(rows) - len(st.heads)}
 
     def rows(self) -> list[Row]:
         """Verified rows, in order."""
-        self.verify()
-        return self._parse()
+        return self.state().rows
 
     def registry(self) -> dict[str, int]:
         """Forgotten subjects: subject hash -> receipt seq (verified first)."""
@@ -171,10 +197,28 @@ class Ledger:
         v = self.verify()
         return v["n_rows"], v["head"]
 
+    def record(self) -> dict[str, str]:
+        """What a warehouse records about the log it reflects: size, newest MAC, Merkle root."""
+        st = self.state()
+        return {"ledger_seq": str(st.size), "ledger_head": st.rows[-1].mac if st.rows else GENESIS,
+                "ledger_root": st.root().hex()}
+
+    def check_recorded(self, meta: dict, what: str, st: LogState | None = None) -> None:
+        """Refuse a log that is shorter than, or inconsistent with, a record ``meta`` (the keys of
+        :meth:`record`; absent keys are not checked) made by ``what``."""
+        if meta.get("ledger_seq") is None:
+            return
+        st = st or self.state()
+        n = int(meta["ledger_seq"])
+        logaudit.check_recorded(st, n, meta.get("ledger_root"), what)
+        mac = meta.get("ledger_head")
+        if n and mac is not None and not Keys.equal(st.rows[n - 1].mac, mac):
+            raise logaudit.LedgerRollbackError(n, f"receipt {n} is not the one {what} recorded (the log was rewritten)")
+
     # -- writing -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self):
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -182,8 +226,35 @@ class Ledger:
         finally:
             os.close(fd)
 
+    def _sign_tail(self, st: LogState) -> list[signing.TreeHead]:
+        """Sign a head for every tree size that has none (an interrupted append, or a log from
+        before signing); the rows were authenticated by their MACs. Caller holds the lock."""
+        key = self.signer(create=not st.heads)  # never a new key for a log that has signed heads
+        prev = st.heads[-1].digest() if st.heads else signing.ZERO
+        new = []
+        for size in range(len(st.heads) + 1, st.size + 1):
+            h = signing.sign_head(key, size, st.root(size), prev)
+            _append_line(self.heads_path, h.line())
+            new.append(h)
+            prev = h.digest()
+        if new:
+            self._write_anchor(new[-1])
+        elif st.heads and not isinstance(self.anchor(), signing.TreeHead):
+            self._write_anchor(st.heads[-1])  # a legacy or missing anchor: store the signed one
+        return new
+
+    def complete(self) -> int:
+        """Sign any receipt that has no signed head yet (and replace a legacy anchor); returns how
+        many heads were signed. Nothing is created for a log that needs nothing."""
+        st = self.state()
+        if st.size == len(st.heads) and (not st.heads or isinstance(self.anchor(), signing.TreeHead)):
+            return 0
+        with self._locked():
+            return len(self._sign_tail(self.state()))
+
     def append(self, kind: str, subject_id_hash: str, payload: dict, ts: str | None = None) -> Row:
-        """Append one receipt (aggregates only in ``payload``); durable (fsynced) on return."""
+        """Append one receipt (aggregates only in ``payload``) and sign the new tree head;
+        durable (fsynced) on return."""
         if not kind or not isinstance(kind, str):
             raise LedgerError(f"kind must be a non-empty string, got {type(kind).__name__}")
         try:
@@ -191,45 +262,39 @@ class Ledger:
         except (TypeError, ValueError) as exc:
             raise LedgerError(f"receipt payload is not canonical JSON: {exc}") from exc
         with self._locked():
-            seq, prev = self.head()
+            st = self.state()
+            self.signer(create=not st.heads)  # before the row: a missing key must not leave it unsigned
+            self._sign_tail(st)
+            seq, prev = st.size, st.rows[-1].mac if st.rows else GENESIS
             row = Row(seq + 1, ts or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), kind, str(subject_id_hash),
                       json.loads(canonical_json(payload)), self.keys.fingerprint, prev, "")
             row = Row(**{**row.to_json(), "mac": self.keys.mac("ledger", row.body())})
-            line = (canonical_json(row.to_json()) + "\n").encode("ascii")
-            new = not self.path.exists()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if new:
-                dfd = os.open(self.dir, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-            self._write_anchor(row.seq, row.mac)
+            _append_line(self.path, row.line().decode("ascii"))
+            self._sign_tail(self.state())
         return row
 
     # -- auditor exports -----------------------------------------------------------------
     def export(self, out_dir: str | os.PathLike) -> dict:
-        """Write ``receipt-<seq>.json`` per row and ``head.json``; returns the head record."""
-        v = self.verify()
+        """Write ``receipt-<seq>.json`` per row and ``head.json`` (the newest signed tree head,
+        for ``receipts verify --head``); returns the head record."""
+        with self._locked():
+            self._sign_tail(self.state())
+        st = self.state()
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        for r in self._parse():
+        for r in st.rows:
             (out / f"receipt-{r.seq:06d}.json").write_text(json.dumps(r.to_json(), indent=1, sort_keys=True) + "\n")
-        head = {"n_rows": v["n_rows"], "head": v["head"], "key_fp": v["key_fp"],
-                "verify": f"forgetful receipts verify --head {v['head']} --min-count {v['n_rows']}"}
-        (out / "head.json").write_text(json.dumps(head, indent=1, sort_keys=True) + "\n")
-        return head
+        sth = st.heads[-1].to_json() if st.heads else None
+        if sth is not None:
+            (out / "head.json").write_text(json.dumps(sth, indent=1, sort_keys=True) + "\n")
+        return {"n_rows": st.size, "head": st.rows[-1].mac if st.rows else GENESIS, "root": st.root().hex(),
+                "sth": sth}
 
     def summary(self) -> dict:
         """Aggregates only (no hashes of ids): counts, chain status, head, last deletion time."""
         try:
             v = self.verify()
-            rows = self._parse()
+            rows = self.state().rows
             ok, where, reason = True, None, None
         except LedgerTamperedError as exc:
             rows, v, ok, where, reason = [], {"n_rows": 0, "head": None}, False, exc.seq, exc.reason
@@ -240,3 +305,55 @@ class Ledger:
         return {"count": v["n_rows"], "certified": certified, "by_kind": by_kind, "chain_verified": ok,
                 "first_bad_seq": where, "reason": reason, "head": v["head"],
                 "last_ts": rows[-1].ts if rows else None}
+
+
+def tree_of(st: LogState) -> translog.Tree:
+    """The Merkle tree of a log state (for proofs)."""
+    return translog.Tree(st.leaves)
+
+
+def accept_rollback(warehouse: str | os.PathLike, ledger_dir: str | os.PathLike | None = None,
+                    wait: float | None = None) -> dict:
+    """Recovery after a restored (shorter or replaced) log when no newer copy exists: append a
+    ``rollback_accepted`` receipt that states what the warehouse had recorded, and record the new
+    log in the warehouse. The warehouse's rows stay as they are (the patients forgotten after
+    the backup stay absent), but the registry no longer names them: forget each of them again
+    (``forget --subject-id ID --allow-absent``) before the next build. Auditors who kept a newer
+    head see the fork; the receipt tells them why. Operator only (needs both keys)."""
+    from . import locking
+    from .errors import LedgerRollbackError
+    from .warehouse import Warehouse, read_meta, require
+
+    p = require(warehouse).resolve()
+    led_dir = Path(ledger_dir or default_dir(p)).resolve()
+    with locking.hold(p, exclusive=True, wait=wait):
+        meta = read_meta(p)
+        led = Ledger(led_dir, Keys.load(create=False))
+        st = led.state(check_anchor=False)  # every row MAC'd, every head chained: the log itself is genuine
+        recorded, reasons = int(meta.get("ledger_seq") or 0), []
+        try:
+            led.check_recorded(meta, f"the warehouse {p.name}", st)
+        except LedgerRollbackError as exc:
+            reasons.append(exc.reason)
+        a = led.anchor()
+        if isinstance(a, signing.TreeHead):
+            try:
+                logaudit.check_kept_head(st, a, led.public_key(), "the anchor")
+            except LedgerRollbackError as exc:
+                reasons.append(exc.reason)
+                recorded = max(recorded, a.tree_size)
+                logaudit.anchor_path(led.path).unlink()  # replaced by the next append's signed head
+        if not reasons:
+            return {"accepted": False, "message": "nothing to accept: the log extends what the warehouse and the "
+                                                  "anchor recorded"}
+        payload = {"recorded_size": recorded, "recorded_root": meta.get("ledger_root"), "log_size": st.size,
+                   "log_root": st.root().hex(), "reasons": reasons}
+        row = led.append(ROLLBACK_KIND, GENESIS, payload)
+        w = Warehouse(p, led.keys, led)
+        w.record_ledger()
+    lost = max(recorded - st.size, 1)
+    return {"accepted": True, "receipt_seq": row.seq, "recorded_size": recorded, "log_size": st.size,
+            "message": f"rollback accepted as receipt #{row.seq}: the warehouse had recorded {recorded} receipts, the "
+                       f"log held {st.size}; at least {lost} deletion(s) are missing from the registry. The warehouse "
+                       "still holds none of those patients: forget each again (forgetful forget --subject-id ID "
+                       "--allow-absent) before the next build, which would otherwise bring them back"}

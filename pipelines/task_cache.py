@@ -17,6 +17,12 @@ result folder runs code on the next cache hit — measured: a crafted record exe
 * links: a cache folder found as a symbolic link is never followed — the link itself is removed
   (said on stderr) and a real owner-only folder made; entries are written owner-only with
   ``O_EXCL | O_NOFOLLOW`` (:mod:`pipelines.safe_io`).
+* run time: each entry records when its computation ran (start, end; :func:`_pack`). A study whose
+  tasks come from the cache reports the original computation's run time, not the seconds of the
+  cache hits: every hit and miss is tallied per flow run (:func:`take_tally`), and
+  :func:`pipelines.runner.write_study_result` puts the original seconds in ``runtime_s`` and says so.
+  The layout of an entry is part of the key (the source of :func:`_pack`), so an entry written in
+  another layout is never read.
 """
 from __future__ import annotations
 
@@ -26,7 +32,11 @@ import hashlib
 import inspect
 import json
 import os
+import sys
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +99,84 @@ def _source_digest(fn: Callable) -> str:
     return hashlib.sha256(src.encode()).hexdigest()
 
 
+def _pack(out: Any, start: float, end: float) -> str:
+    """An entry's body: the result and when its computation ran (epoch seconds)."""
+    return dumps({"computed": [float(start), float(end)], "result": out})
+
+
+def _unpack(body: str) -> tuple[Any, tuple[float, float]]:
+    d = loads(body)
+    start, end = d["computed"]
+    return d["result"], (float(start), float(end))
+
+
+#: the entry layout, part of every key (an entry written by another :func:`_pack` is never read)
+_LAYOUT = hashlib.sha256((inspect.getsource(_pack) + inspect.getsource(_unpack)).encode()).hexdigest()
+
+
+@dataclass
+class Tally:
+    """The cached tasks of one flow run: how many were served from the cache and computed, the
+    wall-clock spans (epoch seconds) of this run's cache hits and of their original computations."""
+
+    hits: int = 0
+    computed: int = 0
+    hit_spans: list[tuple[float, float]] = field(default_factory=list)
+    original_spans: list[tuple[float, float]] = field(default_factory=list)
+
+
+_tallies: dict[str | None, Tally] = {}
+_tally_lock = threading.Lock()
+
+
+def run_key() -> str | None:
+    """The flow run a cached task (or a flow body) belongs to: a task's ``flow_run_id``, else the
+    current flow run; None outside Prefect."""
+    if "prefect" not in sys.modules:
+        return None
+    try:
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        t = TaskRunContext.get()
+        if t is not None and t.task_run.flow_run_id is not None:
+            return str(t.task_run.flow_run_id)
+        f = FlowRunContext.get()
+        if f is not None and f.flow_run is not None:
+            return str(f.flow_run.id)
+    except Exception:  # noqa: BLE001 - no context: the process-wide tally
+        pass
+    return None
+
+
+def _record(hit: bool, span: tuple[float, float], original: tuple[float, float] | None = None) -> None:
+    key = run_key()
+    with _tally_lock:
+        t = _tallies.setdefault(key, Tally())
+        if hit:
+            t.hits += 1
+            t.hit_spans.append(span)
+            t.original_spans.append(original)
+        else:
+            t.computed += 1
+
+
+def take_tally(key: str | None) -> Tally | None:
+    """The tally of the flow run ``key`` (see :func:`run_key`), removed; None if it had no cached task."""
+    with _tally_lock:
+        return _tallies.pop(key, None)
+
+
+def covered(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``spans`` (tasks that ran side by side count once)."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
 def cached(fn: Callable) -> Callable:
     """Decorate a task body: results are cached per (task source, non-path parameters) in the
     cache of the ``warehouse`` parameter. Tasks without a warehouse run uncached."""
@@ -106,20 +194,26 @@ def cached(fn: Callable) -> Callable:
         from .warehouse import cache_dir
 
         params = {k: v for k, v in bound.arguments.items() if k not in PATH_PARAMS}
-        key = hashlib.sha256(dumps([fn.__qualname__, digest, params]).encode()).hexdigest()[:40]
+        key = hashlib.sha256(dumps([fn.__qualname__, digest, _LAYOUT, params]).encode()).hexdigest()[:40]
         keys = Keys.load()
         d = cache_dir(warehouse)
         p = d / f"{fn.__name__}-{key}.json"
         if p.is_file():
+            t0 = time.time()
             try:
                 mac, body = p.read_text().split("\n", 1)
                 if keys.equal(keys.mac("cache", body.encode()), mac):
-                    return loads(body)
-            except (ValueError, OSError):
+                    out, original = _unpack(body)
+                    _record(True, (t0, time.time()), original)
+                    return out
+            except (ValueError, OSError, KeyError, TypeError):
                 pass
             p.unlink(missing_ok=True)  # tampered or truncated: recompute
+        t0 = time.time()
         out = fn(*args, **kwargs)
-        body = dumps(out)
+        t1 = time.time()
+        _record(False, (t0, t1))
+        body = _pack(out, t0, t1)
         from .safe_io import is_link, open_nofollow, remove_own_dir
 
         if is_link(d):

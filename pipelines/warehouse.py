@@ -16,7 +16,7 @@ from typing import Iterator
 
 import duckdb
 
-from . import locking
+from . import locking, runs_registry
 from .errors import WarehouseMissingError
 
 META = "forgetful_meta"
@@ -36,6 +36,34 @@ def subjects_present(con) -> set[int]:
                             "AND schema_name = current_schema() AND database_name = current_database()").fetchall():
         out.update(int(r[0]) for r in con.execute(f"SELECT DISTINCT subject_id FROM {t}").fetchall() if r[0] is not None)
     return out
+
+
+def read_meta(warehouse: str | os.PathLike) -> dict[str, str]:
+    """Every key of the warehouse's meta table (empty when it has none)."""
+    con = duckdb.connect(str(warehouse), read_only=True)
+    try:
+        if META not in _tables(con):
+            return {}
+        return {str(k): str(v) for k, v in con.execute(f"SELECT key, value FROM {META}").fetchall()}
+    finally:
+        con.close()
+
+
+def check_key_location(warehouse: Path, ledger_dir: Path, meta: dict[str, str]) -> None:
+    """No key file beside the warehouse or inside its ledger, runs or export folders
+    (:func:`pipelines.keys.check_location`)."""
+    import json
+
+    from .keys import check_location, key_files
+
+    dirs = runs_registry.resolve(runs_registry.load(meta.get("runs_dirs")), warehouse.parent)
+    dirs += [Path(d) for key in ("exports", "meds_exports") for d in json.loads(meta.get(key) or "[]")]
+    check_location(key_files(), warehouse, [ledger_dir, *dirs])
+
+
+def put_meta(con, key: str, value: str) -> None:
+    con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [key, value])
 
 
 def get_meta(con, key: str) -> str | None:
@@ -77,13 +105,17 @@ class Warehouse:
         refuse_link(p.parent / (p.name + ".wal"), "warehouse WAL")
         if must_exist:
             require(p)
-        keys = Keys.load()
-        led = ledger_mod.Ledger(ledger_dir or ledger_mod.default_dir(p), keys)
+        led_dir = Path(ledger_dir or ledger_mod.default_dir(p)).resolve()
         with locking.hold(p, exclusive=write, wait=wait):
+            meta = read_meta(p) if p.is_file() else {}
+            check_key_location(p, led_dir, meta)  # before a key is read or created
+            keys = Keys.load()
+            led = ledger_mod.Ledger(led_dir, keys)
             w = cls(p, keys, led)
-            check_key_location(p, led.dir, w.runs_dirs())
+            led.check_recorded(meta, f"the warehouse {p.name}")  # no rollback: nothing is touched
             if write:
                 locking.clean_stale(p)
+                led.complete()  # sign receipts an interrupted append left without a signed head
             if reconcile and p.is_file():
                 if write:
                     from .forget import complete_pending
@@ -130,8 +162,18 @@ class Warehouse:
         return ForgetExclusion(self.keys, set(self.ledger.registry()), self.forgotten_stays())
 
     def ledger_meta(self) -> dict[str, str]:
-        n, head = self.ledger.head()
-        return {"ledger_seq": str(n), "ledger_head": head}
+        """The log state this warehouse records (size, newest MAC, Merkle root)."""
+        return self.ledger.record()
+
+    def record_ledger(self) -> None:
+        """Record the current log state in the meta table (the warehouse reflects every receipt)."""
+        con = self.connect()
+        try:
+            con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
+            for k, v in self.ledger_meta().items():
+                con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [k, v])
+        finally:
+            con.close()
 
     def _remember(self, key: str, path: str | os.PathLike) -> None:
         """Add a resolved path to the JSON list ``key`` of the warehouse's meta table."""
@@ -160,19 +202,53 @@ class Warehouse:
 
     def register_runs_dir(self, runs_dir: str | os.PathLike) -> None:
         """Remember a runs directory that holds results of this warehouse (so a forget can mark
-        them stale and purge them, wherever it is run from)."""
-        self._remember("runs_dirs", runs_dir)
+        them stale and rewrite their ledger card, wherever it is run from).
+
+        Runs folders are registered by identity (:mod:`pipelines.runs_registry`): the id in the
+        folder's ``.forgetful-runs-id`` plus its path relative to the warehouse, so a moved
+        folder is still found and a copy is a folder of its own."""
+        con = self.connect()
+        try:
+            entries = runs_registry.load(get_meta(con, "runs_dirs"))
+            new = runs_registry.register(entries, runs_dir, self.path.parent)
+            if new != entries:
+                put_meta(con, "runs_dirs", runs_registry.dump(new))
+        finally:
+            con.close()
+
+    def runs_registry(self) -> list[dict]:
+        """The stored registrations (for :func:`cohort build <pipelines.flows.clinical_cohort.build_task>`
+        to carry over into a rebuilt warehouse with :meth:`restore_runs_registry`)."""
+        if not self.path.is_file():
+            return []
+        con = self.connect(read_only=True)
+        try:
+            return runs_registry.load(get_meta(con, "runs_dirs"))
+        finally:
+            con.close()
+
+    def restore_runs_registry(self, entries: list[dict]) -> None:
+        con = self.connect()
+        try:
+            put_meta(con, "runs_dirs", runs_registry.dump(entries))
+        finally:
+            con.close()
 
     def runs_dirs(self) -> list[Path]:
-        return self._remembered("runs_dirs")
+        """The registered runs folders that exist now, each found by its id (never a copy of one)."""
+        return runs_registry.resolve(self.runs_registry(), self.path.parent)
 
-    def register_export(self, folder: str | os.PathLike) -> None:
-        """Remember a folder ``forgetful export`` wrote record-level Parquet into (a forget
-        erases the patient from it too; see :mod:`pipelines.exports`)."""
-        self._remember("exports", folder)
+    def register_export(self, folder: str | os.PathLike, fmt: str = "parquet") -> None:
+        """Remember a folder ``forgetful export`` wrote record-level Parquet (``fmt="meds"``: a
+        MEDS dataset) into; a forget erases the patient from it too (:mod:`pipelines.exports`)."""
+        self._remember("meds_exports" if fmt == "meds" else "exports", folder)
 
     def export_dirs(self) -> list[Path]:
-        return self._remembered("exports")
+        """The registered export folders: Parquet exports, then MEDS exports (typed
+        :class:`pipelines.exports.MedsFolder`, so the erasure knows which files are its own)."""
+        from .exports import MedsFolder
+
+        return self._remembered("exports") + [MedsFolder(p) for p in self._remembered("meds_exports")]
 
 
 class ForgetExclusion:
@@ -197,43 +273,10 @@ class ForgetExclusion:
         return np.fromiter((self._keys.stay_hash(int(s)) in self._stays for s in ids), dtype=bool, count=ids.size)
 
 
-ALLOW_KEY_ENV = "FORGETFUL_ALLOW_KEY_BESIDE_DATA"
-
-
-def check_key_location(warehouse: Path, ledger_dir: Path, runs_dirs=()) -> None:
-    """Refuse a key file (or the config folder with the key and the anchors) inside the
-    warehouse folder, a runs folder or the ledger folder: a copy or backup of the data would
-    carry the secret that authenticates it. A container that is the home folder or above it is
-    not counted (the default config folder lives there). ``$FORGETFUL_ALLOW_KEY_BESIDE_DATA=1``
-    accepts it anyway."""
-    from .errors import KeyBesideDataError
-    from .keys import KEY_ENV, config_dir, key_file
-
-    if os.environ.get(ALLOW_KEY_ENV) == "1":
-        return
-    home = Path.home().resolve()
-    places = [warehouse.parent, Path(ledger_dir), *map(Path, runs_dirs)]
-    secrets = [("the config folder (key, anchors)", config_dir())]
-    if not os.environ.get(KEY_ENV):
-        secrets.append(("the key file", key_file()))
-    for what, q in secrets:
-        q = Path(q).expanduser().resolve()
-        for d in places:
-            d = Path(d).resolve()
-            if d == home or d in home.parents:
-                continue
-            if q == d or d in q.parents:
-                raise KeyBesideDataError(
-                    f"{what} {q} lies inside {d}, beside the data it protects (a copy or backup of the data "
-                    f"would carry it): move it out (set FORGETFUL_CONFIG_DIR / FORGETFUL_KEY_FILE), or set "
-                    f"{ALLOW_KEY_ENV}=1 to accept it")
-
-
 def require(warehouse: str | os.PathLike) -> Path:
     p = Path(warehouse)
     if not p.is_file():
-        raise WarehouseMissingError(
-            f"warehouse {p} does not exist; build it first with `forgetful build-cohort --warehouse {p}`")
+        raise WarehouseMissingError.at(p)
     return p
 
 

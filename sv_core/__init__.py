@@ -1,11 +1,13 @@
 """sv_core: the fixed-C support-vector gate.
 
-Kernels, the exact maintained fp64 Cauwenberghs-Poggio solver, reserve certificates, deletion
-receipts, the independent refit oracle, and differentiable paths.
+Kernels, the exact maintained fp64 Cauwenberghs-Poggio solver, the certified solve (SMO +
+bordered KKT system + KKT check), reserve certificates, deletion receipts, the independent refit
+oracle, and differentiable paths.
 """
 from ._fastpath import fast_path_available, reference_loop
 from ._version import __version__
 from .calibrate import calibrate_C, warmup_size
+from .certified import CertifiedSolution, SolveCertificate, solve
 from .errors import (
     GateError,
     InfeasibleError,
@@ -25,7 +27,8 @@ from .refit import refit
 from .streaming import StreamingGate
 
 __all__ = [
-    "Gate", "StreamingGate", "refit", "calibrate_C", "warmup_size", "rbf_kernel", "torch_kernel",
+    "Gate", "StreamingGate", "refit", "solve", "CertifiedSolution", "SolveCertificate", "calibrate_C",
+    "warmup_size", "rbf_kernel", "torch_kernel",
     "Certificate", "Receipt", "GateError", "InfeasibleError", "InvalidKeysError",
     "InvalidParameterError", "PathError", "RefitError", "UnknownTokenError", "WarmupError",
     "InvalidStateError", "InvalidTokenIdError", "VerificationError",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._blas import single_thread
-from ._state import ERROR, MARGIN, RESERVE
+from ._state import ERROR, MARGIN, RESERVE, SNAP_TOL
 from .errors import PathError, RefitError
 from .refit import refit, smo_polish
 
@@ -31,28 +31,56 @@ VERIFY_SCORE_TOL = 1e-6
 VERIFY_KKT = 1e-9
 
 
+def _repeat_candidates(X: np.ndarray) -> np.ndarray:
+    """Rows that may repeat another row (increasing): equal rows have equal hashes
+    ``sum_k X[:, k] w_k`` (the same elementwise arithmetic), so rows with a unique hash are
+    excluded in O(n log n) before the exact row comparison."""
+    n, d = X.shape
+    if n < 2:
+        return np.zeros(0, dtype=np.int64)
+    h = X[:, 0].copy()
+    for k in range(1, d):
+        h += X[:, k] * (1.0 + 0.6180339887498949 * k)
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    same = hs[1:] == hs[:-1]
+    if not same.any():
+        return np.zeros(0, dtype=np.int64)
+    keep = np.zeros(n, dtype=bool)
+    keep[1:] |= same
+    keep[:-1] |= same
+    return np.sort(order[keep])
+
+
 def consolidate_repeats(X: np.ndarray, a: np.ndarray, status: np.ndarray, C: float):
     """Bit-identical keys have identical kernel columns, so any split of their mass is optimal;
     gather it (members at C, one remainder, the rest 0) so at most one of them is a margin key
-    and the bordered system stays non-singular. Gradients and scores are unchanged."""
-    _, inv, counts = np.unique(X, axis=0, return_inverse=True, return_counts=True)
+    and the bordered system stays non-singular. Gradients and scores are unchanged. The count at
+    C is read with ``SNAP_TOL`` (a group whose members all sit at C sums to k·C only up to
+    rounding: it stays k members at C, with no margin member holding a rounding residue)."""
+    cand = _repeat_candidates(X)
+    if cand.size == 0:
+        return a, status
+    _, inv, counts = np.unique(X[cand], axis=0, return_inverse=True, return_counts=True)
     if counts.max(initial=1) < 2:
         return a, status
     a = a.copy()
     status = status.copy()
     inv = inv.ravel()
     for grp in np.flatnonzero(counts > 1):
-        mem = np.flatnonzero(inv == grp)
+        mem = cand[inv == grp]
         m = float(a[mem].sum())
-        for k in mem:
-            take = min(C, m)
-            if take >= C:
+        full = min(mem.size, int(np.floor(m / C + SNAP_TOL)))
+        rem = m - full * C
+        if rem <= SNAP_TOL * C:
+            rem = 0.0
+        for r, k in enumerate(mem):
+            if r < full:
                 a[k], status[k] = C, ERROR
-            elif take > 0.0:
-                a[k], status[k] = take, MARGIN
+            elif r == full and rem > 0.0:
+                a[k], status[k] = rem, MARGIN
             else:
                 a[k], status[k] = 0.0, RESERVE
-            m -= take
     return a, status
 
 

@@ -108,8 +108,7 @@ def from_solution(cls: type[Gate], X, alpha, C: float, sigma: float, refactor_ev
     a = np.clip(a, 0.0, g.C)
     status = np.where(a <= 0.0, RESERVE, np.where(a >= g.C, ERROR, MARGIN)).astype(np.int8)
     a, status = consolidate_repeats(A, a, status, g.C)
-    sup = a != 0.0
-    f = 2.0 * core.K[:n, :n][:, sup] @ a[sup]
+    f = 2.0 * (core.K[:n, :n] @ a)  # a dense mat-vec: no (n, |support|) copy
     mar = status == MARGIN
     rho = float(np.mean(core.kd[:n][mar] - f[mar])) if mar.any() else 0.0
     try:

@@ -32,6 +32,8 @@ DUPLICATE_TOL = 1e-12
 #: feature-space squared distance below which a key reaching the margin set next to a margin key
 #: is a *near-twin*: instead of joining S beside it (a near-singular bordered system) it swaps in
 NEAR_TWIN_TOL = 1e-9
+#: kernel entries per block when new keys' rows are computed into the stored Gram matrix
+APPEND_BLOCK = 1 << 20
 #: operations between exact recomputes of the gradient (it is updated incrementally in between)
 G_REFRESH = 32
 #: operations between unconditional re-solves of the margin system (see ``finish``)
@@ -195,9 +197,13 @@ class SolverState:
         hi = lo + m
         self._grow(hi)
         self.X[lo:hi] = Xnew
-        Knew = rbf_kernel(Xnew, self.X[:hi], self.sigma)
-        self.K[lo:hi, :hi] = Knew
-        self.K[:hi, lo:hi] = Knew.T
+        # new rows in blocks straight into K (the kernel's temporaries stay O(block), not O(m n))
+        step = max(1, APPEND_BLOCK // hi)
+        for r in range(lo, hi, step):
+            e = min(hi, r + step)
+            Kb = rbf_kernel(self.X[r:e], self.X[:hi], self.sigma)
+            self.K[r:e, :hi] = Kb
+            self.K[:hi, r:e] = Kb.T
         self.kd[lo:hi] = np.diag(self.K)[lo:hi]
         self.alpha[lo:hi] = 0.0
         self.g[lo:hi] = 0.0

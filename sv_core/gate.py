@@ -25,6 +25,7 @@ from ._gate_exact import (  # noqa: F401
 )
 from ._gate_state import STATE_KKT_TOL  # noqa: F401
 from .calibrate import warmup_size
+from .certified import load_certified
 from .errors import (
     GateError,
     InfeasibleError,
@@ -45,6 +46,13 @@ _check_params = check_params  # backward-compatible private alias
 _STATUS_NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
 
 
+#: first-solve methods of :class:`Gate` (``cold_solve``)
+COLD_SOLVES = ("auto", "certified", "path")
+#: with ``cold_solve="auto"`` a first solve of at least this many keys uses the certified solve
+#: (below it settling keys one by one is as fast; measured by ``python -m sv_core.bench_solve --gate``)
+CERTIFIED_MIN_KEYS = 16
+
+
 class WarmupError(GateError):
     """The gate has fewer than ``ceil(1/C) + 2`` keys: it is not solved and has no gate score."""
 
@@ -60,6 +68,12 @@ class Gate(ExactCompletionMixin):
         RBF bandwidth, ``k(a, b) = exp(-||a - b||^2 / sigma^2)``.
     refactor_every : int
         Low-rank updates between full refactorisations of the bordered inverse.
+    cold_solve : "auto" | "certified" | "path"
+        How the first solve (the admission that reaches ``warmup_size``) is done: by the certified
+        solve (:func:`sv_core.solve`: SMO, margin system, KKT on the recomputed gradient) and the
+        maintained state loaded from it, or by settling the keys one by one on the C&P path.
+        "auto" uses the certified solve from ``CERTIFIED_MIN_KEYS`` keys. If the certified solve
+        cannot certify, the path is taken (``cold_solve_log`` says so).
 
     Attributes
     ----------
@@ -68,9 +82,14 @@ class Gate(ExactCompletionMixin):
     rho : float, offset (``nan`` in warm-up).
     """
 
-    def __init__(self, C: float, sigma: float, refactor_every: int = 64):
+    def __init__(self, C: float, sigma: float, refactor_every: int = 64, cold_solve: str = "auto"):
         self.C, self.sigma = _check_params(C, sigma)
         self.refactor_every = int(refactor_every)
+        if cold_solve not in COLD_SOLVES:
+            raise InvalidParameterError(f"cold_solve must be one of {COLD_SOLVES}, got {cold_solve!r}")
+        self.cold_solve = cold_solve
+        #: one ``{"method", "keys", "kkt_violation", "fallback_reason"}`` dict per first solve
+        self.cold_solve_log: list[dict] = []
         self._core: MaintainedSVDD | None = None
         self._slot_of: dict[int, int] = {}
         self._id_of_slot: list[int] = []
@@ -194,7 +213,7 @@ class Gate(ExactCompletionMixin):
                 self._id_of_slot.append(int(i))
             if not core.solved:
                 if self.n >= self.warmup_size:
-                    self._guarded("initialise", core.initialise)
+                    self._guarded("initialise", self._initialise_step(core))
             else:
                 def step():
                     ev = 0
@@ -215,6 +234,30 @@ class Gate(ExactCompletionMixin):
                 self._core = None if ids_before[0] == 0 else core
             raise
         return new_ids
+
+    def _initialise_step(self, core: MaintainedSVDD):
+        """The first solve: certified solve + state load, or C&P settling (see ``cold_solve``)."""
+        n = self.n
+        if self.cold_solve == "path" or (self.cold_solve == "auto" and n < CERTIFIED_MIN_KEYS):
+            def settle() -> int:
+                self.cold_solve_log.append({"method": "path", "keys": n, "kkt_violation": None,
+                                            "fallback_reason": None})
+                return core.initialise()
+
+            return settle
+
+        def certified_step() -> int:
+            try:
+                cert = load_certified(core)
+            except PathError as exc:  # not certified (core untouched): settle one by one instead
+                self.cold_solve_log.append({"method": "path", "keys": n, "kkt_violation": None,
+                                            "fallback_reason": str(exc)})
+                return core.initialise()
+            self.cold_solve_log.append({"method": "certified", "keys": n,
+                                        "kkt_violation": cert.kkt_violation, "fallback_reason": None})
+            return 0
+
+        return certified_step
 
     # ------------------------------------------------------------------ scores and readout
     def score(self, P) -> np.ndarray:
@@ -433,7 +476,15 @@ class Gate(ExactCompletionMixin):
         return receipt
 
     def forget_many(self, token_ids: Iterable[int], verify: bool = False) -> list[Receipt]:
-        """Forget several tokens; all-or-nothing (the gate is restored if any deletion fails)."""
+        """Forget several tokens; all-or-nothing (the gate is restored if any deletion fails).
+
+        ``verify=True`` compares the state after the last deletion with one independent same-C
+        :func:`refit` of the retained keys (probes: retained, removed and jittered keys). That one
+        comparison verifies every deletion of the call, so each receipt carries it, with
+        ``verification["batch_tokens"]`` naming the tokens it covers; the intermediate states
+        (after some but not all of the deletions) are not refit. ``fallback`` is set on the last
+        receipt when the verification took the exact fallback.
+        """
         try:
             token_ids = list(token_ids)
         except TypeError as exc:
@@ -445,11 +496,15 @@ class Gate(ExactCompletionMixin):
             return []
         slots = [self._slot(t) for t in tids]
         self._preflight(len(tids), f"{len(tids)} tokens")
+        removed = self._solver.X[slots].copy() if verify else None
         saved = self._save()
         try:
             out = [self._forget_slot(t, s) for t, s in zip(tids, slots)]
             if verify and self.gated:
-                self._verify_or_fallback(out[-1], None, 0)
+                self._verify_or_fallback(out[-1], removed, 0)
+                ver = out[-1].verification or {}
+                for r in out:
+                    r.verification = {**ver, "batch_tokens": list(tids)}
         except BaseException:
             self._rollback(saved)
             raise

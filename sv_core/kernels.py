@@ -32,7 +32,11 @@ def sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
             B = B - c
     an = np.einsum("ij,ij->i", A, A)
     bn = np.einsum("ij,ij->i", B, B)
-    D = an[:, None] + bn[None, :] - 2.0 * (A @ B.T)
+    # (an_i + bn_j) - 2 a_i.b_j with two (n, m) buffers (the products are exact scalings)
+    P = A @ B.T
+    P *= 2.0
+    D = np.add.outer(an, bn)
+    np.subtract(D, P, out=D)
     np.maximum(D, 0.0, out=D)
     return D
 
@@ -52,7 +56,9 @@ def rbf_kernel(A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
     """
     A = np.atleast_2d(np.asarray(A, dtype=np.float64))
     B = np.atleast_2d(np.asarray(B, dtype=np.float64))
-    return np.exp(-sq_dists(A, B) / float(sigma) ** 2)
+    D = sq_dists(A, B)
+    np.divide(D, -(float(sigma) ** 2), out=D)  # = (-D) / sigma^2, in place
+    return np.exp(D, out=D)
 
 
 def torch_kernel(A, B, sigma):
@@ -75,3 +81,37 @@ def torch_kernel(A, B, sigma):
     D = an + bn - 2.0 * (A @ B.transpose(-1, -2))
     D = torch.clamp(D, min=0.0)
     return torch.exp(-D / (sigma * sigma))
+
+
+#: elements of one (rows x columns) kernel block in :func:`rbf_matvec` (~2 MB per fp64 temporary)
+MATVEC_BLOCK = 1 << 18
+
+
+def rbf_matvec(A: np.ndarray, B: np.ndarray, w: np.ndarray, sigma: float,
+               block: int = MATVEC_BLOCK) -> np.ndarray:
+    """``rbf_kernel(A, B, sigma) @ w`` without forming the (n, m) matrix.
+
+    The product is computed over row blocks of ``A`` with at most ``block`` kernel entries each
+    (the same kernel, :func:`rbf_kernel`, entry for entry), so the memory is O(block) whatever
+    ``n``. Each row's sum is one BLAS mat-vec over all of ``B``.
+
+    Parameters
+    ----------
+    A : (n, d) array;  B : (m, d) array;  w : (m,) weights;  sigma : float > 0, bandwidth
+    block : int, kernel entries per block
+
+    Returns
+    -------
+    (n,) float64 array
+    """
+    A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+    B = np.atleast_2d(np.asarray(B, dtype=np.float64))
+    w = np.asarray(w, dtype=np.float64).reshape(-1)
+    n, m = A.shape[0], B.shape[0]
+    out = np.zeros(n)
+    if m == 0 or n == 0:
+        return out
+    rows = max(1, int(block) // m)
+    for lo in range(0, n, rows):
+        out[lo : lo + rows] = rbf_kernel(A[lo : lo + rows], B, sigma) @ w
+    return out

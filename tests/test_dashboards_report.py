@@ -389,3 +389,168 @@ def test_no_low_power_warning_for_a_well_powered_result(tmp_path):
                                                                                    "auroc_diff_high": 0.1}}}}
     w = low_power_warning(det)
     assert "3 test-split stays" in w and "1 interval(s) have zero width" in w
+
+
+# ---------------------------------------------------------------- a results section, not a dump (issue 18)
+def _article(page: str, study: str) -> str:
+    m = re.search(rf'<article class="study[^"]*" id="study-{study}">(.*?)</article>', page, re.S)
+    assert m, f"no card for {study}"
+    return m.group(1)
+
+
+def test_every_not_run_card_names_the_command_that_fills_it(tmp_path):
+    from dashboards.commands import RESULT_COMMANDS
+    from pipelines.cli import COMMANDS
+
+    page = render_report(tmp_path)  # empty runs folder: every study is "not run"
+    for study in KNOWN_STUDIES:
+        cmd = RESULT_COMMANDS[study]
+        assert f"Fill it with <code>{cmd}</code>" in _article(page, study), study
+        word = cmd.split()[1]
+        assert cmd.startswith("forgetful ") and word in COMMANDS, f"{study}: {cmd} is not a forgetful command"
+    summary = page[page.index('id="summary"'):page.index('id="cohort"')]
+    assert "<code>forgetful heldout-spo2</code>" in summary
+
+
+def test_chart_seed_and_claims_up_front_everything_else_collapsed(tmp_path):
+    page = render_report(write_fixture_runs(tmp_path))
+    card = _article(page, "icu_retention")
+    up_front, _, collapsed = card.partition('<details class="full">')
+    assert collapsed, "the full tables are collapsed in <details>"
+    assert up_front.count('alt="figure:') == 1 and "Claims (each with" in up_front
+    assert "<h4>Metrics</h4>" in collapsed and "<h4>Configuration</h4>" in collapsed
+    assert "<h4>Metrics</h4>" not in up_front
+    assert "<summary>Full results: 1 table(s), 3 metric(s), configuration</summary>" in collapsed
+    assert '<div class="seed">' in collapsed.split("</details>", 1)[1]  # the seed block closes the card
+    # a result without figures leads with its first table; further figures go into <details>
+    res = fixture_results()[1]
+    res["figures"] = []
+    (tmp_path / "runs" / "icu_retention" / "result.json").write_text(json.dumps(res))
+    card = _article(render_report(tmp_path / "runs"), "icu_retention")
+    lead = card.split('<div class="lead">', 1)[1].split('<div class="claims-block">', 1)[0]
+    assert "<h4>retention</h4>" in lead and "<th>policy</th>" in lead and 'alt="figure:' not in card
+    assert "<summary>Full results: 3 metric(s), configuration</summary>" in card  # the lead table is not repeated
+    # a long first table: its first LEAD_ROWS rows up front, the whole table under "Full results"
+    from dashboards.report import LEAD_ROWS
+
+    res["tables"][0]["rows"] = [[f"p{i}", 0.5, 0.4, 0.6] for i in range(LEAD_ROWS + 5)]
+    (tmp_path / "runs" / "icu_retention" / "result.json").write_text(json.dumps(res))
+    up_front, _, collapsed = _article(render_report(tmp_path / "runs"), "icu_retention").partition("<details")
+    assert up_front.count("<td>p") == LEAD_ROWS and collapsed.count("<td>p") == LEAD_ROWS + 5
+    assert f"The first {LEAD_ROWS} of {LEAD_ROWS + 5} rows" in up_front
+
+
+def test_receipts_of_a_study_without_a_chain_are_not_a_failure(tmp_path):
+    runs = write_fixture_runs(tmp_path)
+    res = fixture_results()[2]
+    res["receipts"]["chain_verified"] = None  # e.g. planted_secret: in-memory receipts, no chain
+    validate_result(res)
+    (runs / "deletion_audit" / "result.json").write_text(json.dumps(res))
+    page = render_report(runs)
+    assert "NOT verified" not in page
+    summary = page[page.index("Receipts summary (all studies)"):page.index('id="deterioration"')]
+    assert '<span class="na">no chain (not applicable)</span>' in summary
+    bad = fixture_results()[2]
+    bad["receipts"]["chain_verified"] = "no"
+    with pytest.raises(ResultSchemaError, match="chain_verified"):
+        validate_result(bad)
+
+
+def test_planted_secret_writes_no_chain_rather_than_a_failed_one():
+    from evaluation.studies.planted_secret import run
+
+    res = validate_result(run(trials=2, seed=0, progress=False))
+    assert res["receipts"]["chain_verified"] is None and res["receipts"]["count"] == 2
+
+
+def test_a_resumed_run_is_labelled_not_shown_as_run_time(tmp_path):
+    runs = write_fixture_runs(tmp_path)
+    res = fixture_results()[1]
+    res["runtime_s"] = 1.25
+    res["timing"] = {"resumed": True, "cached_tasks": 5, "tasks": 6, "compute_s": 340.0}
+    (runs / "icu_retention" / "result.json").write_text(json.dumps(res))
+    page = render_report(runs)
+    card = _article(page, "icu_retention")
+    assert ("resumed from the task cache (5 of 6 tasks cached): 1.25 s this invocation, 340 s of computation in "
+            "the run that filled the cache") in card
+    assert "run time 1.25 s" not in page
+    assert "run time 1.5 s" in _article(page, "cohort")  # an ordinary run: its run time
+    res["timing"] = {"resumed": True, "cached_tasks": -1}
+    with pytest.raises(ResultSchemaError, match="timing.cached_tasks"):
+        validate_result(res)
+
+
+def _ledger_card(receipts: int) -> dict:
+    return {"study": "ledger", "title": "Deletion-receipt ledger", "data": "demo", "runtime_s": 0.0,
+            "seed_figure": {}, "tables": [], "figures": [],
+            "metrics": {"receipts": receipts, "certified": receipts, "chain_verified": True, "pending_erasures": 0,
+                        "head": "ab" * 32, "last_deletion_utc": "2026-01-01T00:00:00Z"}}
+
+
+def test_ledger_card_is_never_stale_and_says_when_it_is_behind(tmp_path):
+    runs = write_fixture_runs(tmp_path)
+    (runs / "ledger").mkdir()
+    (runs / "ledger" / "result.json").write_text(json.dumps(_ledger_card(1)))
+    stale = {"receipt_seq": 1, "files": ["ledger/result.json", "cohort/result.json"],
+             "since": {"ledger/result.json": 1, "cohort/result.json": 1}}
+    (runs / "stale.json").write_text(json.dumps(stale))
+    page = render_report(runs)
+    card = _article(page, "ledger")
+    assert '<span class="count">1</span> deletion receipt(s)' in card and "stale since" not in card
+    assert "the ledger is empty" not in card and "predates receipt" not in card
+    assert "stale since receipt #1: rerun forgetful build-cohort" in _article(page, "cohort")
+    # a card older than the newest receipt the folder knows of (written by an older version): said, not hidden
+    stale["latest"] = 3
+    (runs / "stale.json").write_text(json.dumps(stale))
+    card = _article(render_report(runs), "ledger")
+    assert "This card predates receipt #3" in card
+
+
+def test_markup_lives_in_the_templates():
+    import dashboards
+
+    root = Path(dashboards.__file__).parent
+    for name in ("report.py", "stream_card.py"):
+        code = (root / name).read_text()
+        body = code.split('"""', 2)[2]  # after the module docstring
+        assert not re.search(r"""["']<(div|table|p|span|h[1-6]|section|article|img|td|tr)\b""", body), name
+    from dashboards.templating import environment
+
+    assert environment().autoescape is True
+
+
+def test_figure_titles_fit_their_figure():
+    from dashboards.figures import draw_figure
+
+    long = ("test AUROC of the seed-averaged predictions (bars: 95% stay-clustered bootstrap interval) "
+            "with an even longer tail so that a single line could never fit")
+    specs = [dict(f) for r in fixture_results() for f in r["figures"]]
+    specs.append({"kind": "bar", "title": long, "categories": ["LSTM", "causal softmax", "causal SV attention",
+                                                               "event now (trivial baseline)"],
+                  "values": [0.66, 0.6, 0.61, 0.63], "ci_low": [0.5, 0.5, 0.5, 0.6], "ci_high": [0.8, 0.7, 0.7, 0.7]})
+    specs.append({"kind": "line", "title": long, "diagonal": True, "series": [
+        {"label": "LSTM: 0.657 [0.537, 0.792]", "x": [0, 0.5, 1], "y": [0, 0.8, 1]}]})
+    for spec in specs:
+        for seed in (False, True):
+            fig = draw_figure(spec, seed=seed)
+            r = fig.canvas.get_renderer()
+            fig.canvas.draw()
+            t = fig.axes[0].title.get_window_extent(r)
+            assert t.x0 >= 0 and t.x1 <= fig.bbox.x1 and t.y1 <= fig.bbox.y1, (spec.get("title"), t, fig.bbox)
+    # the negative control: without wrapping, the long title runs off the figure
+    fig = draw_figure({**specs[-2], "title": "x"}, seed=False)
+    fig.axes[0].set_title(long, fontsize=10)
+    fig.canvas.draw()
+    t = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+    assert t.x0 < 0 or t.x1 > fig.bbox.x1
+
+
+def test_seed_figures_and_run_figures_are_rendered_once_per_process(tmp_path, monkeypatch):
+    import dashboards.report as rep
+
+    runs = write_fixture_runs(tmp_path)
+    render_report(runs)
+    calls = []
+    monkeypatch.setattr(rep, "render_png", lambda *a, **k: calls.append(1) or b"\x89PNG")
+    render_report(runs)  # everything came from the cache
+    assert calls == []

@@ -152,6 +152,22 @@ def test_sv_topk_at_support_size_is_exactly_the_support_set():
         np.testing.assert_array_equal(pol.select(X, k), np.flatnonzero(alpha > pol.tol))
 
 
+def test_sv_policy_alpha_is_the_certified_solve_and_equals_the_refit_oracle():
+    """α comes from sv_core.solve (its certificate is kept); the independent refit agrees."""
+    from sv_core import refit
+
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(80, 6))
+    pol = SupportVectorPolicy(nu=0.3, sigma=3.0)
+    alpha = pol.alpha(X)
+    cert = pol.last_certificate
+    assert cert.certified and cert.fallbacks == 0 and cert.kkt_violation <= 1e-12
+    C = pol.box_C(80)
+    a_ref, _ = refit(X, C=C, sigma=3.0)
+    np.testing.assert_allclose(alpha, a_ref, rtol=0, atol=1e-9 * C)
+    np.testing.assert_array_equal(alpha > pol.tol, a_ref > pol.tol)
+
+
 def test_sv_policy_rejects_infeasible_box():
     X = np.random.default_rng(0).normal(size=(5, 2))
     with pytest.raises(PolicyError, match="infeasible"):

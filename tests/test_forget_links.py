@@ -192,7 +192,9 @@ def test_created_files_are_owner_only(site, tmp_path, capsys, monkeypatch):
         assert mode(out) == 0o700 and {mode(f) for f in out.iterdir()} == {0o600}
         led = Ledger(default_dir(p), Keys.load())
         assert mode(led.dir) == 0o700 and mode(led.path) == 0o600
-        anchor = led._anchor_path()
+        from pipelines.logaudit import anchor_path
+
+        anchor = anchor_path(led.path)
         assert anchor.is_file() and mode(anchor) == 0o600 and mode(anchor.parent) == 0o700
         from pipelines.keys import key_file
 
@@ -219,8 +221,8 @@ def test_key_beside_the_data_is_refused(site, monkeypatch, capsys, where):
     wh0 = sha(p)
     assert main(["forget", "--subject-id", str(TARGET), "--warehouse", str(p)]) == 3
     lines = err_lines(capsys)
-    assert len(lines) == 1 and lines[0].startswith("error: KeyBesideDataError:")
+    assert len(lines) == 1 and lines[0].startswith("error: KeyLocationError:")
     assert sha(p) == wh0 and not (default_dir(p) / "receipts.jsonl").exists()
-    monkeypatch.setenv("FORGETFUL_ALLOW_KEY_BESIDE_DATA", "1")  # the explicit opt-in
+    monkeypatch.setenv("FORGETFUL_ALLOW_KEY_NEAR_DATA", "1")  # the explicit opt-in
     assert main(["forget", "--subject-id", str(TARGET), "--warehouse", str(p)]) == 0
     assert present(p) == 0

@@ -77,7 +77,7 @@ FORGET_FAULTS = [
     ("stale-marker", "pipelines.forget._mark_stale", _raise(ENOSPC), "ENOSPC", True, False),
     ("duckdb-new-file", "cohort.build.attach_private", _duck_full, "ENOSPC", True, False),
     ("warehouse-swap", "pipelines.erasure.os", _OsProxy(replace=_raise(ENOSPC)), "ENOSPC", True, False),
-    ("ledger-card", "pipelines.forget._write_ledger_result", _raise(ENOSPC), "ENOSPC", True, True),
+    ("ledger-card", "pipelines.forget.write_ledger_result", _raise(ENOSPC), "ENOSPC", True, True),
 ]
 
 

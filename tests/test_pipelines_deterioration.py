@@ -120,8 +120,13 @@ def test_flow_causal_protocol_baseline_and_paired_result(prefect_harness, tmp_pa
     assert set(m["paired"]) == {"softmax - lstm", "softmax - event_now", "lstm - event_now"}
     assert m["paired"]["softmax - lstm"]["per_seed_seeds"] == 2
     assert 0.0 <= m["event_now"]["auroc"] <= 1.0 and m["label"] == "observed"
-    fig = res["figures"][0]
+    roc, fig = res["figures"]
     assert fig["categories"][-1].startswith("event now")
     assert all(lo <= v <= hi for lo, v, hi in zip(fig["ci_low"], fig["values"], fig["ci_high"]))
+    # the ROC curves: one per model and the baseline, on the fixed 101-point FPR grid, non-decreasing, 0 -> 1
+    assert roc["kind"] == "line" and [s["label"].split(":")[0] for s in roc["series"]] == fig["categories"]
+    for s, auroc in zip(roc["series"], fig["values"]):
+        assert len(s["x"]) == len(s["y"]) == 101 and s["x"][0] == 0.0 and s["x"][-1] == 1.0 and s["y"][-1] == 1.0
+        assert all(a <= b for a, b in zip(s["y"], s["y"][1:])) and f"{auroc:.3f}" in s["label"]
     stored = json.loads((runs / "deterioration" / "result.json").read_text())
     assert stored["config"]["protocol"] == det.PROTOCOL and "stay_id" not in json.dumps(stored)

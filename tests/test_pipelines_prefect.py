@@ -147,9 +147,20 @@ def test_a_flow_runs_on_the_server_named_by_PREFECT_API_URL(tmp_path):
 # -- a typed error inside a task: one line -----------------------------------------------------
 
 def test_a_typed_error_inside_a_task_prints_one_line_and_leaves_no_process(tmp_path):
+    """The root passes the command's preflight (a decoy MIMIC-IV layout: header lines only); the
+    build task then refuses the memory limit with a typed error, inside the running flow."""
+    import gzip
+
+    from cohort.sources import REQUIRED_COLUMNS
+
     psutil = pytest.importorskip("psutil")
+    root = tmp_path / "decoy"
+    for rel, cols in REQUIRED_COLUMNS["mimic"].items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(root / f"{rel}.csv.gz", "wt") as f:
+            f.write(",".join(cols) + "\n")
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from pipelines.cli import main; sys.exit(main())",
-                             "build-cohort", "--source", "mimic", "--root", str(tmp_path / "nonexistent"),
+                             "build-cohort", "--source", "mimic", "--root", str(root), "--memory-limit", "lots",
                              "--warehouse", str(tmp_path / "w.duckdb"), "--runs", str(tmp_path / "runs"),
                              "--no-progress"], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -170,7 +181,7 @@ def test_a_typed_error_inside_a_task_prints_one_line_and_leaves_no_process(tmp_p
             proc.wait()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode == 3, err[-2000:]
-    assert len(lines) == 1 and lines[0].startswith("error: InputMissingError: "), err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: BadParameterError: memory limit"), err[-3000:]
     assert "Traceback" not in err and out.strip() == ""
     assert seen, "the flow command should have run its own API server"
     left = [p.pid for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

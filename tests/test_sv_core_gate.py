@@ -212,6 +212,7 @@ def test_near_duplicate_regime_deletions_match_refit(monkeypatch):
     """Near-twins (1e-6 jitter) reaching the margin set beside a twin swap in instead of making
     the bordered system near-singular; before, 1 in 3 such audit trials raised PathError or drifted
     from the refit by up to 2e-2."""
+    import sv_core.gate
     from sv_core.audit import run_audit
     from sv_core.solver import MaintainedSVDD
 
@@ -219,12 +220,16 @@ def test_near_duplicate_regime_deletions_match_refit(monkeypatch):
     orig = MaintainedSVDD._swap_near_twin
     monkeypatch.setattr(MaintainedSVDD, "_swap_near_twin",
                         lambda self, *a: (calls.append(a), orig(self, *a))[1])
-    res = run_audit(trials=25, regimes=["duplicates"], progress=False)
-    s = res["regimes"]["duplicates"]
-    assert res["failures"] == []
-    assert s["completed"] == 25
-    assert s["score_dev_worst"] <= 1e-12
-    assert s["kkt_residual_worst"] <= 1e-12
+    # the first solve of each trial's batch by the certified solve (the default), then settling
+    # its keys one by one on the C&P path, where the near-twin swap is exercised
+    for min_keys in (sv_core.gate.CERTIFIED_MIN_KEYS, 10**9):
+        monkeypatch.setattr(sv_core.gate, "CERTIFIED_MIN_KEYS", min_keys)
+        res = run_audit(trials=25, regimes=["duplicates"], progress=False)
+        s = res["regimes"]["duplicates"]
+        assert res["failures"] == []
+        assert s["completed"] == 25
+        assert s["score_dev_worst"] <= 1e-12
+        assert s["kkt_residual_worst"] <= 1e-12
     assert calls  # the near-twin swap was exercised
 
 
@@ -293,30 +298,29 @@ def test_from_solution_with_a_wrong_alpha_solves_by_the_path():
 
 
 def test_retention_solves_each_stay_once(monkeypatch):
-    """pipelines.retention builds the persisted gate from the retention refit: one solve per stay
-    (one refit, no maintained-path initialisation), and the gate matches that refit."""
+    """pipelines.retention builds the persisted gate from the retention solve: one solve per stay
+    (one certified solve, no refit, no maintained-path initialisation), and the gate matches it."""
     import sv_core
     from pipelines import retention as ret
     from sv_core.solver import MaintainedSVDD
 
-    calls = {"refit": 0, "initialise": 0}
-    real_refit, real_init = sv_core.refit, MaintainedSVDD.initialise
+    calls = {"solve": 0, "refit": 0, "initialise": 0}
+    real_solve, real_refit, real_init = sv_core.solve, sv_core.refit, MaintainedSVDD.initialise
 
-    def counting_refit(*a, **k):
-        calls["refit"] += 1
-        return real_refit(*a, **k)
+    def counting(name, real):
+        def f(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        return f
 
-    def counting_init(self):
-        calls["initialise"] += 1
-        return real_init(self)
-
-    monkeypatch.setattr(sv_core, "refit", counting_refit)
-    monkeypatch.setattr(MaintainedSVDD, "initialise", counting_init)
+    monkeypatch.setattr(sv_core, "solve", counting("solve", real_solve))
+    monkeypatch.setattr(sv_core, "refit", counting("refit", real_refit))
+    monkeypatch.setattr(MaintainedSVDD, "initialise", counting("initialise", real_init))
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 6))
     events = np.zeros(50, bool)
     events[[2, 9]] = True
     r = ret.stay_retention(X, events, nu=0.3, sigma=3.0, rng=np.random.default_rng(1), build_gate=True)
-    assert calls == {"refit": 1, "initialise": 0}
+    assert calls == {"solve": 1, "refit": 0, "initialise": 0}
     assert r["gate_score_dev"] <= 1e-9 and r["gate_alpha_dev"] <= 1e-9
     assert r["gate"].kkt_residual()["max"] <= 1e-9

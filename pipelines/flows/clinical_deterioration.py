@@ -10,11 +10,19 @@ filled values (default) or observed-only (``--label observed``). See :mod:`pipel
 Evaluation: per seed, AUROC/AUPRC with a stay-clustered bootstrap CI; across seeds, the mean and
 seed-level SD; the seed-averaged predictions of every model and the baseline are scored on ONE
 set of stay-clustered resamples, which gives each a real interval (plotted) and the paired
-differences between models. Defaults are small so the demo finishes in minutes on 2 cores.
+differences between models. Defaults are small: on the demo (3 models × 3 seeds, at most 12
+epochs) this step took 3.0 min at load 4-11 and 5.2 min at load 9-13 on 2 shared cores (measured
+2026-12-01 inside run-all; SV attention trains 5-10x longer than the others).
+
+Progress: one bar over every model × seed × epoch, its label the latest epoch's model, seed, train
+and validation loss and the seconds that model has trained; one line per trained model × seed
+(epochs, best validation loss, test AUROC, seconds). ``-q`` / ``--no-progress`` hide both.
 """
 from __future__ import annotations
 
 import itertools
+import sys
+import threading
 import time
 
 import numpy as np
@@ -78,6 +86,76 @@ def seed_paired(runs: list[dict], pairs, y: np.ndarray) -> dict:
     return out
 
 
+def train_with_progress(futures: list, jobs: list[tuple[str, int]], max_epochs: int, progress: bool) -> list[dict]:
+    """The results of the training ``futures`` (one per ``(model, seed)`` of ``jobs``), in order,
+    with a per-epoch progress bar and one line per finished model × seed on stderr (see the module
+    docstring). Epochs trained in another process (a Dask worker) are not seen: the bar then
+    moves when a model × seed finishes."""
+    from prefect.futures import as_completed
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(futures) * max_epochs, desc="deterioration (epochs)", unit="epoch", disable=not progress,
+               file=sys.stderr, leave=False)
+    seen: dict[tuple[str, int], int] = {}
+    lock = threading.Lock()
+
+    def on_epoch(ev: dict) -> None:
+        with lock:
+            seen[ev["model"], ev["seed"]] = ev["epoch"]
+            bar.update(1)
+            bar.set_postfix_str(f"{LABELS.get(ev['model'], ev['model'])} seed {ev['seed']} epoch {ev['epoch']}/"
+                                f"{ev['max_epochs']}: loss {ev['train_loss']:.3f}, val {ev['val_loss']:.3f}, "
+                                f"{ev['elapsed_s']:.0f} s", refresh=True)
+
+    index = {id(f): job for f, job in zip(futures, jobs)}
+    local = _tasks_run_in_this_process()
+    with det.epoch_progress(on_epoch if progress else None):
+        for f in as_completed(futures):
+            r = f.result()
+            model, seed = index[id(f)]
+            with lock:
+                trained_here = (model, seed) in seen
+                bar.update(max(0, max_epochs - seen.get((model, seed), 0)))  # early stop, or not seen here
+                seen[model, seed] = max_epochs
+            if progress:
+                cached = local and not trained_here
+                how = f"from the task cache; trained in {r['train_s']:.0f} s then" if cached else \
+                    f"trained in {r['train_s']:.0f} s"
+                bar.write(f"  {LABELS.get(model, model)} seed {seed}: {r['epochs']} epochs, best val loss "
+                          f"{r['best_val_loss']:.3f}, test AUROC {r['auroc']:.3f} ({how})", file=sys.stderr)
+    bar.close()
+    return [f.result() for f in futures]
+
+
+def _tasks_run_in_this_process() -> bool:
+    """The current flow's tasks run in this process (a thread pool), not on Dask workers."""
+    try:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        return ctx is None or "Dask" not in type(ctx.task_runner).__name__
+    except Exception:  # noqa: BLE001 - no context: the flow function was called directly
+        return True
+
+
+def roc_figure(y: np.ndarray, scores: dict[str, np.ndarray], keys: list[str], boot: dict,
+               n_points: int = 101) -> dict:
+    """Line-figure spec of the test ROC curves of ``keys`` (seed-averaged predictions and the
+    baseline), each on a fixed ``n_points`` false-positive-rate grid (an aggregate: no score or
+    label of any hour is stored), labelled with its AUROC and stay-clustered 95 % interval."""
+    from evaluation.metrics import roc_curve_points
+
+    series = []
+    for k in keys:
+        c = roc_curve_points(y, scores[k], n_points=n_points)
+        s = boot["scores"][k]
+        series.append({"label": f"{LABELS[k]}: {s['auroc']:.3f} [{s['auroc_low']:.3f}, {s['auroc_high']:.3f}]",
+                       "x": c["fpr"], "y": c["tpr"], "style": "line"})
+    return {"kind": "line", "title": "test ROC of the seed-averaged predictions (legend: AUROC, 95% stay-clustered "
+                                     "interval)", "xlabel": "false-positive rate", "ylabel": "true-positive rate",
+            "diagonal": True, "series": series}
+
+
 def _pairs(models: list[str]) -> list[tuple[str, str]]:
     order = [m for m in ("sv_attention", "softmax", "lstm") if m in models] + [m for m in models
                                                                              if m not in det.MODELS]
@@ -102,9 +180,10 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     h = wh.content_hash(warehouse)
     size = {**det.DEFAULT_SIZE, **(size or {})}
     names = list(models)
+    jobs = [(m, s) for s in range(seeds) for m in names]
     futures = [train_task.submit(warehouse, h, m, s, window, size, max_epochs, n_boot, mode, context, label)
-               for s in range(seeds) for m in names]
-    runs = runner.gather(futures, "deterioration (model x seed)", progress)
+               for m, s in jobs]
+    runs = train_with_progress(futures, jobs, max_epochs, progress)
     agg = aggregate(runs, names)
 
     # the test hours in scoring order (identical for every model: same loader, same protocol)
@@ -173,7 +252,8 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
              "columns": ["split", "scored hours", "back-filled hours", "share"],
              "rows": [[k, v["scored_hours"], v["backfilled_hours"], v["share"]] for k, v in leak.items()]},
         ],
-        "figures": [{"kind": "bar", "title": "test AUROC of the seed-averaged predictions (bars: 95% stay-clustered "
+        "figures": [roc_figure(y, scores, keys, boot),
+                    {"kind": "bar", "title": "test AUROC of the seed-averaged predictions (bars: 95% stay-clustered "
                                              "bootstrap interval)", "ylabel": "AUROC",
                      "categories": cats, "values": [boot["scores"][k]["auroc"] for k in keys],
                      "ci_low": [boot["scores"][k]["auroc_low"] for k in keys],
@@ -211,7 +291,7 @@ def _main(args) -> int:
     for p, v in m["paired"].items():
         print(f"  {p:<28} ΔAUROC {v['auroc_diff']:+.3f} [{v['auroc_diff_low']:+.3f}, {v['auroc_diff_high']:+.3f}]")
     print(f"  seed figure: {SEED_TEXT}")
-    print(f"  runtime {r['runtime_s']:.1f}s")
+    print(f"  runtime {r['runtime_s']:.1f}s{runner.cache_note(r)}")
     jsonout.emit(args, r)
     return 0
 

@@ -86,7 +86,10 @@ def ingest_flow(source: str = "mimic", root: str = ".", warehouse: str = "runs/s
     """Ingest the new increments; returns the run's aggregates."""
     from pipelines.warehouse import Warehouse
 
+    from pipelines.preflight import check_ingest_warehouse
+
     t0 = time.perf_counter()
+    check_ingest_warehouse(warehouse, source, root, init)  # also when a deployment runs it (serve)
     frozen = json.loads(Path(frozen_file).read_text()) if frozen_file else None
     as_of_us = None
     if as_of:

@@ -1,6 +1,8 @@
 """``forgetful serve``: register the flows as Prefect deployments on a cron schedule and serve them.
 
-``run-all`` is scheduled with ``--cron`` (default nightly at 03:00); the individual study flows
+``run-all`` is scheduled with ``--cron`` (default nightly at 03:00) over ``--source`` (with
+``--root DIR`` for a MIMIC-IV or CLIF folder); the cron string and the root are checked before
+anything starts (:mod:`pipelines.preflight`). The individual study flows
 are registered unscheduled so they can be triggered from the Prefect UI/API. Every deployment
 has concurrency limit 1, so runs never overlap on one warehouse. ``--dry-run``
 builds and prints the deployments without serving (nothing is started). Serving blocks until
@@ -9,6 +11,8 @@ interrupted; stop it before stopping its Prefect server.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 from pipelines import jsonout, runner
 
@@ -17,11 +21,13 @@ DEFAULT_CRON = "0 3 * * *"
 
 def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehouse: str | None = None,
                       source: str = "demo", ingest_root: str | None = None, ingest_source: str = "mimic",
-                      ingest_interval_s: float = 3600, ingest_warehouse: str | None = None) -> list:
-    """``RunnerDeployment`` objects (built, not served): run-all on ``cron``, the studies on demand,
-    and — with ``ingest_root`` — the incremental ingest every ``ingest_interval_s`` seconds. Every
-    deployment has concurrency limit 1: a scheduled run never overlaps the previous one on the
-    same warehouse (late runs wait in the Prefect queue instead of queuing on the writer lock)."""
+                      ingest_interval_s: float = 3600, ingest_warehouse: str | None = None,
+                      root: str | None = None) -> list:
+    """``RunnerDeployment`` objects (built, not served): run-all on ``cron`` (over ``source`` and,
+    for mimic/clif, ``root``), the studies on demand, and — with ``ingest_root`` — the incremental
+    ingest every ``ingest_interval_s`` seconds. Every deployment has concurrency limit 1: a
+    scheduled run never overlaps the previous one on the same warehouse (late runs wait in the
+    Prefect queue instead of queuing on the writer lock)."""
     from .audit_flow import audit_flow
     from .clinical_deletion import patient_deletion_flow
     from .clinical_deterioration import deterioration_flow
@@ -30,7 +36,8 @@ def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehous
 
     wh = warehouse or f"{runs_dir}/warehouse.duckdb"
     deps = [run_all_flow.to_deployment(name="forgetful-run-all", cron=cron, concurrency_limit=1,
-                                       parameters={"source": source, "runs_dir": runs_dir, "warehouse": wh},
+                                       parameters={"source": source, "runs_dir": runs_dir, "warehouse": wh,
+                                                   **({"root": str(Path(root).resolve())} if root else {})},
                                        tags=["forgetful"])]
     for f, name in ((retention_flow, "retention"), (heldout_flow, "heldout-spo2"),
                     (patient_deletion_flow, "patient-deletion"), (deterioration_flow, "deterioration"),
@@ -64,8 +71,14 @@ def describe(deps: list) -> list[dict]:
 
 @runner.cli_errors
 def _main(args) -> int:
-    deps = build_deployments(args.cron, args.runs, args.warehouse, args.source, args.ingest_root,
-                             args.ingest_source, args.ingest_interval, args.ingest_warehouse)
+    try:
+        deps = build_deployments(args.cron, args.runs, args.warehouse, args.source, args.ingest_root,
+                                 args.ingest_source, args.ingest_interval, args.ingest_warehouse, args.root)
+    except ValueError as exc:  # Prefect's schedule validation (pydantic): one line, a usage error
+        from pipelines.preflight import one_line
+
+        print(f"forgetful serve: error: {one_line(exc).split(' For further information')[0]}", file=sys.stderr)
+        return runner.EXIT_USAGE
     print(json.dumps(describe(deps), indent=1))
     jsonout.emit(args, describe(deps))
     if args.dry_run:
@@ -85,6 +98,8 @@ def add_cli(sub) -> None:
     p.add_argument("--warehouse", default=None, help="DuckDB warehouse (default: <runs>/warehouse.duckdb)")
     p.add_argument("--source", default="demo", choices=["demo", "mimic", "clif", "synthetic"],
                    help="data source of the scheduled run-all (default: %(default)s)")
+    p.add_argument("--root", default=None, metavar="DIR",
+                   help="source folder of the scheduled run-all (needed for --source mimic/clif)")
     p.add_argument("--dry-run", action="store_true", help="build and print the deployments, do not serve")
     p.add_argument("--ingest-root", default=None, metavar="DIR",
                    help="also schedule `forgetful ingest` on this growing source root (concurrency limit 1)")

@@ -1,0 +1,91 @@
+"""Long model training shows per-epoch progress (issue 18: on a 2,000-stay root the deterioration
+bar sat still for 11 minutes): every epoch of every model × seed reaches the bar with its losses
+and seconds, each finished model × seed prints one line, a cached one says so, ``progress=False``
+prints nothing."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from pipelines import deterioration as det
+
+
+def _tiny(n: int, t: int, seed: int) -> det.SeqData:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, t, 12)).astype(np.float32)
+    y = (rng.random((n, t)) < 0.4).astype(np.float32)
+    y[:, 0], y[:, 1] = 1.0, 0.0  # both classes in every split
+    m = np.ones((n, t), dtype=bool)
+    return det.SeqData(x=x, y=y, m=m, group=np.arange(n), now=None)
+
+
+def test_every_epoch_reaches_the_listener_with_its_losses():
+    events = []
+    tr, va, te = _tiny(8, 10, 0), _tiny(4, 10, 1), _tiny(4, 10, 2)
+    with det.epoch_progress(events.append):
+        r = det.train_and_test(tr, va, te, "lstm", 0, window=10, size={"hidden": 4}, max_epochs=3, n_boot=20)
+    assert [e["epoch"] for e in events] == list(range(1, r["epochs"] + 1))
+    assert all(e["model"] == "lstm" and e["seed"] == 0 and e["max_epochs"] == 3 for e in events)
+    assert all(np.isfinite(e["train_loss"]) and np.isfinite(e["val_loss"]) for e in events)
+    assert min(e["val_loss"] for e in events) == pytest.approx(r["best_val_loss"])
+    assert [e["elapsed_s"] for e in events] == sorted(e["elapsed_s"] for e in events)
+    assert events[-1]["elapsed_s"] <= r["train_s"] + 1e-6
+    det.train_and_test(tr, va, te, "lstm", 0, window=10, size={"hidden": 4}, max_epochs=1, n_boot=20)
+    assert len(events) == r["epochs"]  # outside the block nothing is called
+
+
+def test_the_flow_shows_each_epoch_and_each_model_seed(prefect_harness, tmp_path, capsys):
+    from cohort.synthetic import make_small_warehouse
+    from pipelines import runner
+    from pipelines.flows.clinical_deterioration import deterioration_flow
+
+    w = make_small_warehouse(tmp_path / "src", stays=24, seed=3)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    dst = runs / "warehouse.duckdb"
+    shutil.copy(w, dst)
+    kw = dict(warehouse=str(dst), runs_dir=str(runs), models=("lstm",), seeds=2, max_epochs=2, n_boot=20,
+              size={"hidden": 4}, window=24, context=12)
+
+    def run(progress: bool) -> str:
+        with runner.results_context(str(runs)):
+            deterioration_flow.with_options(task_runner=runner.make_task_runner(None, 2))(**kw, progress=progress)
+        return capsys.readouterr().err
+
+    err = run(True)
+    for seed in (0, 1):
+        for ep in (1, 2):  # no early stop within 2 epochs (patience 3)
+            assert re.search(rf"LSTM seed {seed} epoch {ep}/2: loss \d+\.\d+, val \d+\.\d+, \d+ s", err), err[-2000:]
+        line = re.search(rf"LSTM seed {seed}: 2 epochs, best val loss \d+\.\d+, test AUROC \d\.\d+ \(trained in \d+ s\)",
+                         err)
+        assert line, err[-2000:]
+    assert "4/4" in err  # the bar counts model x seed x epoch
+    cached = run(True)  # the same inputs again: both from the task cache
+    assert len(re.findall(r"LSTM seed \d: 2 epochs, .*\(from the task cache; trained in \d+ s then\)", cached)) == 2
+    assert "epoch 1/2" not in cached
+    assert run(False) == ""
+
+
+def test_quiet_hides_every_progress_bar_of_the_process(tmp_path):
+    """``forgetful -q``: libraries' own tqdm bars (e.g. transformers' "Loading weights") are off too;
+    a call of ``main([...])`` from Python leaves the caller's environment alone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os, sys\nfrom pipelines import cli\nsys.argv = ['forgetful', *sys.argv[1:]]\n"
+            "rc = cli.main()\nfrom tqdm.auto import tqdm\n"
+            "print(rc, os.environ.get('TQDM_DISABLE'), os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'), "
+            "tqdm(range(2)).disable)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    for argv, want in ((["-q", "gate-demo", "--n", "40"], "0 1 1 True"), (["gate-demo", "--n", "40"], "0 None None False")):
+        out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert out.stdout.strip().splitlines()[-1] == want, (argv, out.stdout[-500:], out.stderr[-500:])
+    from pipelines.cli import main
+
+    assert main(["-q", "gate-demo", "--n", "40"]) == 0 and "TQDM_DISABLE" not in os.environ
