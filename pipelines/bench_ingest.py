@@ -213,9 +213,104 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+# ------------------------------------------------------------------------ the CLI comparison
+def cli_compare(stays: int, work: Path, sides: dict[str, str], repeats: int, seed: int = 0) -> dict:
+    """``forgetful ingest`` as a user runs it (a fresh process each, Prefect's API server included)
+    on a generated ``stays``-stay MIMIC root: the first run (``--init``: frozen standardisation
+    from a causal batch build, then every part file) and a run with nothing new, for each checkout
+    in ``sides`` (name -> PYTHONPATH), interleaved (the order alternates between repeats)."""
+    root = work / f"cli_root_{stays}_{seed}"
+    if not (root / "icu").is_dir():
+        subprocess.run([sys.executable, "-m", "cohort.synthetic", "--out", str(root), "--stays", str(stays),
+                        "--seed", str(seed), "--format", "parquet", "--vitals-only", "--quiet"], check=True,
+                       env=dict(os.environ, PYTHONPATH=next(iter(sides.values()))))
+    runs = []
+    for rep in range(repeats):
+        order = list(sides) if rep % 2 == 0 else list(reversed(sides))
+        for side in order:
+            wh = work / f"cli_{side}_{stays}" / "stream.duckdb"
+            shutil.rmtree(wh.parent, ignore_errors=True)
+            wh.parent.mkdir(parents=True)
+            env = dict(os.environ, PYTHONPATH=sides[side], PYTHONDONTWRITEBYTECODE="1")
+            for run, extra in (("first", ["--init"]), ("nothing_new", [])):
+                cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--source", "mimic", "--root", str(root),
+                       "--warehouse", str(wh), *extra]
+                t0 = time.perf_counter()
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=sides[side].split(os.pathsep)[0])
+                wall = time.perf_counter() - t0
+                if p.returncode != 0:
+                    raise RuntimeError(f"{side} {run} failed (exit {p.returncode}): {p.stderr[-2000:]}")
+                out = [ln for ln in p.stdout.splitlines() if ln.strip()]
+                runs.append({"side": side, "run": run, "repeat": rep, "wall_s": wall, "load_after": _load(),
+                             "stdout_lines": len(out), "last_line": out[-1][:300] if out else ""})
+                print(f"{side:>8} {run:>12}: {wall:7.2f} s  load {runs[-1]['load_after'][0]}", flush=True)
+    return {"kind": "cli", "stays": stays, "seed": seed, "sides": sides, "repeats": repeats, "runs": runs,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
+
+
+# ------------------------------------------------------------------------ markdown from result files
+def _med(xs: list[float]) -> str:
+    xs = sorted(xs)
+    return f"{float(np.median(xs)):.1f} ({xs[0]:.1f}–{xs[-1]:.1f})" if len(xs) > 1 else f"{xs[0]:.1f}"
+
+
+def _own_seconds(line: str) -> float | None:
+    """The seconds the command reports for its ingest (its summary line, or an older JSON print)."""
+    if line.startswith("{"):
+        try:
+            return float(json.loads(line)["seconds"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    tail = line.rsplit(";", 1)[-1].strip()
+    return float(tail[:-2]) if tail.endswith(" s") and tail[:-2].replace(".", "", 1).isdigit() else None
+
+
+def table(*results: dict) -> str:
+    """Markdown tables of result files written by this command (phases and CLI comparisons)."""
+    out = []
+    for r in results:
+        if r.get("kind") == "cli":
+            out += [f"`forgetful ingest` on a generated {r['stays']}-stay root, {r['repeats']} interleaved repeats "
+                    f"(wall seconds from process start to exit, median (min–max)):", "",
+                    "| checkout | first run (--init) | nothing new | the ingest itself: first / nothing new "
+                    "| load (1 min) |", "|---|---|---|---|---|"]
+            for side in r["sides"]:
+                sel = {k: [x for x in r["runs"] if x["side"] == side and x["run"] == k] for k in ("first", "nothing_new")}
+                w = {k: [x["wall_s"] for x in v] for k, v in sel.items()}
+                own = {k: [t for t in (_own_seconds(x["last_line"]) for x in v) if t is not None]
+                       for k, v in sel.items()}
+                ld = [x["load_after"][0] for x in r["runs"] if x["side"] == side]
+                own_s = " / ".join(_med(own[k]) if own[k] else "–" for k in ("first", "nothing_new"))
+                out.append(f"| {side} | {_med(w['first'])} | {_med(w['nothing_new'])} | {own_s} | "
+                           f"{min(ld):.1f}–{max(ld):.1f} |")
+            out.append("")
+            continue
+        c = r["config"]
+        out += [f"{c['stays']:,} live stays, {c['hours_per_day']} new hours per stay a day, late share {c['late']:g}, "
+                f"{r['machine']['cpus']} CPUs, load {r['machine']['load_start'][0]:.1f} at the start:", "",
+                "| phase | wall s | CPU s (all processes) | peak RSS MB (main / worker) | stays touched | "
+                "tokens admitted | CPU ms / token | tokens / s (wall) | start-up s | load after |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for p in r["phases"]:
+            per = f"{1e3 * p['cpu_total_s'] / p['new_tokens']:.3f}" if p["new_tokens"] else "–"
+            tps = f"{p['tokens_per_s']:,.0f}" if p["new_tokens"] else "–"
+            out.append(f"| {p['phase']} | {p['wall_s']:.1f} | {p['cpu_total_s']:.1f} | {p['peak_rss_mb']:.0f} / "
+                       f"{p['worker_peak_rss_mb']:.0f} | {p['stays_touched']:,} | {p['new_tokens']:,} | {per} | {tps} | "
+                       f"{p['import_s']:.1f} | {p['load_after'][0]:.1f} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.bench_ingest", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipelines.bench_ingest",
+        description="Nightly-ingest benchmark. Writes a generated MIMIC-layout root (every stay live, one "
+                    "chartevents part file per day) and runs the streaming ingest on it, each phase in a fresh "
+                    "process: init with the history, day 1, a run with nothing new, the later days, and a last run "
+                    "with nothing new; wall and CPU seconds, peak RSS, stays touched and tokens admitted per phase "
+                    "go to a JSON result file. With --cli: the forgetful ingest command itself (first run, nothing "
+                    "new) on a small generated root, this checkout against --pythonpath, interleaved. With --table: "
+                    "the markdown tables of result files.")
     ap.add_argument("--stays", type=int, default=1000)
     ap.add_argument("--hours-per-day", type=int, default=24)
     ap.add_argument("--history-hours", type=int, default=48, help="history per stay before day 1 (about)")
@@ -229,9 +324,26 @@ def main(argv=None) -> int:
     ap.add_argument("--pythonpath", default=None, help="checkout the phases run against (default: this one)")
     ap.add_argument("--label", default="", help="added to the result file name")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_ingest"))
+    ap.add_argument("--cli", action="store_true",
+                    help="instead: time forgetful ingest (first run, nothing new) on a generated --stays root, this "
+                         "checkout against --pythonpath (if given), interleaved")
+    ap.add_argument("--repeats", type=int, default=3, help="--cli: interleaved repeats")
+    ap.add_argument("--table", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="only print the markdown tables of these result files")
     a = ap.parse_args(argv)
+    if a.table:
+        print(table(*(json.loads(p.read_text()) for p in a.table)))
+        return 0
     here = str(Path(__file__).resolve().parents[1])
     pp = a.pythonpath or here
+    if a.cli:
+        sides = {"this": here, **({"other": a.pythonpath} if a.pythonpath else {})}
+        res = cli_compare(a.stays, a.dir, sides, a.repeats, a.seed)
+        a.out.mkdir(parents=True, exist_ok=True)
+        f = a.out / f"bench_ingest_cli_{a.stays}{('_' + a.label) if a.label else ''}.json"
+        f.write_text(json.dumps(res, indent=2) + "\n")
+        print(f"wrote {f}")
+        return 0
     lay = Layout(a.stays, a.seed, a.history_hours, a.hours_per_day, a.days)
     data = a.dir / f"data_{a.stays}_{a.hours_per_day}_{a.history_hours}_{a.days}_{a.late}_{a.other_rows}_{a.seed}"
     t0 = time.perf_counter()

@@ -213,3 +213,26 @@ def test_benchmark_command_writes_its_result(tmp_path):
     for d in ("day1", "day2"):  # every stay is live: a day is 24 new hours of each of the 30 stays
         assert ph[d]["stays_touched"] == 30 and abs(ph[d]["new_tokens"] - 30 * 24) <= 30, ph[d]
         assert ph[d]["wall_s"] > 0 and ph[d]["peak_rss_mb"] > 0
+    # the documented table is generated from this result file: one row per phase, its own counts
+    assert main(["--table", str(tmp_path / "out" / "bench_ingest_30.json")]) == 0
+    from pipelines.bench_ingest import table
+
+    rows = [ln for ln in table(res).splitlines() if ln.startswith("| ") and not ln.startswith("| phase")]
+    assert [r.split(" | ")[0][2:] for r in rows] == list(ph)
+    for r, p in zip(rows, ph.values()):
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert cells[5] == f"{p['new_tokens']:,}" and cells[4] == f"{p['stays_touched']:,}", (r, p)
+
+
+def test_benchmark_cli_table_reads_both_summary_forms():
+    from pipelines.bench_ingest import _own_seconds, table
+
+    assert _own_seconds("ingest: nothing new (1 files known, 0 hashed); warehouse 3 stays; 3.8 s") == 3.8
+    assert _own_seconds('{"steps": 0, "seconds": 5.71}') == 5.71
+    assert _own_seconds("ingest: something else") is None
+    runs = [{"side": s, "run": k, "repeat": i, "wall_s": w, "load_after": [1.0, 1.0, 1.0],
+             "last_line": f"ingest: x; {w / 2:.1f} s"}
+            for i, (s, k, w) in enumerate([("a", "first", 10.0), ("a", "nothing_new", 4.0), ("a", "first", 12.0),
+                                           ("a", "nothing_new", 6.0)])]
+    md = table({"kind": "cli", "stays": 5, "repeats": 2, "sides": {"a": "."}, "runs": runs})
+    assert "| a | 11.0 (10.0–12.0) | 5.0 (4.0–6.0) | 5.5 (5.0–6.0) / 2.5 (2.0–3.0) | 1.0–1.0 |" in md, md
