@@ -275,7 +275,8 @@ def table(*results: dict) -> str:
                     "| checkout | first run (--init) | nothing new | the ingest itself: first / nothing new "
                     "| load (1 min) |", "|---|---|---|---|---|"]
             for side in r["sides"]:
-                sel = {k: [x for x in r["runs"] if x["side"] == side and x["run"] == k] for k in ("first", "nothing_new")}
+                sel = {k: [x for x in r["runs"] if x["side"] == side and x["run"] == k]
+                       for k in ("first", "nothing_new")}
                 w = {k: [x["wall_s"] for x in v] for k, v in sel.items()}
                 own = {k: [t for t in (_own_seconds(x["last_line"]) for x in v) if t is not None]
                        for k, v in sel.items()}
@@ -295,8 +296,8 @@ def table(*results: dict) -> str:
             per = f"{1e3 * p['cpu_total_s'] / p['new_tokens']:.3f}" if p["new_tokens"] else "–"
             tps = f"{p['tokens_per_s']:,.0f}" if p["new_tokens"] else "–"
             out.append(f"| {p['phase']} | {p['wall_s']:.1f} | {p['cpu_total_s']:.1f} | {p['peak_rss_mb']:.0f} / "
-                       f"{p['worker_peak_rss_mb']:.0f} | {p['stays_touched']:,} | {p['new_tokens']:,} | {per} | {tps} | "
-                       f"{p['import_s']:.1f} | {p['load_after'][0]:.1f} |")
+                       f"{p['worker_peak_rss_mb']:.0f} | {p['stays_touched']:,} | {p['new_tokens']:,} | {per} | "
+                       f"{tps} | {p['import_s']:.1f} | {p['load_after'][0]:.1f} |")
         out.append("")
     return "\n".join(out)
 
