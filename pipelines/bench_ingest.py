@@ -254,6 +254,9 @@ def _med(xs: list[float]) -> str:
     return f"{float(np.median(xs)):.1f} ({xs[0]:.1f}–{xs[-1]:.1f})" if len(xs) > 1 else f"{xs[0]:.1f}"
 
 
+MIMIC_TOKENS = 42_000 * 24  #: a day's new hourly tokens at MIMIC scale (issue 21)
+
+
 def _own_seconds(line: str) -> float | None:
     """The seconds the command reports for its ingest (its summary line, or an older JSON print)."""
     if line.startswith("{"):
@@ -298,6 +301,18 @@ def table(*results: dict) -> str:
             out.append(f"| {p['phase']} | {p['wall_s']:.1f} | {p['cpu_total_s']:.1f} | {p['peak_rss_mb']:.0f} / "
                        f"{p['worker_peak_rss_mb']:.0f} | {p['stays_touched']:,} | {p['new_tokens']:,} | {per} | "
                        f"{tps} | {p['import_s']:.1f} | {p['load_after'][0]:.1f} |")
+        out.append("")
+        for p in r["phases"]:
+            if not p["new_tokens"] or p["phase"] == "init":
+                continue
+            cpu, tok, st = p["cpu_total_s"], p["new_tokens"], max(p["stays_touched"], 1)
+            line = (f"* {p['phase']}: {1e3 * cpu / tok:.3f} CPU ms per token, {1e3 * cpu / st:.1f} CPU ms per stay; "
+                    f"on 2 idle cores between CPU/2 and CPU: {cpu / 2:.0f}–{cpu:.0f} s")
+            if c["stays"] * c["hours_per_day"] != MIMIC_TOKENS:
+                k = MIMIC_TOKENS / tok
+                line += (f"; scaled to {MIMIC_TOKENS:,} tokens (42,000 stays × 24 h) at this per-token CPU: "
+                         f"{k * cpu / 2:.0f}–{k * cpu:.0f} s")
+            out.append(line)
         out.append("")
     return "\n".join(out)
 
