@@ -285,7 +285,7 @@ def table(*results: dict) -> str:
                        for k, v in sel.items()}
                 ld = [x["load_after"][0] for x in r["runs"] if x["side"] == side]
                 own_s = " / ".join(_med(own[k]) if own[k] else "–" for k in ("first", "nothing_new"))
-                out.append(f"| {side} | {_med(w['first'])} | {_med(w['nothing_new'])} | {own_s} | "
+                out.append(f"| {side} ({Path(r['sides'][side]).name}) | {_med(w['first'])} | {_med(w['nothing_new'])} | {own_s} | "
                            f"{min(ld):.1f}–{max(ld):.1f} |")
             out.append("")
             continue

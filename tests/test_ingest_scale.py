@@ -234,5 +234,5 @@ def test_benchmark_cli_table_reads_both_summary_forms():
              "last_line": f"ingest: x; {w / 2:.1f} s"}
             for i, (s, k, w) in enumerate([("a", "first", 10.0), ("a", "nothing_new", 4.0), ("a", "first", 12.0),
                                            ("a", "nothing_new", 6.0)])]
-    md = table({"kind": "cli", "stays": 5, "repeats": 2, "sides": {"a": "."}, "runs": runs})
-    assert "| a | 11.0 (10.0–12.0) | 5.0 (4.0–6.0) | 5.5 (5.0–6.0) / 2.5 (2.0–3.0) | 1.0–1.0 |" in md, md
+    md = table({"kind": "cli", "stays": 5, "repeats": 2, "sides": {"a": "/x/main"}, "runs": runs})
+    assert "| a (main) | 11.0 (10.0–12.0) | 5.0 (4.0–6.0) | 5.5 (5.0–6.0) / 2.5 (2.0–3.0) | 1.0–1.0 |" in md, md
