@@ -8,6 +8,9 @@ Source increments are extra measurement files beside the stays tables (append-on
 
 Each file is identified by its relative name, size and the sha256 of its bytes; a file whose
 bytes change after it was ingested is refused (:class:`SourceChangedError`), never re-read.
+:func:`plan_files` hashes only files that are new or whose size or modification time differ
+from what was recorded (a recorded file with the same size and mtime is taken as unchanged
+without reading it, so a run with nothing new costs one ``stat`` per file).
 
 Hours and the watermark. ``W`` is the largest charttime of every vital row ingested so far
 (optionally raised by an explicit ``as_of``). Contract: every row with charttime ≤ W has arrived.
@@ -22,16 +25,17 @@ build; the fill is causal (forward within the stay, the frozen median before the
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import numpy as np
 
-from ._hourly import HOUR_MS, MS_SHIFT, SIDX_SHIFT, events, fill_within_stays, hourly_means
+from ._hourly import MS_SHIFT, SIDX_SHIFT, events, fill_within_stays, hourly_means
 from .build import HOUR_US, _plausible_case_sql, _value_sql, exclude_stays
 from .constants import VITALS
-from .errors import BadParameterError, CohortError, InputMissingError
+from .errors import BadParameterError, CohortError
 
 PATTERNS = {"mimic": ("icu", "chartevents"), "clif": (".", "clif_vitals")}
 _EXTS = (".parquet", ".csv.gz", ".csv")
@@ -47,6 +51,7 @@ class FileId:
     name: str          # path relative to the root
     size: int
     sha256: str
+    mtime_ns: int | None = None
 
 
 def measurement_files(source: str, root: str | Path) -> list[Path]:
@@ -60,6 +65,10 @@ def measurement_files(source: str, root: str | Path) -> list[Path]:
     return sorted(out, key=lambda p: p.name)
 
 
+def _rel(root: str | Path, path: Path) -> str:
+    return str(Path(path).resolve().relative_to(Path(root).resolve()))
+
+
 def file_identity(root: str | Path, path: Path, chunk: int = 1 << 22) -> FileId:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -68,7 +77,37 @@ def file_identity(root: str | Path, path: Path, chunk: int = 1 << 22) -> FileId:
             if not b:
                 break
             h.update(b)
-    return FileId(str(Path(path).resolve().relative_to(Path(root).resolve())), path.stat().st_size, h.hexdigest())
+        sr = os.fstat(f.fileno())
+    return FileId(_rel(root, path), sr.st_size, h.hexdigest(), sr.st_mtime_ns)
+
+
+def plan_files(source: str, root: str | Path, recorded: dict[str, tuple]) -> tuple[list, list[FileId], int]:
+    """New part files of the root against ``recorded`` (name -> (size, sha256, mtime_ns or None)).
+
+    Returns ``(new [(path, FileId)] in name order, touched [FileId], files hashed)``: ``touched``
+    are recorded files whose mtime changed but whose bytes did not (the caller records the new
+    mtime). A recorded file with another size, or another sha256, is :class:`SourceChangedError`."""
+    new, touched, hashed = [], [], 0
+    for f in measurement_files(source, root):
+        name = _rel(root, f)
+        rec = recorded.get(name)
+        if rec is not None:
+            sr = f.stat()
+            if sr.st_size != int(rec[0]):
+                raise SourceChangedError(f"source file {name} changed after it was ingested (append-only "
+                                         "contract); nothing changed")
+            if rec[2] is not None and int(rec[2]) == sr.st_mtime_ns:
+                continue
+        fid = file_identity(root, f)
+        hashed += 1
+        if rec is None:
+            new.append((f, fid))
+        elif (fid.size, fid.sha256) != (int(rec[0]), rec[1]):
+            raise SourceChangedError(f"source file {name} changed after it was ingested (append-only "
+                                     "contract); nothing changed")
+        else:
+            touched.append(fid)
+    return new, touched, hashed
 
 
 def _adapter(source: str, root: Path, con, part: Path | None):
@@ -157,11 +196,6 @@ def scan_file(con, source: str, root: str | Path, part: Path) -> tuple[int, int,
     return n_rows, n_ok, None if mx is None else int(mx)
 
 
-def empty_scan(con) -> None:
-    con.execute(f"DROP TABLE IF EXISTS {SCAN_TABLE}")
-    con.execute(f"CREATE TEMP TABLE {SCAN_TABLE} (stay_id BIGINT, ms BIGINT, vs BIGINT, value DOUBLE)")
-
-
 def closed_hours(w_us: int | None, in_us: np.ndarray, out_us: np.ndarray, n_hours: np.ndarray) -> np.ndarray:
     """Number of closed hours per stay at watermark ``w_us`` (hours 0..k−1 are closed)."""
     in_us = np.asarray(in_us, np.int64)
@@ -170,11 +204,6 @@ def closed_hours(w_us: int | None, in_us: np.ndarray, out_us: np.ndarray, n_hour
         return np.zeros(in_us.size, np.int64)
     full = np.clip((int(w_us) - in_us) // HOUR_US, 0, np.maximum(n_hours - 1, 0))
     return np.where(int(w_us) >= np.asarray(out_us, np.int64), n_hours, full)
-
-
-def hour_of(ms: np.ndarray, n_hours: np.ndarray) -> np.ndarray:
-    """Hour index of rows (ms since intime), capped at n_hours − 1 (rows at outtime)."""
-    return np.minimum(np.asarray(ms, np.int64) // HOUR_MS, np.asarray(n_hours, np.int64) - 1)
 
 
 def causal_rows(ms: np.ndarray, vs: np.ndarray, value: np.ndarray, sidx: np.ndarray,
@@ -222,190 +251,6 @@ def out_table(stay_id: np.ndarray, hour: np.ndarray, filled: np.ndarray, observe
     return pa.table(cols)
 
 
-def require_root(source: str, root: str | Path) -> Path:
-    r = Path(root)
-    if not r.is_dir():
-        raise InputMissingError(f"ingest root {r} is not a directory")
-    return r
-
-
-
-def frozen_from_batch(source: str, root: Path, scratch: Path, min_hours: float, seed: int, exclude_subjects) -> dict:
-    """Causal batch build of the files present now (parts concatenated into a scratch layout)
-    -> {vital: {"mean", "sd", "median"}} (training split)."""
-    import os
-    import shutil
-
-    from .build import build_warehouse
-    from .sources import Table
-
-    parts = measurement_files(source, root)
-    if not parts:
-        raise InputMissingError(f"no measurement files under {root} to initialise the frozen standardisation from")
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    try:
-        con = duckdb.connect(":memory:")
-        try:
-            readers = []
-            for p in parts:
-                t = Table("part", p)
-                t.check(con, [])
-                readers.append(f"SELECT * FROM {t.reader}")
-            if source == "mimic":
-                (scratch / "icu").mkdir()
-                (scratch / "hosp").mkdir()
-                dest = scratch / "icu" / "chartevents.parquet"
-                for rel in ("icu/icustays", "icu/d_items", "hosp/patients", "hosp/admissions"):
-                    for ext in (".csv.gz", ".csv", ".parquet"):
-                        if (root / f"{rel}{ext}").is_file():
-                            os.symlink((root / f"{rel}{ext}").resolve(), scratch / f"{rel}{ext}")
-                            break
-            else:
-                dest = scratch / "clif_vitals.parquet"
-                for rel in ("clif_adt", "clif_hospitalization", "clif_patient"):
-                    if (root / f"{rel}.parquet").is_file():
-                        os.symlink((root / f"{rel}.parquet").resolve(), scratch / f"{rel}.parquet")
-            con.execute(f"COPY ({' UNION ALL BY NAME '.join(readers)}) TO '{dest}' (FORMAT parquet)")
-        finally:
-            con.close()
-        wh = scratch / "init.duckdb"
-        build_warehouse(source, scratch, wh, min_hours=min_hours, seed=seed, progress=False, fill="causal",
-                        exclude_subjects=exclude_subjects)
-        w_us = _watermark_of(source, root, parts, min_hours, exclude_subjects)
-        c2 = duckdb.connect(str(wh), read_only=True)
-        try:
-            rows = c2.execute("SELECT vital, mean, sd, median FROM standardisation").fetchall()
-            closed = _closed_moments(c2, w_us)
-        finally:
-            c2.close()
-        return {v: {"mean": float(closed.get(v, (m, s))[0]), "sd": float(closed.get(v, (m, s))[1]),
-                    "median": float(md)} for v, m, s, md in rows}
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _watermark_of(source: str, root: Path, parts, min_hours: float, exclude_subjects) -> int | None:
-    """The watermark W the first ingest step will reach: max usable charttime of ``parts``."""
-    con = duckdb.connect(":memory:")
-    try:
-        load_stays(con, source, root, min_hours, exclude_subjects)
-        w_us = None
-        for p in parts:
-            mx = scan_file(con, source, root, p)[2]
-            con.execute(f"DROP TABLE {SCAN_TABLE}")
-            if mx is not None:
-                w_us = int(mx) if w_us is None else max(w_us, int(mx))
-        return w_us
-    finally:
-        con.close()
-
-
-def _closed_moments(con, w_us: int | None) -> dict:
-    """Mean and sample sd (sd 0 -> 1) of the batch build's filled hourly values over the hours
-    that are *closed* at watermark ``w_us`` (training split; every split if it has none).
-
-    The batch build of a partial source fills forward to each stay's outtime, i.e. over hours whose
-    rows have not arrived yet (a long stay seen for its first 500 of 10,000 hours would be
-    standardised on 9,500 copies of its last value: the sd shrinks several-fold and the stream's
-    z-keys are inflated by as much). The streamed warehouse only ever holds closed hours, so its
-    frozen moments are taken over those. With a complete source (W >= every outtime) this equals
-    the batch build's own moments. Empty dict when no hour is closed (the build's stats are kept)."""
-    if w_us is None:
-        return {}
-    closed = (f"CASE WHEN {int(w_us)} >= epoch_us(c.outtime) THEN c.n_hours ELSE "
-              f"least(greatest(({int(w_us)} - epoch_us(c.intime)) // {HOUR_US}, 0), greatest(c.n_hours - 1, 0)) END")
-    for where in ("c.split = 'train' AND ", ""):
-        sel = ", ".join(f"count({v}), avg({v}), stddev_samp({v})" for v in VITALS)
-        row = con.execute(f"SELECT {sel} FROM vitals_hourly v JOIN cohort_stays c USING (stay_id) "
-                          f"WHERE {where}v.hour < {closed}").fetchone()
-        if int(row[0]) > 0:
-            out = {}
-            for j, v in enumerate(VITALS):
-                n, mu, sd = int(row[3 * j]), row[3 * j + 1], row[3 * j + 2]
-                sd = 1.0 if n < 2 or sd is None or not np.isfinite(sd) or sd <= 0 else float(sd)
-                out[v] = (float(mu), sd)
-            return out
-    return {}
-
-
-__all__ = ["FileId", "SourceChangedError", "measurement_files", "file_identity", "load_stays", "scan_file",
-           "empty_scan", "closed_hours", "hour_of", "causal_rows", "out_table", "make_replay", "frozen_from_batch",
-           "STAYS_TABLE", "SCAN_TABLE"]
-
-
-def make_replay(source: str, src_root: str | Path, out_root: str | Path, parts_dir: str | Path, k: int,
-                align: bool = False, late_every: int = 0) -> list[Path]:
-    """A replayable copy of a source: the stays tables copied to ``out_root`` and the
-    measurement file split by charttime into ``k`` parts in ``parts_dir`` (the caller drops them
-    into the root one at a time). ``align`` (mimic) re-times every stay to start within a few days
-    of one clock (keeping its length and in-stay offsets), so every stay spans the increments;
-    ``late_every`` moves every n-th row of part 1 into part ``min(3, k−1)`` (late rows)."""
-    src_root, out_root, parts_dir = Path(src_root), Path(out_root), Path(parts_dir)
-    sub, stem = PATTERNS[source]
-    (out_root / sub).mkdir(parents=True, exist_ok=True)
-    parts_dir.mkdir(parents=True, exist_ok=True)
-    if (src_root / "synthetic_manifest.json").is_file():  # the replay of a synthetic root stays "synthetic"
-        import shutil
-
-        shutil.copy(src_root / "synthetic_manifest.json", out_root / "synthetic_manifest.json")
-    con = duckdb.connect(":memory:")
-    try:
-        if source == "mimic":
-            from .sources import NATIVE_LAYOUT, _find
-
-            (out_root / "hosp").mkdir(parents=True, exist_ok=True)
-            for rel in ("icu/d_items", "hosp/patients", "hosp/admissions"):
-                t = _find(src_root, rel, NATIVE_LAYOUT)
-                t.check(con, [])
-                con.execute(f"COPY (SELECT * FROM {t.reader}) TO '{out_root / (rel + '.parquet')}' (FORMAT parquet)")
-            ic = _find(src_root, "icu/icustays", NATIVE_LAYOUT)
-            ic.check(con, [])
-            ce = _find(src_root, "icu/chartevents", NATIVE_LAYOUT)
-            ce.check(con, [])
-            if align:
-                con.execute(f"CREATE TABLE st AS SELECT *, TIMESTAMP '2150-01-01' + to_minutes(CAST(37 * "
-                            f"(row_number() OVER (ORDER BY stay_id)) AS BIGINT)) AS new_in FROM {ic.reader}")
-                con.execute("CREATE TABLE st2 AS SELECT * EXCLUDE (new_in, intime, outtime), new_in AS intime, "
-                            "new_in + (outtime - intime) AS outtime FROM st")
-                con.execute(f"CREATE TABLE ce AS SELECT c.* REPLACE (c.charttime - s.intime + s.new_in AS charttime) "
-                            f"FROM {ce.reader} c JOIN st s USING (stay_id)")
-                con.execute("DROP TABLE st")
-                con.execute("ALTER TABLE st2 RENAME TO st")
-            else:
-                con.execute(f"CREATE TABLE st AS SELECT * FROM {ic.reader}")
-                con.execute(f"CREATE TABLE ce AS SELECT * FROM {ce.reader}")
-            con.execute(f"COPY st TO '{out_root / 'icu' / 'icustays.parquet'}' (FORMAT parquet)")
-            tcol = "charttime"
-        else:
-            for rel in ("clif_adt", "clif_hospitalization", "clif_patient"):
-                con.execute(f"COPY (SELECT * FROM read_parquet('{src_root / (rel + '.parquet')}')) TO "
-                            f"'{out_root / (rel + '.parquet')}' (FORMAT parquet)")
-            con.execute(f"CREATE TABLE ce AS SELECT * FROM read_parquet('{src_root / 'clif_vitals.parquet'}')")
-            tcol = "recorded_dttm"
-        con.execute("CREATE TABLE ce2 AS SELECT *, row_number() OVER () AS _rn FROM ce")
-        qrow = con.execute(f"SELECT quantile_disc(epoch_us({tcol}), [{', '.join(str(i / k) for i in range(1, k))}]) "
-                           "FROM ce2").fetchone()
-        assert qrow is not None  # an aggregate query returns one row
-        qs = qrow[0]
-        edges = [None] + [int(q) for q in qs] + [None]
-        con.execute("ALTER TABLE ce2 ADD COLUMN _part INTEGER")
-        for i in range(k):
-            cond = ["true"]
-            if edges[i] is not None:
-                cond.append(f"epoch_us({tcol}) > {edges[i]}")
-            if edges[i + 1] is not None:
-                cond.append(f"epoch_us({tcol}) <= {edges[i + 1]}")
-            con.execute(f"UPDATE ce2 SET _part = {i} WHERE {' AND '.join(cond)}")
-        if late_every and k > 2:
-            con.execute(f"UPDATE ce2 SET _part = {min(3, k - 1)} WHERE _part = 1 AND _rn % {int(late_every)} = 0")
-        paths = []
-        for i in range(k):
-            p = parts_dir / f"{stem}_part{i:03d}.parquet"
-            con.execute(f"COPY (SELECT * EXCLUDE (_rn, _part) FROM ce2 WHERE _part = {i} ORDER BY _rn) TO '{p}' "
-                        "(FORMAT parquet)")
-            paths.append(p)
-        return paths
-    finally:
-        con.close()
-
+__all__ = ["FileId", "SourceChangedError", "measurement_files", "file_identity", "plan_files", "load_stays",
+           "scan_file",
+           "closed_hours", "causal_rows", "out_table", "STAYS_TABLE", "SCAN_TABLE"]

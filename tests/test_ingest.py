@@ -12,7 +12,7 @@ import pytest
 
 from cohort.build import build_warehouse
 from cohort.constants import VITALS
-from cohort.incremental import make_replay
+from cohort.incremental_replay import make_replay
 from pipelines import ingest_state as st
 from pipelines.ingest import ingest
 from pipelines.keys import Keys

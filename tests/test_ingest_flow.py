@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from cohort.incremental import make_replay
+from cohort.incremental_replay import make_replay
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +25,27 @@ def test_cli_init_then_increments(prefect_harness, replay_parts, tmp_path, capsy
     root, parts = replay_parts
     wh, runs = tmp_path / "stream.duckdb", tmp_path / "runs"
     shutil.copy(parts[0], root / "icu" / parts[0].name)
-    base = ["ingest", "--source", "mimic", "--root", str(root), "--warehouse", str(wh), "--runs", str(runs)]
+    js = tmp_path / "out.json"
+    base = ["ingest", "--source", "mimic", "--root", str(root), "--warehouse", str(wh), "--runs", str(runs),
+            "--json", str(js)]
     assert main(base + ["--init"]) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert first["steps"] == 1
+    first = json.loads(js.read_text())
+    assert first["steps"] == 1 and first["tokens_admitted"] == first["n_tokens"] > 0
+    # one human line on the console (the JSON goes to --json PATH only)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("ingest: 1 new file(s), ") and f"{first['stays_touched']:,} stays touched" in line
+    assert f"{first['tokens_admitted']:,} tokens admitted" in line and " re-admissions" in line, line
     assert main(base + ["--init"]) != 0  # a second --init is refused, nothing changed
     for i, p in enumerate(parts[1:]):
         shutil.copy(p, root / "icu" / p.name)
         assert main(base + (["--final"] if i == len(parts) - 2 else [])) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = json.loads(js.read_text())
     assert out["steps"] == 1 and out["future_safe_stays"] == out["n_stays"] > 0
+    capsys.readouterr()
+    assert main(base) == 0  # nothing new: says so, in one line
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(f"ingest: nothing new ({len(parts)} files known, 0 hashed); "), line
+    assert json.loads(js.read_text())["steps"] == 0
     res = json.loads((runs / "ingest" / "result.json").read_text())
     validate_result(res)
     assert res["study"] == "ingest" and res["data"] == "synthetic"

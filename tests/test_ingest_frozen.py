@@ -45,7 +45,7 @@ def test_closed_moments_equal_the_batch_build_when_every_hour_is_closed(tmp_path
     from test_ingest_long import long_stay_root
 
     from cohort.build import build_warehouse
-    from cohort.incremental import _closed_moments, frozen_from_batch
+    from cohort.incremental_frozen import closed_moments, frozen_from_batch
 
     root, parts = long_stay_root(tmp_path, 300, 1)
     shutil.copy(parts[0], root / "icu" / "chartevents.parquet")
@@ -54,7 +54,7 @@ def test_closed_moments_equal_the_batch_build_when_every_hour_is_closed(tmp_path
     try:
         ref = {v: (m, s, md) for v, m, s, md in con.execute("SELECT vital, mean, sd, median FROM standardisation")
                .fetchall()}
-        allc = _closed_moments(con, 1 << 62)
+        allc = closed_moments(con, 1 << 62)
         open_last = _moments(con, "WHERE hour < 299")
     finally:
         con.close()

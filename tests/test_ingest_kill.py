@@ -1,7 +1,10 @@
 """kill -9 in the middle of an ingest run (child process): the rerun completes, nothing is
 admitted twice and no row is lost — the result equals an uninterrupted run (content hash, one
-live token per closed hour). Short fixed kill points in the default suite; a random-delay loop
-behind ``@pytest.mark.slow`` (FORGETFUL_INGEST_KILLS sets its count)."""
+live token per closed hour). The child ingests four waiting parts as one watermark step (step 2)
+in batches of 2 stays; fixed kill points in each stage (inside the staging transaction, after
+it, inside a batch after one batch committed, inside and after the finishing transaction) in
+the default suite; a random-delay loop behind the slow mark (FORGETFUL_INGEST_KILLS sets its
+count)."""
 from __future__ import annotations
 
 import os
@@ -16,12 +19,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cohort.incremental import make_replay
+from cohort.incremental_replay import make_replay
 from pipelines.ingest import KILL_ENV, ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = ("import sys; from pipelines.ingest import ingest\nprint('ready', flush=True)\n"
-         "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True)\nprint('done', flush=True)")
+         "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, batch_stays=2)\nprint('done', flush=True)")
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +87,69 @@ def reference(parts, tmp_path_factory):
     return _state(wh)
 
 
-@pytest.mark.parametrize("kill", ["3:before_commit", "4:after_commit"])
+# kill point -> part files recorded when killed, and whether the rerun completes a pending step
+KILLS = {"2:stage_before_commit": (1, False), "2:staged": (5, True), "2:batch2": (5, True),
+         "2:before_commit": (5, True), "2:after_commit": (5, None)}
+
+
+@pytest.mark.parametrize("kill", sorted(KILLS))
 def test_kill_at_fixed_points_then_rerun(parts, reference, tmp_path, kill):
     wh, root = _setup(parts, tmp_path, "k")
     p = _child(wh, root, kill)
     assert p.stdout.readline().strip() == "ready"
     p.wait(timeout=300)
     assert p.returncode == -signal.SIGKILL, _err(wh)
-    mid = _state(wh)
-    assert mid[3] == int(kill[0]) - (1 if kill.endswith("before_commit") else 0), (mid, _err(wh))
+    mid = _state(wh)  # every committed stage is consistent: one live token per emitted hour
+    n_files, resumes = KILLS[kill]
+    assert mid[3] == n_files, (mid, _err(wh))
+    if kill == "2:batch2":  # the first batch of 2 stays committed, the rest not yet
+        assert 0 < mid[1] < reference[1], (mid, reference)
     r = ingest(wh, "mimic", root, final=True)
-    assert r["steps"], "the rerun redoes the uncommitted steps"
+    if resumes is None:  # nothing was left to do (a final run with no new file is an empty step)
+        assert all(s["stays_updated"] == 0 and not s["resumed"] for s in r["steps"]), r["steps"]
+    else:
+        assert r["steps"] and r["steps"][0]["resumed"] is resumes, r["steps"]
     assert _state(wh) == reference, (_state(wh), reference, r["steps"])
+
+
+PARALLEL_CHILD = ("import sys; import pipelines.ingest_gates as ig; from pipelines.ingest import ingest\n"
+                  "ig.PARALLEL_MIN_STAYS = 1\nprint('ready', flush=True)\n"
+                  "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, batch_stays=2, jobs=2)\n")
+
+
+def test_kill_with_worker_processes_leaves_none_behind(parts, reference, tmp_path):
+    """kill -9 of an ingest using worker processes, inside its second batch: the workers (and
+    the forkserver they hold) exit by themselves, and the rerun equals the uninterrupted run."""
+    import psutil
+
+    wh, root = _setup(parts, tmp_path, "par")
+    env = os.environ.copy()
+    env[KILL_ENV] = "2:batch2"
+    err = open(Path(wh).parent / "child.stderr", "w")  # noqa: SIM115 - closed with the process
+    p = subprocess.Popen([sys.executable, "-c", PARALLEL_CHILD, str(wh), str(root)], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=err, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    me = psutil.Process(p.pid)
+    helpers: dict[int, psutil.Process] = {}
+    while p.poll() is None:  # the forkserver and the workers, seen while they run
+        try:
+            helpers.update({c.pid: c for c in me.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    assert p.returncode == -signal.SIGKILL, _err(wh)
+    assert len(helpers) >= 2, "the step ran without worker processes"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE
+                                              for h in helpers.values()):
+        time.sleep(0.2)
+    left = [h.pid for h in helpers.values() if h.is_running() and h.status() != psutil.STATUS_ZOMBIE]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"worker processes left behind: {left}"
+    r = ingest(wh, "mimic", root, final=True)
+    assert r["steps"] and r["steps"][0]["resumed"] is True
+    assert _state(wh) == reference
 
 
 @pytest.mark.slow

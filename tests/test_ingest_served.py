@@ -83,7 +83,7 @@ def test_served_ingest_runs_on_schedule_without_overlap(prefect_harness, tmp_pat
     from prefect.settings import PREFECT_API_URL
     from test_ingest import assert_equals_causal_batch
 
-    from cohort.incremental import make_replay
+    from cohort.incremental_replay import make_replay
     from cohort.synthetic import generate
     from pipelines import ingest_state as st
     from pipelines.ingest import ingest

@@ -231,6 +231,12 @@ PARSE_ONLY = {
     "forgetful serve --ingest-root DIR": "serves until stopped (see the row above)",
     "forgetful lm --protocol seed --steps N --seeds 0 1 …": "the seed protocol: hours of CPU (test_slow_lm runs "
                                                            "the same command with --protocol tiny)",
+    "python -m pipelines.bench_ingest --stays 42000 --days 2": "a benchmark of tens of minutes; "
+                                                              "tests/test_ingest_scale.py runs it at 30 stays",
+    "python -m pipelines.bench_ingest --cli --stays 60 --repeats 2 --pythonpath DIR": "starts Prefect servers for "
+                                                                                    "minutes (benchmark command)",
+    "python -m pipelines.bench_ingest --table FILE …": "reads result files of the benchmark; "
+                                                     "tests/test_ingest_scale.py renders one",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the 20-minute main job (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",

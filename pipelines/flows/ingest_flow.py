@@ -3,8 +3,9 @@
 ``--init`` creates the streaming warehouse and fixes its standardisation (training-split moments
 and medians of a causal batch build of the files present, or ``--frozen FILE.json``); every run
 then ingests only the new measurement part files (``icu/chartevents*`` for mimic,
-``clif_vitals*`` for clif), one committed watermark step per file, processes the deletion queue
-first, and writes ``<runs>/ingest/result.json`` (aggregates only). ``forgetful serve`` schedules
+``clif_vitals*`` for clif) as one watermark step (committed in stages), processes the deletion
+queue first, prints one summary line and writes ``<runs>/ingest/result.json`` (aggregates only;
+``--json PATH`` for the command's own result). ``forgetful serve`` schedules
 it (interval, concurrency limit 1). See :mod:`pipelines.ingest` for the watermark, late-row and
 crash-safety rules.
 """
@@ -41,11 +42,12 @@ def _data_kind(root: str) -> str:
 # no retries: the task commits increments; a retry after a commit whose result was lost would apply it twice
 @task(name="ingest-increments")
 def ingest_task(warehouse: str, source: str, root: str, init: bool, frozen: dict | None, final: bool,
-                as_of_us: int | None, max_steps: int | None, min_hours: float, seed: int) -> dict:
+                as_of_us: int | None, max_steps: int | None, min_hours: float, seed: int,
+                jobs: int | None = None) -> dict:
     from pipelines.ingest import ingest
 
     return ingest(warehouse, source, root, init=init, frozen=frozen, final=final, as_of_us=as_of_us,
-                  max_steps=max_steps, min_hours=min_hours, seed=seed)
+                  max_steps=max_steps, min_hours=min_hours, seed=seed, jobs=jobs)
 
 
 def result_of(r: dict, data: str, source: str) -> dict:
@@ -80,7 +82,7 @@ def result_of(r: dict, data: str, source: str) -> dict:
 @flow(name="ingest", log_prints=True)
 def ingest_flow(source: str = "mimic", root: str = ".", warehouse: str = "runs/stream.duckdb", runs_dir: str = "runs",
                 init: bool = False, frozen_file: str | None = None, final: bool = False, as_of: str | None = None,
-                max_steps: int | None = None, min_hours: float = 48, seed: int = 0) -> dict:
+                max_steps: int | None = None, min_hours: float = 48, seed: int = 0, jobs: int | None = None) -> dict:
     """Ingest the new increments; returns the run's aggregates."""
     from pipelines.warehouse import Warehouse
 
@@ -94,7 +96,7 @@ def ingest_flow(source: str = "mimic", root: str = ".", warehouse: str = "runs/s
         import datetime as dt
 
         as_of_us = int(dt.datetime.fromisoformat(as_of).replace(tzinfo=dt.UTC).timestamp() * 1_000_000)
-    r = ingest_task(warehouse, source, root, init, frozen, final, as_of_us, max_steps, min_hours, seed)
+    r = ingest_task(warehouse, source, root, init, frozen, final, as_of_us, max_steps, min_hours, seed, jobs)
     with Warehouse.open(warehouse, write=True) as w:
         w.register_runs_dir(runs_dir)
     r["runtime_s"] = time.perf_counter() - t0
@@ -107,12 +109,17 @@ def _main(args) -> int:
     r = runner.run_cli_flow(ingest_flow, args, must_exist=not args.init, source=args.source, root=args.root,
                             warehouse=args.warehouse, runs_dir=args.runs, init=args.init, frozen_file=args.frozen,
                             final=args.final, as_of=args.as_of, max_steps=args.max_steps, min_hours=args.min_hours,
-                            seed=args.seed)
+                            seed=args.seed, jobs=args.jobs)
+    from pipelines.ingest import summary_line
+
     out = {"steps": len(r["steps"]), "late_rows": sum(s["late_rows"] for s in r["steps"]),
            "n_stays": r["n_stays"], "n_tokens": r["n_tokens"], "n_hot": r["n_hot"],
            "future_safe_stays": r["future_safe_stays"], "deletions": r["deletions"],
+           "stays_touched": sum(s["stays_updated"] for s in r["steps"]),
+           "tokens_admitted": sum(s["new_tokens"] for s in r["steps"]),
+           "readmissions": sum(s.get("readmissions", 0) for s in r["steps"]),
            "seconds": round(r["runtime_s"], 2)}
-    print(json.dumps(out))
+    print(summary_line(r))  # the machine-readable result: --json PATH
     jsonout.emit(args, out)
     return 0
 
@@ -130,6 +137,9 @@ def add_cli(sub) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="ingest at most N new files this run")
     p.add_argument("--min-hours", type=float, default=48, help="with --init: minimum length of stay")
     p.add_argument("--seed", type=int, default=0, help="with --init: split seed")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes for the gate updates (default: the usable CPUs, at most 8; "
+                        "results do not depend on it)")
     runner.add_common_args(p)
     jsonout.add_json_arg(p)
     p.set_defaults(func=_main, warehouse="runs/stream.duckdb")
