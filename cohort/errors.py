@@ -37,6 +37,11 @@ class MissingColumnsError(CohortError, ValueError):
         super().__init__(f"{path}: missing required column(s) {', '.join(missing)} ({seen})")
 
 
+class ColumnTypeError(CohortError, ValueError):
+    """An input table has a required column of the wrong type (e.g. a MEDS shard whose ``time``
+    is text). The message names the file, the column, the type found and the type expected."""
+
+
 class UnreadableInputError(CohortError, OSError):
     """An input file exists but cannot be read (corrupt gzip, not parquet, ...)."""
 

@@ -1,4 +1,5 @@
-"""Input adapters: MIMIC-IV native layout and CLIF 2.1 parquet, one output contract.
+"""Input adapters: MIMIC-IV native layout and CLIF 2.1 parquet (and MEDS, :mod:`cohort.meds`),
+one output contract.
 
 Each adapter checks its files (presence, readability, required columns) and then gives the
 build two SQL relations over DuckDB:
@@ -151,14 +152,13 @@ def check_layout(source: str, root: str | Path, tables: tuple[str, ...] | None =
         raise InputMissingError(f"{kind} root {root} is not a directory. Expected {_LAYOUT[source][0]}.")
     layout, exts = _LAYOUT[source]
     found = {rel: _find(root, rel, layout, exts) for rel in (tables or tuple(REQUIRED_COLUMNS[source]))}
-    own = con is None
-    con = duckdb.connect() if own else con
+    use = duckdb.connect() if con is None else con
     try:  # every file present first, then each schema: one DESCRIBE (a CSV's header, a parquet footer)
         for rel, t in found.items():
-            t.check(con, REQUIRED_COLUMNS[source][rel])
+            t.check(use, REQUIRED_COLUMNS[source][rel])
     finally:
-        if own:
-            con.close()
+        if con is None:
+            use.close()
     return found
 
 
@@ -291,13 +291,18 @@ class ClifAdapter(Adapter):
 
 
 def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection,
-                 convention: str | Convention = SEED) -> Adapter:
-    """Adapter for ``source`` in {"mimic", "clif"} (``demo`` is resolved by the caller), reading
-    the itemids / categories of ``convention`` (:mod:`cohort.conventions`)."""
+                 convention: str | Convention = SEED, meds_codes=None) -> Adapter:
+    """Adapter for ``source`` in {"mimic", "clif", "meds"} (``demo`` is resolved by the caller),
+    reading the itemids / categories of ``convention`` (:mod:`cohort.conventions`); ``meds_codes``
+    is the MEDS code map (:func:`cohort.meds.load_code_map`; None: the default)."""
     if source == "mimic":
         return MimicNativeAdapter(root, con, convention)
     if source == "clif":
         return ClifAdapter(root, con, convention)
+    if source == "meds":
+        from .meds import MedsAdapter
+
+        return MedsAdapter(root, con, convention, meds_codes)
     from .errors import BadParameterError
 
-    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, demo")
+    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, meds, demo")

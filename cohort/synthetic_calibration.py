@@ -34,7 +34,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from scipy.special import ndtri
+from scipy.signal import lfilter
+from scipy.special import ndtr, ndtri
 
 from .constants import VITALS
 
@@ -42,6 +43,13 @@ DEFAULT_PARAMS = Path(__file__).with_name("synthetic_params.json")
 P_GRID = np.array([0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5,
                    0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.97, 0.98, 0.99, 0.995])
 LOS_P = np.array([0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95])
+#: Long-stay tail beyond the last calibrated LOS quantile (the demo's 169 stays say nothing
+#: about it): Pareto, P(L > x | L > q) = (x/q)^-alpha, cut at LOS_MAX_HOURS. Full MIMIC-IV has
+#: stays up to ~10,000 h among ≈ 42,000 stays of ≥ 48 h (SPEC §3b); alpha = 2.3 makes about one
+#: such stay reach the cut (5 % of long stays pass the last quantile q ≈ 362 h, and
+#: 0.05 · (10,000/362)^-2.3 · 42,000 ≈ 1). Assumption, not a fit.
+LOS_TAIL_ALPHA = 2.3
+LOS_MAX_HOURS = 10_000.0
 MAX_LAG = 12
 
 
@@ -263,7 +271,8 @@ def estimate(hourly: dict[str, np.ndarray], los_hours: np.ndarray, rows_per_hour
         "observed_share": [round(float(obs[not_gap, j].mean()), 4) for j in range(len(VITALS))],
         "rows_per_charted_hour": {v: round(float((rows_per_hour or {}).get(v, 1.0)), 3) for v in VITALS},
         "los": {"short_share": round(float(short.mean()), 4), "p": [float(p) for p in LOS_P],
-                "log_hours_short": q(los[short]), "log_hours_long": q(los[~short]), "n_stays": int(los.size)},
+                "log_hours_short": q(los[short]), "log_hours_long": q(los[~short]), "n_stays": int(los.size),
+                "tail_alpha": LOS_TAIL_ALPHA, "max_hours": LOS_MAX_HOURS},
     }
 
 
@@ -346,6 +355,8 @@ class Model:
         self.los_short = np.asarray(los["log_hours_short"], dtype=float)
         self.los_long = np.asarray(los["log_hours_long"], dtype=float)
         self.short_share = float(los["short_share"])
+        self.los_tail_alpha = float(los.get("tail_alpha", LOS_TAIL_ALPHA))
+        self.los_max_hours = float(los.get("max_hours", LOS_MAX_HOURS))
         self.observed_share = np.asarray(p["observed_share"], dtype=float)
         self.gap_share = float(p["gap_hour_share"])
         self.extra_rows = np.clip(np.array([p["rows_per_charted_hour"][v] for v in VITALS]) - 1.0, 0.0, 1.0)
@@ -360,18 +371,20 @@ class Model:
         return y
 
     def los_hours(self, rng, n: int, short_share: float | None = None) -> np.ndarray:
-        """(n,) LOS in hours: short (< 48 h) with the demo's share, else the long-stay quantiles."""
+        """(n,) LOS in hours: short (< 48 h) with the demo's share, else the long-stay quantiles
+        and, beyond the last one, a Pareto tail up to ``max_hours`` (:data:`LOS_TAIL_ALPHA`)."""
         share = self.short_share if short_share is None else float(short_share)
         short = rng.random(n) < share
         z = rng.standard_normal(n)
         ls = np.clip(np.exp(self._interp(z, self.los_z, self.los_short)), 1.0, 47.5)
-        ll = np.clip(np.exp(self._interp(z, self.los_z, self.los_long)), 48.0, 1400.0)
-        return np.where(short, ls, ll)
+        ll = np.exp(self._interp(z, self.los_z, self.los_long))
+        z_top, tail = self.los_z[-1], z > self.los_z[-1]
+        # P(L > x | tail) = (x / q_top)^-alpha with the tail probability ndtr(-z) / ndtr(-z_top)
+        ll[tail] = np.exp(self.los_long[-1]) * (ndtr(-z[tail]) / ndtr(-z_top)) ** (-1.0 / self.los_tail_alpha)
+        return np.where(short, ls, np.clip(ll, 48.0, self.los_max_hours))
 
     def latent(self, rng, n_h: np.ndarray, sidx: np.ndarray, hh: np.ndarray) -> np.ndarray:
         """(H, 6) normal scores g = between + slow VAR(1) + fast, each stay started stationary."""
-        from scipy.signal import lfilter
-
         H, nv = sidx.size, self.phi.size
         starts = np.cumsum(n_h) - n_h
         b = rng.standard_normal((n_h.size, nv)) @ self.L_between.T

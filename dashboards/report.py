@@ -37,7 +37,7 @@ from dashboards.errors import ReportError, ResultSchemaError, RunsDirectoryError
 from dashboards.figures import png_data_uri, render_png
 from dashboards.labels import metric_label
 from dashboards.schema import KNOWN_STUDIES, validate_result
-from dashboards.seed_figures import CONTRACT_CARD, SEED_FIGURES
+from dashboards.seed_figures import CONTRACT_CARD, SEED_DATA, SEED_FIGURES, seed_comparability
 from dashboards.stream_card import STUDY as STREAM
 from dashboards.stream_card import stream_context
 from dashboards.templating import environment, fmt, is_number
@@ -96,8 +96,8 @@ HOLDS_LEGEND = ("holds: whether this run's own value meets the claim's stated co
 #: most rows of a result's first table shown up front when the result has no figure
 LEAD_ROWS = 12
 
-#: clinical studies whose seed figures come from real MIMIC-IV records
-REAL_DATA_STUDIES = frozenset({"cohort", "icu_retention", "heldout_spo2", "patient_deletion", "deterioration"})
+#: clinical studies whose seed figures come from real MIMIC-IV records (decided in dashboards.seed_figures)
+REAL_DATA_STUDIES = frozenset(s for s, kind in SEED_DATA.items() if kind == "real")
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,9 @@ def low_power_warning(p: Mapping[str, Any]) -> str:
     if _is_num(count) and count < MIN_STAYS:
         msgs.append(f"rests on {int(count):,} {unit} (fewer than {MIN_STAYS}): intervals and estimates here are "
                     "low-power and can move a lot on another cohort")
+    pw = p.get("metrics", {}).get("power")
+    if not msgs and isinstance(pw, Mapping) and pw.get("low_power") and pw.get("label"):
+        msgs.append(str(pw["label"]))  # the study's own label (e.g. the audit's trials per regime)
     zero = _zero_width_cis(p)
     if zero:
         msgs.append(f"{zero} interval(s) have zero width (e.g. a bootstrap over a single stay): they show no "
@@ -248,7 +251,7 @@ def _png_uri(spec_json: str, seed: bool) -> str:
 
 def _figure(spec: Mapping[str, Any], *, seed: bool) -> dict:
     alt = ("seed figure: " if seed else "figure: ") + str(spec.get("title", spec["kind"]))
-    return {"src": _png_uri(json.dumps(spec, sort_keys=True), seed), "alt": alt}
+    return {"src": _png_uri(json.dumps(spec, sort_keys=True), seed), "alt": alt, "caption": spec.get("caption")}
 
 
 def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str = "") -> dict:
@@ -282,10 +285,13 @@ def _runtime(p: Mapping[str, Any]) -> dict | None:
 def _seed(study: str, payload: Mapping[str, Any] | None) -> dict:
     """The seed block beside a card — except a synthetic run of a real-data study, which is never
     placed beside the seed's real-data figures as if comparable."""
-    out: dict[str, Any] = {"not_comparable": False, "empty": False, "text": None, "source": None, "figure": None,
-                           "table": None}
-    if payload is not None and study in REAL_DATA_STUDIES and payload.get("data") == "synthetic":
-        return {**out, "not_comparable": True}
+    out: dict[str, Any] = {"not_comparable": False, "reason": None, "partial": None, "empty": False, "text": None,
+                           "source": None, "figure": None, "table": None}
+    if payload is not None:
+        comp = seed_comparability(study, payload.get("data", ""))
+        if not comp["comparable"]:
+            return {**out, "not_comparable": True, "reason": comp["reason"]}
+        out["partial"] = comp["partial"]
     seed = dict(SEED_FIGURES.get(study, {}))
     if payload is not None and payload.get("seed_figure"):
         seed.update({k: v for k, v in payload["seed_figure"].items() if v is not None})

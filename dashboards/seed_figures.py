@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["SEED_FIGURES", "CONTRACT_CARD", "seed_figure_for"]
+__all__ = ["SEED_FIGURES", "CONTRACT_CARD", "SEED_DATA", "REAL_SOURCES", "seed_figure_for", "seed_comparability",
+           "seed_line"]
 
 SEED_FIGURES: dict[str, dict[str, Any]] = {
     "cohort": {
@@ -82,12 +83,14 @@ SEED_FIGURES: dict[str, dict[str, Any]] = {
         "figure": None,
     },
     "patient_deletion": {
-        "source": "seed 001 §4; SPEC §3",
-        "text": "5 patients per context (≤ 48 h each), ν = 0.5, σ = 2: completed deletion leaves zero readout "
-        "weight on the forgotten patient vs 0.29 (decay γ = 0.1) and 0.09 (γ = 0.01); KKT residual ~1e-12.",
-        "values": {"deleted": 0.0, "decay 0.1": 0.29, "decay 0.01": 0.09},
+        "source": "seed 000 §6; seed 001 §4 (concrete records); SPEC §3",
+        "text": "Several patients share a context (SPEC: 5 per context, ≤ 48 h each, ν = 0.5, σ = 2); forgetting one "
+        "by the fixed-C decrement leaves zero readout weight on the forgotten patient, against 0.29 and 0.09 under "
+        "coefficient decay (the paper does not state the two decay factors; SPEC reads them as γ = 0.1 / 0.01); "
+        "KKT residual ~1e-12.",
+        "values": {"deleted": 0.0, "decay (first)": 0.29, "decay (second)": 0.09},
         "figure": {"kind": "bar", "title": "seed: leakage (readout weight share)", "ylabel": "weight share",
-                   "categories": ["deletion", "decay γ=0.1", "decay γ=0.01"], "values": [0.0, 0.29, 0.09]},
+                   "categories": ["deletion", "decay (first γ)", "decay (second γ)"], "values": [0.0, 0.29, 0.09]},
     },
     "deterioration": {
         "source": "seed 001 §5",
@@ -202,3 +205,42 @@ CONTRACT_CARD: list[dict[str, str]] = [
 def seed_figure_for(study: str) -> dict[str, Any]:
     """A deep copy of the seed figure for ``study`` (``{}`` for studies without one)."""
     return copy.deepcopy(SEED_FIGURES.get(study, {}))
+
+
+#: the data each study's seed figure was measured on: "real" (MIMIC-IV records), "mixed" (the deletion
+#: audit: three synthetic or learned-key regimes and one MIMIC-IV regime); every other study's seed
+#: figure is from synthetic data (or, for the language model, a text corpus) and so is comparable with
+#: a run of the same kind
+SEED_DATA: dict[str, str] = {"cohort": "real", "icu_retention": "real", "heldout_spo2": "real",
+                             "patient_deletion": "real", "deterioration": "real", "deletion_audit": "mixed"}
+#: result ``data`` kinds that are real patient records
+REAL_SOURCES = ("demo", "mimic", "clif")
+
+
+def seed_comparability(study: str, data: str) -> dict[str, Any]:
+    """Whether a run of ``study`` on ``data`` may stand beside the seed's figure — the one place this
+    is decided (flows, the CLI lines, the report and the generated docs all ask here).
+
+    Returns ``{"comparable": bool, "reason": str | None, "partial": str | None}``: ``reason`` says why
+    a figure is not comparable (a real-data seed figure beside a run on synthetic data); ``partial``
+    names the part of a mixed seed figure that is not comparable (the audit's MIMIC-IV row).
+    Synthetic studies whose seed figures are also synthetic are always comparable.
+    """
+    kind = SEED_DATA.get(study, "synthetic")
+    real_run = data in REAL_SOURCES
+    if kind == "real" and not real_run:
+        return {"comparable": False, "partial": None,
+                "reason": f"this run used {data} data; the seed figure is from real MIMIC-IV records"}
+    if kind == "mixed" and not real_run:
+        return {"comparable": True, "reason": None,
+                "partial": f"the seed's MIMIC-IV row is from real records; this run's ICU regime used {data} data, "
+                           "so that row is not comparable (the other regimes are)"}
+    return {"comparable": True, "reason": None, "partial": None}
+
+
+def seed_line(study: str, data: str, text: str) -> str:
+    """The CLI's closing line: ``seed figure: …`` where comparable, else why it is not shown."""
+    c = seed_comparability(study, data)
+    if not c["comparable"]:
+        return f"seed figure not shown, not comparable: {c['reason']}"
+    return f"seed figure: {text}" + (f" ({c['partial']})" if c["partial"] else "")

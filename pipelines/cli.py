@@ -50,7 +50,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-all": ("run_all", "the main job: demo check, warehouse, every clinical study, report"),
     "forget": ("forget_cli", "forget one patient everywhere, durably, with one tamper-evident receipt"),
     "receipts": ("receipts_cli", "verify, list, export or prove the deletion-receipt log"),
-    "export": ("export_cli", "export the warehouse as Parquet (stays, hourly) for your own analysis"),
+    "export": ("export_cli", "export the warehouse as Parquet or MEDS for your own analysis"),
+    "report": ("report_cli", "re-render the HTML report from the stored results (no Prefect server)"),
     "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),
     "ingest": ("ingest_flow", "incremental ingest of new chartevents/vitals files into a streaming warehouse"),
     "gate-demo": ("gate_demo", "admit a stream, certify, evict, forget with verification"),
@@ -122,7 +123,13 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(f"pipelines.flows.{mod}")
         except ImportError as exc:  # an optional extra is missing: say so, keep the rest usable
-            print(f"forgetful: command module {mod!r} unavailable ({exc})", file=sys.stderr)
+            if exc.name == "torch":
+                from .errors import MODELS_EXTRA_HINT
+
+                print(f"forgetful: command module {mod!r} needs torch, which is not installed: {MODELS_EXTRA_HINT}",
+                      file=sys.stderr)
+            else:
+                print(f"forgetful: command module {mod!r} unavailable ({exc})", file=sys.stderr)
             continue
         module.add_cli(sub)
     _plain_help(parser)
@@ -213,6 +220,9 @@ _in_process = False
 def _dispatch(cmd: str, argv: list[str]) -> int:
     with gc_paused() if _in_process else contextlib.nullcontext():  # the command's imports
         parser = build_parser([cmd])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if cmd not in sub.choices:  # its module could not be imported (build_parser said why, in one line)
+        return 3
     args = parser.parse_args(argv)
     if args.quiet and hasattr(args, "no_progress"):
         args.no_progress = True

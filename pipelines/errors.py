@@ -83,6 +83,15 @@ class UsageError(PipelineError):
     that makes no sense). Found before the command starts; exit code 2, like argparse's own errors."""
 
 
+#: how to install the optional torch dependency (the ``models`` extra)
+MODELS_EXTRA_HINT = "pip install 'forgetful-attention[models]'"
+
+
+class MissingExtraError(PipelineError):
+    """A command needs an optional extra that is not installed (torch: ``[models]``); exit code 3.
+    Checked before the command starts (:mod:`pipelines.preflight`)."""
+
+
 class IngestError(PipelineError):
     """A streaming-ingest failure (nothing of the failed step was committed)."""
 

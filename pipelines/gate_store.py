@@ -13,13 +13,17 @@ Tables
 tokens, is :class:`GateStoreError`, never a certified gate) and then
 :meth:`sv_core.Gate.from_state`, which validates shapes, finiteness, feasibility and the KKT
 residual. Context ids are opaque integers (never derived from a record id), so receipts may name
-them. Writers run inside the caller's transaction.
+them. Writers run inside the caller's transaction. A study written in batches stages its contexts
+under another name (:func:`append_contexts` with ``promote_to``, which also computes each
+context's MAC under the final name) and publishes them in one short transaction
+(:func:`promote_study`: no blob is re-read).
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import duckdb
@@ -117,17 +121,8 @@ def _keys(keys):
     return keys
 
 
-def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: list[StoredContext], keys=None) -> list[int]:
-    """Replace every stored context of ``study`` by ``contexts`` (inside the caller's
-    transaction). Returns the new opaque context ids."""
-    keys = _keys(keys)
-    ensure_tables(con)
-    delete_study(con, study)
-    return [cid for cid, _ in append_contexts(con, study, contexts, keys)]
-
-
-def delete_study(con: duckdb.DuckDBPyConnection, study: str) -> int:
-    """Remove every stored context of ``study`` (states and token maps; inside the caller's
+def drop_study(con: duckdb.DuckDBPyConnection, study: str) -> int:
+    """Delete every stored context of ``study`` (states and token maps; inside the caller's
     transaction). Returns how many contexts were removed."""
     ensure_tables(con)
     old = [r[0] for r in con.execute(f"SELECT context_id FROM {STATES} WHERE study = ?", [study]).fetchall()]
@@ -137,10 +132,12 @@ def delete_study(con: duckdb.DuckDBPyConnection, study: str) -> int:
     return len(old)
 
 
-def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: list[StoredContext], keys=None, *,
+def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: Iterable[StoredContext], keys=None, *,
                     promote_to: str | None = None) -> list[tuple[int, str | None]]:
-    """Store ``contexts`` under ``study`` beside the ones already there (inside the caller's
-    transaction), with new opaque context ids above every existing one.
+    """Store ``contexts`` (any iterable of :class:`StoredContext`, consumed one at a time) under
+    ``study`` beside the ones already there (inside the caller's transaction), with new opaque
+    context ids above every existing one. The call's rows are inserted together, so its memory is
+    that of the call's serialised states: pass a batch at a time.
 
     promote_to : also compute each context's MAC under this other study name, for a later
         :func:`promote_study` (a staged study renamed in one short transaction).
@@ -149,8 +146,6 @@ def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: list[S
     """
     keys = _keys(keys)
     ensure_tables(con)
-    if not contexts:
-        return []
     # fetchall: a result left open by fetchone blocks the register() below
     start = int(con.execute(f"SELECT coalesce(max(context_id), 0) FROM {STATES}").fetchall()[0][0]) + 1
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -176,7 +171,9 @@ def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: list[S
                      ("stay_id", stay), ("hour", hour.astype(np.int32))):
             tokens[c].append(v)
         ids.append((cid, None if promote_to is None else _mac(keys, cid, promote_to, bd, td)))
-    k = len(contexts)
+    k = len(ids)
+    if k == 0:
+        return []
     st = pa.table({"context_id": pa.array(states["context_id"], type=pa.int64()),
                    "study": pa.array([study] * k, type=pa.string()),
                    "created": pa.array([created] * k, type=pa.string()),
@@ -196,6 +193,14 @@ def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: list[S
     return ids
 
 
+def replace_study(con: duckdb.DuckDBPyConnection, study: str, contexts: Iterable[StoredContext],
+                  keys=None) -> list[int]:
+    """Replace every stored context of ``study`` by ``contexts`` (inside the caller's
+    transaction). Returns the new opaque context ids."""
+    drop_study(con, study)
+    return [cid for cid, _ in append_contexts(con, study, contexts, keys)]
+
+
 def promote_study(con: duckdb.DuckDBPyConnection, staged: str, study: str, macs: dict[int, str]) -> int:
     """Replace ``study`` by the contexts staged under ``staged`` (inside the caller's transaction):
     the old contexts of ``study`` are removed and every staged context is renamed, its MAC
@@ -209,7 +214,7 @@ def promote_study(con: duckdb.DuckDBPyConnection, staged: str, study: str, macs:
     if staged_ids != sorted(int(c) for c in macs):
         raise GateStoreError(f"the contexts staged as {staged!r} do not match the MACs computed for {study!r}; "
                              "nothing promoted")
-    delete_study(con, study)
+    drop_study(con, study)
     if staged_ids:
         con.register("_gate_promote_df", pa.table({"context_id": pa.array(staged_ids, type=pa.int64()),
                                                     "mac": pa.array([macs[c] for c in staged_ids])}))

@@ -14,10 +14,11 @@ an ambiguous abbreviation) is an error of the full parser too, and is reported a
 
 What is checked (each check reuses the check of the code that later reads the input):
 
-* ``--source mimic|clif`` needs ``--root``; the root's files present, readable and with their
+* ``--source mimic|clif|meds`` needs ``--root``; the root's files present, readable and with their
   required columns (:func:`cohort.sources.check_layout`: one ``DESCRIBE`` per file — a CSV's
-  header line, a parquet footer; no data scan); ``demo`` needs the cached demo unless ``--fetch``
-  (:func:`cohort.demo_data.ensure_demo`);
+  header line, a parquet footer; no data scan; MEDS: :func:`cohort.meds.check_meds_root`, every
+  data shard's footer, column names and types, and ``build-cohort --meds-codes``' JSON);
+  ``demo`` needs the cached demo unless ``--fetch`` (:func:`cohort.demo_data.ensure_demo`);
 * the study commands, and ``run-all --skip build-cohort``: the warehouse exists
   (what :func:`pipelines.warehouse.require` checks);
 * ``ingest``: the root's stays tables; without ``--init`` the streaming warehouse exists (else the
@@ -25,7 +26,11 @@ What is checked (each check reuses the check of the code that later reads the in
 * ``serve``: the cron string, with the validator Prefect itself uses (its vendored ``croniter``,
   loaded from its file, without importing Prefect); ``--source mimic|clif`` needs ``--root``;
   ``--ingest-root``'s stays tables;
-* counts that must be positive (``--workers``, ``--stays``, seeds, epochs, trials).
+* counts that must be positive (``--workers``, ``--stays``, seeds, epochs, trials);
+* the optional torch dependency (the ``models`` extra) of the commands that train or run torch
+  models (:data:`TORCH_COMMANDS`, and ``audit`` with its ``learned`` regime): without it, one line
+  naming the extra to install and exit 3 (:class:`pipelines.errors.MissingExtraError`). ``run-all``
+  is not refused: it skips its torch steps, one line each (:mod:`pipelines.flows.run_all`).
 """
 from __future__ import annotations
 
@@ -35,12 +40,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import IngestError, UsageError, WarehouseMissingError
+from .errors import MODELS_EXTRA_HINT, IngestError, MissingExtraError, UsageError, WarehouseMissingError
 
 #: exit codes (see :mod:`pipelines.runner`)
 EXIT_USAGE, EXIT_DOMAIN = 2, 3
 SOURCES = ["demo", "mimic", "clif", "synthetic"]
+#: the sources of ``build-cohort`` and ``run-all`` (``serve`` schedules the others)
+BUILD_SOURCES = ["demo", "mimic", "clif", "meds", "synthetic"]
 DEFAULT_WAREHOUSE = "runs/warehouse.duckdb"
+#: commands that need torch (the ``models`` extra): the deterioration models, the language model,
+#: its throughput benchmark and the studies on torch recall models (``evaluation.studies``'
+#: ``learned_keys`` and ``recall_tasks``)
+TORCH_COMMANDS = frozenset({"deterioration", "lm", "throughput", "learned-keys", "selective-copying", "capacity",
+                            "mqar-control"})
+#: ``audit`` regimes that need torch (``learned``: the keys of a small trained torch model)
+TORCH_REGIMES = frozenset({"learned"})
 
 
 class _Unparsed(Exception):
@@ -59,12 +73,12 @@ def _opt(*flags: str, **kw) -> tuple[tuple[str, ...], dict]:
 _WORKERS = _opt("--workers", type=int, default=2)
 _WAREHOUSE = _opt("--warehouse", default=DEFAULT_WAREHOUSE)
 _RUNS = _opt("--runs", default="runs")
-_SOURCE_ROOT = (_opt("--source", choices=SOURCES, default="demo"), _opt("--root", default=None))
+_SOURCE_ROOT = (_opt("--source", choices=BUILD_SOURCES, default="demo"), _opt("--root", default=None))
 
 #: command -> the options its checks read, declared as the command's own parser declares them
 SPECS: dict[str, tuple[tuple[tuple[str, ...], dict], ...]] = {
     "build-cohort": (*_SOURCE_ROOT, _opt("--stays", type=int, default=1500), _opt("--fetch", action="store_true"),
-                     _WAREHOUSE, _RUNS, _WORKERS),
+                     _opt("--meds-codes", default=None), _WAREHOUSE, _RUNS, _WORKERS),
     "run-all": (*_SOURCE_ROOT, _opt("--stays", type=int, default=1500), _opt("--fetch", action="store_true"),
                 _opt("--warehouse", default=None), _RUNS, _WORKERS,
                 _opt("--skip", nargs="*", default=[]),
@@ -82,7 +96,8 @@ SPECS: dict[str, tuple[tuple[tuple[str, ...], dict], ...]] = {
     "patient-deletion": (_WAREHOUSE, _RUNS, _WORKERS),
     "deterioration": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--seeds", type=int, default=3),
                       _opt("--max-epochs", type=int, default=12)),
-    "audit": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--trials", type=int, default=300)),
+    "audit": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--trials", type=int, default=300),
+              _opt("--regimes", nargs="*", default=None, metavar="REGIME")),
 }
 #: ``set_defaults`` of a command's parser that override an option's declared default
 DEFAULTS = {"ingest": {"warehouse": "runs/stream.duckdb"}}
@@ -107,14 +122,17 @@ def _positive(a: argparse.Namespace, *names: str) -> None:
 
 
 def _needs_root(source: str, root: str | None, flag: str = "--root") -> None:
-    if source in ("mimic", "clif") and not root:
-        raise UsageError(f"--source {source} needs {flag} DIR (your MIMIC-IV or CLIF folder)")
+    if source in ("mimic", "clif", "meds") and not root:
+        raise UsageError(f"--source {source} needs {flag} DIR (your MIMIC-IV, CLIF or MEDS folder)")
 
 
-def check_source(source: str, root: str | None, fetch: bool = False) -> None:
+def check_source(source: str, root: str | None, fetch: bool = False, meds_codes: str | None = None) -> None:
     """The input of a build: the demo in its cache (unless it is to be fetched), or a MIMIC-IV /
-    CLIF root whose files the build can read. ``synthetic`` is generated: nothing to check."""
+    CLIF / MEDS root whose files the build can read (MEDS: with the code map of ``meds_codes``).
+    ``synthetic`` is generated: nothing to check."""
     _needs_root(source, root)
+    if meds_codes is not None and source != "meds":
+        raise UsageError("--meds-codes applies only to --source meds")
     if source == "demo":
         if not fetch:
             from cohort.demo_data import ensure_demo
@@ -124,6 +142,10 @@ def check_source(source: str, root: str | None, fetch: bool = False) -> None:
         from cohort.sources import check_layout
 
         check_layout(source, root)
+    elif source == "meds":
+        from cohort.meds import check_meds_root, load_code_map
+
+        check_meds_root(root, load_code_map(meds_codes))
 
 
 def check_ingest_root(source: str, root: str) -> None:
@@ -171,11 +193,34 @@ def check_cron(cron: str) -> None:
         raise UsageError(f"--cron {cron!r}: random and hashed (R, H) fields are not supported")
 
 
+def torch_available() -> bool:
+    """Whether torch can be imported (its spec is found; torch itself is not imported)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_torch(what: str, alternative: str = "") -> None:
+    """Raise :class:`MissingExtraError` (one line: what needs torch, the extra to install) when
+    torch is not installed."""
+    if not torch_available():
+        raise MissingExtraError(f"{what} needs torch, which is not installed: {MODELS_EXTRA_HINT}{alternative}")
+
+
+def _audit(a: argparse.Namespace) -> None:
+    regimes = a.regimes or None  # none given: every regime, ``learned`` included
+    if regimes is None or TORCH_REGIMES & set(regimes):
+        require_torch("forgetful audit's 'learned' regime (keys of a trained torch model)",
+                      " (or leave the regime out: --regimes gaussian clustered icu_like redundant icu_warehouse)")
+    _study("trials")(a)
+
+
 def _build_cohort(a: argparse.Namespace) -> None:
     _positive(a, "workers")
     if a.source == "synthetic":
         _positive(a, "stays")
-    check_source(a.source, a.root, a.fetch)
+    check_source(a.source, a.root, a.fetch, a.meds_codes)
 
 
 def _run_all(a: argparse.Namespace) -> None:
@@ -252,15 +297,19 @@ def _study(*counts: str) -> Callable[[argparse.Namespace], None]:
 CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "build-cohort": _build_cohort, "run-all": _run_all, "ingest": _ingest, "serve": _serve,
     "retention": _study(), "heldout-spo2": _study(), "patient-deletion": _study(),
-    "deterioration": _study("seeds", "max_epochs"), "audit": _study("trials"),
+    "deterioration": _study("seeds", "max_epochs"), "audit": _audit,
 }
 
 
 def check(cmd: str, args: list[str]) -> None:
     """Run the checks of ``cmd`` on its arguments (what follows the command name); raises
     :class:`UsageError` or the typed error of the failing input. Commands without checks, and
-    any ``-h``/``--help``, pass."""
-    if cmd not in CHECKS or "-h" in args or "--help" in args:
+    any ``-h``/``--help``, pass. A command of :data:`TORCH_COMMANDS` without torch fails first."""
+    if "-h" in args or "--help" in args:
+        return
+    if cmd in TORCH_COMMANDS:
+        require_torch(f"forgetful {cmd}")
+    if cmd not in CHECKS:
         return
     try:
         ns, _ = light_parser(cmd).parse_known_args(args)

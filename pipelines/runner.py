@@ -41,13 +41,23 @@ def make_task_runner(dask_address: str | None = None, max_workers: int = 2):
 
 _RUNNER_CLASS = None
 
+#: Prefect's private attributes of ``ThreadPoolTaskRunner`` that the interruptible runner relies
+#: on: ``_executor`` (the ``concurrent.futures.ThreadPoolExecutor`` that Prefect's own ``__exit__``
+#: shuts down and joins, unless it is None) and ``_cancel_events`` (task run id -> the
+#: ``threading.Event`` a running task polls). ``tests/test_pipelines_runner_contract.py`` fails,
+#: naming the attribute and the Prefect version, when an upgrade changes either; the supported
+#: Prefect range in pyproject.toml is the tested minor release.
+PREFECT_PRIVATE_ATTRIBUTES = ("_executor", "_cancel_events")
+
 
 def _interruptible_runner_class():
     """``ThreadPoolTaskRunner`` that, when the flow is interrupted (Ctrl-C, SIGTERM via
     :mod:`pipelines.signals`, Prefect's ``TerminationSignal``), abandons its running worker
     threads instead of joining them: Prefect's own ``__exit__`` waits for every running task, so
     the flow run would neither record its crash nor let the command exit until the longest task
-    finished. Pending tasks are cancelled; running ones are left to die with the process."""
+    finished. Pending tasks are cancelled; running ones are left to die with the process.
+    It uses :data:`PREFECT_PRIVATE_ATTRIBUTES`; if a Prefect release lacked them, an interrupt
+    would fall back to Prefect's own (joining) exit instead of failing."""
     global _RUNNER_CLASS
     if _RUNNER_CLASS is None:
         from prefect.exceptions import TerminationSignal
@@ -55,10 +65,11 @@ def _interruptible_runner_class():
 
         class InterruptibleThreadPoolTaskRunner(ThreadPoolTaskRunner):
             def __exit__(self, exc_type, exc_value, traceback):
+                executor = getattr(self, "_executor", None)
                 if (exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit, TerminationSignal))
-                        and getattr(self, "_executor", None) is not None):
-                    executor, self._executor = self._executor, None
-                    for event in self._cancel_events.values():
+                        and executor is not None and hasattr(executor, "shutdown")):
+                    self._executor = None
+                    for event in dict(getattr(self, "_cancel_events", None) or {}).values():
                         event.set()
                     executor.shutdown(wait=False, cancel_futures=True)
                 super().__exit__(exc_type, exc_value, traceback)
@@ -164,12 +175,27 @@ def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | N
 
     runtime_with_cache(result, task_cache.take_tally(task_cache.run_key()))
     study = study or result["study"]
+    seed_only_where_comparable(result)
     path = Path(runs_dir) / study / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_result(result, path)
     _unstale(Path(runs_dir), f"{study}/result.json")
     publish_artifacts(result, path)
     return path
+
+
+def seed_only_where_comparable(result: dict) -> None:
+    """A result never carries a seed figure its data cannot be compared with (a real-data study run
+    on the synthetic cohort): ``seed_figure`` is emptied and the notes say why
+    (:func:`dashboards.seed_figures.seed_comparability`, the one place this is decided)."""
+    from dashboards.seed_figures import seed_comparability
+
+    comp = seed_comparability(str(result.get("study", "")), str(result.get("data", "")))
+    if comp["comparable"] or not result.get("seed_figure"):
+        return
+    result["seed_figure"] = {}
+    note = f"seed figure not shown, not comparable: {comp['reason']}"
+    result["notes"] = f"{result['notes']} · {note}" if result.get("notes") else note
 
 
 def runtime_with_cache(result: dict, tally) -> None:

@@ -35,7 +35,7 @@ from .errors import LedgerError, LedgerKeyError, LedgerTamperedError
 from .keys import config_dir, write_private
 
 SIGNING_KEY_ENV = "FORGETFUL_SIGNING_KEY_FILE"
-VERSION = "forgetful-sth-v1"
+STH_FORMAT = "forgetful-sth-v1"
 _TAG = b"forgetful/sth/v1"
 ZERO = "0" * 64
 _HEAD_FIELDS = ("log_id", "prev", "root_hash", "signature", "timestamp", "tree_size", "version")
@@ -150,7 +150,7 @@ class TreeHead:
 
     def to_json(self) -> dict:
         return {"log_id": self.log_id, "prev": self.prev, "root_hash": self.root_hash, "signature": self.signature,
-                "timestamp": self.timestamp, "tree_size": self.tree_size, "version": VERSION}
+                "timestamp": self.timestamp, "tree_size": self.tree_size, "version": STH_FORMAT}
 
     def line(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
@@ -170,7 +170,7 @@ class TreeHead:
     @classmethod
     def from_json(cls, d) -> TreeHead:
         """Strict: exactly the fields above, lower-case hex of the right lengths, integer sizes."""
-        if not isinstance(d, dict) or set(d) != set(_HEAD_FIELDS) or d["version"] != VERSION:
+        if not isinstance(d, dict) or set(d) != set(_HEAD_FIELDS) or d["version"] != STH_FORMAT:
             raise ValueError("fields")
         for f in ("tree_size", "timestamp"):
             if type(d[f]) is not int or not 0 <= d[f] < 2 ** 64:

@@ -130,7 +130,7 @@ def write_study(warehouse, study: str, columns: Mapping[str, np.ndarray],
         con.execute(f"SET memory_limit = '{memory_limit}'")
         if context_batches is not None:
             with transaction(con):
-                gate_store.delete_study(con, staged)  # a crashed run's staging, if any
+                gate_store.drop_study(con, staged)  # a crashed run's staging, if any
             for ctxs in context_batches(con):
                 with transaction(con):
                     macs.update(gate_store.append_contexts(con, staged, ctxs, keys, promote_to=study))

@@ -57,7 +57,7 @@ def check_key_location(warehouse: Path, ledger_dir: Path, meta: dict[str, str]) 
     from .keys import check_location, key_files
 
     dirs = runs_registry.resolve(runs_registry.load(meta.get("runs_dirs")), warehouse.parent)
-    dirs += [Path(d) for d in json.loads(meta.get("exports") or "[]")]
+    dirs += [Path(d) for key in ("exports", "meds_exports") for d in json.loads(meta.get(key) or "[]")]
     check_location(key_files(), warehouse, [ledger_dir, *dirs])
 
 
@@ -238,13 +238,17 @@ class Warehouse:
         """The registered runs folders that exist now, each found by its id (never a copy of one)."""
         return runs_registry.resolve(self.runs_registry(), self.path.parent)
 
-    def register_export(self, folder: str | os.PathLike) -> None:
-        """Remember a folder ``forgetful export`` wrote record-level Parquet into (a forget
-        erases the patient from it too; see :mod:`pipelines.exports`)."""
-        self._remember("exports", folder)
+    def register_export(self, folder: str | os.PathLike, fmt: str = "parquet") -> None:
+        """Remember a folder ``forgetful export`` wrote record-level Parquet (``fmt="meds"``: a
+        MEDS dataset) into; a forget erases the patient from it too (:mod:`pipelines.exports`)."""
+        self._remember("meds_exports" if fmt == "meds" else "exports", folder)
 
     def export_dirs(self) -> list[Path]:
-        return self._remembered("exports")
+        """The registered export folders: Parquet exports, then MEDS exports (typed
+        :class:`pipelines.exports.MedsFolder`, so the erasure knows which files are its own)."""
+        from .exports import MedsFolder
+
+        return self._remembered("exports") + [MedsFolder(p) for p in self._remembered("meds_exports")]
 
 
 class ForgetExclusion:

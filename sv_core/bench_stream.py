@@ -1,24 +1,36 @@
-"""Streaming benchmark: ``python -m sv_core.bench_stream [--n 10000] [--quick] [--json PATH]``.
+"""Streaming benchmark: ``python -m sv_core.bench_stream [--sizes 1000,10000,100000] [--threads both]
+[--quick] [--json PATH]``.
 
-An ICU-like drifting stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare
-far excursion episodes) is admitted one token at a time into a :class:`StreamingGate`
-(C = calibrate_C(0.3, 120), sigma = 1.5) with ``evict_reserve`` after every batch. Reported:
-hot vs live size over time, cost per admission (admission + its share of eviction) against a
-full-history refit per admission and against a plain ``Gate`` holding every token, the screening
-hit rate, and the full-history deviation (max |score - reference score| over every live key and
-jittered probes) at checkpoints.
+An ICU-like drifting stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare far
+excursion episodes) is admitted one token at a time into a :class:`StreamingGate`
+(C = calibrate_C(0.3, 120), sigma = 1.5) with ``evict_reserve`` every 24 tokens. At each size N
+the next ``--window`` tokens are timed *interleaved*, token by token, for three ways of keeping
+the exact full-history memory:
 
-References at a checkpoint: the independent :func:`sv_core.refit` over all live keys is timed
-up to ``--refit-max`` live tokens (it is a dense interior-point solve; beyond that its time is
-extrapolated by a power law fitted to the measured checkpoints and labelled so); the deviation
-beyond ``--refit-max`` is measured against :func:`full_history_reference` (working-set refit,
-KKT-verified over every live key, seeded independently of the streaming gate), whose time is
-also reported. The plain Gate is built at the checkpoint over all live keys and timed on the
-next few stream tokens.
+* ``streaming`` -- the StreamingGate (admission + its share of the eviction every 24 tokens);
+* ``plain_gate`` -- a plain :class:`Gate` holding every live token (built at N from the
+  streaming gate's solution with :meth:`Gate.from_solution`, then admitting the same tokens);
+  not run above ``--plain-max`` live tokens (its Gram matrix is n^2 floats: 80 GB at 100,000);
+* ``libsvm`` -- scikit-learn's ``OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8)`` re-solved
+  on the whole live history at sampled steps (``--libsvm-steps`` per size; one thread).
+
+The window alternates blocks with default BLAS threads and with one thread (threadpoolctl).
+Sizes up to ``--stream-max`` are reached by streaming every token; larger sizes start from the
+full-history solution at N (libsvm, polished by :meth:`StreamingGate.from_solution`, whose
+re-admission check repairs any key libsvm got wrong) and stream ``--warmup`` untimed tokens
+first; at the largest streamed size the same warm start is timed too, as a check that it is
+representative.
+
+Exactness at every size: the independent :func:`sv_core.refit` over the hot tier plus all cold
+keys (or ``--refit-sample`` of them) must give the same gate scores at the refit keys, other cold
+keys and jittered probes (median and worst |difference|), and the full-history certificate
+(every cold gradient exact) is recomputed. Per-token cost along the stream (1,000-token blocks)
+shows how it grows with the stream. Machine load (``os.getloadavg``) is recorded per size.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -32,7 +44,8 @@ from .gate import Gate
 from .kernels import rbf_kernel
 from .refit import refit
 from .streaming import StreamingGate
-from .streaming_reference import full_history_reference
+
+EVICT_EVERY = 24
 
 
 def icu_stream(n: int, d: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -61,220 +74,264 @@ def icu_stream(n: int, d: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarra
     return drift + circ + 0.8 * e + exc, flag
 
 
-def _ref_scores(P, X, a, rho, sigma):
-    sup = a > 0
-    return 2.0 * rbf_kernel(P, X[sup], sigma) @ a[sup] - rho
+def _threads(n: int | None):
+    if n is None:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=n)
 
 
-def _plain_gate_cost(keys_hot, keys_cold, nxt, C, sigma, warm):
-    """Build a plain Gate over all live keys (hot first, then cold: the same optimum) and time
-    admissions of the next stream tokens. Returns (median, mean seconds per admission, build s)."""
-    t0 = time.perf_counter()
-    g = Gate(C=C, sigma=sigma)
-    first = np.vstack([keys_hot, keys_cold[: max(0, warm - keys_hot.shape[0])]])
-    g.admit(first)
-    rest = keys_cold[max(0, warm - keys_hot.shape[0]):]
-    half = rest.shape[0] // 2
-    # two steps keep the gate's buffer growth to one near-final size (no doubling at the end)
-    if half:
-        g.admit(rest[:half])
-    if rest.shape[0] - half:
-        g.admit(rest[half:])
-    build = time.perf_counter() - t0
-    ts = []
-    for x in nxt:
-        t = time.perf_counter()
-        g.admit(x)
-        ts.append(time.perf_counter() - t)
-    del g
-    return float(np.median(ts)), float(np.mean(ts)), build
+def _stats(ts) -> dict[str, Any]:
+    a = np.asarray(ts, dtype=np.float64) * 1e3
+    if a.size == 0:
+        return {"n": 0}
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    return {"n": int(a.size), "median_ms": float(med), "p25_ms": float(q1), "p75_ms": float(q3),
+            "mean_ms": float(a.mean()), "max_ms": float(a.max())}
 
 
-def run(n: int = 10_000, batch: int = 24, checkpoints=None, refit_max: int = 2000,
-        plain_max: int = 10_000, seed: int = 0, quick: bool = False, admit: str = "single",
-        log=print) -> dict:
-    """``admit="single"``: one ``admit`` call per token (hourly ICU arrival, the worst case for the
-    re-admission check); ``"batch"``: one ``admit`` call per batch of ``batch`` tokens."""
-    if admit not in ("single", "batch"):
-        raise ValueError(f"admit must be 'single' or 'batch', got {admit!r}")
-    C, sigma, d = calibrate_C(nu=0.3, n0=120), 1.5, 6
-    if checkpoints is None:
-        checkpoints = [c for c in (500, 1000, 2000, 5000, 10_000) if c <= n] or [n]
-        if n not in checkpoints:
-            checkpoints.append(n)
-    X, flag = icu_stream(n + batch + 8, d=d, seed=seed)
-    sg = StreamingGate(C=C, sigma=sigma)
-    t_admit = np.zeros(n)
-    t_cost = np.zeros(n)  # admission + the eviction that followed it (if any)
-    t_evict_total = 0.0
-    traj = []
-    rows: list[dict[str, Any]] = []
-    t_start = time.perf_counter()
-    cp = set(checkpoints)
-    # batch mode: admit calls end at every eviction point and at every checkpoint
-    ends = sorted(set(range(batch, n + 1, batch)) | set(cp) | {n})
-    starts = set([0] + ends[:-1])
-    cost_mark = (0, 0.0)  # (token index, cumulative cost) at the previous checkpoint
-    cum = 0.0
-    for i in range(n):
-        if admit == "single":
-            t = time.perf_counter()
-            sg.admit(X[i])
-            dt = time.perf_counter() - t
-        elif i in starts:
-            hi = min([b for b in ends if b > i])
-            t = time.perf_counter()
-            sg.admit(X[i:hi])
-            dt = (time.perf_counter() - t) / (hi - i)
-            t_admit[i:hi] = dt
-            t_cost[i:hi] = dt
-            cum += dt * (hi - i)
-            dt = None
-        else:
-            dt = None
-        if dt is not None:
-            t_admit[i] = dt
-            t_cost[i] = dt
-            cum += dt
-        if (i + 1) % batch == 0 or i + 1 == n:
-            t = time.perf_counter()
-            sg.evict_reserve()
-            dt = time.perf_counter() - t
-            t_evict_total += dt
-            t_cost[i] += dt
-            cum += dt
-            traj.append((i + 1, sg.n, sg.n_hot, sg.n_cold))
-        if (i + 1) in cp:
-            k = i + 1
-            # mean cost per admission (incl. evictions) since the previous checkpoint
-            per_adm = (cum - cost_mark[1]) / (k - cost_mark[0])
-            row_window = [cost_mark[0], k]
-            cost_mark = (k, cum)
-            row: dict[str, Any] = {"n_live": sg.n, "n_hot": sg.n_hot, "n_cold": sg.n_cold,
-                   "hot_fraction": sg.n_hot / sg.n, "stream_cost_per_admission_s": per_adm}
-            row["tokens"] = k
-            row["cost_window_tokens"] = row_window
-            # like-for-like with the plain Gate (median of single admissions, no eviction share)
-            row["stream_median_admission_s"] = float(np.median(t_admit[row_window[0]:k]))
-            keys = sg.keys
-            rng = np.random.default_rng(k)
-            P = np.vstack([keys, keys[rng.choice(keys.shape[0], 200)] + 0.1 * rng.normal(size=(200, d))])
-            s_sg = sg.score(P)
-            if sg.n <= refit_max:
-                t = time.perf_counter()
-                a_r, rho_r = refit(keys, C=C, sigma=sigma)
-                row["refit_s"] = time.perf_counter() - t
-                row["refit_measured"] = True
-                row["deviation_vs_refit"] = float(np.abs(s_sg - _ref_scores(P, keys, a_r, rho_r, sigma)).max())
-            t = time.perf_counter()
-            a_w, rho_w, info = full_history_reference(keys, C, sigma, seed=k)
-            row["ws_reference_s"] = time.perf_counter() - t
-            row["ws_reference_rounds"] = info["rounds"]
-            row["deviation_vs_ws_reference"] = float(np.abs(s_sg - _ref_scores(P, keys, a_w, rho_w, sigma)).max())
-            row["alpha_dev_vs_ws_reference"] = float(np.abs(sg.alpha - a_w).max())
-            cert = sg.certificate(exact=True)
-            row["future_safe"] = cert["future_safe"]
-            row["kkt_residual_full_history"] = cert["kkt_residual"]["max"]
-            row["readmissions"] = cert["readmissions"]
-            row["fraction_screened"] = cert["screening"]["fraction_screened"]
-            if sg.n <= plain_max:
-                hot_mask = np.isin(sg.ids, sg.hot_ids)
-                (row["plain_gate_admission_s"], row["plain_gate_admission_mean_s"],
-                 row["plain_gate_build_s"]) = _plain_gate_cost(
-                    keys[hot_mask], keys[~hot_mask], X[i + 1:i + 1 + batch], C, sigma, sg.warmup_size)
-            rows.append(row)
-            log(f"[{k:>6}] live {sg.n:>6} hot {sg.n_hot:>5} ({100 * sg.n_hot / sg.n:5.1f} %) "
-                f"cost/adm {1e3 * per_adm:7.3f} ms (median {1e3 * row['stream_median_admission_s']:6.3f})  "
-                f"refit {row.get('refit_s', float('nan')):8.2f} s  "
-                f"ws-ref {row['ws_reference_s']:6.2f} s  "
-                f"plain {1e3 * row.get('plain_gate_admission_mean_s', float('nan')):7.2f} ms "
-                f"(median {1e3 * row.get('plain_gate_admission_s', float('nan')):6.2f})  "
-                f"dev {row.get('deviation_vs_refit', row['deviation_vs_ws_reference']):.2e}  "
-                f"screened {100 * row['fraction_screened']:5.1f} %")
-    wall = time.perf_counter() - t_start
-    # refit time at the last checkpoint: measured, or extrapolated by a power law
-    meas = [(r["n_live"], r["refit_s"]) for r in rows if r.get("refit_measured")]
-    last = rows[-1]
-    if "refit_s" not in last:
-        if len(meas) >= 2:
-            (n1, t1), (n2, t2) = meas[-2], meas[-1]
-            b = float(np.log(t2 / t1) / np.log(n2 / n1))
-            last["refit_s"] = t2 * (last["n_live"] / n2) ** b
-            last["refit_measured"] = False
-            last["refit_extrapolation"] = f"power law t ~ n^{b:.2f} from n={n1},{n2}"
-        else:
-            last["refit_s"] = None
+def _libsvm_fit(X: np.ndarray, C: float, sigma: float):
+    from sklearn.svm import OneClassSVM
+
+    n = X.shape[0]
+    nu = 1.0 / (n * C)
+    t = time.perf_counter()
+    m = OneClassSVM(nu=nu, gamma=1.0 / sigma**2, tol=1e-8, cache_size=1000).fit(X)
+    dt = time.perf_counter() - t
+    a = np.zeros(n)
+    a[m.support_] = m.dual_coef_[0] / (nu * n)
+    return a, dt
+
+
+def _sg_step(sg: StreamingGate, x: np.ndarray, t_index: int, cpu: list | None = None) -> float:
+    c, t = time.process_time(), time.perf_counter()
+    sg.admit(x)
+    if (t_index + 1) % EVICT_EVERY == 0:
+        sg.evict_reserve()
+    dt = time.perf_counter() - t
+    if cpu is not None:
+        cpu.append(time.process_time() - c)
+    return dt
+
+
+def _exactness(sg: StreamingGate, sample: int, seed: int) -> dict[str, Any]:
+    """Independent refit over hot + all (or ``sample``) cold keys vs the streaming gate."""
+    rng = np.random.default_rng(seed)
+    ids, keys = sg.ids, sg.keys
+    hot = np.isin(ids, sg.hot_ids)
+    cold = np.flatnonzero(~hot)
+    pick_c = cold if cold.size <= sample else np.sort(rng.choice(cold, sample, replace=False))
+    pick = np.sort(np.concatenate([np.flatnonzero(hot), pick_c]))
+    t = time.perf_counter()
+    a, rho = refit(keys[pick], C=sg.C, sigma=sg.sigma)
+    t_refit = time.perf_counter() - t
+    others = np.setdiff1d(cold, pick_c)
+    others = others if others.size <= 2000 else rng.choice(others, 2000, replace=False)
+    P = np.vstack([keys[pick], keys[others], keys[rng.choice(keys.shape[0], 300)]
+                   + 0.1 * rng.normal(size=(300, keys.shape[1]))])
+    dev = np.abs(sg.score(P) - (2.0 * rbf_kernel(P, keys[pick], sg.sigma) @ a - rho))
+    t = time.perf_counter()
     cert = sg.certificate(exact=True)
-    tail = min(1000, n)
-    per_final = float(t_cost[-tail:].mean())  # cost per admission over the last 1000 tokens
-    fin = {
-        "n_tokens": n, "n_live": sg.n, "n_hot": sg.n_hot, "n_cold": sg.n_cold,
-        "hot_fraction_final": sg.n_hot / sg.n,
-        "hot_fraction_max_after_1000": max((h / l for (_, l, h, _) in traj if l >= min(1000, n)), default=None),
-        "stream_cost_per_admission_s_final": per_final,
-        "stream_cost_final_window": f"mean over the last {tail} tokens, evictions included",
-        "stream_median_admission_s_final": float(np.median(t_admit[-tail:])),
-        "stream_cost_per_admission_s_mean": float((t_admit.sum() + t_evict_total) / n),
-        "refit_s_final": last["refit_s"], "refit_final_measured": bool(last.get("refit_measured")),
-        "speedup_vs_refit_final": (last["refit_s"] / per_final) if last["refit_s"] else None,
-        "speedup_vs_ws_reference_final": last["ws_reference_s"] / per_final,
-        "plain_gate_admission_s_final": {"median": last.get("plain_gate_admission_s"),
-                                         "mean": last.get("plain_gate_admission_mean_s")},
-        "speedup_vs_plain_gate_final": (last["plain_gate_admission_mean_s"] / per_final)
-        if "plain_gate_admission_s" in last else None,
-        "speedup_vs_plain_gate_final_median": (last["plain_gate_admission_s"]
-                                               / float(np.median(t_admit[-tail:])))
-        if "plain_gate_admission_s" in last else None,
-        "max_deviation": max(max(r.get("deviation_vs_refit", 0.0), r["deviation_vs_ws_reference"]) for r in rows),
-        "kkt_residual_final": cert["kkt_residual"]["max"],
-        "future_safe_final": cert["future_safe"],
-        "readmissions": cert["readmissions"],
-        "fraction_screened": cert["screening"]["fraction_screened"],
-        "exact_checks": cert["screening"]["exact_checks"], "screened": cert["screening"]["screened"],
-        "excursion_tokens": int(flag[:n].sum()),
-    }
-    fin["targets"] = {
-        "hot_le_40pct_of_live": fin["hot_fraction_final"] <= 0.40,
-        "ge_100x_cheaper_than_refit": bool(fin["speedup_vs_refit_final"] and fin["speedup_vs_refit_final"] >= 100),
-        "deviation_le_1e-9": fin["max_deviation"] <= 1e-9,
-    }
-    step = max(1, len(traj) // 200)
-    return {
-        "config": {"n": n, "batch": batch, "C": C, "nu": 0.3, "n0": 120, "sigma": sigma, "d": d,
-                   "seed": seed, "quick": quick, "admit": admit, "checkpoints": checkpoints, "refit_max": refit_max,
-                   "plain_max": plain_max},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "note": "shared CPU machine; timings are noisy",
-                    "threads": os.environ.get("OMP_NUM_THREADS")},
-        "summary": fin, "checkpoints": rows,
-        "trajectory": {"columns": ["tokens", "n_live", "n_hot", "n_cold"], "rows": traj[::step] + [traj[-1]]},
-        "wall_s": wall,
-    }
+    return {"refit_keys": int(pick.size), "refit_hot": int(hot.sum()), "refit_cold": int(pick_c.size),
+            "refit_s": t_refit, "n_probes": int(P.shape[0]),
+            "score_dev_median": float(np.median(dev)), "score_dev_max": float(dev.max()),
+            "alpha_dev_hot_max": float(np.abs(sg.alpha[pick] - a).max()),
+            "certificate_s": time.perf_counter() - t, "future_safe": cert["future_safe"],
+            "kkt_residual_full_history": cert["kkt_residual"]["max"]}
+
+
+def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma, log) -> dict:
+    """Interleaved timing of tokens X[lo:lo+w]; ``blocks`` = thread settings, one per block."""
+    per: dict[str, dict[str, list[float]]] = {}
+    lib = []
+    bl = max(1, w // len(blocks))
+    st0 = dict(sg.stats)
+    for k in range(w):
+        thr = blocks[min(k // bl, len(blocks) - 1)]
+        name = "default" if thr is None else f"{thr}"
+        rec = per.setdefault(name, {"streaming": [], "plain_gate": [], "streaming_cpu": [], "plain_gate_cpu": []})
+        i = lo + k
+        with _threads(thr):
+            rec["streaming"].append(_sg_step(sg, X[i], i, rec["streaming_cpu"]))
+            if plain is not None:
+                c, t = time.process_time(), time.perf_counter()
+                plain.admit(X[i])
+                rec["plain_gate"].append(time.perf_counter() - t)
+                rec["plain_gate_cpu"].append(time.process_time() - c)
+        if k in libsvm_at:
+            _, dt = _libsvm_fit(X[:i + 1], C, sigma)
+            lib.append(dt)
+            log(f"    libsvm re-solve at {i + 1} live tokens: {dt:.2f} s")
+    out: dict[str, Any] = {name: {peer: _stats(v) for peer, v in rec.items()} for name, rec in per.items()}
+    out["libsvm_s"] = lib
+    out["libsvm"] = _stats(lib)
+    d = {k: sg.stats[k] - st0.get(k, 0) for k in sg.stats}
+    out["streaming_work"] = {"tokens": w, "admitted_cold_fraction": d["admitted_cold"] / w,
+                             "exact_checks_per_token": d["exact_checks"] / w, "readmissions": d["readmissions"],
+                             "n_hot_end": sg.n_hot, "n_cold_end": sg.n_cold}
+    return out
+
+
+def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_000, plain_max: int = 10_000,
+        libsvm_steps: int = 3, threads: str = "both", refit_sample: int = 1500, warmup: int = 48,
+        seed: int = 0, log=print) -> dict:
+    C, sigma, d = calibrate_C(nu=0.3, n0=120), 1.5, 6
+    sizes = sorted(int(s) for s in sizes)
+    blocks = {"both": [None, 1, None, 1], "default": [None], "1": [1]}[threads]
+    n_total = max(sizes) + window + warmup + 8
+    X, flag = icu_stream(n_total, d=d, seed=seed)
+    sg = StreamingGate(C=C, sigma=sigma)
+    block_t: list[dict[str, Any]] = []
+    t_stream, pos = [], 0
+    rows = []
+    t_start = time.perf_counter()
+    for N in sizes:
+        row: dict[str, Any] = {"tokens": N, "load_before": os.getloadavg()}
+        if N <= stream_max:
+            while pos < N:
+                t_stream.append(_sg_step(sg, X[pos], pos))
+                pos += 1
+                if pos % 1000 == 0:
+                    blk = np.asarray(t_stream[-1000:]) * 1e3
+                    block_t.append({"tokens": pos, "mean_ms": float(blk.mean()), "median_ms": float(np.median(blk)),
+                                    "n_hot": sg.n_hot, "n_cold": sg.n_cold})
+                    log(f"  streamed {pos}: mean {blk.mean():.3f} ms/token (median {np.median(blk):.3f}), "
+                        f"hot {sg.n_hot}, cold {sg.n_cold}")
+            gate, lo, how = sg, pos, "streamed"
+        else:
+            a, dt = _libsvm_fit(X[:N], C, sigma)
+            log(f"  libsvm full-history solve at {N}: {dt:.1f} s")
+            row["libsvm_solve_for_warm_start_s"] = dt
+            t = time.perf_counter()
+            gate = StreamingGate.from_solution(X[:N], a, C, sigma)
+            row["warm_start_build_s"] = time.perf_counter() - t
+            row["warm_start_readmissions"] = gate.stats["readmissions"]
+            for i in range(N, N + warmup):
+                _sg_step(gate, X[i], i)
+            lo, how = N + warmup, f"warm start (from_solution) + {warmup} untimed tokens"
+        row.update(how=how, n_live=gate.n, n_hot=gate.n_hot, n_cold=gate.n_cold)
+        log(f"[{N}] {how}: live {gate.n}, hot {gate.n_hot}, cold {gate.n_cold}")
+        row["exactness"] = _exactness(gate, refit_sample, seed + N)
+        e = row["exactness"]
+        log(f"    refit over {e['refit_keys']} keys ({e['refit_s']:.1f} s): score dev median "
+            f"{e['score_dev_median']:.2e}, worst {e['score_dev_max']:.2e}; full-history KKT "
+            f"{e['kkt_residual_full_history']:.2e}")
+        plain = None
+        if gate.n <= plain_max:
+            t = time.perf_counter()
+            plain = Gate.from_solution(gate.keys, gate.alpha, C, sigma)
+            row["plain_gate_build_s"] = time.perf_counter() - t
+        else:
+            row["plain_gate"] = f"not run: a plain Gate over {gate.n} tokens needs an n^2 Gram matrix " \
+                                f"({gate.n ** 2 * 8 / 2**30:.0f} GiB)"
+        steps = set(np.linspace(0, window - 1, libsvm_steps).astype(int).tolist()) if libsvm_steps else set()
+        row["window"] = _window(gate, plain, X, lo, window, blocks, steps, C, sigma, log)
+        del plain
+        if how == "streamed":
+            pos = lo + window
+            if N == max(s for s in sizes if s <= stream_max) and any(s > stream_max for s in sizes):
+                row["warm_start_check"] = _warm_check(X, N, lo + window, window, C, sigma, warmup, log)
+        row["load_after"] = os.getloadavg()
+        rows.append(row)
+        _log_row(row, log)
+    return {"config": {"sizes": sizes, "window": window, "stream_max": stream_max, "plain_max": plain_max,
+                       "libsvm_steps": libsvm_steps, "threads": threads, "refit_sample": refit_sample,
+                       "warmup": warmup, "evict_every": EVICT_EVERY, "C": C, "nu": 0.3, "n0": 120,
+                       "sigma": sigma, "d": d, "seed": seed,
+                       "libsvm": "OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8, cache_size=1000)"},
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "stream_blocks": block_t, "sizes": rows, "excursion_tokens": int(flag.sum()),
+            "wall_s": time.perf_counter() - t_start}
+
+
+def _warm_check(X, N, lo, w, C, sigma, warmup, log) -> dict:
+    """Per-token cost of a warm-started gate at N, to compare with the streamed one."""
+    a, _ = _libsvm_fit(X[:N], C, sigma)
+    g = StreamingGate.from_solution(X[:N], a, C, sigma)
+    for i in range(N, N + warmup):
+        _sg_step(g, X[i], i)
+    ts = [_sg_step(g, X[i], i) for i in range(N + warmup, N + warmup + w)]
+    out = {"tokens": N, "streaming": _stats(ts)}
+    log(f"    warm-start check at {N}: mean {out['streaming']['mean_ms']:.3f} ms/token")
+    return out
+
+
+def _log_row(row, log) -> None:
+    w = row["window"]
+    for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
+        s = w[name]["streaming"]
+        p = w[name].get("plain_gate", {"n": 0})
+        log(f"    threads {name:>7}: streaming mean {s['mean_ms']:.3f} ms (median {s['median_ms']:.3f}, "
+            f"IQR {s['p25_ms']:.3f}-{s['p75_ms']:.3f}; CPU mean {w[name]['streaming_cpu']['mean_ms']:.3f})"
+            + (f" | plain mean {p['mean_ms']:.3f} ms (median {p['median_ms']:.3f}; CPU mean "
+               f"{w[name]['plain_gate_cpu']['mean_ms']:.3f})" if p.get("n") else ""))
+    log(f"    work: {w['streaming_work']}")
+
+
+def table(*results: dict) -> str:
+    """Markdown table of one or more results (per size and thread setting); wall-clock ms per
+    token with the process CPU mean in brackets (robust to a loaded machine)."""
+    out = ["| tokens | BLAS threads | StreamingGate ms/token: mean (median, IQR) [CPU mean] "
+           "| plain Gate ms/token: mean (median, IQR) [CPU mean] | libsvm re-solve s/step: median (min-max), n "
+           "| libsvm ÷ StreamingGate (means) | hot / live | score dev vs refit: median, worst | load (1 min) |",
+           "|---" * 9 + "|"]
+
+    def fmt(w, peer):
+        s = w.get(peer, {"n": 0})
+        if not s.get("n"):
+            return "not run (n² memory)"
+        return (f"{s['mean_ms']:.3g} ({s['median_ms']:.2g}, {s['p25_ms']:.2g}-{s['p75_ms']:.2g}) "
+                f"[{w[peer + '_cpu']['mean_ms']:.3g}]")
+
+    for res in results:
+        for r in res["sizes"]:
+            w, e = r["window"], r["exactness"]
+            lib = w["libsvm_s"]
+            libs = f"{np.median(lib):.3g} ({min(lib):.3g}-{max(lib):.3g}), {len(lib)}" if lib else "—"
+            for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
+                ratio = f"{1e3 * np.median(lib) / w[name]['streaming']['mean_ms']:.0f}×" if lib else "—"
+                out.append(f"| {r['tokens']:,} | {name} | {fmt(w[name], 'streaming')} | {fmt(w[name], 'plain_gate')} "
+                           f"| {libs} | {ratio} | {r['n_hot']} / {r['n_live']} "
+                           f"| {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} "
+                           f"| {r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=None, help="stream length (default 10000; 2000 with --quick)")
-    ap.add_argument("--batch", type=int, default=24, help="tokens between evictions")
-    ap.add_argument("--refit-max", type=int, default=None,
-                    help="largest live size at which the full refit is timed (default 2000; 1000 quick)")
+    ap = argparse.ArgumentParser(prog="python -m sv_core.bench_stream",
+                                 description=__doc__.splitlines()[0].replace("``", ""))
+    ap.add_argument("--sizes", default=None, help="comma-separated stream sizes (default 1000,10000,100000)")
+    ap.add_argument("--window", type=int, default=None, help="timed tokens per size (default 200)")
+    ap.add_argument("--stream-max", type=int, default=10_000, help="largest size reached by streaming every token")
     ap.add_argument("--plain-max", type=int, default=10_000, help="largest live size for the plain Gate")
+    ap.add_argument("--libsvm-steps", type=int, default=3, help="libsvm re-solves timed per size")
+    ap.add_argument("--threads", choices=("both", "default", "1"), default="both")
+    ap.add_argument("--refit-sample", type=int, default=1500, help="cold keys in the exactness refit")
+    ap.add_argument("--warmup", type=int, default=48, help="untimed tokens after a warm start")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="2000 tokens, < 60 s")
-    ap.add_argument("--admit", choices=("single", "batch"), default="single",
-                    help="one admit call per token (default) or per batch")
-    ap.add_argument("--json", default=None, help="write the result here")
+    ap.add_argument("--quick", action="store_true", help="sizes 1000,2000 with a 96-token window (< 2 min)")
+    ap.add_argument("--json", default=None, help="write the result here (e.g. runs/bench_stream/bench.json)")
+    ap.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                    help="only print the markdown table of these result files")
     a = ap.parse_args(argv)
-    n = a.n or (2000 if a.quick else 10_000)
-    refit_max = a.refit_max or (1000 if a.quick else 2000)
-    res = run(n=n, batch=a.batch, refit_max=refit_max, plain_max=a.plain_max, seed=a.seed, quick=a.quick,
-              admit=a.admit)
-    s = res["summary"]
-    print(json.dumps({k: v for k, v in s.items()}, indent=1, default=float))
+    if a.table:
+        res = []
+        for path in a.table:
+            with open(path) as f:
+                res.append(json.load(f))
+        print(table(*res))
+        return 0
+    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else ([1000, 2000] if a.quick else [1000, 10_000, 100_000])
+    window = a.window or (96 if a.quick else 200)
+    one = run(sizes=sizes, window=window, stream_max=a.stream_max, plain_max=a.plain_max,
+              libsvm_steps=a.libsvm_steps, threads=a.threads, refit_sample=a.refit_sample, warmup=a.warmup,
+              seed=a.seed)
+    print(table(one))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
-            json.dump(res, f, indent=1, default=float)
+            json.dump(one, f, indent=1, default=float)
     return 0
 
 

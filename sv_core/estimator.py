@@ -19,9 +19,11 @@ not ``s(x) = 0``. The estimator therefore reports::
                          = (R^2 - ||phi(x) - c||^2) / 2
 
 ``decision_function`` is zero on the boundary, positive inside the ball (inliers), negative
-outside; ``predict`` is ``+1`` where ``decision_function >= 0`` (a boundary tie is an inlier)
-and ``-1`` elsewhere. For the RBF kernel the SVDD dual equals libsvm's one-class SVM dual, so with
-``C = 1 / (nu n)`` and ``gamma = 1 / sigma**2``::
+outside; ``predict`` is ``+1`` where ``decision_function >= 0`` and ``-1`` elsewhere. A boundary
+tie is an inlier (``boundary="inside"``, the default: its decision is exactly 0) or an outlier
+(``boundary="libsvm"``, as libsvm's ``(sum > 0) ? 1 : -1``: its decision is one ulp below 0).
+For the RBF kernel the SVDD dual equals libsvm's one-class SVM dual, so with ``C = 1 / (nu n)``
+and ``gamma = 1 / sigma**2``::
 
     OneClassSVM(nu=nu, gamma=1/sigma**2).decision_function(x) = nu * n * SVDDGate.decision_function(x)
     OneClassSVM.dual_coef_ = nu * n * SVDDGate.dual_coef_,  OneClassSVM.offset_ = nu * n * offset_
@@ -32,30 +34,49 @@ up to libsvm's tolerance (``tol=1e-3`` by default).
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, OutlierMixin
+from sklearn.base import BaseEstimator, OutlierMixin, _fit_context
+from sklearn.exceptions import NotFittedError
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import InvalidParameterError as _SklearnParameterError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .calibrate import calibrate_C, warmup_size
 from .errors import InvalidKeysError, InvalidParameterError, UnknownTokenError
 from .gate import Gate
+from .kernels import rbf_kernel
 from .receipts import Certificate, Receipt
+from .validation import check_params
 
-#: |decision_function| at or below this is a boundary tie, reported as exactly 0 (an inlier). Margin
-#: samples sit on the boundary in exact arithmetic; in fp64 their score is off by ~1e-16, with a
-#: sign that depends on BLAS blocking (so on the batch size). decision_function lies in [-1, 1].
+#: |decision_function| at or below this is a boundary tie, reported as exactly 0. Margin samples
+#: sit on the boundary in exact arithmetic; in fp64 their score is off by ~1e-16, with a sign that
+#: depends on BLAS blocking (so on the batch size). decision_function lies in [-1, 1].
 TIE_TOL = 1e-12
 
 #: fewest samples a fit can solve: the gate needs ``ceil(1/C) + 2`` keys and ``C <= 1``
 MIN_SAMPLES = 3
 
+#: relative tolerance of ``gamma * sigma**2 == 1`` when both spellings of the bandwidth are given
+BANDWIDTH_RTOL = 1e-9
+
+#: ``boundary`` values: how ``predict`` labels a boundary tie (``decision_function == 0``)
+BOUNDARIES = ("inside", "libsvm")
+
+#: fitted attributes recomputed on unpickling from the pickled gate state (not pickled twice)
+_FROM_STATE = ("ids_", "support_", "support_vectors_", "dual_coef_")
+
 
 class SmallSampleWarning(UserWarning):
     """``fit`` raised ``C`` above ``1/(nu n)`` so that the gate is solved at this sample size."""
+
+
+class SVDDParameterError(InvalidParameterError, _SklearnParameterError):
+    """A parameter of :class:`SVDDGate` is invalid: both :class:`sv_core.InvalidParameterError`
+    and scikit-learn's ``InvalidParameterError`` (so a ``ValueError`` and a ``TypeError``)."""
 
 
 class SVDDGate(OutlierMixin, BaseEstimator):
@@ -68,10 +89,30 @@ class SVDDGate(OutlierMixin, BaseEstimator):
         on the fraction of support vectors), as in :class:`sklearn.svm.OneClassSVM`.
         ``fit`` sets the box ``C = 1 / (nu * n_samples)`` once; it is never recomputed by
         ``partial_fit`` or ``forget``.
-    sigma : float > 0, default 1.0
-        RBF bandwidth, ``k(a, b) = exp(-||a - b||^2 / sigma^2)`` (``gamma = 1 / sigma**2``).
+    sigma : float > 0 or None, default None
+        RBF bandwidth, ``k(a, b) = exp(-||a - b||^2 / sigma^2)``. None: ``1 / sqrt(gamma)`` when
+        ``gamma`` is given, else 1.0.
+    gamma : float > 0 or None, default None
+        The same bandwidth in scikit-learn's spelling, ``k(a, b) = exp(-gamma ||a - b||^2)``, so
+        ``gamma = 1 / sigma**2`` (not ``1 / (2 sigma**2)``): ``SVDDGate(gamma=g)`` and
+        ``OneClassSVM(gamma=g)`` use the same kernel. Giving both ``sigma`` and ``gamma`` is
+        allowed only when they agree (``gamma * sigma**2 = 1`` to ``BANDWIDTH_RTOL``); otherwise
+        ``fit`` raises :class:`SVDDParameterError`.
+    boundary : {"inside", "libsvm"}, default "inside"
+        Which side of the boundary a tie falls on (``|decision| <= TIE_TOL``; every margin
+        support vector is one): "inside" scores it exactly 0, an inlier (``+1``); "libsvm" one
+        unit in the last place below 0, an outlier (``-1``), as libsvm's one-class rule
+        ``(decision > 0) ? 1 : -1`` (and so :class:`sklearn.svm.OneClassSVM`) labels an exact
+        tie. Either way ``predict`` is ``+1`` exactly where ``decision_function >= 0`` (the
+        scikit-learn outlier contract). Ties only: every other value is the same. libsvm's own
+        solution is approximate, so the decision it computes for a margin support vector is
+        solver noise of either sign (about ``tol``), not a tie; no rule reproduces its labels there.
     refactor_every : int >= 1, default 64
         Low-rank updates between refactorisations of the solver's bordered inverse.
+
+    Parameters are checked by scikit-learn's parameter validation (``_parameter_constraints``)
+    when ``fit`` (or a first ``partial_fit``) runs; an invalid value raises
+    :class:`SVDDParameterError`.
 
     Small samples
     -------------
@@ -80,12 +121,30 @@ class SVDDGate(OutlierMixin, BaseEstimator):
     effective ``nu_ = (n - 2) / n``, and emits a :class:`SmallSampleWarning`. Fewer than 3
     samples raise :class:`sv_core.InvalidKeysError` (a ``ValueError``).
 
+    Persistence
+    -----------
+    ``pickle`` saves what ``predict``, ``decision_function`` and ``score_samples`` read (the
+    support vectors, their coefficients, ``rho_``, ``C_``, ``sigma_`` and the other fitted
+    attributes) and, so that ``partial_fit`` and ``forget`` stay exact after loading, the keys of
+    the reserve samples (coefficient 0), the sample indices and the forgotten indices: O(n d)
+    numbers, no kernel matrix and no solver factorisation. Loading does no solver work; the
+    maintained solver state is rebuilt on the first ``partial_fit``, ``forget``,
+    ``evict_reserve`` or ``gate_`` access, by :meth:`sv_core.Gate.from_state` (the kernel and the
+    bordered inverse recomputed from the keys, the KKT residual checked; no refit). To pickle in
+    O(n_SV d), call :meth:`evict_reserve` first: it drops the reserve samples with a certificate
+    that the decisions did not change (later ``partial_fit``/``forget`` are then exact for the
+    samples kept, not for the evicted ones). The gate's diagnostic logs (``fallback_log``,
+    ``cold_solve_log``) are not pickled; the ``fallbacks`` count is. As with any scikit-learn
+    estimator, unpickling runs code named in the file: load only pickles you trust.
+
     Attributes
     ----------
     gate_ : Gate
         The underlying fixed-C gate (its token ids are the sample indices below).
     C_ : float
         The fixed box. ``nu_ = 1 / (C_ * n0_)`` is the effective nu at the calibration size ``n0_``.
+    sigma_ : float
+        The bandwidth in use (from ``sigma`` or ``gamma``); ``gamma = 1 / sigma_**2``.
     n0_ : int
         Number of samples ``C_`` was calibrated at (the size of the first ``fit``/``partial_fit``).
     nu_ : float
@@ -116,21 +175,50 @@ class SVDDGate(OutlierMixin, BaseEstimator):
     ``decision_function(x) = (s(x) - (1 - 2 rho)) / 2``.
     """
 
-    def __init__(self, nu: float = 0.5, sigma: float = 1.0, refactor_every: int = 64):
+    _parameter_constraints: dict = {
+        "nu": [Interval(Real, 0.0, 1.0, closed="right")],
+        "sigma": [Interval(Real, 0.0, None, closed="neither"), None],
+        "gamma": [Interval(Real, 0.0, None, closed="neither"), None],
+        "boundary": [StrOptions(set(BOUNDARIES))],
+        "refactor_every": [Interval(Integral, 1, None, closed="left")],
+    }
+    #: the live gate, or None until it is rebuilt from ``_gate_state`` (after unpickling)
+    _gate: Gate | None
+    #: ``Gate.to_state()`` of a loaded estimator whose gate is not rebuilt yet, else None
+    _gate_state: dict[str, Any] | None
+
+    def __init__(self, nu: float = 0.5, sigma: float | None = None, gamma: float | None = None,
+                 boundary: str = "inside", refactor_every: int = 64):
         self.nu = nu
         self.sigma = sigma
+        self.gamma = gamma
+        self.boundary = boundary
         self.refactor_every = refactor_every
 
     # ------------------------------------------------------------------ validation
-    def _check_params(self) -> tuple[float, float, int]:
-        nu, sigma, every = self.nu, self.sigma, self.refactor_every
-        if isinstance(nu, bool) or not isinstance(nu, numbers.Real) or not (math.isfinite(nu) and 0.0 < nu <= 1.0):
-            raise InvalidParameterError(f"nu must be a number in (0, 1], got {nu!r}")
-        if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not (math.isfinite(sigma) and sigma > 0.0):
-            raise InvalidParameterError(f"sigma must be a finite positive bandwidth, got {sigma!r}")
-        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
-            raise InvalidParameterError(f"refactor_every must be an integer >= 1, got {every!r}")
-        return float(nu), float(sigma), int(every)
+    def _validate_params(self) -> None:
+        """scikit-learn's validation of ``_parameter_constraints``, raising :class:`SVDDParameterError`."""
+        try:
+            super()._validate_params()
+        except _SklearnParameterError as exc:
+            raise SVDDParameterError(str(exc)) from None
+
+    def _bandwidth(self) -> float:
+        """The bandwidth from ``sigma`` and/or ``gamma`` (already type- and range-checked)."""
+        sigma, gamma = self.sigma, self.gamma
+        if gamma is not None:
+            from_gamma = 1.0 / math.sqrt(float(gamma)) if math.isfinite(gamma) else 0.0
+            if sigma is not None and not math.isclose(float(gamma) * float(sigma) ** 2, 1.0,
+                                                      rel_tol=BANDWIDTH_RTOL):
+                raise SVDDParameterError(
+                    f"sigma={sigma!r} and gamma={gamma!r} disagree: gamma must be 1/sigma**2 "
+                    f"= {1.0 / float(sigma) ** 2:.6g} (give one of them)")
+            sigma = from_gamma if sigma is None else sigma
+        try:
+            return check_params(1.0, 1.0 if sigma is None else sigma)[1]
+        except InvalidParameterError as exc:
+            where = "" if self.sigma is not None or gamma is None else f" (sigma = 1/sqrt(gamma), gamma={gamma!r})"
+            raise SVDDParameterError(f"{exc}{where}") from None
 
     def _calibrate(self, nu: float, n: int) -> float:
         if n < MIN_SAMPLES:
@@ -145,36 +233,41 @@ class SVDDGate(OutlierMixin, BaseEstimator):
                 f"nu={nu:g} with n_samples={n}: the gate needs ceil(nu*n) + 2 = {warmup_size(C)} > {n} "
                 f"samples to be solved; using C = 1/(n-2) = {C_small:.6g} (effective nu = {(n - 2) / n:.6g})",
                 SmallSampleWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             C = C_small
         return C
 
     # ------------------------------------------------------------------ fitting
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any = None) -> SVDDGate:
         """Calibrate ``C = 1 / (nu * n_samples)`` and solve the gate on ``X`` (y is ignored)."""
-        nu, sigma, every = self._check_params()
+        sigma = self._bandwidth()
         A = validate_data(self, X, dtype=np.float64, reset=True)
         n = int(A.shape[0])
-        C = self._calibrate(nu, n)
-        gate = Gate(C, sigma, every)
+        C = self._calibrate(float(self.nu), n)
+        gate = Gate(C, sigma, int(self.refactor_every))
         gate.admit(A)
-        self.gate_ = gate
+        self._gate, self._gate_state = gate, None
         self.C_ = C
+        self.sigma_ = sigma
         self.n0_ = n
         self.nu_ = 1.0 / (C * n)
         self.n_samples_seen_ = n
         self._sync()
         return self
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X: Any, y: Any = None) -> SVDDGate:
         """Admit more samples by exact C&P increments at the fixed ``C_`` (y is ignored).
 
         On an unfitted estimator this is :meth:`fit` (``C`` is calibrated at this batch's size).
         The result equals a fresh same-``C_`` solve on all samples held (up to fp64 rounding);
-        the new samples get indices ``n_samples_seen_, n_samples_seen_ + 1, ...``.
+        the new samples get indices ``n_samples_seen_, n_samples_seen_ + 1, ...``. The bandwidth
+        and ``C_`` are the fitted ones (parameters changed since ``fit`` take effect at the next
+        ``fit``).
         """
-        if not hasattr(self, "gate_"):
+        if not hasattr(self, "C_"):
             return self.fit(X, y)
         A = validate_data(self, X, dtype=np.float64, reset=False)
         self.gate_.admit(A)
@@ -182,17 +275,50 @@ class SVDDGate(OutlierMixin, BaseEstimator):
         self._sync()
         return self
 
+    @property
+    def gate_(self) -> Gate:
+        """The underlying fixed-C gate; after unpickling, rebuilt on first use (see Persistence)."""
+        gate = self.__dict__.get("_gate")
+        if gate is None:
+            state = self.__dict__.get("_gate_state")
+            if state is None:
+                raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet: call 'fit' first.")
+            gate = Gate.from_state(state)
+            self._gate, self._gate_state = gate, None
+        return gate
+
     def _sync(self) -> None:
         """Refresh the sklearn-style fitted attributes from the gate's public state."""
         g = self.gate_
-        ids, alpha, keys = g.ids, g.alpha, g.keys
+        self._set_support(g.ids, g.alpha, g.keys, float(g.rho))
+
+    def _set_support(self, ids: np.ndarray, alpha: np.ndarray, keys: np.ndarray, rho: float) -> None:
         sv = alpha > 0.0
         self.ids_ = ids
         self.support_ = ids[sv]
         self.support_vectors_ = keys[sv]
         self.dual_coef_ = alpha[sv][None, :]
-        self.rho_ = float(g.rho)
+        self.rho_ = rho
         self.offset_ = (1.0 - self.rho_) / 2.0
+
+    # ------------------------------------------------------------------ persistence
+    def __getstate__(self) -> dict[str, Any]:
+        """The fitted attributes and the gate's ``to_state`` (keys, coefficients, ids; no kernel)."""
+        state = dict(super().__getstate__())
+        gate = state.pop("_gate", None)
+        if gate is not None:
+            state["_gate_state"] = gate.to_state()
+        if state.get("_gate_state") is not None:
+            for name in _FROM_STATE:  # recomputed from the gate state by __setstate__
+                state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._gate = None
+        st = self.__dict__.get("_gate_state")
+        if st is not None and not hasattr(self, "support_vectors_"):
+            self._set_support(np.asarray(st["ids"]), np.asarray(st["alpha"]), np.asarray(st["keys"]), self.rho_)
 
     # ------------------------------------------------------------------ scores
     def _probes(self, X: Any) -> np.ndarray:
@@ -202,31 +328,45 @@ class SVDDGate(OutlierMixin, BaseEstimator):
     def gate_score(self, X: Any) -> np.ndarray:
         """The paper's gate score ``s(x) = 2 sum_i a_i k(x, x_i) - rho`` (``Gate.score``).
 
-        The boundary is at ``s = 1 - 2 rho_``; use :meth:`decision_function` for a zero boundary.
+        Computed from ``support_vectors_`` and ``dual_coef_`` (bit-identical to ``gate_.score``;
+        no solver state is needed). The boundary is at ``s = 1 - 2 rho_``; use
+        :meth:`decision_function` for a zero boundary.
         """
         P = self._probes(X)
-        return np.asarray(self.gate_.score(P), dtype=np.float64)
+        return 2.0 * rbf_kernel(P, self.support_vectors_, self.sigma_) @ self.dual_coef_[0] - self.rho_
 
     def score_samples(self, X: Any) -> np.ndarray:
         """Kernel expansion ``sum_i a_i k(x, x_i) = (s(x) + rho) / 2``; higher is more normal.
 
-        A value within ``TIE_TOL`` of ``offset_`` is returned as exactly ``offset_`` (a boundary
-        tie), so margin samples get ``decision_function == 0`` and ``predict == +1`` whatever
-        the rounding of the batch they are scored in.
+        A value within ``TIE_TOL`` of ``offset_`` is a boundary tie (margin samples are, whatever
+        the rounding of the batch they are scored in): it is returned as exactly ``offset_``
+        with ``boundary="inside"`` (``decision_function == 0``, an inlier) and as the float just
+        below ``offset_`` with ``boundary="libsvm"`` (``decision_function`` = minus one unit in
+        the last place of ``offset_``, an outlier).
         """
         k = (self.gate_score(X) + self.rho_) / 2.0
-        return np.where(np.abs(k - self.offset_) <= TIE_TOL, self.offset_, k)
+        return np.where(np.abs(k - self.offset_) <= TIE_TOL, self._tie_score(), k)
+
+    def _tie_score(self) -> float:
+        if self.boundary == "inside":
+            return self.offset_
+        if self.boundary == "libsvm":
+            return float(np.nextafter(self.offset_, -np.inf))
+        raise SVDDParameterError(f"boundary must be one of {BOUNDARIES}, got {self.boundary!r}")
 
     def decision_function(self, X: Any) -> np.ndarray:
         """``score_samples(X) - offset_``: zero on the boundary, positive inside (inliers).
 
         Equals ``(s(x) - (1 - 2 rho)) / 2 = (R^2 - ||phi(x) - c||^2) / 2`` and
-        ``OneClassSVM(nu, gamma=1/sigma**2).decision_function(x) / (nu * n)``.
+        ``OneClassSVM(nu, gamma=1/sigma**2).decision_function(x) / (nu * n)``; a boundary tie is
+        exactly 0 (``boundary="inside"``) or one unit in the last place of ``offset_`` below 0
+        (``boundary="libsvm"``).
         """
         return self.score_samples(X) - self.offset_
 
     def predict(self, X: Any) -> np.ndarray:
-        """``+1`` (inlier) where ``decision_function >= 0``, ``-1`` (outlier) elsewhere."""
+        """``+1`` (inlier) where ``decision_function >= 0``, ``-1`` (outlier) elsewhere: a boundary
+        tie is ``+1`` with ``boundary="inside"`` and ``-1`` with ``boundary="libsvm"``."""
         return np.where(self.decision_function(X) >= 0.0, 1, -1)
 
     # ------------------------------------------------------------------ deletion and eviction
@@ -238,8 +378,9 @@ class SVDDGate(OutlierMixin, BaseEstimator):
         the receipt, its exact-refit fallback and ``verify``). All-or-nothing: on any typed
         :class:`sv_core.GateError` -- :class:`sv_core.UnknownTokenError` (not held, repeated, or
         not an integer), :class:`sv_core.InfeasibleError` (``(n - k) C_ < 1``), a failed
-        verification -- the model is unchanged. ``verify=True`` checks the final state against
-        an independent refit (recorded in the last receipt's ``verification``).
+        verification -- the model is unchanged. ``verify=True`` checks the state after all the
+        deletions against one independent same-C refit; every receipt carries that verification
+        (``verification["batch_tokens"]``: the samples it covers; see ``Gate.forget_many``).
         """
         check_is_fitted(self)
         idx = np.asarray(indices)

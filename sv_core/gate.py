@@ -476,7 +476,15 @@ class Gate(ExactCompletionMixin):
         return receipt
 
     def forget_many(self, token_ids: Iterable[int], verify: bool = False) -> list[Receipt]:
-        """Forget several tokens; all-or-nothing (the gate is restored if any deletion fails)."""
+        """Forget several tokens; all-or-nothing (the gate is restored if any deletion fails).
+
+        ``verify=True`` compares the state after the last deletion with one independent same-C
+        :func:`refit` of the retained keys (probes: retained, removed and jittered keys). That one
+        comparison verifies every deletion of the call, so each receipt carries it, with
+        ``verification["batch_tokens"]`` naming the tokens it covers; the intermediate states
+        (after some but not all of the deletions) are not refit. ``fallback`` is set on the last
+        receipt when the verification took the exact fallback.
+        """
         try:
             token_ids = list(token_ids)
         except TypeError as exc:
@@ -488,11 +496,15 @@ class Gate(ExactCompletionMixin):
             return []
         slots = [self._slot(t) for t in tids]
         self._preflight(len(tids), f"{len(tids)} tokens")
+        removed = self._solver.X[slots].copy() if verify else None
         saved = self._save()
         try:
             out = [self._forget_slot(t, s) for t, s in zip(tids, slots)]
             if verify and self.gated:
-                self._verify_or_fallback(out[-1], None, 0)
+                self._verify_or_fallback(out[-1], removed, 0)
+                ver = out[-1].verification or {}
+                for r in out:
+                    r.verification = {**ver, "batch_tokens": list(tids)}
         except BaseException:
             self._rollback(saved)
             raise

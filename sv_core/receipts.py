@@ -40,7 +40,9 @@ class Receipt:
 
     ``verification`` (with ``verify=True``) holds the max |gate-score difference| against an
     independent same-C refit on retained, removed and jittered probes, the partition match and
-    the KKT residual. ``fallback`` records that the exact fallback completed the deletion.
+    the KKT residual. ``fallback`` records that the exact fallback completed the deletion. The
+    receipts of one :meth:`Gate.forget_many` call (``SVDDGate.forget`` of several samples) share
+    one verification of the state after the whole batch (``verification["batch_tokens"]``).
     """
 
     token_id: int

@@ -10,14 +10,14 @@ import numpy as np
 
 from .calibrate import warmup_size
 from .errors import InfeasibleError, UnknownTokenError
-from .gate import _check_params, as_keys
 from .kernels import rbf_kernel
 from .refit import refit
+from .validation import as_keys, check_params
 
 
 class ReferenceStream:
     def __init__(self, C: float, sigma: float):
-        self.C, self.sigma = _check_params(C, sigma)
+        self.C, self.sigma = check_params(C, sigma)
         self._keys: dict[int, np.ndarray] = {}
         self._next_id = 0
         self._dim = None

@@ -1,216 +1,155 @@
-"""Cold-tier storage and state loading for :class:`sv_core.streaming.StreamingGate`.
+"""The saved form of :class:`sv_core.StreamingGate` (``to_state`` / ``from_state``).
 
-* :class:`ColdStore` -- the pluggable store interface (add / remove / get / ids / iterate) and
-  :class:`ArrayColdStore`, the default in-memory implementation (a warehouse-backed store, e.g.
-  DuckDB, implements the same five methods).
-* :func:`load_state` -- validated loading of ``StreamingGate.to_state()`` output. Every check
-  runs before the object is returned; any failure raises ``InvalidStateError`` (from
-  :mod:`sv_core.errors`) and nothing stays in the given store.
+Format ``sv_core.StreamingGate/1`` (unchanged since the first release, so states in existing
+warehouses load): scalars, ``hot/*`` (the hot :class:`~sv_core.Gate`'s own state), the cold
+tier (``cold_ids`` ascending, ``cold_keys``, ``cold_pinned``) and one screening record per cold
+key, ``(cold_g0, cold_rho0, cold_A0, cold_B0)`` with global ``A``, ``B``: the key's lower bound
+on ``g_j`` is ``g0 + rho - rho0 - 2 min(A - A0, B - B0)``. The current code writes its single
+budget as ``A = B = A0 = B0`` and ``g0`` = the key's current lower bound, which that formula
+(and the first release's reader) reads back exactly. Optional entries: ``direct_cold``,
+``stats_admitted_cold`` (absent in older states: defaults).
+
+:func:`parse_state` validates everything before anything is built; :func:`verify_cold` checks
+full-history KKT and that every stored bound is a true lower bound. Failures raise
+:class:`~sv_core.errors.InvalidStateError` (one line).
 """
 from __future__ import annotations
 
-import abc
-from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import GateError, UnknownTokenError
+from .errors import GateError, InvalidStateError
 from .gate import Gate
+from .streaming_screen import KKT_TOL, HotView
+from .streaming_store import ArrayColdStore, ColdStore  # noqa: F401  (re-exported, as before)
+from .validation import check_params
 
-try:
-    from .validation import check_params as _check_params
-except ImportError:  # pragma: no cover
-    from .gate import _check_params
-
-
-# ---------------------------------------------------------------------- cold store
-class ColdStore(abc.ABC):
-    """Where cold (certified-inert) keys live. Ids are stream token ids (int64)."""
-
-    @abc.abstractmethod
-    def add(self, ids: np.ndarray, keys: np.ndarray) -> None:
-        """Store keys ``(m, d)`` under new ids ``(m,)``."""
-
-    @abc.abstractmethod
-    def remove(self, ids: np.ndarray) -> np.ndarray:
-        """Delete ids; returns their keys ``(m, d)`` aligned with ``ids``."""
-
-    @abc.abstractmethod
-    def get(self, ids: np.ndarray) -> np.ndarray:
-        """Keys ``(m, d)`` aligned with ``ids`` (UnknownTokenError if one is absent)."""
-
-    @abc.abstractmethod
-    def ids(self) -> np.ndarray:
-        """All stored ids, ascending."""
-
-    def __len__(self) -> int:
-        return int(self.ids().size)
-
-    def __contains__(self, tid) -> bool:
-        return bool(np.isin(int(tid), self.ids()))
-
-    def iter_batches(self, size: int = 4096) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        ids = self.ids()
-        for lo in range(0, ids.size, size):
-            yield ids[lo:lo + size], self.get(ids[lo:lo + size])
-
-
-class ArrayColdStore(ColdStore):
-    """Default in-memory store: ids sorted ascending, keys aligned."""
-
-    def __init__(self, dim: int | None = None):
-        self._ids = np.zeros(0, dtype=np.int64)
-        self._keys = np.zeros((0, dim or 0))
-
-    def _pos(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        pos = np.searchsorted(self._ids, ids)
-        ok = (pos < self._ids.size) & (self._ids[np.minimum(pos, max(self._ids.size - 1, 0))] == ids) \
-            if self._ids.size else np.zeros(ids.size, bool)
-        if not np.all(ok):
-            raise UnknownTokenError(f"token(s) {ids[~ok][:5].tolist()} not in the cold store")
-        return pos
-
-    def add(self, ids, keys) -> None:
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        keys = np.asarray(keys, dtype=np.float64).reshape(ids.size, -1)
-        if ids.size == 0:
-            return
-        if self._keys.shape[0] == 0:
-            self._keys = np.zeros((0, keys.shape[1]))
-        allids = np.concatenate([self._ids, ids])
-        order = np.argsort(allids, kind="stable")
-        self._ids = allids[order]
-        self._keys = np.concatenate([self._keys, keys])[order]
-
-    def remove(self, ids) -> np.ndarray:
-        pos = self._pos(ids)
-        out = self._keys[pos].copy()
-        keep = np.ones(self._ids.size, bool)
-        keep[pos] = False
-        self._ids, self._keys = self._ids[keep], self._keys[keep]
-        return out
-
-    def get(self, ids) -> np.ndarray:
-        return self._keys[self._pos(ids)].copy()
-
-    def ids(self) -> np.ndarray:
-        return self._ids.copy()
-
-    def __len__(self) -> int:
-        return int(self._ids.size)
-
-
+STATE_FORMAT = "sv_core.StreamingGate/1"
+#: the stats saved in ``stats`` (sorted names; the first release's set)
+STATS_SAVED = ("evicted", "exact_checks", "readmission_rounds", "readmissions", "screened",
+               "uncertified_evictions")
 _REQUIRED = ("format", "C", "sigma", "hot_budget", "screen", "next_id", "A", "B", "dim", "forgotten",
              "hot_stream_ids", "cold_ids", "cold_keys", "cold_g0", "cold_rho0", "cold_A0",
              "cold_B0", "cold_pinned", "stats")
 
 
-def load_state(cls, state: dict, store=None, verify: bool = True):
-    from .streaming import KKT_TOL, STATE_FORMAT, InvalidStateError
+@dataclass
+class ParsedState:
+    C: float
+    sigma: float
+    hot_budget: int | None
+    screen: bool
+    direct_cold: bool
+    next_id: int
+    dim: int | None
+    hot: Gate
+    hot_sids: np.ndarray
+    cold_ids: np.ndarray
+    cold_keys: np.ndarray
+    cold_lower: np.ndarray   # stored lower bound on g_j at load time (pinned: 0)
+    cold_pinned: np.ndarray
+    forgotten: np.ndarray
+    stats: dict
 
-    def bad(msg):
-        raise InvalidStateError(f"invalid StreamingGate state: {msg}")
 
+def _bad(msg: str):
+    raise InvalidStateError(f"invalid StreamingGate state: {msg}")
+
+
+def parse_state(state) -> ParsedState:
+    """Validate a ``to_state`` dict (or npz mapping) and build its hot gate."""
     if not isinstance(state, dict) and not hasattr(state, "keys"):
-        bad(f"expected a dict, got {type(state).__name__}")
+        _bad(f"expected a dict, got {type(state).__name__}")
     missing = [k for k in _REQUIRED if k not in state]
     if missing:
-        bad(f"missing entries {missing}")
+        _bad(f"missing entries {missing}")
     if str(np.asarray(state["format"])) != STATE_FORMAT:
-        bad(f"format {state['format']!r} is not {STATE_FORMAT!r}")
+        _bad(f"format {state['format']!r} is not {STATE_FORMAT!r}")
     try:
-        C, sigma = _check_params(state["C"], state["sigma"])
+        C, sigma = check_params(state["C"], state["sigma"])
         budget = int(state["hot_budget"])
-        next_id = int(state["next_id"])
-        dim = int(state["dim"])
-        A = float(state["A"])
-        B = float(state["B"])
+        next_id, dim = int(state["next_id"]), int(state["dim"])
+        A, B = float(state["A"]), float(state["B"])
+        direct = bool(np.asarray(state["direct_cold"])) if "direct_cold" in state else True
+        n_direct = int(state["stats_admitted_cold"]) if "stats_admitted_cold" in state else 0
     except (TypeError, ValueError, GateError) as exc:
-        bad(f"scalar entries: {exc}")
+        _bad(f"scalar entries: {exc}")
     hot_state = {k[4:]: state[k] for k in state if str(k).startswith("hot/")}
     hsid = np.asarray(state["hot_stream_ids"]).astype(np.int64).ravel()
     cid = np.asarray(state["cold_ids"]).astype(np.int64).ravel()
     ckeys = np.asarray(state["cold_keys"], dtype=np.float64)
     try:
         hot = Gate.from_state(hot_state)
-        rebuilt = False
     except Exception as exc:  # malformed hot arrays of any kind
-        hot = _rebuild_small_hot(hot_state, ckeys, C, sigma, exc)
-        rebuilt = hot is not None
+        hot = _rebuild_small_hot(hot_state, ckeys, C, sigma)
         if hot is None:
-            bad(f"hot tier: {type(exc).__name__}: {exc}")
-    if rebuilt and hot.n != hsid.size:
-        bad("hot tier could not be rebuilt")
+            _bad(f"hot tier: {type(exc).__name__}: {exc}")
+        if hot.n != hsid.size:
+            _bad("hot tier could not be rebuilt")
     if hot.C != C or hot.sigma != sigma:
-        bad("hot tier C/sigma differ from the streaming gate's")
+        _bad("hot tier C/sigma differ from the streaming gate's")
     meta = {k: np.asarray(state[k]).ravel() for k in ("cold_g0", "cold_rho0", "cold_A0", "cold_B0",
                                                      "cold_pinned")}
     forgotten = np.asarray(state["forgotten"]).astype(np.int64).ravel()
     if hsid.size != hot.n:
-        bad(f"hot_stream_ids has {hsid.size} entries, hot tier holds {hot.n}")
+        _bad(f"hot_stream_ids has {hsid.size} entries, hot tier holds {hot.n}")
     if any(v.size != cid.size for v in meta.values()) or ckeys.shape[0] != cid.size:
-        bad("cold arrays are not aligned")
+        _bad("cold arrays are not aligned")
+    floats = {k: meta[k].astype(np.float64) for k in ("cold_g0", "cold_rho0", "cold_A0", "cold_B0")}
     if cid.size:
         if ckeys.ndim != 2 or ckeys.shape[1] != dim or (hot.n and hot.dim != dim):
-            bad(f"cold keys have shape {ckeys.shape}, expected (n_cold, {dim})")
-        if not np.all(np.isfinite(ckeys)) or not all(np.all(np.isfinite(meta[k].astype(float)))
-                                                     for k in ("cold_g0", "cold_rho0", "cold_A0", "cold_B0")):
-            bad("cold arrays contain NaN or inf")
+            _bad(f"cold keys have shape {ckeys.shape}, expected (n_cold, {dim})")
+        if not np.all(np.isfinite(ckeys)) or not all(np.all(np.isfinite(v)) for v in floats.values()):
+            _bad("cold arrays contain NaN or inf")
         if np.any(np.diff(cid) <= 0):
-            bad("cold ids are not strictly ascending")
+            _bad("cold ids are not strictly ascending")
         if not hot.gated:
-            bad("a cold tier exists but the hot tier is not solved")
+            _bad("a cold tier exists but the hot tier is not solved")
     allids = np.concatenate([hsid, cid])
     if np.unique(allids).size != allids.size:
-        bad("a token id is both hot and cold, or repeated")
+        _bad("a token id is both hot and cold, or repeated")
     if allids.size and (allids.min() < 0 or allids.max() >= next_id):
-        bad("token ids outside [0, next_id)")
+        _bad("token ids outside [0, next_id)")
     if np.isin(forgotten, allids).any():
-        bad("a forgotten id is live")
+        _bad("a forgotten id is live")
     if budget != -1 and budget < hot.warmup_size:
-        bad(f"hot_budget {budget} below ceil(1/C)+2")
-    sg = cls(C, sigma, hot_budget=None if budget == -1 else budget, screen=bool(state["screen"]),
-             store=store)
-    sg._hot = hot
-    sg._h2s = {int(h): int(s) for h, s in zip(hot.ids, hsid)}
-    sg._s2h = {s: h for h, s in sg._h2s.items()}
-    sg._cid = cid
-    sg._cg0 = meta["cold_g0"].astype(np.float64)
-    sg._crho0 = meta["cold_rho0"].astype(np.float64)
-    sg._cA0 = meta["cold_A0"].astype(np.float64)
-    sg._cB0 = meta["cold_B0"].astype(np.float64)
-    sg._cpin = meta["cold_pinned"].astype(bool)
-    sg._A, sg._B = A, B
-    sg._next_id = next_id
-    sg._forgotten = set(int(i) for i in forgotten)
-    sg._dim = None if dim == -1 else dim
+        _bad(f"hot_budget {budget} below ceil(1/C)+2")
     stats = np.asarray(state["stats"]).astype(np.int64).ravel()
-    names = sorted(sg.stats)
-    if stats.size != len(names):
-        bad(f"stats has {stats.size} entries, expected {len(names)}")
-    sg.stats = {k: int(v) for k, v in zip(names, stats)}
+    if stats.size != len(STATS_SAVED):
+        _bad(f"stats has {stats.size} entries, expected {len(STATS_SAVED)}")
+    pinned = meta["cold_pinned"].astype(bool)
+    lower = np.zeros(cid.size)
     if cid.size:
-        sg._store.add(cid, ckeys)
-    if verify and hot.gated:
-        # full-history KKT as in certificate(exact=True) -- hot residual and every unpinned cold
-        # gradient, computed once (one cold x hot-support kernel product) -- and the stored
-        # screening bounds must be valid lower bounds on those exact gradients
-        free = ~sg._cpin
-        g = sg._exact_g(ckeys[free]) if free.any() else np.zeros(0)
-        kkt = max(float(hot.kkt_residual()["max"]), float(np.maximum(-g, 0.0).max(initial=0.0)))
-        lie = (sg._bound(free) - g > 1e-9) if free.any() else np.zeros(0, bool)
-        if not kkt <= KKT_TOL or lie.any():
-            if cid.size:
-                sg._store.remove(cid)
-            bad(f"the state does not satisfy full-history KKT (residual "
-                f"{kkt:.3g}) or its screening bounds are not lower bounds")
-    return sg
+        drift = np.minimum(A - floats["cold_A0"], B - floats["cold_B0"])
+        lower = floats["cold_g0"] + (hot.rho - floats["cold_rho0"]) - 2.0 * drift
+        lower[pinned] = 0.0
+    st = {k: int(v) for k, v in zip(STATS_SAVED, stats)}
+    st["admitted_cold"] = n_direct
+    return ParsedState(C=C, sigma=sigma, hot_budget=None if budget == -1 else budget,
+                       screen=bool(np.asarray(state["screen"])), direct_cold=direct, next_id=next_id,
+                       dim=None if dim == -1 else dim, hot=hot, hot_sids=hsid, cold_ids=cid,
+                       cold_keys=ckeys.reshape(cid.size, -1) if cid.size else ckeys,
+                       cold_lower=lower, cold_pinned=pinned, forgotten=forgotten, stats=st)
 
 
-def _rebuild_small_hot(hot_state: dict, cold_keys: np.ndarray, C: float, sigma: float, exc):
+def verify_cold(p: ParsedState) -> np.ndarray:
+    """Full-history KKT of a parsed state (hot residual recomputed, every free cold gradient
+    exact) and the stored bounds must be lower bounds; returns the exact free cold gradients."""
+    view = HotView(p.hot)
+    free = ~p.cold_pinned
+    g = view.exact_g(p.cold_keys[free]) if free.any() else np.zeros(0)
+    kkt = max(view.kkt(p.C)["max"], float(np.maximum(-g, 0.0).max(initial=0.0)))
+    lie = p.cold_lower[free] - g > 1e-9
+    if not kkt <= KKT_TOL or lie.any():
+        _bad(f"the state does not satisfy full-history KKT (residual {kkt:.3g}) or its screening "
+             "bounds are not lower bounds")
+    return g
+
+
+def _rebuild_small_hot(hot_state: dict, cold_keys: np.ndarray, C: float, sigma: float):
     """A solved hot tier below the warm-up size (e.g. after evicting to the support, as in
-    Example 3.1) may be refused by ``Gate.from_state``. Rebuild it through the public API: admit
+    Example 3.1) is refused by ``Gate.from_state``. Rebuild it through the public API: admit
     the hot keys plus enough cold keys to reach the warm-up size (solved from scratch; the cold
     keys are reserve at the full-history optimum), then forget those cold keys again. Equal to
     the saved hot state up to rounding; the caller verifies full-history KKT. None if the hot

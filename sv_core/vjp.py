@@ -22,7 +22,12 @@ Differentiable functions (float64 torch tensors):
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as exc:  # torch is the optional [models] extra; the rest of sv_core needs none
+    raise ImportError("sv_core.vjp needs torch (the [models] extra): "
+                      "pip install 'forgetful-attention[models]'") from exc
 
 from .errors import InfeasibleError
 from .kernels import torch_kernel

@@ -78,6 +78,13 @@ def test_gate_demo_json_path_writes_the_result(tmp_path, capsys):
     d = json.loads(out.read_text())
     assert d["n"] == 60 and d["receipt"]["verification"]["kkt_residual"] < 1e-8
     assert sum(d["partition"].values()) == 60
+    # the console prints the receipt itself (README: "prints the receipt"), the same one as the JSON
+    r = d["receipt"]
+    assert f"receipt: token {r['token_id']} forgotten" in printed and "  certified     yes" in printed
+    assert f"refit gap     max |Δ gate score| {r['verification']['max_abs_score_dev']:.2e}" in printed
+    assert f"KKT residual  {r['verification']['kkt_residual']:.1e}" in printed
+    assert "  fallback      no" in printed and "  verification  passed" in printed
+    assert r["status_before"] in ("margin", "error")  # a support key, still held after the eviction
     # without --json nothing is written
     assert main(["gate-demo", "--n", "60"]) == 0
     assert sorted(p.name for p in out.parent.iterdir()) == ["gate.json"]

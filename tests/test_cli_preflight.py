@@ -180,6 +180,8 @@ def test_a_real_process_leaves_within_the_bound_and_starts_no_child(argv, code, 
                     cmd = " ".join(c.cmdline())
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue  # gone already: a short-lived helper (croniter runs `file` via platform)
+                if cmd == " ".join(me.cmdline()):
+                    continue  # a fork of the command itself before its exec (platform runs `file`)
                 if "uvicorn" in cmd or "python" in Path(cmd.split(" ")[0]).name:
                     servers.add(cmd[:200])
         except psutil.NoSuchProcess:

@@ -35,7 +35,10 @@ def test_generator_is_deterministic(tmp_path):
 def test_generator_writes_the_native_quirks(syn):
     d, s, _ = syn
     con = duckdb.connect()
-    ce = f"read_csv('{d / 'mimic' / 'icu' / 'chartevents.csv.gz'}', header=true, types={{'value': 'VARCHAR', 'valuenum': 'DOUBLE'}})"
+    src = d / "mimic" / "icu" / "chartevents.csv.gz"  # read once (it is mostly non-vital rows)
+    con.execute(f"CREATE TABLE ce AS SELECT * FROM read_csv('{src}', header=true, "
+                "types={'value': 'VARCHAR', 'valuenum': 'DOUBLE'})")
+    ce = "ce"
     st = f"read_csv('{d / 'mimic' / 'icu' / 'icustays.csv.gz'}', header=true)"
     q = lambda sql: con.execute(sql).fetchone()[0]  # noqa: E731
     assert q(f"SELECT count(*) FROM {ce}") == s.n_chartevents
@@ -54,12 +57,17 @@ def test_generator_writes_the_native_quirks(syn):
 
 
 def test_event_rates_in_the_seed_range(syn):
+    """Hour-level event share within 2x of the demo's 0.157; most stays have an event (the
+    calibrated generator gives 0.97 of stays at 1,500 stays, so a ~40-stay sample may reach 1.0);
+    about half the stays desaturate (demo 0.49)."""
     _, _, b = syn
     con = duckdb.connect(str(b.warehouse), read_only=True)
     comp, spo2 = con.execute("SELECT avg(c::INT), avg(s::INT) FROM (SELECT max(event_composite::INT) c, "
                              "max(event_spo2::INT) s FROM vitals_hourly GROUP BY stay_id)").fetchone()
+    hours = con.execute("SELECT avg(event_composite::INT) FROM vitals_hourly").fetchone()[0]
     con.close()
-    assert 0.6 <= comp <= 0.98 and 0.25 <= spo2 <= 0.75
+    assert 0.157 / 2 <= hours <= 0.157 * 2
+    assert 0.6 <= comp and 0.25 <= spo2 <= 0.75
 
 
 def test_fast_build_matches_reference_on_synthetic(syn):

@@ -6,7 +6,6 @@ import pytest
 
 from cohort.synthetic import make_small_warehouse
 from pipelines import gate_store
-from pipelines import patient_deletion as pdel
 from pipelines import warehouse as wh
 from pipelines.deterioration import future_event_labels, future_event_labels_reference
 
@@ -77,26 +76,6 @@ def test_heldout_keys_are_5d(base_wh):
     cols = batch_results(str(base_wh), ids, label="event_spo2", drop=["spo2"], nu=0.3, sigma=3.0,
                          policies=["sv", "recency"], build_gate=False)["columns"]
     assert set(cols["d"].tolist()) == {5} and cols["stay_id"].tolist() == ids
-
-
-def test_patient_deletion_zero_leakage_and_decay_positive(base_wh):
-    group = pdel.plan_contexts(wh.stays(base_wh), 5, seed=0)[0]
-    r = pdel.context_task(str(base_wh), group, 2)
-    assert r["leakage_after"] == 0.0 and r["forgotten_tokens_live_after"] == 0
-    assert r["leakage_before"] > 0
-    assert r["decay_leakage"]["gamma_0.1"] > r["decay_leakage"]["gamma_0.01"] > 0
-    assert r["kkt_residual"] < 1e-9 and r["refit_score_dev_max"] < 1e-8
-    assert r["n"] <= 5 * 48
-
-
-def test_dedupe_indices_match_dedupe():
-    from sv_core.audit import dedupe
-
-    X = np.repeat(np.random.default_rng(0).normal(size=(6, 3)), 3, axis=0)
-    X[1] += 0.05
-    idx = pdel.dedupe_indices(X, 0.1)
-    assert np.array_equal(X[idx], dedupe(X, 0.1))
-    assert idx.tolist() == [0, 3, 6, 9, 12, 15]
 
 
 def test_future_event_labels():

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from cohort.build import build_warehouse
+from cohort.streams import iter_stays
 from cohort.synthetic import generate
+from evaluation.clinical import patient_deletion as pdel
 from pipelines import gate_store
-from pipelines import patient_deletion as pdel
 from pipelines import warehouse as wh
 from pipelines.cli import main
 from pipelines.errors import AlreadyForgottenError, GateStoreError, LedgerKeyError, UnknownSubjectError
@@ -58,7 +59,10 @@ def base_site(src, tmp_path_factory):
     _build(p, "mimic", src)
     stays = wh.stays(p)
     group = pdel.plan_contexts(stays, 5, seed=0)[0]
-    r = pdel.context_task(str(p), group, 0)
+    by_id = {s.stay_id: s for s in iter_stays(str(p), stay_ids=group)}
+    ctx = pdel.build_context([by_id[s] for s in group])
+    r = pdel.forget_patient(ctx, 0, gammas=(0.1,))
+    r.update(token_subject=ctx.subject, token_stay=ctx.stay, token_hour=ctx.hour)
     from sv_core import Gate
 
     ctxs = [gate_store.StoredContext(Gate.from_state(r["gate_state"]), r["token_subject"], r["token_stay"],

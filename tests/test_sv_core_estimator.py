@@ -11,11 +11,18 @@ from sklearn.base import clone
 from sklearn.datasets import make_blobs, make_moons
 from sklearn.exceptions import NotFittedError
 from sklearn.svm import OneClassSVM
+from sklearn.utils._param_validation import InvalidParameterError as SklearnInvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from sv_core import Gate, rbf_kernel, refit
-from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, UnknownTokenError
-from sv_core.estimator import TIE_TOL, SmallSampleWarning, SVDDGate
+from sv_core.errors import (
+    InfeasibleError,
+    InvalidKeysError,
+    InvalidParameterError,
+    InvalidStateError,
+    UnknownTokenError,
+)
+from sv_core.estimator import TIE_TOL, SmallSampleWarning, SVDDGate, SVDDParameterError
 
 
 def _scores(X_train, alpha, rho, sigma, P):
@@ -24,7 +31,7 @@ def _scores(X_train, alpha, rho, sigma, P):
 
 
 # ---------------------------------------------------------------- scikit-learn's own checks
-@parametrize_with_checks([SVDDGate(), SVDDGate(nu=0.2, sigma=2.0)])
+@parametrize_with_checks([SVDDGate(), SVDDGate(nu=0.2, sigma=2.0), SVDDGate(gamma=0.5, boundary="libsvm")])
 def test_sklearn_compatible_estimator(estimator, check):
     check(estimator)
 
@@ -135,7 +142,11 @@ def test_forget_equals_a_refit_without_the_samples_and_returns_receipts():
     receipts = est.forget(gone, verify=True)
     assert [r.token_id for r in receipts] == gone
     assert all(r.certified for r in receipts)
-    assert receipts[-1].verification["max_abs_score_dev"] < 1e-8
+    # every receipt carries the one verification of the batch, naming what it covers (issue 18:
+    # the first receipt used to show verification=None), removed keys among the probes
+    for r in receipts:
+        assert r.verification["max_abs_score_dev"] < 1e-8 and r.verification["batch_tokens"] == gone
+        assert "removed" in r.verification["score_dev_by_probe"]
     keep = np.setdiff1d(np.arange(80), gone)
     np.testing.assert_array_equal(est.ids_, keep)
     assert not np.isin(gone, est.support_).any()
@@ -174,6 +185,110 @@ def test_fit_resets_and_pickles():
     assert clone(est).get_params() == est.get_params()
 
 
+# ---------------------------------------------------------------- persistence in O(n d), no kernel
+def _pickle_bound(n: int, d: int) -> int:
+    """Bytes a pickle may take: keys (n d), coefficients and ids (2 n) as fp64/int64, 25 % and 6 kB
+    of slack for the status bytes, the scalars and pickle's framing. The n x n kernel is 8 n^2."""
+    return int(1.25 * 8 * n * (d + 2)) + 6144
+
+
+def test_pickle_round_trip_is_exact_and_holds_no_solver_state():
+    rng = np.random.default_rng(11)
+    X, P = rng.normal(size=(300, 4)), rng.normal(scale=2.0, size=(500, 4))
+    est = SVDDGate(nu=0.3, sigma=2.0).fit(X)
+    est.forget([5, 17])
+    blob = pickle.dumps(est)
+    assert len(blob) <= _pickle_bound(300, 4) < 8 * 300**2
+    again = pickle.loads(blob)
+    assert again.__dict__["_gate"] is None  # loading did no solver work
+    for method in ("predict", "decision_function", "score_samples", "gate_score"):
+        np.testing.assert_array_equal(getattr(again, method)(P), getattr(est, method)(P))
+        np.testing.assert_array_equal(getattr(again, method)(X), getattr(est, method)(X))
+    for name in ("ids_", "support_", "support_vectors_", "dual_coef_", "rho_", "offset_", "C_", "sigma_", "nu_",
+                 "n0_", "n_samples_seen_", "n_features_in_"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(est, name))
+    assert again.__dict__["_gate"] is None  # predicting did not rebuild it either
+    # pickled again before any rebuild: the same state, the same bytes
+    assert pickle.dumps(again) == blob
+    # the rebuilt gate is the fitted one: same ids, coefficients, partition; forgotten ids stay forgotten
+    g0, g1 = est.gate_, again.gate_
+    np.testing.assert_array_equal(g1.ids, g0.ids)
+    np.testing.assert_array_equal(g1.alpha, g0.alpha)
+    assert g1.partition() == g0.partition() and g1.kkt_residual()["max"] <= 1e-9
+    with pytest.raises(UnknownTokenError, match="already forgotten"):
+        again.forget([17])
+
+
+def test_after_unpickling_forget_and_partial_fit_equal_a_same_C_refit():
+    rng = np.random.default_rng(12)
+    X, X2 = rng.normal(size=(120, 3)), rng.normal(size=(30, 3))
+    P = np.vstack([X, X2, rng.normal(scale=2.0, size=(200, 3))])
+    est = pickle.loads(pickle.dumps(SVDDGate(nu=0.25, sigma=1.5).fit(X)))
+    gone = [int(est.support_[0]), int(est.support_[-1]), 3]
+    gone = list(dict.fromkeys(gone))
+    receipts = est.forget(gone, verify=True)
+    assert all(r.certified for r in receipts) and receipts[-1].verification["max_abs_score_dev"] < 1e-8
+    keep = np.setdiff1d(np.arange(120), gone)
+    a, rho = refit(X[keep], C=est.C_, sigma=1.5)
+    np.testing.assert_allclose(est.gate_score(P), _scores(X[keep], a, rho, 1.5, P), atol=1e-8)
+    # a second round trip after the deletion, then more samples: indices continue from 120
+    est = pickle.loads(pickle.dumps(est)).partial_fit(X2)
+    np.testing.assert_array_equal(est.ids_, np.concatenate([keep, np.arange(120, 150)]))
+    U = np.vstack([X[keep], X2])
+    a, rho = refit(U, C=est.C_, sigma=1.5)
+    np.testing.assert_allclose(est.gate_score(P), _scores(U, a, rho, 1.5, P), atol=1e-8)
+
+
+def test_evict_reserve_then_pickle_is_O_n_sv_d():
+    rng = np.random.default_rng(13)
+    X, P = rng.normal(size=(400, 3)), rng.normal(scale=2.0, size=(300, 3))
+    est = SVDDGate(nu=0.2, sigma=2.0).fit(X)
+    full = len(pickle.dumps(est))
+    est.evict_reserve()
+    n_sv = est.support_.size
+    assert n_sv < 400 // 2
+    blob = pickle.dumps(est)
+    assert len(blob) <= _pickle_bound(n_sv, 3) < full
+    again = pickle.loads(blob)
+    np.testing.assert_array_equal(again.decision_function(P), est.decision_function(P))
+    again.forget([int(again.support_[0])], verify=True)  # still exact for the samples kept
+
+
+def test_a_tampered_pickled_state_is_refused_at_rebuild_and_changes_nothing():
+    """The state is checked when the solver is rebuilt (Gate.from_state: shapes, ids, the box,
+    the KKT residual recomputed from the keys); a refused rebuild leaves the estimator as loaded."""
+    rng = np.random.default_rng(14)
+    X = rng.normal(size=(60, 2))
+    est = pickle.loads(pickle.dumps(SVDDGate(nu=0.3).fit(X)))
+    st = est.__dict__["_gate_state"]
+    st["alpha"] = st["alpha"].copy()
+    inner = np.flatnonzero((st["alpha"] > 1e-4 * est.C_) & (st["alpha"] < (1 - 1e-4) * est.C_))
+    assert inner.size >= 2
+    st["alpha"][inner[:2]] += [1e-5 * est.C_, -1e-5 * est.C_]  # in the box, sum still 1, no longer KKT
+    d0 = est.decision_function(X)
+    with pytest.raises(InvalidStateError, match="KKT"):
+        est.partial_fit(X[:3])
+    with pytest.raises(InvalidStateError):
+        est.forget([0])
+    assert est.n_samples_seen_ == 60 and est.__dict__["_gate"] is None
+    np.testing.assert_array_equal(est.decision_function(X), d0)
+
+
+@pytest.mark.parametrize("n", [200, 1000, pytest.param(5000, marks=pytest.mark.slow)])
+def test_pickle_size_beside_one_class_svm(n):
+    """Pickle sizes (``pytest -s`` prints them): SVDDGate (default and after ``evict_reserve``)
+    beside OneClassSVM with the same nu and kernel; d = 5, nu = 0.5, sigma = 2."""
+    X = np.random.default_rng(15).normal(size=(n, 5))
+    est = SVDDGate(nu=0.5, sigma=2.0).fit(X)
+    default = len(pickle.dumps(est))
+    est.evict_reserve()
+    compact = len(pickle.dumps(est))
+    ocsvm = len(pickle.dumps(OneClassSVM(nu=0.5, gamma=0.25).fit(X)))
+    print(f"\npickle n={n} d=5 nu=0.5: SVDDGate {default / 1e3:.1f} kB, after evict_reserve {compact / 1e3:.1f} kB "
+          f"(n_SV={est.support_.size}), OneClassSVM {ocsvm / 1e3:.1f} kB")
+    assert default <= _pickle_bound(n, 5) and compact <= _pickle_bound(est.support_.size, 5)
+
+
 # ---------------------------------------------------------------- typed errors and small samples
 @pytest.mark.parametrize(
     "params",
@@ -185,15 +300,82 @@ def test_fit_resets_and_pickles():
         {"sigma": 0.0},
         {"sigma": -1.0},
         {"sigma": float("inf")},
+        {"sigma": 1e-200},
+        {"sigma": "1"},
+        {"gamma": 0.0},
+        {"gamma": -2.0},
+        {"gamma": float("inf")},
+        {"gamma": float("nan")},
+        {"sigma": 2.0, "gamma": 0.5},  # both spellings, disagreeing (gamma must be 1/sigma**2 = 0.25)
+        {"boundary": "outside"},
+        {"boundary": None},
         {"refactor_every": 0},
         {"refactor_every": 2.5},
     ],
 )
 def test_invalid_parameters_raise_typed_errors_at_fit(params):
+    """scikit-learn's parameter validation, raised as one error type that is both sv_core's and
+    scikit-learn's InvalidParameterError; one line naming the parameter; nothing fitted."""
     est = SVDDGate(**params)  # __init__ never validates (sklearn convention)
-    with pytest.raises(InvalidParameterError):
-        est.fit(np.zeros((10, 2)) + np.arange(10)[:, None])
+    X = np.zeros((10, 2)) + np.arange(10)[:, None]
+    for method in (est.fit, est.partial_fit):
+        with pytest.raises(SVDDParameterError) as info:
+            method(X)
+        assert isinstance(info.value, InvalidParameterError) and isinstance(info.value, SklearnInvalidParameterError)
+        msg = str(info.value)
+        assert "\n" not in msg and any(name in msg for name in params), msg
+        assert not hasattr(est, "C_")
     assert issubclass(InvalidParameterError, ValueError)
+
+
+def test_gamma_is_the_other_spelling_of_the_bandwidth():
+    """gamma = 1/sigma**2: the same kernel as OneClassSVM(gamma=...); both spellings may be given
+    when they agree."""
+    X = _dataset("blobs", 300, seed=9)
+    by_sigma = SVDDGate(nu=0.3, sigma=2.0).fit(X[:150])
+    by_gamma = SVDDGate(nu=0.3, gamma=0.25).fit(X[:150])
+    both = SVDDGate(nu=0.3, sigma=2.0, gamma=0.25).fit(X[:150])
+    assert by_gamma.sigma_ == both.sigma_ == by_sigma.sigma_ == 2.0
+    for est in (by_gamma, both):
+        np.testing.assert_array_equal(est.decision_function(X[150:]), by_sigma.decision_function(X[150:]))
+    assert SVDDGate().fit(X[:150]).sigma_ == 1.0  # neither given: sigma = 1
+    oc = OneClassSVM(nu=0.3, gamma=0.25, tol=1e-10).fit(X[:150])
+    np.testing.assert_allclose(oc.decision_function(X[150:]), 0.3 * 150 * by_gamma.decision_function(X[150:]),
+                               atol=1e-5)
+
+
+def test_boundary_libsvm_breaks_ties_as_libsvm_does():
+    """``boundary="libsvm"`` puts exact ties (every margin support vector) one ulp outside, so they
+    are -1 as libsvm's ``(decision > 0) ? 1 : -1`` labels a tie, while predict stays +1 exactly where
+    decision_function >= 0; every other value is the same. On the training samples every
+    disagreement with OneClassSVM (tight tol) is a margin support vector: there libsvm's own
+    decision is solver noise of either sign (printed), which no tie rule reproduces."""
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(120, 2))
+    est = SVDDGate(nu=0.4, sigma=1.5).fit(X)
+    margin = np.isin(est.ids_, est.gate_.partition()["margin"])
+    assert margin.sum() >= 3
+    inside, d_inside = est.predict(X), est.decision_function(X)
+    libsvm_est = clone(est).set_params(boundary="libsvm").fit(X)
+    libsvm, d_libsvm = libsvm_est.predict(X), libsvm_est.decision_function(X)
+    assert np.all(inside[margin] == 1) and np.all(d_inside[margin] == 0.0)
+    assert np.all(libsvm[margin] == -1) and np.all(d_libsvm[margin] == -np.spacing(est.offset_))
+    np.testing.assert_array_equal(d_inside[~margin], d_libsvm[~margin])
+    np.testing.assert_array_equal(inside[~margin], libsvm[~margin])
+    for y, d in ((inside, d_inside), (libsvm, d_libsvm)):
+        np.testing.assert_array_equal(y, np.where(d >= 0, 1, -1))
+    P = rng.normal(scale=2.0, size=(400, 2))  # no ties off the training set
+    est.set_params(boundary="libsvm")  # read at predict time: no refit needed
+    np.testing.assert_array_equal(est.predict(P), libsvm_est.predict(P))
+    oc = OneClassSVM(nu=0.4, gamma=1 / 1.5**2, tol=1e-9).fit(X)
+    y_oc, d_oc = oc.predict(X), oc.decision_function(X)
+    for ours in (inside, libsvm):
+        assert np.all(margin[ours != y_oc]), "a disagreement off the margin set"
+    print(f"\nmargin SVs {int(margin.sum())}: libsvm labels {int((y_oc[margin] == 1).sum())} of them +1, "
+          f"max |libsvm decision| on them {np.abs(d_oc[margin]).max():.1e}")
+    est.set_params(boundary="outside")
+    with pytest.raises(SVDDParameterError, match="boundary"):
+        est.predict(P)
 
 
 def test_errors_are_typed():

@@ -9,7 +9,7 @@ import pytest
 from sv_core import Gate, calibrate_C, rbf_kernel, refit
 from sv_core.errors import GateError, InfeasibleError, InvalidKeysError, PathError, UnknownTokenError
 from sv_core.gate import WarmupError
-from sv_core.streaming import ArrayColdStore, ColdStore, InvalidStateError, StreamingGate
+from sv_core.streaming import ColdStore, InvalidStateError, StreamingGate
 from sv_core.streaming_reference import ReferenceStream
 
 EX_X = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 0.9]])
@@ -139,6 +139,12 @@ def test_fast_path_matches_slow_reference_after_every_operation():
 
 
 # ---------------------------------------------------------------------- screening
+def _exact_cold_g(sg, keys):
+    """g_j = rho - 1 + 2 sum_hot alpha_i k(x_j, x_i), from the public hot-gate view."""
+    hot = sg.hot_gate
+    return hot.rho - 1.0 + 2.0 * rbf_kernel(keys, hot.keys, sg.sigma) @ hot.alpha
+
+
 def test_screening_bound_is_safe_and_skips_most_cold_keys():
     C, sigma = calibrate_C(0.3, 60), 1.5
     X = _drift_stream(11, n=300)
@@ -150,12 +156,10 @@ def test_screening_bound_is_safe_and_skips_most_cold_keys():
         # the stored screening bound is a lower bound on every free cold key's exact gradient
         st = fast.to_state()
         if st["cold_ids"].size:
-            g = fast._exact_g(st["cold_keys"])
-            drift_a = st["A"] - st["cold_A0"]
-            drift_b = st["B"] - st["cold_B0"]
-            for drift in (drift_a, drift_b):  # each accumulated bound is valid on its own
-                bound = st["cold_g0"] + (fast.rho - st["cold_rho0"]) - 2.0 * drift
-                assert np.all(bound <= g + 1e-12)
+            g = _exact_cold_g(fast, st["cold_keys"])
+            drift = np.minimum(st["A"] - st["cold_A0"], st["B"] - st["cold_B0"])
+            bound = st["cold_g0"] + (fast.rho - st["cold_rho0"]) - 2.0 * drift
+            assert np.all(bound <= g + 1e-12)
         # screening never changes a decision: identical states
         assert fast.ids.tolist() == exact.ids.tolist()
         assert fast.hot_ids.tolist() == exact.hot_ids.tolist()
@@ -276,7 +280,7 @@ def test_failure_during_readmission_rolls_back_both_tiers(monkeypatch):
     monkeypatch.setattr(Gate, "admit", real_admit)
     assert len(calls) == 2
     assert _state_equal(before, sg.to_state())
-    assert sg.cold_ids.tolist() == [2] and len(sg._store) == 1
+    assert sg.cold_ids.tolist() == [2] and len(sg.cold_store) == 1
     sg.admit([0.0, -10.0])  # and the gate still works: key 2 comes back
     assert sg.alpha[2] == pytest.approx(0.03327001, abs=5e-9)
 
@@ -330,6 +334,14 @@ def test_bad_hot_budget_is_typed(bad):
         StreamingGate(C=calibrate_C(0.3, 40), sigma=1.5, hot_budget=bad)
 
 
+@pytest.mark.parametrize("bad", [-1, 2.5, "40", True, None])
+def test_bad_cache_entries_is_typed(bad):
+    from sv_core.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError):
+        StreamingGate(C=calibrate_C(0.3, 40), sigma=1.5, cache_entries=bad)
+
+
 def test_forget_hot_key_pads_from_cold_when_the_hot_gate_would_be_infeasible():
     rng = np.random.default_rng(16)
     sg = StreamingGate(C=0.3, sigma=10.0)
@@ -371,7 +383,7 @@ def test_pluggable_store_gives_identical_results():
     b, _ = _small_stream_gate(store=store)
     np.testing.assert_array_equal(a.alpha, b.alpha)
     assert sorted(store.d) == b.cold_ids.tolist() == a.cold_ids.tolist()
-    np.testing.assert_array_equal(store.get(b.cold_ids), ArrayColdStore.get(a._store, a.cold_ids))
+    np.testing.assert_array_equal(store.get(b.cold_ids), a.cold_store.get(a.cold_ids))
 
 
 def test_readout_from_hot_tier_equals_full_history_readout():

@@ -21,6 +21,14 @@ from .errors import StudyConfigError
 
 Regime = Callable[[np.random.Generator], np.ndarray]
 
+#: how the real ICU regime's keys are built (stated beside the audit's figure)
+ICU_CONSTRUCTION = ("one stay drawn uniformly from the warehouse's stays with >= {min_keys} distinct hourly keys; a "
+                    "random window of <= {max_hours} h; z-scored six vitals; deduplicated at {tol:g} SD (greedy, in "
+                    "hour order)")
+#: how the learned-key regime's keys are built
+LEARNED_CONSTRUCTION = ("frozen learned key projections (d_k = 8) of a one-layer recall model trained on CPU "
+                        "({steps} steps, seed {seed}); {n_facts} distinct facts per context")
+
 
 def icu_keys(matrices: list[np.ndarray], rng: np.random.Generator, *, tol: float = 0.1,
              max_hours: int | None = 240, min_keys: int = 8) -> np.ndarray:

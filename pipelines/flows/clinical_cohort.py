@@ -2,7 +2,9 @@
 
 Sources: ``demo`` (default; the real MIMIC-IV demo as CLIF parquet, from the cache filled by
 ``python -m cohort.demo_data fetch``), ``mimic --root DIR`` (MIMIC-IV v3.1 native files),
-``clif --root DIR``, ``synthetic --stays N --seed S`` (generated MIMIC-IV-layout files).
+``clif --root DIR``, ``meds --root DIR [--meds-codes FILE]`` (a MEDS v0.4 dataset, e.g. from
+MIMIC_IV_MEDS or ``forgetful export --format meds``; :mod:`cohort.meds`),
+``synthetic --stays N --seed S`` (generated MIMIC-IV-layout files).
 Writes ``<runs>/cohort/result.json`` (the funnel, aggregates only).
 """
 from __future__ import annotations
@@ -31,26 +33,30 @@ def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
 @task(name="build-warehouse",
       retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 def build_task(source: str, root: str | None, warehouse: str, min_hours: float, sample: int | None, seed: int,
-               memory_limit: str, progress: bool, ledger_dir: str | None = None, runs_dir: str | None = None) -> dict:
+               memory_limit: str, progress: bool, ledger_dir: str | None = None, runs_dir: str | None = None,
+               meds_codes: str | None = None) -> dict:
     """Build with the forget registry applied at scan time; the new warehouse records the
-    ledger head it reflects and keeps the runs folders registered with the old one."""
+    ledger head it reflects and keeps the runs and export folders registered with the old one
+    (a later forget still reaches an export written before the rebuild)."""
     import duckdb
 
     from cohort.build import build_warehouse
-
     from pipelines.safe_io import storage_errors
-    from pipelines.warehouse import Warehouse, put_meta
+    from pipelines.warehouse import Warehouse, put_meta, read_meta
 
     with Warehouse.open(warehouse, write=True, must_exist=False, ledger_dir=ledger_dir, reconcile=False) as w:
         registered = w.runs_registry()  # carried into the rebuilt file
+        old_meta = read_meta(w.path) if w.path.is_file() else {}
+        exports = {k: old_meta[k] for k in ("exports", "meds_exports") if old_meta.get(k)}
         with storage_errors("build-cohort: building the warehouse",
                             "the previous warehouse is unchanged (a build writes a new file and swaps it in only "
                             "when complete) and its temporary files were removed; rerun once the disk allows"):
             s = build_warehouse(source, root, warehouse, min_hours=min_hours, sample=sample, seed=seed,
-                                memory_limit=memory_limit, progress=progress, exclude_subjects=w.exclusion())
+                                memory_limit=memory_limit, progress=progress, exclude_subjects=w.exclusion(),
+                                meds_codes=meds_codes)
         con = duckdb.connect(str(w.path))
         try:
-            for k, v in w.ledger_meta().items():
+            for k, v in {**w.ledger_meta(), **exports}.items():
                 put_meta(con, k, v)
         finally:
             con.close()
@@ -67,6 +73,14 @@ def data_kind_of(source: str, root: str | None) -> str:
         return "demo"
     if source == "synthetic" or (root and (Path(root) / "synthetic_manifest.json").is_file()):
         return "synthetic"
+    if source == "meds" and root:  # this project's own MEDS export names the data it came from
+        from cohort.meds import read_dataset_metadata
+
+        meta = read_dataset_metadata(root)
+        if meta.get("etl_name") == "forgetful":
+            for kind in ("demo", "synthetic", "clif", "mimic"):
+                if meta.get("dataset_name") == f"forgetful {kind} cohort":
+                    return kind
     return "clif" if source == "clif" else "mimic"
 
 
@@ -74,7 +88,7 @@ def data_kind_of(source: str, root: str | None) -> str:
 def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: str = "runs/warehouse.duckdb",
                       runs_dir: str = "runs", stays: int = 1500, seed: int = 0, min_hours: float = 48,
                       sample: int | None = None, memory_limit: str = "4GB", fetch: bool = False,
-                      progress: bool = True, ledger_dir: str | None = None) -> dict:
+                      progress: bool = True, ledger_dir: str | None = None, meds_codes: str | None = None) -> dict:
     """Build the warehouse; returns the build summary (counts, content hash, seconds)."""
     t0 = time.perf_counter()
     kind = source
@@ -86,7 +100,8 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
         gen_dir = Path(warehouse).resolve().parent / f"synthetic_{stays}_seed{seed}"
         root = generate_synthetic(str(gen_dir / "mimic"), stays, seed)
         source = "mimic"
-    summary = build_task(source, root, warehouse, min_hours, sample, seed, memory_limit, progress, ledger_dir, runs_dir)
+    summary = build_task(source, root, warehouse, min_hours, sample, seed, memory_limit, progress, ledger_dir, runs_dir,
+                         meds_codes)
     wh.set_data_kind(warehouse, data_kind_of(kind, root))
     funnel = summary["funnel"]
     result = {
@@ -116,7 +131,7 @@ def _main(args) -> int:
                             source=args.source, root=args.root,
                             warehouse=args.warehouse, runs_dir=args.runs, stays=args.stays, seed=args.seed,
                             min_hours=args.min_hours, sample=args.sample, memory_limit=args.memory_limit,
-                            fetch=args.fetch, progress=not args.no_progress)
+                            fetch=args.fetch, progress=not args.no_progress, meds_codes=args.meds_codes)
     out = {"warehouse": s["warehouse"], "n_stays": s["n_stays"], "n_rows": s["n_rows"],
            "content_hash": s["content_hash"], "seconds": round(s["seconds"], 2)}
     print(json.dumps(out))
@@ -127,10 +142,13 @@ def _main(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("build-cohort", help="build the hourly vital-sign warehouse (default: the real MIMIC-IV demo)",
                        description=__doc__)
-    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo",
-                   help="data source: the MIMIC-IV demo, your MIMIC-IV or CLIF root, or generated data "
+    p.add_argument("--source", choices=["demo", "mimic", "clif", "meds", "synthetic"], default="demo",
+                   help="data source: the MIMIC-IV demo, your MIMIC-IV, CLIF or MEDS root, or generated data "
                         "(default %(default)s)")
-    p.add_argument("--root", default=None, help="source folder (mimic/clif; demo: cache folder, optional)")
+    p.add_argument("--root", default=None, help="source folder (mimic/clif/meds; demo: cache folder, optional)")
+    p.add_argument("--meds-codes", default=None, metavar="FILE",
+                   help="meds: JSON map of MEDS codes to vitals (default: MIMIC_IV_MEDS chartevents codes of the "
+                        "pinned itemids, and this project's export codes; see docs/MEDS.md)")
     p.add_argument("--stays", type=int, default=1500, help="synthetic: number of generated stays (default 1500)")
     p.add_argument("--seed", type=int, default=0, help="split / sample / synthetic-data seed (default %(default)s)")
     p.add_argument("--min-hours", type=float, default=48,

@@ -2,7 +2,8 @@
 
 1. fetch check: the real MIMIC-IV demo (CLIF parquet) must be in the cache
    (``python -m cohort.demo_data fetch``, or pass ``--fetch``); skipped for other sources;
-2. ``build-cohort`` (default: the demo; ``--source synthetic --stays N`` or ``--source mimic --root DIR``);
+2. ``build-cohort`` (default: the demo; ``--source synthetic --stays N``, ``--source mimic --root DIR`` or
+   ``--source meds --root DIR`` with the default MEDS code map);
 3. ``retention``, ``heldout-spo2``, ``patient-deletion``, ``deterioration``, ``audit`` — each a
    Prefect subflow with bounded task concurrency (2 threads, or ``--dask ADDRESS``), results
    cached on the warehouse content hash so a rerun after a crash resumes;
@@ -12,6 +13,12 @@
 
 It ends with a short summary of the headline figures, read from the result files
 (:mod:`pipelines.run_summary`); ``--json PATH`` writes the step timings as JSON.
+
+Without torch (the optional ``models`` extra) run-all still runs: the steps that need it —
+``deterioration``, the audit's ``learned`` regime, and the studies on torch recall models
+(``learned-keys``, ``selective-copying``, ``capacity``, ``mqar-control``) — are skipped with one
+line each on stderr naming the extra (``pip install 'forgetful-attention[models]'``), and the report
+shows their cards as not run. (The single commands refuse instead, exit 3: :mod:`pipelines.preflight`.)
 
 Time on the demo (measured 2026-12-01, 2 shared cores): 6.1 min wall at load 4-11, 11.2 min at
 load 9-13, about 3.3 min of CPU time either way; deterioration is about half of it. A rerun after
@@ -26,7 +33,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from pipelines import jsonout, runner
+from pipelines import jsonout, preflight, runner
+from pipelines.errors import MODELS_EXTRA_HINT
 
 STEPS = ("build-cohort", "retention", "heldout-spo2", "patient-deletion", "deterioration", "audit", "studies",
          "fidelity", "report")
@@ -72,18 +80,30 @@ def fidelity_result(stays: int = 800, seed: int = 0) -> dict:
             "config": {"stays": stays, "seed": seed, "demo_source": src}}
 
 
+def skip_without_torch(what: str) -> bool:
+    """True (after one line on stderr naming the extra) when torch is not installed."""
+    if preflight.torch_available():
+        return False
+    print(f"[run-all] {what} skipped: needs torch, which is not installed ({MODELS_EXTRA_HINT})", file=sys.stderr)
+    return True
+
+
 def run_studies(runs_dir: str, progress: bool) -> list[str]:
     """The seconds-long synthetic, learned-key and retrieval studies (their default protocols), so no
-    report card is a placeholder. Retrieval memory needs the ``retrieval`` extra (skipped without)."""
+    report card is a placeholder. Retrieval memory needs the ``retrieval`` extra, the studies on torch
+    models the ``models`` extra (each skipped without, with one line)."""
     from .study_learned_keys import learned_keys_flow
     from .study_synthetic import FLOWS, STUDIES
 
     done = []
-    for _cmd, study, _target, trials, _ in STUDIES:
+    for cmd, study, _target, trials, _ in STUDIES:
+        if cmd in preflight.TORCH_COMMANDS and skip_without_torch(cmd):
+            continue
         FLOWS[study](trials, 0, str(Path(runs_dir) / study / "result.json"), progress)
         done.append(study)
-    learned_keys_flow(out=str(Path(runs_dir) / "learned_keys" / "result.json"), progress=progress)
-    done.append("learned_keys")
+    if not skip_without_torch("learned-keys"):
+        learned_keys_flow(out=str(Path(runs_dir) / "learned_keys" / "result.json"), progress=progress)
+        done.append("learned_keys")
     try:
         from evaluation.studies.retrieval_memory import load_encoder
 
@@ -127,7 +147,7 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
                det_max_epochs, audit_trials, report, study_stays=None) -> dict[str, float]:
     from tqdm.auto import tqdm
 
-    from .audit_flow import audit_flow
+    from .audit_flow import DEFAULT_REGIMES, audit_flow
     from .clinical_cohort import build_cohort_flow
     from .clinical_deletion import patient_deletion_flow
     from .clinical_deterioration import deterioration_flow
@@ -152,12 +172,17 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
             patient_deletion_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
                                                                  progress=progress)
         elif step == "deterioration":
+            if skip_without_torch("deterioration"):
+                continue
             deterioration_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
                                                               seeds=det_seeds, max_epochs=det_max_epochs,
                                                               progress=progress)
         elif step == "audit":
+            regimes = DEFAULT_REGIMES
+            if skip_without_torch("audit's 'learned' regime"):
+                regimes = tuple(r for r in regimes if r not in preflight.TORCH_REGIMES)
             audit_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, trials=audit_trials,
-                                                      progress=progress)
+                                                      regimes=regimes, progress=progress)
         elif step == "studies":
             run_studies(runs_dir, progress)
         elif step == "fidelity":
@@ -214,10 +239,10 @@ def _main(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("run-all", help="the main job: demo check, warehouse, every clinical study, report",
                        description=__doc__)
-    p.add_argument("--source", choices=["demo", "mimic", "clif", "synthetic"], default="demo",
+    p.add_argument("--source", choices=["demo", "mimic", "clif", "meds", "synthetic"], default="demo",
                    help="data source (default: %(default)s, the real MIMIC-IV demo)")
     p.add_argument("--root", default=None,
-                   help="source folder (mimic/clif; demo: the cache folder, optional)")
+                   help="source folder (mimic/clif/meds; demo: the cache folder, optional)")
     p.add_argument("--stays", type=int, default=1500, help="synthetic: generated stays (default 1500)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic cohort and the studies (default 0)")
     p.add_argument("--warehouse", default=None, help="DuckDB warehouse (default: <runs>/warehouse.duckdb)")

@@ -1,0 +1,170 @@
+"""The deletion audit, like for like with seed 001 §4: every result counts attempted, completed on
+the maintained path, completed by the exact fallback and failed; a fallback trial is never
+counted as maintained; the headline compares the paper's regimes and trial counts; real-data and
+synthetic regimes are separate rows; runs with fewer trials are labelled low power."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from sv_core import audit
+from sv_core.errors import GateError, PathError
+
+CLASSES = ("attempted", "completed_maintained", "completed_fallback", "failed")
+
+
+def _classes_add_up(s: dict) -> None:
+    for k in CLASSES + ("completed", "fallbacks", "trials_with_fallback"):
+        assert k in s, k
+    assert s["completed_maintained"] + s["completed_fallback"] + s["failed"] == s["attempted"]
+    assert s["completed"] == s["completed_maintained"] + s["completed_fallback"]
+
+
+def test_every_regime_summary_has_the_three_completion_classes_and_its_construction():
+    res = audit.run_audit(trials=3, seed=0, progress=False)
+    assert list(res["regimes"]) == ["gaussian", "redundant"]  # the paper's synthetic regimes by default
+    for name, s in res["regimes"].items():
+        _classes_add_up(s)
+        assert s["info"]["paper_regime"] == name and s["info"]["data"] == "synthetic"
+        assert s["all_completed"]["trials"] == s["completed"]
+    assert "consequence of that construction" in res["regimes"]["redundant"]["info"]["construction"]
+    json.dumps(res, allow_nan=False)
+
+
+def test_a_fallback_deletion_is_counted_as_fallback_never_as_maintained(monkeypatch):
+    from sv_core.solver import MaintainedSVDD
+
+    def boom(self, slot):
+        raise PathError("injected")
+
+    monkeypatch.setattr(MaintainedSVDD, "remove_slot", boom)
+    s = audit.run_audit(trials=3, regimes=["gaussian"], progress=False)["regimes"]["gaussian"]
+    _classes_add_up(s)
+    assert (s["completed_fallback"], s["completed_maintained"], s["failed"]) == (3, 0, 0)
+    assert s["fallbacks"] == 6 and s["trials_with_fallback"] == 3  # two deletions per trial
+    # the headline statistics are over the maintained path: there is none
+    assert s["score_dev_median"] is None and s["partition_match_pct"] is None
+    # the fallback's own agreement with the refit is still reported, apart
+    assert s["all_completed"]["trials"] == 3 and s["all_completed"]["score_dev_worst"] < 1e-9
+    assert "fallback" in audit.format_table({"regimes": {"gaussian": s}})
+
+
+def test_a_deletion_that_raises_is_a_failed_trial_in_the_denominator(monkeypatch):
+    def fail(self, *a, **k):
+        raise GateError("injected")
+
+    monkeypatch.setattr(audit.Gate, "forget", fail)
+    res = audit.run_audit(trials=2, regimes=["gaussian"], progress=False)
+    s = res["regimes"]["gaussian"]
+    _classes_add_up(s)
+    assert (s["failed"], s["completed"]) == (2, 0) and len(res["failures"]) == 2
+
+
+def test_regimes_draw_the_same_trials_alone_or_together():
+    a = audit.run_audit(trials=2, regimes=["redundant"], progress=False)["regimes"]["redundant"]
+    b = audit.run_audit(trials=2, regimes=["gaussian", "redundant"], progress=False)["regimes"]["redundant"]
+    assert a == b
+
+
+def test_trial_count_label_and_low_power():
+    assert audit.trials_label(300) == "300 trials per regime (the paper's count)"
+    assert audit.trials_label(50, 4) == "4 regimes x 50 of the paper's 300 trials per regime"
+    p = audit.power(300, 4)
+    assert not p["low_power"] and p["label"] == ""
+    q = audit.power(50, 4)
+    assert q["low_power"] and "50 of the paper's 300" in q["label"]
+    assert q["p_see_paper_failure_rate"] == pytest.approx(1 - (1 - 1 / 1200) ** 200)  # 0.154
+    assert "0.15" in q["label"]
+    with pytest.raises(KeyError):
+        audit.register_regime("x", audit.gaussian_keys, paper_regime="not-a-regime")
+
+
+def _summary(att, maint, fb, median, data, paper):
+    failed = att - maint - fb
+    return {"attempted": att, "completed": maint + fb, "completed_maintained": maint, "completed_fallback": fb,
+            "failed": failed, "partition_match_pct": 100.0, "score_dev_median": median, "score_dev_mean": median,
+            "score_dev_p95": median, "score_dev_worst": 10 * median, "decay_median": 0.05, "kkt_residual_worst": 1e-15,
+            "fallbacks": fb, "fallbacks_admission": 0, "trials_with_fallback": fb, "all_completed": {},
+            "info": {"data": data, "paper_regime": paper, "construction": f"built for {paper}"}}
+
+
+@pytest.mark.parametrize("icu_data", ["demo", "synthetic"])
+def test_result_rows_headline_and_paper_columns(icu_data):
+    from evaluation.studies.deletion_audit import PAPER_TABLE, audit_result
+
+    summ = {"gaussian": _summary(300, 300, 0, 1e-15, "synthetic", "gaussian"),
+            "redundant": _summary(300, 296, 3, 1e-14, "synthetic", "redundant"),
+            "icu_warehouse": _summary(300, 299, 0, 2e-15, icu_data, "mimic"),
+            "learned": _summary(300, 300, 0, 3e-16, "learned", "learned")}
+    r = audit_result(summ, trials=300, seed=0, protocol={"gamma": 0.01, "nu": 0.4})
+    m = r["metrics"]
+    assert (m["attempted"], m["completed_maintained"], m["completed_fallback"], m["failed"]) == (1200, 1195, 3, 2)
+    assert m["headline"].startswith("1,195/1,200 completed on the maintained path, 3 by the exact fallback, 2 failed")
+    assert "paper: 1,199/1,200" in m["headline"]
+    assert m["paper_protocol"] and not m["power"]["low_power"] and "not the paper" not in r["title"]
+    rows = {row[0]: row for row in r["tables"][0]["rows"]}
+    icu = rows["icu_warehouse"]
+    real = icu_data == "demo"
+    # real-data rows first, then synthetic ones, each group with its own total
+    order = [row[0] for row in r["tables"][0]["rows"]]
+    if real:
+        assert order[0] == "icu_warehouse" and rows["total: real-data regimes"][3] == 300
+    else:
+        assert "total: real-data regimes" not in rows
+    assert rows["total: synthetic regimes (incl. learned keys)"][3] == (900 if real else 1200)
+    # the paper's MIMIC-IV row is shown only beside real ICU keys
+    assert icu[12:15] == (["299/300", PAPER_TABLE["mimic"]["median"], PAPER_TABLE["mimic"]["worst"]] if real
+                          else [None, None, None])
+    assert rows["redundant"][4:7] == [296, 3, 1]
+    assert r["data"] == icu_data
+    assert "redundant: built for redundant" in r["figures"][0]["caption"]
+
+
+def test_result_with_fewer_trials_is_labelled():
+    from evaluation.studies.deletion_audit import audit_result
+
+    summ = {"gaussian": _summary(50, 50, 0, 1e-15, "synthetic", "gaussian")}
+    r = audit_result(summ, trials=50, seed=0, protocol={"gamma": 0.01})
+    assert "1 regime x 50 of the paper's 300 trials per regime" in r["title"]
+    assert "not the paper's protocol" in r["title"]
+    assert r["metrics"]["power"]["low_power"] and not r["metrics"]["paper_protocol"]
+    from dashboards.report import low_power_warning
+
+    assert "50 of the paper's 300 trials per regime" in low_power_warning(r)
+
+
+def test_audit_flow_result_carries_fallback_counts(prefect_harness, tmp_path):
+    from cohort.synthetic import make_small_warehouse
+    from pipelines import runner
+    from pipelines.errors import StudyInputError
+    from pipelines.flows.audit_flow import audit_flow
+
+    w = make_small_warehouse(tmp_path / "src", stays=40, seed=0)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    shutil.copy(w, runs / "warehouse.duckdb")
+    w = str(runs / "warehouse.duckdb")
+    from pipelines.warehouse import set_data_kind
+
+    set_data_kind(w, "synthetic")
+    with runner.results_context(runs):
+        res = audit_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
+            warehouse=w, runs_dir=str(runs), trials=3, regimes=("gaussian", "icu_warehouse"), progress=False)
+        with pytest.raises(StudyInputError, match="unknown regime"):
+            audit_flow(warehouse=w, runs_dir=str(runs), trials=3, regimes=("nope",), progress=False)
+    stored = json.loads((runs / "deletion_audit" / "result.json").read_text())
+    for r in (res, stored):
+        for regime in ("gaussian", "icu_warehouse"):
+            _classes_add_up(r["metrics"][regime])
+        cols = r["tables"][0]["columns"]
+        assert {"maintained path", "exact fallback", "failed"} <= set(cols)
+        assert r["data"] == "synthetic" and "x 3 of the paper's 300" in r["title"]
+        icu = next(row for row in r["tables"][0]["rows"] if row[0] == "icu_warehouse")
+        assert icu[1] == "synthetic" and icu[12:15] == [None, None, None]
+    assert stored["seed_figure"]["text"]  # the synthetic regimes stay comparable (a mixed seed figure)
+    assert math.isfinite(stored["metrics"]["gaussian"]["score_dev_median"])
+    assert np.isclose(stored["metrics"]["power"]["p_see_paper_failure_rate"], 1 - (1 - 1 / 1200) ** 6)
