@@ -173,10 +173,14 @@ async def _drain_prefect_services() -> int:
     Drained while the command's API is still up, the next command's tasks start fresh ones
     pointed at its own API. Returns the number of services drained."""
     import asyncio
+    import logging
 
     if "prefect" not in sys.modules:
         return 0
     n = 0
+    # "Still processing items: N remaining" while draining is progress, not news (as in the command)
+    for name in ("EventsWorker", "APILogWorker"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 

@@ -94,3 +94,70 @@ def test_localcluster_of_processes_matches_local_bit_for_bit(prefect_harness, ba
     for c in v1:  # bit for bit, NaN where excluded included
         assert v1[c].dtype == v2[c].dtype and v1[c].tobytes() == v2[c].tobytes(), c
     assert g1 == g2 and len(g1) == got["metrics"]["gates_persisted"] > 0
+
+
+# ------------------------------------------------------------------------------ the cluster recipe
+@pytest.mark.slow
+def test_three_commands_against_one_long_lived_cluster_leave_clean_worker_logs(base, tmp_path):
+    """The README recipe on one machine: ``dask scheduler`` + ``dask worker --nworkers 2`` as
+    their own processes, then three ``forgetful`` commands (each with its private Prefect API)
+    against them — two run Prefect tasks on the workers (``audit``), one runs study chunks
+    (``heldout-spo2``). The worker log must hold no Prefect event/log-shipping failure (without
+    the drain at command end, the second ``audit``'s task events go to the first command's dead
+    API: ``EventsWorker failed``) and no error at all."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("distributed", reason="the [dask] extra is not installed")
+    from distributed import Client
+
+    w, runs = _site(base, tmp_path / "site")
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}  # private API per command
+    env["PYTHONPATH"] = os.pathsep.join([repo, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    sf = tmp_path / "scheduler.json"
+    slog, wlog = tmp_path / "scheduler.log", tmp_path / "worker.log"
+    procs = []
+    try:
+        with open(slog, "w") as so:
+            procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file",
+                                           str(sf), "--port", "0", "--no-dashboard"], stdout=so, stderr=so, env=env,
+                                          cwd=tmp_path))
+        import time
+
+        t0 = time.time()
+        while not sf.is_file() and time.time() - t0 < 120:
+            time.sleep(0.5)
+        with open(wlog, "w") as wo:
+            procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                                           str(sf), "--nworkers", "2", "--nthreads", "1", "--no-dashboard"],
+                                          stdout=wo, stderr=wo, env=env, cwd=tmp_path))
+        with Client(scheduler_file=str(sf), timeout=120) as c:
+            c.wait_for_workers(2, timeout=180)
+            address = c.scheduler.address
+        commands = [["audit", "--trials", "3", "--regimes", "gaussian"],
+                    ["heldout-spo2", "--n-boot", "200", "--audit-stays", "2", "--sensitivity-stays", "4"],
+                    ["audit", "--trials", "3", "--regimes", "gaussian"]]
+        for cmd in commands:
+            r = subprocess.run([sys.executable, "-m", "pipelines.cli", *cmd, "--warehouse", w, "--runs", runs,
+                                "--dask", address, "--no-progress"], env=env, cwd=tmp_path, capture_output=True,
+                               text=True, timeout=900)
+            assert r.returncode == 0, (cmd, r.stderr[-2000:])
+        time.sleep(3)  # anything the workers still had to say
+    finally:
+        for p in reversed(procs):  # only the processes this test started
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    log = wlog.read_text()
+    assert "Start worker" in log or "Starting worker" in log or "Registered to" in log, log[-2000:]
+    bad = [ln for ln in log.splitlines()
+           if re.search(r"EventsWorker|APILogWorker|Traceback|\bERROR\b|\berror\b|\bfailed\b", ln)]
+    assert not bad, "\n".join(bad[:20])
