@@ -1,7 +1,6 @@
 """Does ``--dask`` pay? The retention study on the same stays, local vs 1 vs 2 Dask worker processes.
 
-``python -m pipelines.bench_dask --stays 1000 [--repeats 3] [--warehouse W] [--json OUT]`` runs
-``forgetful retention --stays N`` (its defaults: refit audit, sensitivity table, gates persisted)
+``python -m pipelines.bench_dask --stays 1000 [--repeats 3] [--sensitivity-stays N] [--json OUT]`` runs ``forgetful retention --stays N`` (its defaults: refit audit, sensitivity table, gates persisted)
 in this process, ``repeats`` times per mode, the modes interleaved (order rotated each round):
 
 * ``local``: the default thread pool (2 threads);
@@ -47,7 +46,7 @@ def _spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
-def run(stays: int, repeats: int, warehouse: str | None = None) -> dict:
+def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stays: int = 200) -> dict:
     from distributed import LocalCluster
     from prefect_dask import DaskTaskRunner
 
@@ -72,7 +71,8 @@ def run(stays: int, repeats: int, warehouse: str | None = None) -> dict:
                   else DaskTaskRunner(address=clusters[mode].scheduler_address))
             with runner.results_context(site):
                 return retention_flow.with_options(task_runner=tr)(
-                    warehouse=str(wcopy), runs_dir=str(site), stays=n, progress=False)
+                    warehouse=str(wcopy), runs_dir=str(site), stays=n, progress=False,
+                    sensitivity_stays=sensitivity_stays)
 
         try:
             for mode in MODES:  # warm-up, not timed: the API server, the workers' imports
@@ -99,7 +99,7 @@ def run(stays: int, repeats: int, warehouse: str | None = None) -> dict:
 
         return {
             "benchmark": "retention --stays N: local thread pool vs LocalCluster of 1 / 2 worker processes",
-            "stays": stays, "repeats": repeats, "cpu_count": os.cpu_count(),
+            "stays": stays, "repeats": repeats, "sensitivity_stays": sensitivity_stays, "cpu_count": os.cpu_count(),
             "load_1min": _spread([x["load_1min"] for x in runs]),
             "runs": runs, "seconds": {m: _spread(v) for m, v in by.items()},
             "speedup": {"dask-2 vs dask-1": ratio("dask-1", "dask-2"), "dask-2 vs local": ratio("local", "dask-2"),
@@ -124,7 +124,8 @@ def table(result: dict) -> str:
     lines.append(f"| dask-2 vs dask-1 | | {d['median']:.2f}× ({d['min']:.2f}–{d['max']:.2f}) |")
     ld = result["load_1min"]
     lines.append("")
-    lines.append(f"*{result['stays']} stays, {result['repeats']} interleaved rounds, {result['cpu_count']} CPUs, "
+    lines.append(f"*{result['stays']} stays (sensitivity table on {result.get('sensitivity_stays', 200)}), "
+                 f"{result['repeats']} interleaved rounds, {result['cpu_count']} CPUs, "
                  f"1-min load {ld['min']:.1f}–{ld['max']:.1f}; results identical across modes: "
                  f"{'yes' if result['identical_results'] else 'NO'}*")
     return "\n".join(lines)
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stays", type=int, default=1000, help="stays in the study sample (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default %(default)s)")
     p.add_argument("--warehouse", default=None, help="an existing warehouse (default: a generated synthetic one)")
+    p.add_argument("--sensitivity-stays", type=int, default=200, metavar="N",
+                   help="the study's sensitivity-table sample (default %(default)s, as the command; 0: off)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the result file here")
     p.add_argument("--table", default=None, metavar="FILE", help="print the Markdown table of a result file and exit")
     a = p.parse_args(argv)
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect's own API server for this process (as a command's private one: a long start on busy cores)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the clusters' own INFO lines
-    res = run(a.stays, a.repeats, a.warehouse)
+    res = run(a.stays, a.repeats, a.warehouse, a.sensitivity_stays)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(res, indent=1))

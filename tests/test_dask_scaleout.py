@@ -147,16 +147,15 @@ def test_three_commands_against_one_long_lived_cluster_leave_clean_worker_logs(b
                                text=True, timeout=900)
             assert r.returncode == 0, (cmd, r.stderr[-2000:])
         time.sleep(3)  # anything the workers still had to say
+        log = wlog.read_text()  # the workers' log over the three commands (not their shutdown)
     finally:
-        for p in reversed(procs):  # only the processes this test started
+        for p in reversed(procs):  # only the processes this test started: workers first, then the scheduler
             p.terminate()
-        for p in reversed(procs):
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-    log = wlog.read_text()
     assert "Start worker" in log or "Starting worker" in log or "Registered to" in log, log[-2000:]
     bad = [ln for ln in log.splitlines()
            if re.search(r"EventsWorker|APILogWorker|Traceback|\bERROR\b|\berror\b|\bfailed\b", ln)]
