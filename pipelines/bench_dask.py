@@ -1,18 +1,20 @@
 """Does ``--dask`` pay? The retention study on the same stays, local vs 1 vs 2 Dask worker processes.
 
-``python -m pipelines.bench_dask --stays 1000 [--repeats 3] [--sensitivity-stays N] [--json OUT]`` runs ``forgetful retention --stays N`` (its defaults: refit audit, sensitivity table, gates persisted)
-in this process, ``repeats`` times per mode, the modes interleaved (order rotated each round):
+``python -m pipelines.bench_dask --stays 1000 [--repeats 3] [--sensitivity-stays N] [--json OUT]``
+runs ``forgetful retention --stays N`` (its defaults: refit audit, sensitivity table, gates
+persisted) in this process, ``repeats`` times per mode, the modes interleaved (order rotated each
+round):
 
 * ``local``: the default thread pool (2 threads);
 * ``dask-1`` / ``dask-2``: a long-lived ``LocalCluster`` of 1 or 2 worker processes (1 thread
   each), started once before the rounds and stopped at the end.
 
-One untimed warm-up run per mode comes first (16 stays). The task cache is cleared before every run (nothing is served from an earlier run). Without
-``--warehouse`` a synthetic warehouse (seed 0, enough stays for ``N`` eligible ones) is generated
-in a temporary folder. The result file holds each run's seconds and the 1-minute load average
-beside it, the median and range per mode, the paired speed-ups (median and range over rounds) and
-whether every run's retention metrics were identical. ``--table FILE`` prints the README's
-Markdown table from a result file.
+One untimed warm-up run per mode comes first (16 stays). The task cache is cleared before every
+run (nothing is served from an earlier run). Without ``--warehouse`` a synthetic warehouse (seed
+0, enough stays for ``N`` eligible ones) is generated in a temporary folder. The result file
+holds each run's seconds and the 1-minute load average beside it, the median and range per mode,
+the paired speed-ups (median and range over rounds) and whether every run's retention metrics
+were identical. ``--table FILE`` prints the README's Markdown table from a result file.
 """
 from __future__ import annotations
 
