@@ -84,12 +84,28 @@ def local_slots() -> int:
         return 2
 
 
+#: a stay's estimated cost grows as hours ** COST_EXPONENT (the solve and the kernel peers work on
+#: the stay's n × n kernel matrix: a 100-hour stay is cheap, an 8,000-hour one costs minutes)
+COST_EXPONENT = 2
+
+
+def stay_cost(hours: Sequence[int], seconds_per_unit: float) -> list[float]:
+    """Estimated seconds of each stay: ``seconds_per_unit × hours ** COST_EXPONENT``."""
+    return [float(max(1, int(h))) ** COST_EXPONENT * max(float(seconds_per_unit), 0.0) for h in hours]
+
+
+def seconds_per_unit(seconds: float, hours: Sequence[int]) -> float:
+    """The pilot's measured ``seconds`` over its stays' cost units (``Σ hours ** COST_EXPONENT``)."""
+    return float(seconds) / max(1.0, sum(float(max(1, int(h))) ** COST_EXPONENT for h in hours))
+
+
 def plan_chunks(stay_ids: Sequence[int], hours: Sequence[int], seconds_per_hour: float, *, slots: int,
                 target_s: float = TARGET_TASK_SECONDS, min_waves: int = MIN_WAVES) -> list[list[int]]:
     """Cut ``stay_ids`` (in order) into chunks of about ``target_s`` estimated seconds each.
 
     stay_ids, hours : (m,) the stays and their lengths (hours), aligned.
-    seconds_per_hour : measured cost of one stay-hour (pilot).
+    seconds_per_hour : measured seconds per cost unit (:func:`seconds_per_unit`; a stay costs
+        ``hours ** COST_EXPONENT`` units, :func:`stay_cost`).
     slots : chunks that run at once; the cap per chunk is lowered so that there are at least
         ``min_waves × slots`` chunks when the work allows it.
     Returns a list of non-empty lists covering ``stay_ids`` exactly once, order kept.
@@ -99,7 +115,7 @@ def plan_chunks(stay_ids: Sequence[int], hours: Sequence[int], seconds_per_hour:
         raise ValueError(f"{len(ids)} stay ids but {len(hours)} lengths")
     if not ids:
         return []
-    cost = [max(1, int(h)) * max(float(seconds_per_hour), 0.0) for h in hours]
+    cost = stay_cost(hours, seconds_per_hour)
     total = sum(cost)
     cap = min(float(target_s), total / max(1, int(slots) * int(min_waves)))
     if cap <= 0:  # nothing measurable: equal chunks, min_waves per slot
@@ -124,14 +140,28 @@ def _run_chunk(fn: Callable, args: tuple) -> Any:
 
 
 def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc: str = "chunks",
-               progress: bool = True) -> list:
-    """``[fn(*a) for a in arglists]``, run side by side; results in submission order.
+               progress: bool = True, costs: Sequence[float] | None = None) -> list:
+    """``[fn(*a) for a in arglists]``, run side by side; results in the order of ``arglists``.
+
+    costs : estimated seconds of each chunk; the most expensive are submitted first (a long
+        chunk started last would leave the other workers idle at the end), the results are put
+        back in ``arglists`` order.
 
     On Dask (:func:`dask_client`): plain futures of ``fn`` (importable by module path on the
     workers) under one BLAS thread each; pending ones are cancelled if the flow is interrupted.
     Locally: ``local_task.submit(*a)`` (a Prefect task whose body calls ``fn``) on the flow's
     thread pool, or ``fn`` in this thread when no task is given."""
     arglists = [tuple(a) for a in arglists]
+    order = list(range(len(arglists)))
+    if costs is not None:
+        order.sort(key=lambda i: -float(costs[i]))  # stable: equal costs keep their order
+
+    def unpermute(results: list) -> list:
+        out: list = [None] * len(results)
+        for i, r in zip(order, results):
+            out[i] = r
+        return out
+
     client = dask_client()
     if client is None:
         if local_task is None:
@@ -139,18 +169,19 @@ def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc
                 return [fn(*a) for a in arglists]
         from .runner import gather
 
-        return gather([local_task.submit(*a) for a in arglists], desc, progress)
+        return unpermute(gather([local_task.submit(*arglists[i]) for i in order], desc, progress))
     from tqdm.auto import tqdm
 
-    futures = [client.submit(_run_chunk, fn, a, pure=False) for a in arglists]
+    futures = [client.submit(_run_chunk, fn, arglists[i], pure=False, priority=len(order) - k)
+               for k, i in enumerate(order)]
     try:
         bar = tqdm(total=len(futures), desc=desc, disable=not progress, file=sys.stderr, leave=False)
         out = []
-        for f in futures:  # in submission order (the chunks finish roughly in that order)
+        for f in futures:
             out.append(f.result())
             bar.update(1)
         bar.close()
-        return out
+        return unpermute(out)
     except BaseException:
         client.cancel(futures)
         raise

@@ -18,10 +18,12 @@ def test_plan_chunks_covers_every_stay_once_in_order_at_the_target():
     rng = np.random.default_rng(0)
     ids = list(range(100, 400))
     hours = rng.integers(5, 200, size=len(ids)).tolist()
-    per_hour = 2e-3  # 0.01-0.4 s a stay; 300 stays ~ 62 s of work
-    chunks = scaleout.plan_chunks(ids, hours, per_hour, slots=2, target_s=3.0)
+    per_unit = 1e-5  # hours ** 2 units: 0.0003-0.4 s a stay
+    chunks = scaleout.plan_chunks(ids, hours, per_unit, slots=2, target_s=3.0)
     assert [s for c in chunks for s in c] == ids  # every stay once, order kept
-    cost = {s: h * per_hour for s, h in zip(ids, hours)}
+    cost = dict(zip(ids, scaleout.stay_cost(hours, per_unit)))
+    assert cost[ids[0]] == pytest.approx(hours[0] ** 2 * per_unit)
+    assert scaleout.seconds_per_unit(2.0, [10, 20]) == pytest.approx(2.0 / 500)
     est = [sum(cost[s] for s in c) for c in chunks]
     # every chunk stays under the target unless it is a single stay, and chunks are not needlessly small
     assert all(e <= 3.0 or len(c) == 1 for e, c in zip(est, chunks))

@@ -209,14 +209,16 @@ def plan_batches(warehouse: str, content_hash: str, ids: list[int], hours: dict[
     if not pilot:
         return [], [], {**how, "chunks": 0, "sizing": "no stays"}
     out = pilot_batch(warehouse, content_hash, pilot, *args)
-    per_hour = out["seconds"] / max(1, sum(hours[s] for s in pilot))
+    per_unit = scaleout.seconds_per_unit(out["seconds"], [hours[s] for s in pilot])
     rest = ids[len(pilot):]
-    batches = [pilot] + scaleout.plan_chunks(rest, [hours[s] for s in rest], per_hour, slots=slots)
+    batches = [pilot] + scaleout.plan_chunks(rest, [hours[s] for s in rest], per_unit, slots=slots)
     sizes = sorted(len(b) for b in batches[1:]) or [len(pilot)]
+    costs = [sum(scaleout.stay_cost([hours[s] for s in b], per_unit)) for b in batches]
     return batches, [out["columns"]], {
-        **how, "chunks": len(batches), "stays_per_chunk_median": sizes[len(sizes) // 2],
+        **how, "chunks": len(batches), "stays_per_chunk_median": sizes[len(sizes) // 2], "costs": costs,
         "sizing": f"measured: {scaleout.PILOT_STAYS}-stay pilot in the flow's process, then chunks of about "
-                  f"{scaleout.TARGET_TASK_SECONDS:g} s of estimated work (>= {scaleout.MIN_WAVES} per worker slot)"}
+                  f"{scaleout.TARGET_TASK_SECONDS:g} s of estimated work (hours^{scaleout.COST_EXPONENT}; "
+                  f">= {scaleout.MIN_WAVES} per worker slot), the most expensive submitted first"}
 
 
 def _first_included(cols: dict, m: int, seed: int, max_hours: int | None = None) -> tuple[list[int], int]:
@@ -279,9 +281,10 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
     with one_blas_thread(), held_open(warehouse):
         batches, parts, chunking = plan_batches(warehouse, h, ids, hours, args, stays_per_task)
         todo = batches[len(parts):]
+        costs = chunking.pop("costs", None)
         parts += scaleout.map_chunks(batch_columns, [(warehouse, h, b, *args) for b in todo],
                                      local_task=retention_batch, desc=f"{study_name} (stay batches)",
-                                     progress=progress)
+                                     progress=progress, costs=costs[len(parts):] if costs else None)
         cols = study.concat_columns(parts)
         del parts
         comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
