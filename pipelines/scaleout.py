@@ -223,6 +223,21 @@ async def _drain_prefect_services() -> int:
     return n
 
 
+def prefect_services() -> dict:
+    """On a Dask worker: Prefect's live event and API-log services in this process — ``{"events":
+    [API URL of each events client], "logs": count}`` (``{}`` when Prefect was never imported).
+    After :func:`drain_workers` both are empty; a live one is what would carry the next command's
+    task events to a finished command's API."""
+    if "prefect" not in sys.modules:
+        return {}
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    live = [i for i in EventsWorker._instances.values() if not i._stopped]  # noqa: SLF001
+    return {"events": [str(getattr(getattr(i, "_client", None), "_api_url", None)) for i in live],
+            "logs": sum(1 for i in APILogWorker._instances.values() if not i._stopped)}  # noqa: SLF001
+
+
 def drain_workers(address: str) -> dict:
     """Run :func:`_drain_prefect_services` on every worker of the scheduler at ``address``
     (``{worker: services drained}``); called by :func:`pipelines.runner.run_cli_flow` when a

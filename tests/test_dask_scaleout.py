@@ -148,6 +148,11 @@ def test_three_commands_against_one_long_lived_cluster_leave_clean_worker_logs(b
                                 "--dask", address, "--no-progress"], env=env, cwd=tmp_path, capture_output=True,
                                text=True, timeout=900)
             assert r.returncode == 0, (cmd, r.stderr[-2000:])
+            with Client(address, timeout=60) as c:
+                # Prefect ran on the workers (audit) but no events/log service outlives the command that
+                # made it: the next command's task events cannot go to this command's (exited) API
+                live = c.run(scaleout.prefect_services)
+            assert len(live) == 2 and all(not v or (v["events"] == [] and v["logs"] == 0) for v in live.values()), live
         time.sleep(3)  # anything the workers still had to say
         log = wlog.read_text()  # the workers' log over the three commands (not their shutdown)
     finally:
