@@ -129,7 +129,8 @@ def table(result: dict) -> str:
     lines.append(f"*{result['stays']} stays (sensitivity table on {result.get('sensitivity_stays', 200)}), "
                  f"{result['repeats']} interleaved rounds, {result['cpu_count']} CPUs, "
                  f"1-min load {ld['min']:.1f}–{ld['max']:.1f}; results identical across modes: "
-                 f"{'yes' if result['identical_results'] else 'NO'}*")
+                 f"{ {True: 'yes', False: 'NO'}.get(result.get('identical_results'), 'not recorded')}"
+                 + (f"; {result['note']}" if result.get("note") else "") + "*")
     return "\n".join(lines)
 
 
