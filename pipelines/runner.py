@@ -281,7 +281,7 @@ def add_common_args(p, *, warehouse: bool = True) -> None:
     p.add_argument("--runs", default="runs",
                    help="runs directory for results and the task cache (default: %(default)s)")
     p.add_argument("--dask", default=None, metavar="ADDRESS",
-                   help="run tasks on the Dask scheduler at ADDRESS (prefect_dask.DaskTaskRunner)")
+                   help="run the work on the Dask scheduler at ADDRESS (README: Dask cluster)")
     p.add_argument("--workers", type=int, default=2, help="thread-pool size when --dask is not given (default: 2)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_lock_args(p)
@@ -352,8 +352,29 @@ def run_cli_flow(flow_obj, args, *, must_exist: bool = True, **params) -> Any:
         task_runner=runner,
         on_running=[*getattr(flow_obj, "on_running_hooks", []), record_running],
         on_crashed=[*getattr(flow_obj, "on_crashed_hooks", []), cancel_abandoned])
-    with warehouse_session(args, must_exist=must_exist), results_context(args.runs):
+    with warehouse_session(args, must_exist=must_exist), results_context(args.runs), \
+            dask_hygiene(getattr(args, "dask", None)):
         return flow_obj(**params)
+
+
+@contextlib.contextmanager
+def dask_hygiene(dask_address: str | None):
+    """Around a command that runs on the Dask scheduler at ``dask_address``: when it ends (also
+    on an error), Prefect's event and API-log services on every worker are flushed to this
+    command's API and stopped (:func:`pipelines.scaleout.drain_workers`), so the next command's
+    tasks on the same long-lived workers report to *its* API, not to this command's private
+    server after it has exited. No-op without an address."""
+    try:
+        yield
+    finally:
+        if dask_address:
+            from .scaleout import drain_workers
+
+            try:
+                drain_workers(dask_address)
+            except Exception as exc:  # noqa: BLE001 - the command's own outcome stands; say what was not done
+                print(f"warning: could not drain Prefect services on the Dask workers at {dask_address}: "
+                      f"{type(exc).__name__}", file=sys.stderr)
 
 
 class _EchoRunPrints:

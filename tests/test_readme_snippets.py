@@ -237,6 +237,11 @@ PARSE_ONLY = {
                                                                                     "minutes (benchmark command)",
     "python -m pipelines.bench_ingest --table FILE …": "reads result files of the benchmark; "
                                                      "tests/test_ingest_scale.py renders one",
+    "forgetful retention --stays 1000 --dask tcp://SCHEDULER:8786": "needs a running cluster (tests/test_dask_scaleout.py "
+                                                                    "runs --dask against dask scheduler/worker processes)",
+    "python -m pipelines.bench_dask --stays 1000 --json OUT": "minutes of CPU (3 modes × rounds of a 1,000-stay study)",
+    "python -m pipelines.bench_dask --table docs/results/bench_dask.json": "renders the README table (its input is "
+                                                                            "the committed result file)",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the 20-minute main job (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",

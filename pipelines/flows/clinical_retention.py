@@ -11,8 +11,11 @@ maintained C&P gates are persisted in the warehouse (``gate_states``) for ``forg
 ``heldout-spo2``: label = raw SpO₂ < 90 (``event_spo2``), SpO₂ removed from every selector's
 input (5-d keys).
 
-Streaming, in flat memory: stays go in batches (``--stays-per-task``) to Prefect tasks that read
-their own stays from the warehouse (read-only, given stay ids) and return a few numbers per stay;
+Streaming, in flat memory: stays go in chunks to tasks that read their own stays from the
+warehouse (read-only, given stay ids) and return a few numbers per stay — Prefect tasks on the
+local thread pool, plain futures on a Dask cluster (``--dask``), the same chunk function
+(:mod:`pipelines.scaleout`); chunks hold about 3 s of work each, sized from the measured cost of
+a pilot chunk (``--stays-per-task N`` fixes the size instead);
 each batch's full result (those numbers and the stay's gate state) goes to the authenticated
 task cache beside the warehouse, so a rerun after a crash resumes there. Then the gates are
 staged into the warehouse batch by batch (each batch its own committed transaction, under a
@@ -35,9 +38,10 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from evaluation.clinical import retention as study
-from pipelines import gate_store, jsonout, runner, stay_results, study_inputs, task_cache
+from pipelines import gate_store, jsonout, runner, scaleout, stay_results, study_inputs, task_cache
 from pipelines import warehouse as wh
 from pipelines.errors import StudyInputError
+from pipelines.scaleout import one_blas_thread
 
 SEED_TEXT = {
     "icu_retention": "seed 001 §5: 0.80 (SV) vs 0.05 (H2O-style density) at mean 33% budget; 1,329 stays",
@@ -46,25 +50,10 @@ SEED_TEXT = {
 }
 LABELS = ("event_composite", "event_spo2")
 POLICIES = list(study.DEFAULT_POLICIES)
-STAYS_PER_TASK = 64
+#: ``--stays-per-task`` default: None = sized from the measured cost (:mod:`pipelines.scaleout`)
+STAYS_PER_TASK = None
 #: DuckDB memory cap of the study's own connections (reads of a batch, staged gate writes)
 DUCKDB_MEMORY = "256MB"
-
-
-@contextlib.contextmanager
-def one_blas_thread():
-    """BLAS limited to one thread: per-stay matrices are small and the task runner already runs
-    batches side by side (a multi-threaded BLAS on a small solve costs ~10-20× the CPU)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional: no limit without it
-        yield
-        return
-    # scipy ships its own OpenBLAS, loaded on first use of scipy.linalg; a limit only covers the
-    # libraries loaded when it is entered (and restores them on exit), so load it first
-    import scipy.linalg  # noqa: F401
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
 
 
 def _read_only(warehouse: str):
@@ -140,19 +129,36 @@ def retention_batch_full(warehouse: str, content_hash: str, stay_ids: list[int],
                          build_gate=build_gate)
 
 
-@task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False,
-      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
-def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
-                    nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
-    """The batch's per-stay columns only (a few numbers per stay); its gates stay in the task cache."""
+def batch_columns(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+                  sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """The chunk function (local thread pool and Dask alike, :mod:`pipelines.scaleout`): the
+    chunk's per-stay columns only (a few numbers per stay); its gates stay in the task cache."""
     return retention_batch_full(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies,
                                 build_gate)["columns"]
 
 
-@task(name="retention-sensitivity", cache_policy=NO_CACHE, persist_result=False)
 @task_cache.cached
-def sensitivity_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
-                      sigma: float, nus: list[float]) -> list[dict]:
+def pilot_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+                sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """The first chunk, computed and timed in the flow's own process: ``{"columns", "seconds"}``.
+    Cached, so a rerun after a crash plans the same chunks and resumes from the task cache."""
+    cols, seconds = scaleout.timed(batch_columns, warehouse, content_hash, stay_ids, label, drop, nu, sigma,
+                                   policies, build_gate)
+    return {"columns": cols, "seconds": float(seconds)}
+
+
+@task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False,
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
+def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                    nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """:func:`batch_columns` as a Prefect task (the local thread pool)."""
+    return batch_columns(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies, build_gate)
+
+
+@task_cache.cached
+def sensitivity_rows(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                     sigma: float, nus: list[float]) -> list[dict]:
+    """Chunk function of the ν × σ sensitivity table: one row per stay with an event."""
     from evaluation.clinical.retention_sensitivity import settings, stay_sensitivity
 
     grid = settings(sigma, nus)
@@ -165,16 +171,54 @@ def sensitivity_batch(warehouse: str, content_hash: str, stay_ids: list[int], la
     return out
 
 
-@task(name="retention-audit", cache_policy=NO_CACHE, persist_result=False)
+@task(name="retention-sensitivity", cache_policy=NO_CACHE, persist_result=False)
+def sensitivity_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                      sigma: float, nus: list[float]) -> list[dict]:
+    return sensitivity_rows(warehouse, content_hash, stay_ids, label, drop, sigma, nus)
+
+
 @task_cache.cached
-def audit_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
-                sigma: float) -> list[dict]:
+def audit_rows(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+               sigma: float) -> list[dict]:
+    """Chunk function of the refit audit: one row per stay."""
     from evaluation.clinical.retention_audit import audit_stay
     from evaluation.policies import SupportVectorPolicy
 
     pol = SupportVectorPolicy(nu=nu, sigma=sigma)
     with one_blas_thread():
         return [audit_stay(s.keys(drop), pol.box_C(s.hours.size), sigma) for s in read_stays(warehouse, stay_ids)]
+
+
+@task(name="retention-audit", cache_policy=NO_CACHE, persist_result=False)
+def audit_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+                sigma: float) -> list[dict]:
+    return audit_rows(warehouse, content_hash, stay_ids, label, drop, nu, sigma)
+
+
+def plan_batches(warehouse: str, content_hash: str, ids: list[int], hours: dict[int, int], args: tuple,
+                 stays_per_task: int | None) -> tuple[list[list[int]], list[dict], dict]:
+    """The study's chunks (a fixed ``stays_per_task``, or sized from the pilot's measured cost),
+    the pilot's columns (``[]`` without a pilot) and a description for the result's config."""
+    client = scaleout.dask_client()
+    slots = scaleout.worker_slots(client, scaleout.local_slots())
+    how = {"executor": "dask" if client is not None else "threads", "slots": slots}
+    if stays_per_task is not None:
+        batches = list(runner.chunks(ids, stays_per_task))
+        return batches, [], {**how, "chunks": len(batches), "sizing": f"fixed {stays_per_task} stays per task"}
+    pilot = ids[:scaleout.PILOT_STAYS]
+    if not pilot:
+        return [], [], {**how, "chunks": 0, "sizing": "no stays"}
+    out = pilot_batch(warehouse, content_hash, pilot, *args)
+    per_unit = scaleout.seconds_per_unit(out["seconds"], [hours[s] for s in pilot])
+    rest = ids[len(pilot):]
+    batches = [pilot] + scaleout.plan_chunks(rest, [hours[s] for s in rest], per_unit, slots=slots)
+    sizes = sorted(len(b) for b in batches[1:]) or [len(pilot)]
+    costs = [sum(scaleout.stay_cost([hours[s] for s in b], per_unit)) for b in batches]
+    return batches, [out["columns"]], {
+        **how, "chunks": len(batches), "stays_per_chunk_median": sizes[len(sizes) // 2], "costs": costs,
+        "sizing": f"measured: {scaleout.PILOT_STAYS}-stay pilot in the flow's process, then chunks of about "
+                  f"{scaleout.TARGET_TASK_SECONDS:g} s of estimated work (hours^{scaleout.COST_EXPONENT}; "
+                  f">= {scaleout.MIN_WAVES} per worker slot), the most expensive submitted first"}
 
 
 def _first_included(cols: dict, m: int, seed: int, max_hours: int | None = None) -> tuple[list[int], int]:
@@ -214,7 +258,7 @@ def _staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]]
 
 
 def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str, drop: list[str], nu: float,
-                  sigma: float, seed: int, n_boot: int, stays_per_task: int, persist_gates: bool, progress: bool,
+                  sigma: float, seed: int, n_boot: int, stays_per_task: int | None, persist_gates: bool, progress: bool,
                   stays: int | None = None, audit_stays: int = 50, sensitivity_stays: int = 200) -> dict:
     from evaluation.clinical.retention_audit import AUDIT_MAX_HOURS, audit_summary
     from evaluation.clinical.retention_sensitivity import NUS, sensitivity_table, settings
@@ -226,26 +270,35 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
             raise StudyInputError(f"{name} must be an integer >= {low}, got {v!r}")
     t0 = time.perf_counter()
     h = wh.content_hash(warehouse)
-    eligible = [s[0] for s in wh.stays(warehouse)]
+    stay_rows = wh.stays(warehouse)
+    eligible = [s[0] for s in stay_rows]
+    hours = {int(s[0]): int(s[3]) for s in stay_rows}
+    del stay_rows
     ids = sample_stays(eligible, stays, seed).tolist()
-    batches = list(runner.chunks(ids, stays_per_task))
     args = (label, drop, nu, sigma, POLICIES, persist_gates)
     # the flow's own BLAS limit (a task leaving its limit never restores threads mid-run), and one
-    # read-only connection held open while the tasks read (closed before the writes)
+    # read-only connection held open while the local tasks read (closed before the writes)
     with one_blas_thread(), held_open(warehouse):
-        futures = [retention_batch.submit(warehouse, h, b, *args) for b in batches]
-        cols = study.concat_columns(runner.gather(futures, f"{study_name} (stay batches)", progress))
-        del futures
+        batches, parts, chunking = plan_batches(warehouse, h, ids, hours, args, stays_per_task)
+        todo = batches[len(parts):]
+        costs = chunking.pop("costs", None)
+        parts += scaleout.map_chunks(batch_columns, [(warehouse, h, b, *args) for b in todo],
+                                     local_task=retention_batch, desc=f"{study_name} (stay batches)",
+                                     progress=progress, costs=costs[len(parts):] if costs else None)
+        cols = study.concat_columns(parts)
+        del parts
         comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
         audit_ids, too_long = _first_included(cols, audit_stays, seed, AUDIT_MAX_HOURS)
-        audit_rows = [r for b in runner.gather(
-            [audit_batch.submit(warehouse, h, b, label, drop, nu, sigma) for b in runner.chunks(audit_ids, 8)],
-            f"{study_name} (refit audit)", progress) for r in b]
+        audit_out = [r for b in scaleout.map_chunks(
+            audit_rows, [(warehouse, h, b, label, drop, nu, sigma) for b in runner.chunks(audit_ids, 8)],
+            local_task=audit_batch, desc=f"{study_name} (refit audit)", progress=progress) for r in b]
         sens_ids, _ = _first_included(cols, sensitivity_stays, seed)
-        sens_rows = [r for b in runner.gather(
-            [sensitivity_batch.submit(warehouse, h, b, label, drop, sigma, list(NUS))
-             for b in runner.chunks(sens_ids, max(1, stays_per_task // 8))],
-            f"{study_name} (sensitivity)", progress) for r in b]
+        sens_size = (max(1, stays_per_task // 8) if stays_per_task is not None else
+                     max(1, -(-len(sens_ids) // (chunking["slots"] * scaleout.MIN_WAVES))))
+        sens_args = [(warehouse, h, b, label, drop, sigma, list(NUS)) for b in runner.chunks(sens_ids, sens_size)]
+        sens_rows = [r for b in scaleout.map_chunks(
+            sensitivity_rows, sens_args,
+            local_task=sensitivity_batch, desc=f"{study_name} (sensitivity)", progress=progress) for r in b]
     with one_blas_thread():  # each staged gate is validated (Gate.from_state) before it is written
         n_persisted = stay_results.write_study(
             warehouse, study_name, cols, _staged_contexts(warehouse, h, batches, args) if persist_gates else None,
@@ -271,7 +324,7 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
             m["gate_vs_solve_score_dev_gt_1e-6"] = int((dev > 1e-6).sum())
             m["gate_vs_solve_alpha_dev_max"] = float(cols["gate_alpha_dev"][built].max())
     if audit_stays:
-        m["refit_audit"] = audit_summary(audit_rows, candidates=audit_stays, skipped_long=too_long)
+        m["refit_audit"] = audit_summary(audit_out, candidates=audit_stays, skipped_long=too_long)
     if sens_rows:
         sens_rows.sort(key=lambda r: r["stay_id"])
         note = (f"all {len(sens_rows)} stays with an event" if len(sens_rows) == int(inc.sum()) else
@@ -281,7 +334,8 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
         fields["tables"].append(table)
         m["sensitivity"] = summary
     fields["config"].update({
-        "label": label, "stays_per_task": stays_per_task, "stays_requested": stays, "audit_stays": audit_stays,
+        "label": label, "stays_per_task": stays_per_task, "chunking": chunking, "stays_requested": stays,
+        "audit_stays": audit_stays,
         "sensitivity_stays": sensitivity_stays,
         "selector_input": f"{dims[0]}-d z-scored vitals" + (f" without {', '.join(drop)}" if drop else ""),
         "sample": ("every eligible stay" if stays is None or stays >= len(eligible) else
@@ -296,7 +350,7 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
 @flow(name="icu-retention", log_prints=True)
 @runner.warehouse_locked
 def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
-                   sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = STAYS_PER_TASK,
+                   sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int | None = STAYS_PER_TASK,
                    persist_gates: bool = True, progress: bool = True, stays: int | None = None,
                    audit_stays: int = 50, sensitivity_stays: int = 200) -> dict:
     """Certified retention of composite-event hours (6-d keys)."""
@@ -312,7 +366,7 @@ def retention_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "ru
 @flow(name="heldout-spo2", log_prints=True)
 @runner.warehouse_locked
 def heldout_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.3,
-                 sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int = STAYS_PER_TASK,
+                 sigma: float = 3.0, seed: int = 0, n_boot: int = 10_000, stays_per_task: int | None = STAYS_PER_TASK,
                  progress: bool = True, stays: int | None = None, audit_stays: int = 50,
                  sensitivity_stays: int = 200) -> dict:
     """Held-out SpO₂ control: raw SpO₂ < 90 label, SpO₂ removed from the selectors (5-d keys)."""
@@ -388,7 +442,8 @@ def _common(p) -> None:
                    help="run on a deterministic sample of N eligible stays (seeded hash order, stable under "
                         "rebuilds; default: every eligible stay)")
     p.add_argument("--stays-per-task", type=_count(1), default=STAYS_PER_TASK,
-                   help="stays per Prefect task (default %(default)s)")
+                   help="stays per task (default: sized from the measured per-stay cost, about 3 s of work "
+                        "per task)")
     p.add_argument("--audit-stays", type=_count(0), default=50, metavar="N",
                    help="independent refit audit of the certified solve on the first N stays with an event in the "
                         "seeded order (default %(default)s; 0: off)")

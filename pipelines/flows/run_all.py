@@ -221,7 +221,8 @@ def _main(args) -> int:
     from pipelines.run_summary import summary_lines
 
     t0, started = time.perf_counter(), time.time()
-    with runner.warehouse_session(argparse_ns_without_warehouse(args)), runner.results_context(args.runs):
+    with runner.warehouse_session(argparse_ns_without_warehouse(args)), runner.results_context(args.runs), \
+            runner.dask_hygiene(args.dask):
         r = run_all_flow.with_options(task_runner=runner.make_task_runner(args.dask, args.workers))(
             source=args.source, root=args.root, stays=args.stays, seed=args.seed, warehouse=args.warehouse,
             runs_dir=args.runs, report=args.report, audit_trials=args.audit_trials, det_seeds=args.det_seeds,
