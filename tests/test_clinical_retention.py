@@ -201,7 +201,7 @@ def test_one_blas_thread_also_limits_scipys_own_blas():
     pytest.importorskip("threadpoolctl")
     code = (
         "import threadpoolctl\n"
-        "from pipelines.flows.clinical_retention import one_blas_thread\n"
+        "from pipelines.scaleout import one_blas_thread\n"
         "with one_blas_thread():\n"
         "    with one_blas_thread():\n"
         "        from scipy.linalg.lapack import dtrtri\n"
