@@ -138,7 +138,7 @@ def _parse_memory(limit: str) -> str:
     return s
 
 
-def _value_sql(convention: str = SEED) -> str:
+def value_sql(convention: str = SEED) -> str:
     """Converted value: °F itemid always; Celsius-charted temperature > 50 is plainly °F (seed;
     other conventions: :meth:`cohort.conventions.Convention.value_sql`)."""
     if convention != SEED:
@@ -150,13 +150,7 @@ def _value_sql(convention: str = SEED) -> str:
     )
 
 
-def _plausible_sql(col: str = "value") -> str:
-    return "(" + " OR ".join(
-        f"(vital = {VITAL_CODE[v]} AND {col} BETWEEN {lo} AND {hi})" for v, (lo, hi) in PLAUSIBLE.items()
-    ) + ")"
-
-
-def _plausible_case_sql(col: str = "value", code: str = "vs // 4", convention: str = SEED) -> str:
+def plausible_case_sql(col: str = "value", code: str = "vs // 4", convention: str = SEED) -> str:
     """Plausible-range test as one CASE on the vital code (cheaper than an OR chain); other
     conventions: :meth:`cohort.conventions.Convention.plausible_case_sql` (may read ``unit_f``)."""
     if convention != SEED:
@@ -463,10 +457,10 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     sql = f"""
         WITH m AS (
             SELECT c.sidx, CAST(m.vital * 4 + m.src AS BIGINT) AS vs, m.ts_us, c.in_us, m.unit_f,
-                   {_value_sql(convention)} AS value,
+                   {value_sql(convention)} AS value,
                    (m.ts_us >= c.in_us AND m.ts_us <= c.out_us) AS in_win
             FROM ({adapter.measurements_sql('_cohort0')}) AS m JOIN _sidx AS c USING (stay_id)),
-        m2 AS (SELECT *, COALESCE(in_win AND {_plausible_case_sql(convention=convention)}, false) AS ok FROM m)
+        m2 AS (SELECT *, COALESCE(in_win AND {plausible_case_sql(convention=convention)}, false) AS ok FROM m)
         SELECT CASE WHEN ok THEN (sidx << {SIDX_SHIFT}) | (((ts_us - in_us) // 1000) << {MS_SHIFT}) | vs
                     ELSE -(sidx * 4 + (CASE WHEN value IS NULL THEN 0 WHEN NOT in_win THEN 1 ELSE 2 END)) - 1
                END AS k, value AS v
@@ -812,9 +806,9 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
 
 def read_funnel(con_or_path) -> list[tuple[str, int, int | None]]:
     """The stored funnel of a warehouse, in build order."""
-    from .streams import _connection
+    from .streams import warehouse_connection
 
-    with _connection(con_or_path) as con:
+    with warehouse_connection(con_or_path) as con:
         return [(s, int(a), None if b is None else int(b))
                 for s, a, b in con.execute("SELECT step, n_stays, n_rows FROM cohort_funnel ORDER BY ord").fetchall()]
 

@@ -166,7 +166,7 @@ def check_bounds(syn: dict, demo_event_share: float) -> list[str]:
     return bad
 
 
-def _rows(m: dict) -> list[tuple[str, float | None]]:
+def fidelity_rows(m: dict) -> list[tuple[str, float | None]]:
     rows = [(k, m.get(k)) for k in ("event_hour_share", "stays_with_event", "event_run_mean_h", "event_run_median_h",
                                 "spo2_event_hour_share", "spo2_stays_with_event", "spo2_event_run_mean_h",
                                 "distance_ratio", "trivial_auroc", "spo2_auroc_without_spo2", "abs_change_corr")]
@@ -181,11 +181,11 @@ def format_table(columns: dict[str, dict | None]) -> str:
     names = list(columns)
     first = next(m for m in columns.values() if m is not None)
     lines = ["metric".ljust(28) + "".join(n.rjust(16) for n in names)]
-    for i, (k, _) in enumerate(_rows(first)):
+    for i, (k, _) in enumerate(fidelity_rows(first)):
         cells = []
         for n in names:
             m = columns[n]
-            v = None if m is None else _rows(m)[i][1]
+            v = None if m is None else fidelity_rows(m)[i][1]
             cells.append("—".rjust(16) if v is None else (f"{v:16d}" if isinstance(v, int) else f"{v:16.4f}"))
         lines.append(k.ljust(28) + "".join(cells))
     return "\n".join(lines)

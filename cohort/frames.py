@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .constants import EVENT_COLUMNS, OBSERVED_COLUMNS, VITALS, Z_COLUMNS
 from .errors import BadParameterError, InputMissingError
-from .streams import _check_columns, _connection
+from .streams import check_columns, warehouse_connection
 
 if TYPE_CHECKING:
     import polars as pl
@@ -54,7 +54,7 @@ def load_stays(con_or_path: Any, split: str | None = None) -> pl.DataFrame:
     Columns: ``stay_id, subject_id, hadm_id, intime, outtime, n_hours, split``.
     """
     _check_split(split)
-    with _connection(con_or_path) as con:
+    with warehouse_connection(con_or_path) as con:
         return _frame(con, "SELECT stay_id, subject_id, hadm_id, intime, outtime, n_hours, split FROM cohort_stays"
                       + (" WHERE split = ?" if split else "") + " ORDER BY stay_id", [split] if split else [])
 
@@ -72,7 +72,7 @@ def load_hourly(con_or_path: Any, columns: Sequence[str] | None = None, split: s
     stay_ids : only these stays (None: all)
     """
     _check_split(split)
-    cols = _check_columns(HOURLY_DEFAULT if columns is None else columns)
+    cols = check_columns(HOURLY_DEFAULT if columns is None else columns)
     where: list[str] = []
     params: list[Any] = []
     if split:
@@ -87,7 +87,7 @@ def load_hourly(con_or_path: Any, columns: Sequence[str] | None = None, split: s
     sql = (f"SELECT h.stay_id, h.hour, s.split, {', '.join('h.' + c for c in cols)} FROM vitals_hourly h "
            "JOIN cohort_stays s USING (stay_id)" + (" WHERE " + " AND ".join(where) if where else "")
            + " ORDER BY h.stay_id, h.hour")
-    with _connection(con_or_path) as con:
+    with warehouse_connection(con_or_path) as con:
         return _frame(con, sql, params)
 
 

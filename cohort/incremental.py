@@ -33,7 +33,7 @@ import duckdb
 import numpy as np
 
 from ._hourly import MS_SHIFT, SIDX_SHIFT, events, fill_within_stays, hourly_means
-from .build import HOUR_US, _plausible_case_sql, _value_sql, exclude_stays
+from .build import HOUR_US, exclude_stays, plausible_case_sql, value_sql
 from .constants import VITALS
 from .errors import BadParameterError, CohortError
 
@@ -176,10 +176,10 @@ def scan_file(con, source: str, root: str | Path, part: Path) -> tuple[int, int,
     sql = f"""
         WITH m AS (
             SELECT c.stay_id, CAST(m.vital * 4 + m.src AS BIGINT) AS vs, m.ts_us, c.in_us,
-                   {_value_sql()} AS value, (m.ts_us >= c.in_us AND m.ts_us <= c.out_us) AS in_win
+                   {value_sql()} AS value, (m.ts_us >= c.in_us AND m.ts_us <= c.out_us) AS in_win
             FROM ({a.measurements_sql(STAYS_TABLE)}) AS m JOIN {STAYS_TABLE} AS c USING (stay_id))
         SELECT stay_id, (ts_us - in_us) // 1000 AS ms, vs, value,
-               COALESCE(in_win AND {_plausible_case_sql()}, false) AS ok FROM m"""
+               COALESCE(in_win AND {plausible_case_sql()}, false) AS ok FROM m"""
     try:
         con.execute(f"DROP TABLE IF EXISTS {SCAN_TABLE}")
         con.execute(f"CREATE TEMP TABLE _ing_scan_all AS {sql}")

@@ -28,16 +28,16 @@ def make_replay(source: str, src_root: str | Path, out_root: str | Path, parts_d
     con = duckdb.connect(":memory:")
     try:
         if source == "mimic":
-            from .sources import NATIVE_LAYOUT, _find
+            from .sources import NATIVE_LAYOUT, find_table
 
             (out_root / "hosp").mkdir(parents=True, exist_ok=True)
             for rel in ("icu/d_items", "hosp/patients", "hosp/admissions"):
-                t = _find(src_root, rel, NATIVE_LAYOUT)
+                t = find_table(src_root, rel, NATIVE_LAYOUT)
                 t.check(con, [])
                 con.execute(f"COPY (SELECT * FROM {t.reader}) TO '{out_root / (rel + '.parquet')}' (FORMAT parquet)")
-            ic = _find(src_root, "icu/icustays", NATIVE_LAYOUT)
+            ic = find_table(src_root, "icu/icustays", NATIVE_LAYOUT)
             ic.check(con, [])
-            ce = _find(src_root, "icu/chartevents", NATIVE_LAYOUT)
+            ce = find_table(src_root, "icu/chartevents", NATIVE_LAYOUT)
             ce.check(con, [])
             if align:
                 con.execute(f"CREATE TABLE st AS SELECT *, TIMESTAMP '2150-01-01' + to_minutes(CAST(37 * "

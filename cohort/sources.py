@@ -99,7 +99,7 @@ class Table:
             )
 
 
-def _find(root: Path, rel: str, layout: str, exts=_EXTS) -> Table:
+def find_table(root: Path, rel: str, layout: str, exts=_EXTS) -> Table:
     for ext in exts:
         p = root / f"{rel}{ext}"
         if p.is_file():
@@ -151,7 +151,7 @@ def check_layout(source: str, root: str | Path, tables: tuple[str, ...] | None =
         kind = "MIMIC-IV" if source == "mimic" else "CLIF"
         raise InputMissingError(f"{kind} root {root} is not a directory. Expected {_LAYOUT[source][0]}.")
     layout, exts = _LAYOUT[source]
-    found = {rel: _find(root, rel, layout, exts) for rel in (tables or tuple(REQUIRED_COLUMNS[source]))}
+    found = {rel: find_table(root, rel, layout, exts) for rel in (tables or tuple(REQUIRED_COLUMNS[source]))}
     use = duckdb.connect() if con is None else con
     try:  # every file present first, then each schema: one DESCRIBE (a CSV's header, a parquet footer)
         for rel, t in found.items():

@@ -20,7 +20,7 @@ _ALL_COLUMNS = set(VITALS) | set(OBSERVED_COLUMNS) | set(Z_COLUMNS) | set(EVENT_
 
 
 @contextlib.contextmanager
-def _connection(con_or_path):
+def warehouse_connection(con_or_path):
     """Yield a connection: the caller's (left open) or a read-only one on a path (closed)."""
     if isinstance(con_or_path, duckdb.DuckDBPyConnection):
         yield con_or_path
@@ -35,7 +35,7 @@ def _connection(con_or_path):
         con.close()
 
 
-def _check_columns(columns: Sequence[str]) -> list[str]:
+def check_columns(columns: Sequence[str]) -> list[str]:
     cols = list(columns)
     bad = [c for c in cols if c not in _ALL_COLUMNS]
     if bad or not cols:
@@ -57,9 +57,9 @@ def load_stay_matrix(con_or_path, stay_id: int, columns: Sequence[str] = Z_COLUM
     hours : ndarray of int64, shape (n_hours,), ascending 0..n_hours-1
     X : ndarray of float64, shape (n_hours, len(columns)) (booleans as 0.0/1.0)
     """
-    cols = _check_columns(columns)
+    cols = check_columns(columns)
     sel = ", ".join(f"CAST({c} AS DOUBLE)" for c in cols)
-    with _connection(con_or_path) as con:
+    with warehouse_connection(con_or_path) as con:
         rows = con.execute(
             f"SELECT hour, {sel} FROM vitals_hourly WHERE stay_id = ? ORDER BY hour", [int(stay_id)]
         ).fetchnumpy()
@@ -98,7 +98,7 @@ class StayStream:
 
 def list_stays(con_or_path, split: str | None = None) -> list[int]:
     """Stay ids of the warehouse (optionally of one split), ascending."""
-    with _connection(con_or_path) as con:
+    with warehouse_connection(con_or_path) as con:
         if split is None:
             return [r[0] for r in con.execute("SELECT stay_id FROM cohort_stays ORDER BY stay_id").fetchall()]
         return [r[0] for r in con.execute(
@@ -110,7 +110,7 @@ def iter_stays(con_or_path, split: str | None = None, stay_ids: Sequence[int] | 
     """Yield :class:`StayStream` for every stay (ascending stay_id), optionally one split or a
     given list of stays. Reads ``batch_stays`` stays per query."""
     cols = list(VITALS) + list(Z_COLUMNS) + list(OBSERVED_COLUMNS) + list(EVENT_COLUMNS)
-    with _connection(con_or_path) as con:
+    with warehouse_connection(con_or_path) as con:
         where, params = [], []
         if split is not None:
             where.append("split = ?")

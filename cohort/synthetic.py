@@ -303,9 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cohort.synthetic", description="Synthetic MIMIC-IV native layout.")
     p.add_argument("--out", default=None, help="output folder (required unless --calibrate/--fidelity)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--stays", type=int, help="number of ICU stays to generate (only those of 48 h or more enter the cohort)")
+    g.add_argument("--stays", type=int,
+                   help="number of ICU stays to generate (only those of 48 h or more enter the cohort)")
     g.add_argument("--rows", type=int, help="generate chunks of stays until chartevents has ≥ this many rows")
-    p.add_argument("--seed", type=int, default=0, help="random seed: same seed, same files, whatever --workers (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed: same seed, same files, whatever --workers (default 0)")
     p.add_argument("--format", choices=["csv.gz", "parquet"], default="csv.gz")
     p.add_argument("--workers", type=int, default=None, help="generating processes (default: every core)")
     p.add_argument("--chunk-stays", type=int, default=CHUNK_STAYS, help="stays per chunk (part of the seed)")

@@ -38,7 +38,7 @@ import numpy as np
 from . import erasure, gate_store, safe_io
 from .errors import AlreadyForgottenError, GateStoreError, UnknownSubjectError
 from .ledger import FORGET_KIND
-from .warehouse import Warehouse, _tables, data_kind, get_meta
+from .warehouse import Warehouse, table_names, data_kind, get_meta
 
 KIND = FORGET_KIND
 STALE_FILE = "stale.json"
@@ -262,7 +262,7 @@ def _resolve(con, subject_id: int | None, stay_id: int | None) -> int | None:
             raise UnknownSubjectError(f"{name} must be an integer, got {type(v).__name__}")
     if subject_id is not None:
         return int(subject_id)
-    tables = _tables(con)
+    tables = table_names(con)
     for t in ("cohort_stays", gate_store.TOKENS):
         if t in tables:
             row = con.execute(f"SELECT subject_id FROM {t} WHERE stay_id = ? LIMIT 1", [int(stay_id)]).fetchone()
@@ -301,7 +301,7 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
                     return ForgetResult(seq, r.mac, r.payload.get("rows_deleted", {}), r.payload.get("contexts", []),
                                         bool(r.payload.get("certified")), time.perf_counter() - t0, recovered=True)
                 raise AlreadyForgottenError(f"that patient was already forgotten (receipt #{seq}); nothing changed")
-            tables = _tables(con)
+            tables = table_names(con)
             stays = set()
             for t in ("cohort_stays", gate_store.TOKENS):
                 if t in tables:

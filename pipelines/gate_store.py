@@ -276,11 +276,6 @@ def unauthentic_contexts(con: duckdb.DuckDBPyConnection, keys=None) -> dict[int,
     return out
 
 
-def drop_context(con: duckdb.DuckDBPyConnection, context_id: int) -> None:
-    con.execute(f"DELETE FROM {TOKENS} WHERE context_id = ?", [int(context_id)])
-    con.execute(f"DELETE FROM {STATES} WHERE context_id = ?", [int(context_id)])
-
-
 def tokens_of_subject(con: duckdb.DuckDBPyConnection, subject_id: int) -> dict[int, np.ndarray]:
     """context_id -> token ids (ascending) of ``subject_id`` across every stored context."""
     if not has_tables(con):

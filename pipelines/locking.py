@@ -95,11 +95,6 @@ def hold(warehouse: str | os.PathLike, exclusive: bool = True, wait: float | Non
                 os.close(fd)
 
 
-def holds_exclusive(warehouse: str | os.PathLike) -> bool:
-    ent = _held.get(str(lock_path(warehouse)))
-    return bool(ent and ent[1])
-
-
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -128,10 +127,6 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"cache-key parameter of type {type(x).__name__} is not hashable to JSON")
 
 
-def hash_parts(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(_jsonable(list(parts)), separators=(",", ":")).encode()).hexdigest()
-
-
 def results_dir(runs_dir: str | os.PathLike) -> Path:
     return Path(runs_dir) / RESULTS_SUBDIR
 
@@ -226,7 +221,7 @@ def cache_note(result: dict) -> str:
     return " (cached)" if tc.get("tasks_cached") else ""
 
 
-def _in_flow_run() -> bool:
+def in_flow_run() -> bool:
     try:
         from prefect.context import FlowRunContext
 
@@ -239,7 +234,7 @@ def publish_artifacts(result: dict, path: Path) -> None:
     """Inside a flow run: the study's headline table as a Prefect table artifact (it shows in the
     Prefect UI) and a markdown artifact pointing at the result file. Aggregates only — the same
     validated content as the result file."""
-    if not _in_flow_run():
+    if not in_flow_run():
         return
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 

@@ -42,7 +42,7 @@ def read_meta(warehouse: str | os.PathLike) -> dict[str, str]:
     """Every key of the warehouse's meta table (empty when it has none)."""
     con = duckdb.connect(str(warehouse), read_only=True)
     try:
-        if META not in _tables(con):
+        if META not in table_names(con):
             return {}
         return {str(k): str(v) for k, v in con.execute(f"SELECT key, value FROM {META}").fetchall()}
     finally:
@@ -67,7 +67,7 @@ def put_meta(con, key: str, value: str) -> None:
 
 
 def get_meta(con, key: str) -> str | None:
-    if META not in _tables(con):
+    if META not in table_names(con):
         return None
     row = con.execute(f"SELECT value FROM {META} WHERE key = ?", [key]).fetchone()
     return None if row is None else str(row[0])
@@ -280,7 +280,7 @@ def require(warehouse: str | os.PathLike) -> Path:
     return p
 
 
-def _tables(con) -> set[str]:
+def table_names(con) -> set[str]:
     return {r[0] for r in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()").fetchall()}
 
@@ -290,7 +290,7 @@ def content_hash(warehouse: str | os.PathLike) -> str:
     p = require(warehouse)
     con = duckdb.connect(str(p), read_only=True)
     try:
-        if "build_info" in _tables(con):
+        if "build_info" in table_names(con):
             row = con.execute("SELECT value FROM build_info WHERE key = 'content_hash'").fetchone()
             if row is not None:
                 return str(row[0])
@@ -315,7 +315,7 @@ def data_kind(warehouse: str | os.PathLike) -> str:
     """"demo" | "synthetic" | "mimic" (from :func:`set_data_kind`, else from the build source)."""
     con = duckdb.connect(str(require(warehouse)), read_only=True)
     try:
-        t = _tables(con)
+        t = table_names(con)
         if META in t:
             row = con.execute(f"SELECT value FROM {META} WHERE key = 'data_kind'").fetchone()
             if row is not None:

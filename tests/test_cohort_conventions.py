@@ -24,7 +24,7 @@ import pytest
 
 from cohort import constants
 from cohort._hourly import SLOTS
-from cohort.build import _plausible_case_sql, _value_sql, build_warehouse, main, read_funnel
+from cohort.build import plausible_case_sql, value_sql, build_warehouse, main, read_funnel
 from cohort.conventions import (
     CONVENTIONS,
     ITEM_LABELS,
@@ -117,10 +117,10 @@ def test_every_slot_is_known_to_the_hourly_step():
 
 
 def test_seed_sql_is_the_seed_build_sql():
-    assert _value_sql() == SEED_VALUE_SQL == SEED_CONVENTION.value_sql()
-    assert _plausible_case_sql() == SEED_PLAUSIBLE_SQL == SEED_CONVENTION.plausible_case_sql()
-    assert _value_sql("seed") == SEED_VALUE_SQL and _plausible_case_sql(convention="seed") == SEED_PLAUSIBLE_SQL
-    assert "unit_f" in _plausible_case_sql(convention="mimic_code")  # °F limits are on the charted value
+    assert value_sql() == SEED_VALUE_SQL == SEED_CONVENTION.value_sql()
+    assert plausible_case_sql() == SEED_PLAUSIBLE_SQL == SEED_CONVENTION.plausible_case_sql()
+    assert value_sql("seed") == SEED_VALUE_SQL and plausible_case_sql(convention="seed") == SEED_PLAUSIBLE_SQL
+    assert "unit_f" in plausible_case_sql(convention="mimic_code")  # °F limits are on the charted value
 
 
 @pytest.mark.parametrize("itemid, value, seed, mimic_code", [

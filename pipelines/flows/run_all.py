@@ -48,7 +48,7 @@ def fidelity_result(stays: int = 800, seed: int = 0) -> dict:
     from cohort.fidelity import (
         DISTANCE_RATIO_BOUNDS,
         TRIVIAL_AUROC_MAX,
-        _rows,
+        fidelity_rows,
         check_bounds,
         demo_metrics,
         synthetic_metrics,
@@ -62,7 +62,7 @@ def fidelity_result(stays: int = 800, seed: int = 0) -> dict:
         demo, src = load_params(None).get("demo_reference"), "stored at calibration"
     syn = synthetic_metrics(stays, seed)
     bad = check_bounds(syn, demo["event_hour_share"])
-    rows = [[k.replace("_", " "), d, s] for (k, d), (_, s) in zip(_rows(demo), _rows(syn))
+    rows = [[k.replace("_", " "), d, s] for (k, d), (_, s) in zip(fidelity_rows(demo), fidelity_rows(syn))
             if isinstance(d, (int, float)) and isinstance(s, (int, float))]
     lo, hi = DISTANCE_RATIO_BOUNDS
     return {"study": "synthetic_fidelity", "title": "Synthetic cohort vs the real demo (fidelity)", "data": "synthetic",
@@ -196,9 +196,9 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
                 w.register_runs_dir(runs_dir)
                 write_ledger_result(w, render=False)  # the report is written next
             out = write_report(runs_dir, report)
-            from pipelines.runner import _in_flow_run
+            from pipelines.runner import in_flow_run
 
-            if _in_flow_run():
+            if in_flow_run():
                 from prefect.artifacts import create_link_artifact
 
                 create_link_artifact(Path(out).resolve().as_uri(), link_text="retention report", key="forgetful-report",
