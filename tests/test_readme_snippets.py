@@ -243,7 +243,7 @@ PARSE_ONLY = {
     "python -m pipelines.bench_dask --table docs/results/bench_dask.json": "renders the README table (its input is "
                                                                             "the committed result file)",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
-    "make demo": "the 20-minute main job (target exists; its steps: SLOW run-all)",
+    "make demo": "the main job (minutes; install included) (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",
     "python -m pipelines.bench_scale --sizes 1e6 4e6 16e6 [--steps build,retention,heldout,deterioration] "
     "[--study-stays N] [--repeat 2] [--out docs/SCALE.json]": "hours of CPU at these sizes; "

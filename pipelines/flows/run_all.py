@@ -20,8 +20,9 @@ Without torch (the optional ``models`` extra) run-all still runs: the steps that
 line each on stderr naming the extra (``pip install 'forgetful-attention[models]'``), and the report
 shows their cards as not run. (The single commands refuse instead, exit 3: :mod:`pipelines.preflight`.)
 
-Time on the demo (measured 2026-12-01, 2 shared cores): 6.1 min wall at load 4-11, 11.2 min at
-load 9-13, about 3.3 min of CPU time either way; deterioration is about half of it. A rerun after
+Time on the demo (measured 2026-12-02, 2 shared cores, load 1.3-5.6): 2.3 min wall, 86 s of CPU
+time, peak RSS 0.86 GB; the synthetic studies (42 s) and deterioration (32 s) are the longest steps,
+the clinical retention studies take 25 s together. A rerun after
 a crash resumes from the task cache (the clinical studies' tasks); the synthetic audit regimes and
 the seconds-long studies run again.
 """
