@@ -123,7 +123,18 @@ def _generic(p: dict) -> str:
     return (text if len(text) <= 80 else text[:79] + "…") + _holds(c) + _tally(p)
 
 
-LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention, "patient_deletion": _generic,
+def _patient_deletion(p: dict) -> str:
+    """The evidence that tells exact deletion from removal: both gaps to the same-C refit."""
+    c = next((c for c in p.get("claims") or [] if isinstance(c.get("value"), dict)
+              and {"exact max", "naive median"} <= set(c["value"])), None)
+    if c is None:
+        return _generic(p)
+    v = c["value"]
+    return (f"gap to a same-C refit: exact deletion {num(v['exact max'])} (max), naive removal "
+            f"{num(v['naive median'])} (median)") + _holds(c) + _tally(p)
+
+
+LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention, "patient_deletion": _patient_deletion,
          "deterioration": _deterioration, "deletion_audit": _audit, "ledger": _ledger}
 
 

@@ -115,3 +115,16 @@ def test_run_all_prints_the_summary_and_writes_the_json_only_to_the_json_path(ru
     assert not any(ln.lstrip().startswith(("{", '"seconds"')) for ln in printed)  # no raw JSON on the console
     d = json.loads(out.read_text())
     assert d["seconds"] == seconds and d["report"] == "r.html" and d["total_seconds"] >= 0
+
+
+def test_patient_deletion_line_states_both_gaps_to_the_refit():
+    from pipelines.run_summary import LINES
+
+    claim = {"statement": "exact deletion reaches the same-C refit …", "holds": True,
+             "value": {"exact max": 4.4e-15, "naive median": 0.15}}
+    other = {"statement": "leakage zero", "holds": True, "value": 0.0}
+    line = LINES["patient_deletion"]({"claims": [other, claim]})
+    assert "exact deletion 4.4e-15 (max)" in line and "naive removal 0.15 (median)" in line
+    assert "…" not in line
+    # a result without the gap claim falls back to the first claim's statement
+    assert LINES["patient_deletion"]({"claims": [other]}).startswith("leakage zero")
