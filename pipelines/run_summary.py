@@ -134,8 +134,8 @@ def _patient_deletion(p: dict) -> str:
             f"{num(v['naive median'])} (median)") + _holds(c) + _tally(p)
 
 
-LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention, "patient_deletion": _patient_deletion,
-         "deterioration": _deterioration, "deletion_audit": _audit, "ledger": _ledger}
+LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention,
+         "patient_deletion": _patient_deletion, "deterioration": _deterioration, "deletion_audit": _audit, "ledger": _ledger}
 
 
 def _load(runs: Path, study: str) -> tuple[dict | None, float]:
