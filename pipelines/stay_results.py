@@ -19,7 +19,6 @@ next run removes them first.
 """
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Mapping
 
 import duckdb
@@ -28,6 +27,7 @@ import pyarrow as pa
 
 from . import gate_store
 from .errors import StudyInputError
+from .warehouse import in_transaction as transaction
 
 TABLE = "stay_results"
 DDL = (f"CREATE TABLE IF NOT EXISTS {TABLE} (study VARCHAR NOT NULL, stay_id BIGINT NOT NULL, "
@@ -88,18 +88,6 @@ def read(con: duckdb.DuckDBPyConnection, study: str) -> dict[str, np.ndarray]:
             raise StudyInputError(f"stay_results of {study!r}: value {c!r} does not cover the same stays")
         out[c] = val[sel]
     return out
-
-
-@contextlib.contextmanager
-def transaction(con: duckdb.DuckDBPyConnection):
-    """``BEGIN`` … ``COMMIT`` on ``con``; ``ROLLBACK`` on any error."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield con
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
 
 
 def staging_name(study: str) -> str:

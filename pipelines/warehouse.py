@@ -347,16 +347,23 @@ def stays(warehouse: str | os.PathLike, split: str | None = None) -> list[tuple[
 
 
 @contextlib.contextmanager
+def in_transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``BEGIN`` … ``COMMIT`` on an open connection; ``ROLLBACK`` on any error."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+@contextlib.contextmanager
 def transaction(warehouse: str | os.PathLike) -> Iterator[duckdb.DuckDBPyConnection]:
     """A read-write connection inside one transaction: COMMIT on success, ROLLBACK on any error."""
     con = duckdb.connect(str(warehouse))
     try:
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with in_transaction(con):
             yield con
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
     finally:
         con.close()
