@@ -46,17 +46,12 @@ SHARD_WINDOWS = 1024
 @contextlib.contextmanager
 def connect(con_or_path) -> Iterator[duckdb.DuckDBPyConnection]:
     """The caller's DuckDB connection (left open), or a read-only one on a warehouse path (closed)."""
-    if isinstance(con_or_path, duckdb.DuckDBPyConnection):
-        yield con_or_path
-        return
-    p = Path(con_or_path)
-    if not p.is_file():
-        raise DeteriorationInputError(f"warehouse {p} does not exist; build it with `forgetful build-cohort`")
-    con = duckdb.connect(str(p), read_only=True)
-    try:
+    from cohort.streams import warehouse_connection
+
+    if not isinstance(con_or_path, duckdb.DuckDBPyConnection) and not Path(con_or_path).is_file():
+        raise DeteriorationInputError(f"warehouse {con_or_path} does not exist; build it with `forgetful build-cohort`")
+    with warehouse_connection(con_or_path) as con:
         yield con
-    finally:
-        con.close()
 
 
 def feature_stats(warehouse) -> dict[str, np.ndarray]:

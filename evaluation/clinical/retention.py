@@ -127,6 +127,16 @@ def random_expected_retention_reference(events: Any, k: int) -> float:
     return float(np.mean(vals))
 
 
+def stay_arrays(X: Any, ev: Any) -> tuple[np.ndarray, np.ndarray]:
+    """One stay's keys as a C-contiguous float64 (n, d) array and its event hours as bool (n,);
+    :class:`MetricError` when the shapes do not match."""
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    ev = np.asarray(ev, dtype=bool)
+    if X.ndim != 2 or ev.shape != (X.shape[0],):
+        raise MetricError(f"stay keys of shape {X.shape} do not match events of shape {ev.shape}")
+    return X, ev
+
+
 def stay_policy_retention(X: Any, ev: Any, built: Mapping[str, SelectionPolicy | None]) -> dict[str, Any] | None:
     """Event-hour retention of every policy on one stay at budget ``k = |S∪E|``.
 
@@ -135,10 +145,7 @@ def stay_policy_retention(X: Any, ev: Any, built: Mapping[str, SelectionPolicy |
     certificate of the SV solve, :class:`sv_core.SolveCertificate`), or ``None`` when the stay
     has no event hour (excluded before any solve).
     """
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    ev = np.asarray(ev, dtype=bool)
-    if X.ndim != 2 or ev.shape != (X.shape[0],):
-        raise MetricError(f"stay keys of shape {X.shape} do not match events of shape {ev.shape}")
+    X, ev = stay_arrays(X, ev)
     if not ev.any():
         return None
     sv = built["sv"]

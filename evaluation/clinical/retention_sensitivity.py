@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from evaluation.clinical.retention import stay_arrays
 from evaluation.errors import MetricError
 from evaluation.metrics import event_hour_retention, paired_bootstrap_ci
 
@@ -70,10 +71,7 @@ def stay_sensitivity(X: Any, ev: Any, grid: Sequence[tuple[float, str, tuple[str
     from evaluation.peers import KernelLeveragePolicy, LeveragePolicy
     from evaluation.policies import SupportVectorPolicy
 
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    ev = np.asarray(ev, dtype=bool)
-    if X.ndim != 2 or ev.shape != (X.shape[0],):
-        raise MetricError(f"stay keys of shape {X.shape} do not match events of shape {ev.shape}")
+    X, ev = stay_arrays(X, ev)
     if not ev.any():
         return None
     lev = LeveragePolicy().score(X)
