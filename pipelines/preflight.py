@@ -94,8 +94,8 @@ SPECS: dict[str, tuple[tuple[tuple[str, ...], dict], ...]] = {
     "retention": (_WAREHOUSE, _RUNS, _WORKERS),
     "heldout-spo2": (_WAREHOUSE, _RUNS, _WORKERS),
     "patient-deletion": (_WAREHOUSE, _RUNS, _WORKERS),
-    "deterioration": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--seeds", type=int, default=3),
-                      _opt("--max-epochs", type=int, default=12)),
+    "deterioration": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--seeds", type=int, default=None),
+                      _opt("--max-epochs", type=int, default=None)),
     "audit": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--trials", type=int, default=300),
               _opt("--regimes", nargs="*", default=None, metavar="REGIME")),
 }
