@@ -79,6 +79,7 @@ from .build_scan import (
     HOUR_US,
     Funnel,
     exclude_stays,
+    make_adapter,
     plausible_case_sql,
     scan_vitals,
     select_stays,
@@ -87,7 +88,6 @@ from .build_scan import (
 from .constants import VITALS
 from .conventions import CONVENTIONS, SEED, get_convention
 from .errors import BadParameterError, CohortError, format_funnel
-from .sources import make_adapter
 from .warehouse_hash import content_hash
 
 # the build's public names; exclude_stays, value_sql and plausible_case_sql live in

@@ -23,9 +23,11 @@ import pyarrow as pa
 
 from ._hourly import HOUR_MS, MAX_STAYS, MS_MASK, MS_SHIFT, SIDX_SHIFT, BucketSpool
 from .constants import PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE, VITAL_CODE
-from .conventions import SEED, get_convention
+from .conventions import SEED, Convention, get_convention
 from .errors import BadParameterError, EmptyCohortError, UnreadableInputError, redact
+from .meds import MedsAdapter
 from .selection import sample_stays
+from .sources import Adapter, ClifAdapter, MimicNativeAdapter
 
 HOUR_US = 3_600_000_000
 
@@ -158,6 +160,20 @@ def exclude_stays(con, table: str, exclude_subjects=None) -> tuple[int, int | No
         con.unregister("_x_stays")
     return n_one, int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
+
+
+def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection,
+                 convention: str | Convention = SEED, meds_codes=None) -> Adapter:
+    """Adapter for ``source`` in {"mimic", "clif", "meds"} (``demo`` is resolved by the caller),
+    reading the itemids / categories of ``convention`` (:mod:`cohort.conventions`); ``meds_codes``
+    is the MEDS code map (:func:`cohort.meds.load_code_map`; None: the default)."""
+    if source == "mimic":
+        return MimicNativeAdapter(root, con, convention)
+    if source == "clif":
+        return ClifAdapter(root, con, convention)
+    if source == "meds":
+        return MedsAdapter(root, con, convention, meds_codes)
+    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, meds, demo")
 
 
 def select_stays(con: duckdb.DuckDBPyConnection, adapter, funnel: Funnel, min_hours: float, sample: int | None,

@@ -198,7 +198,7 @@ def synthetic_metrics(stays: int = 1500, seed: int = 0, params=None, short_stay_
     import tempfile
 
     from .build import build_warehouse
-    from .synthetic import generate
+    from .synthetic_gen import generate
 
     with tempfile.TemporaryDirectory(prefix="fidelity-", dir=workdir) as tmp:
         generate(Path(tmp) / "mimic", stays=stays, seed=seed, fmt="parquet", params=params,
@@ -230,7 +230,7 @@ def run_fidelity(stays: int = 1500, seed: int = 0, params=None, demo_root=None, 
     import sys
 
     from .errors import DemoDataMissing
-    from .synthetic_calibration import load_params
+    from .synthetic_model import load_params
 
     prm = load_params(params)
     demo: dict | None

@@ -289,21 +289,3 @@ class ClifAdapter(Adapter):
             f"JOIN {cohort_table} AS c ON CAST(v.hospitalization_id AS VARCHAR) = c.join_key "
             f"WHERE v.vital_category IN ({cats})"
         )
-
-
-def make_adapter(source: str, root: str | Path, con: duckdb.DuckDBPyConnection,
-                 convention: str | Convention = SEED, meds_codes=None) -> Adapter:
-    """Adapter for ``source`` in {"mimic", "clif", "meds"} (``demo`` is resolved by the caller),
-    reading the itemids / categories of ``convention`` (:mod:`cohort.conventions`); ``meds_codes``
-    is the MEDS code map (:func:`cohort.meds.load_code_map`; None: the default)."""
-    if source == "mimic":
-        return MimicNativeAdapter(root, con, convention)
-    if source == "clif":
-        return ClifAdapter(root, con, convention)
-    if source == "meds":
-        from .meds import MedsAdapter
-
-        return MedsAdapter(root, con, convention, meds_codes)
-    from .errors import BadParameterError
-
-    raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif, meds, demo")

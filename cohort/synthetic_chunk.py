@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .constants import VITALS
-from .synthetic_calibration import Model
 from .synthetic_items import (
     ART_SHARE,
     CATALOGUE,
@@ -24,6 +23,7 @@ from .synthetic_items import (
     VITAL_ITEMS,
     ValueTable,
 )
+from .synthetic_model import Model
 
 HOUR_US = 3_600_000_000
 MIN_US = 60_000_000

@@ -20,7 +20,7 @@ from cohort.fidelity import (
     synthetic_metrics,
 )
 from cohort.synthetic import generate, main
-from cohort.synthetic_calibration import DEFAULT_PARAMS, Model, load_params
+from cohort.synthetic_model import DEFAULT_PARAMS, Model, load_params
 
 
 def _demo_root():

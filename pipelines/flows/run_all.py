@@ -49,12 +49,12 @@ def fidelity_result(stays: int = 800, seed: int = 0) -> dict:
     from cohort.fidelity import (
         DISTANCE_RATIO_BOUNDS,
         TRIVIAL_AUROC_MAX,
-        fidelity_rows,
         check_bounds,
         demo_metrics,
+        fidelity_rows,
         synthetic_metrics,
     )
-    from cohort.synthetic_calibration import load_params
+    from cohort.synthetic_model import load_params
 
     t0 = _t.perf_counter()
     try:
