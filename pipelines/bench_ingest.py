@@ -161,6 +161,16 @@ def write_parts(layout: Layout, parts_dir: Path, days: int, late: float, other: 
 CHILD = r"""
 import json, os, resource, sys, time
 t_start = time.perf_counter()
+def hwm_mb():
+    # this process's own high-water mark: ru_maxrss also counts the pages of the parent it was
+    # forked from (Linux keeps the larger of the two across exec), VmHWM belongs to this image
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 from pipelines.ingest import ingest
 t_imp = time.perf_counter() - t_start
 a = json.loads(sys.argv[1])
@@ -171,7 +181,7 @@ steps = r["steps"]
 out = {"wall_s": wall, "import_s": t_imp,
        "cpu_s": (c1.user - c0.user) + (c1.system - c0.system),
        "cpu_children_s": (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system),
-       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+       "peak_rss_mb": hwm_mb(),
        "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
        "steps": len(steps), "n_rows": sum(s["n_rows"] for s in steps),
        "n_usable": sum(s["n_usable"] for s in steps),

@@ -170,7 +170,7 @@ def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc
         if local_task is None:
             with one_blas_thread():
                 return [fn(*a) for a in arglists]
-        from .runner import gather
+        from .futures import gather
 
         return unpermute(gather([local_task.submit(*arglists[i]) for i in order], desc, progress))
     from tqdm.auto import tqdm

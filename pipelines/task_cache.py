@@ -194,7 +194,7 @@ def cached(fn: Callable) -> Callable:
         if not warehouse:
             return None, None, None, None
         from .keys import Keys
-        from .warehouse import cache_dir
+        from .warehouse_files import cache_dir
 
         params = {k: v for k, v in bound.arguments.items() if k not in PATH_PARAMS}
         key = hashlib.sha256(dumps([fn.__qualname__, digest, _LAYOUT, params]).encode()).hexdigest()[:40]
@@ -258,6 +258,6 @@ def cached(fn: Callable) -> Callable:
 def clear(warehouse: str | os.PathLike) -> None:
     """Remove the warehouse's task cache (a link in its place: the link only, never its target)."""
     from .safe_io import remove_own_dir
-    from .warehouse import cache_dir
+    from .warehouse_files import cache_dir
 
     remove_own_dir(cache_dir(Path(warehouse)), "task cache folder")

@@ -11,43 +11,33 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 
 from . import locking, runs_registry
-from .errors import WarehouseMissingError
+from .warehouse_files import (
+    META,
+    cache_dir,
+    content_hash,
+    data_kind,
+    get_meta,
+    in_transaction,
+    put_meta,
+    read_meta,
+    require,
+    set_data_kind,
+    stays,
+    subjects_present,
+    table_names,
+    transaction,
+)
 
-META = "forgetful_meta"
-
-
-def cache_dir(warehouse: str | os.PathLike) -> Path:
-    """The task cache of a warehouse: ``.<name>.cache`` beside it (located from the warehouse,
-    never from the current directory), removed by every forget."""
-    p = Path(warehouse).resolve()
-    return p.parent / f".{p.name}.cache"
-
-
-def subjects_present(con) -> set[int]:
-    """Every subject id held by any table of the warehouse (connection ``con``)."""
-    out: set[int] = set()
-    for (t,) in con.execute("SELECT table_name FROM duckdb_columns() WHERE column_name = 'subject_id' "
-                            "AND schema_name = current_schema() AND database_name = current_database()").fetchall():
-        out.update(int(r[0]) for r in con.execute(f"SELECT DISTINCT subject_id FROM {t}").fetchall() if r[0] is not None)
-    return out
-
-
-def read_meta(warehouse: str | os.PathLike) -> dict[str, str]:
-    """Every key of the warehouse's meta table (empty when it has none)."""
-    con = duckdb.connect(str(warehouse), read_only=True)
-    try:
-        if META not in table_names(con):
-            return {}
-        return {str(k): str(v) for k, v in con.execute(f"SELECT key, value FROM {META}").fetchall()}
-    finally:
-        con.close()
-
+# the warehouse facts of pipelines.warehouse_files are part of this module's public API
+__all__ = ["META", "ForgetExclusion", "Warehouse", "cache_dir", "check_key_location", "content_hash", "data_kind",
+           "get_meta", "in_transaction", "put_meta", "read_meta", "require", "set_data_kind", "stays",
+           "subjects_present", "table_names", "transaction"]
 
 def check_key_location(warehouse: Path, ledger_dir: Path, meta: dict[str, str]) -> None:
     """No key file beside the warehouse or inside its ledger, runs or export folders
@@ -59,18 +49,6 @@ def check_key_location(warehouse: Path, ledger_dir: Path, meta: dict[str, str]) 
     dirs = runs_registry.resolve(runs_registry.load(meta.get("runs_dirs")), warehouse.parent)
     dirs += [Path(d) for key in ("exports", "meds_exports") for d in json.loads(meta.get(key) or "[]")]
     check_location(key_files(), warehouse, [ledger_dir, *dirs])
-
-
-def put_meta(con, key: str, value: str) -> None:
-    con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
-    con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [key, value])
-
-
-def get_meta(con, key: str) -> str | None:
-    if META not in table_names(con):
-        return None
-    row = con.execute(f"SELECT value FROM {META} WHERE key = ?", [key]).fetchone()
-    return None if row is None else str(row[0])
 
 
 class Warehouse:
@@ -94,7 +72,7 @@ class Warehouse:
     @contextlib.contextmanager
     def open(cls, path: str | os.PathLike, *, write: bool = True, must_exist: bool = True,
              ledger_dir: str | os.PathLike | None = None, wait: float | None = None,
-             reconcile: bool = True) -> Iterator["Warehouse"]:
+             reconcile: bool = True) -> Iterator[Warehouse]:
         """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures."""
         from . import ledger as ledger_mod
         from .keys import Keys
@@ -118,7 +96,7 @@ class Warehouse:
                 led.complete()  # sign receipts an interrupted append left without a signed head
             if reconcile and p.is_file():
                 if write:
-                    from .forget import complete_pending
+                    from .forget_apply import complete_pending
 
                     w.completed = complete_pending(w)
                 else:
@@ -273,97 +251,49 @@ class ForgetExclusion:
         return np.fromiter((self._keys.stay_hash(int(s)) in self._stays for s in ids), dtype=bool, count=ids.size)
 
 
-def require(warehouse: str | os.PathLike) -> Path:
-    p = Path(warehouse)
-    if not p.is_file():
-        raise WarehouseMissingError.at(p)
-    return p
+def accept_rollback(warehouse: str | os.PathLike, ledger_dir: str | os.PathLike | None = None,
+                    wait: float | None = None) -> dict:
+    """Recovery after a restored (shorter or replaced) log when no newer copy exists: append a
+    ``rollback_accepted`` receipt that states what the warehouse had recorded, and record the new
+    log in the warehouse. The warehouse's rows stay as they are (the patients forgotten after
+    the backup stay absent), but the registry no longer names them: forget each of them again
+    (``forget --subject-id ID --allow-absent``) before the next build. Auditors who kept a newer
+    head see the fork; the receipt tells them why. Operator only (needs both keys)."""
+    from . import ledger as ledger_mod
+    from . import logaudit, signing
+    from .errors import LedgerRollbackError
+    from .keys import Keys
 
-
-def table_names(con) -> set[str]:
-    return {r[0] for r in con.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()").fetchall()}
-
-
-def content_hash(warehouse: str | os.PathLike) -> str:
-    """The stored content hash (``build_info``), recomputed when absent."""
-    p = require(warehouse)
-    con = duckdb.connect(str(p), read_only=True)
-    try:
-        if "build_info" in table_names(con):
-            row = con.execute("SELECT value FROM build_info WHERE key = 'content_hash'").fetchone()
-            if row is not None:
-                return str(row[0])
-        from cohort.build import content_hash as compute
-
-        return compute(con)
-    finally:
-        con.close()
-
-
-def set_data_kind(warehouse: str | os.PathLike, kind: str) -> None:
-    """Record what the warehouse holds ("demo", "synthetic", "mimic") for the report."""
-    con = duckdb.connect(str(require(warehouse)))
-    try:
-        con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
-        con.execute(f"INSERT OR REPLACE INTO {META} VALUES ('data_kind', ?)", [kind])
-    finally:
-        con.close()
-
-
-def data_kind(warehouse: str | os.PathLike) -> str:
-    """"demo" | "synthetic" | "mimic" (from :func:`set_data_kind`, else from the build source)."""
-    con = duckdb.connect(str(require(warehouse)), read_only=True)
-    try:
-        t = table_names(con)
-        if META in t:
-            row = con.execute(f"SELECT value FROM {META} WHERE key = 'data_kind'").fetchone()
-            if row is not None:
-                return str(row[0])
-        if "build_info" in t:
-            import json
-
-            row = con.execute("SELECT value FROM build_info WHERE key = 'params'").fetchone()
-            if row is not None:
-                src = json.loads(row[0]).get("source")
-                return "demo" if src == "demo" else "mimic"
-        return "mimic"
-    finally:
-        con.close()
-
-
-def stays(warehouse: str | os.PathLike, split: str | None = None) -> list[tuple[int, int, str, int]]:
-    """(stay_id, subject_id, split, n_hours) ascending by stay_id (kept in memory, never logged)."""
-    con = duckdb.connect(str(require(warehouse)), read_only=True)
-    try:
-        q = "SELECT stay_id, subject_id, split, n_hours FROM cohort_stays"
-        args = []
-        if split is not None:
-            q += " WHERE split = ?"
-            args.append(split)
-        return [(int(a), int(b), str(c), int(d)) for a, b, c, d in con.execute(q + " ORDER BY stay_id", args).fetchall()]
-    finally:
-        con.close()
-
-
-@contextlib.contextmanager
-def in_transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
-    """``BEGIN`` … ``COMMIT`` on an open connection; ``ROLLBACK`` on any error."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield con
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-
-
-@contextlib.contextmanager
-def transaction(warehouse: str | os.PathLike) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A read-write connection inside one transaction: COMMIT on success, ROLLBACK on any error."""
-    con = duckdb.connect(str(warehouse))
-    try:
-        with in_transaction(con):
-            yield con
-    finally:
-        con.close()
+    p = require(warehouse).resolve()
+    led_dir = Path(ledger_dir or ledger_mod.default_dir(p)).resolve()
+    with locking.hold(p, exclusive=True, wait=wait):
+        meta = read_meta(p)
+        led = ledger_mod.Ledger(led_dir, Keys.load(create=False))
+        st = led.state(check_anchor=False)  # every row MAC'd, every head chained: the log itself is genuine
+        recorded, reasons = int(meta.get("ledger_seq") or 0), []
+        try:
+            led.check_recorded(meta, f"the warehouse {p.name}", st)
+        except LedgerRollbackError as exc:
+            reasons.append(exc.reason)
+        a = led.anchor()
+        if isinstance(a, signing.TreeHead):
+            try:
+                logaudit.check_kept_head(st, a, led.public_key(), "the anchor")
+            except LedgerRollbackError as exc:
+                reasons.append(exc.reason)
+                recorded = max(recorded, a.tree_size)
+                logaudit.anchor_path(led.path).unlink()  # replaced by the next append's signed head
+        if not reasons:
+            return {"accepted": False, "message": "nothing to accept: the log extends what the warehouse and the "
+                                                  "anchor recorded"}
+        payload = {"recorded_size": recorded, "recorded_root": meta.get("ledger_root"), "log_size": st.size,
+                   "log_root": st.root().hex(), "reasons": reasons}
+        row = led.append(ledger_mod.ROLLBACK_KIND, ledger_mod.GENESIS, payload)
+        w = Warehouse(p, led.keys, led)
+        w.record_ledger()
+    lost = max(recorded - st.size, 1)
+    return {"accepted": True, "receipt_seq": row.seq, "recorded_size": recorded, "log_size": st.size,
+            "message": f"rollback accepted as receipt #{row.seq}: the warehouse had recorded {recorded} receipts, the "
+                       f"log held {st.size}; at least {lost} deletion(s) are missing from the registry. The warehouse "
+                       "still holds none of those patients: forget each again (forgetful forget --subject-id ID "
+                       "--allow-absent) before the next build, which would otherwise bring them back"}

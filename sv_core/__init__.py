@@ -4,7 +4,7 @@ Kernels, the exact maintained fp64 Cauwenberghs-Poggio solver, the certified sol
 bordered KKT system + KKT check), reserve certificates, deletion receipts, the independent refit
 oracle, and differentiable paths.
 """
-from ._fastpath import fast_path_available, reference_loop
+from ._fastpath import fast_path_available
 from ._version import __version__
 from .calibrate import calibrate_C, warmup_size
 from .certified import CertifiedSolution, SolveCertificate, solve
@@ -24,6 +24,7 @@ from .gate import Gate, WarmupError
 from .kernels import rbf_kernel, torch_kernel
 from .receipts import Certificate, Receipt
 from .refit import refit
+from .solver import reference_loop
 from .streaming import StreamingGate
 
 __all__ = [

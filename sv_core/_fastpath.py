@@ -16,10 +16,8 @@ Switches: ``FORGETFUL_SOLVER=reference`` in the environment (read at import) or
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -98,17 +96,3 @@ def fast_sweep(core: Any, c: int, mode: str) -> tuple[int, tuple[str, int, float
     if code == BAIL:
         return events, ("search", -1, 0.0, 0.0, events)
     return events, (KINDS[kind], k, t, s, events)
-
-
-@contextlib.contextmanager
-def reference_loop() -> Iterator[None]:
-    """Within the block every solver runs the NumPy reference loop only (for interleaved
-    fast-vs-reference timings and tests; not thread-safe: it flips a class attribute)."""
-    from .solver import MaintainedSVDD
-
-    old = MaintainedSVDD.use_fast
-    MaintainedSVDD.use_fast = False
-    try:
-        yield
-    finally:
-        MaintainedSVDD.use_fast = old

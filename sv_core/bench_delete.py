@@ -38,11 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from ._fastpath import fast_path_available, reference_loop
+from ._fastpath import fast_path_available
 from .calibrate import calibrate_C
 from .gate import Gate
 from .kernels import rbf_kernel
 from .refit import refit
+from .solver import reference_loop
 
 DEFAULT_SIZES = (64, 120, 256, 512, 1024, 2048)
 

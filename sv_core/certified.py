@@ -31,99 +31,35 @@ fallback.
 """
 from __future__ import annotations
 
-import numbers
-import time
-from dataclasses import asdict, dataclass, field
-
 import numpy as np
 
-from ._active_set import Problem, certify, margin_residual, read_off, repair
-from ._blas import single_thread
 from ._gate_exact import KKT_GUARD, consolidate_repeats
-from ._state import ERROR, MARGIN, RESERVE
-from .errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
-from .kernels import rbf_kernel
-from .refit import TIGHT_KKT
-from .smo import CACHE_BYTES, SMO_TOL, fast_smo_available, smo
-from .validation import as_keys, check_params
+from .calibrate import warmup_size
+from .certified_core import (
+    MAX_ROUNDS,
+    POLISH_TOL,
+    SMALL_N,
+    TARGET_KKT,
+    CertifiedSolution,
+    SolveCertificate,
+    attempt,
+    certified_solution,
+    load_certified,
+    not_certified_reason,
+    recertify,
+)
+from .errors import PathError
+from .gate import Gate
+from .refit import refit
+from .smo import CACHE_BYTES, SMO_TOL
 
-#: the solve aims at this largest KKT violation (repairs and a warm polish are tried above it)
-TARGET_KKT = TIGHT_KKT
-#: active-set rounds of the repair before the warm SMO polish is tried
-MAX_ROUNDS = 100
-#: gap of the warm SMO polish tried when the repair does not reach the target
-POLISH_TOL = 1e-13
-#: up to this many keys the whole Gram matrix (at most 1.2 MB) is computed in one call and every
-#: kernel access reads it (faster than several blocked calls at this size); above it, kernel
-#: columns and blocks are computed on demand (memory O(block + cache), never the n x n matrix)
-SMALL_N = 384
-
-_NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
-
-
-@dataclass
-class SolveCertificate:
-    """Evidence that a :func:`solve` result is the fixed-C optimum (JSON-serialisable).
-
-    Attributes
-    ----------
-    kkt_violation : largest KKT violation on the exactly recomputed gradient
-    kkt : the violation of each condition (sum, box, margin/error/reserve gradient)
-    margin_residual : ``max |M u − c|`` of the bordered system on the margin set
-    certified : ``kkt_violation <= kkt_tol``;  meets_target : ``kkt_violation <= target``
-    method : "smo+bordered" (the fast path), or "fallback:cp" / "fallback:refit"
-    smo_method, smo_iterations, smo_status : the SMO run ("compiled" or "reference")
-    repair_rounds, moves : active-set rounds taken and keys moved between sets
-    polished : a warm SMO polish was needed;  fallbacks : 1 when the fallback was taken
-    fallback_reason : why (None on the fast path)
-    counts : sizes of the margin, error and reserve sets;  seconds : wall time of the solve
-    """
-
-    kkt_violation: float
-    kkt: dict
-    margin_residual: float
-    certified: bool
-    meets_target: bool
-    kkt_tol: float
-    target: float
-    method: str
-    smo_method: str
-    smo_iterations: int
-    smo_status: str
-    repair_rounds: int
-    moves: int
-    polished: bool
-    fallbacks: int
-    fallback_reason: str | None
-    counts: dict = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class CertifiedSolution:
-    """Result of :func:`solve`: ``alpha`` (n,), ``rho``, ``status`` (n,) int8 (``MARGIN``, ``ERROR``,
-    ``RESERVE`` codes of :mod:`sv_core.solver`) and the :class:`SolveCertificate`."""
-
-    alpha: np.ndarray
-    rho: float
-    status: np.ndarray
-    certificate: SolveCertificate
-
-    def partition(self) -> dict[str, np.ndarray]:
-        """Row indices of the margin (0<α<C), error (α=C) and reserve (α=0) sets."""
-        return {name: np.flatnonzero(self.status == code) for code, name in _NAMES.items()}
+__all__ = ["MAX_ROUNDS", "POLISH_TOL", "SMALL_N", "TARGET_KKT", "CertifiedSolution", "SolveCertificate",
+           "load_certified", "solve"]
 
 
 def _fallback(X: np.ndarray, C: float, sigma: float) -> tuple[np.ndarray, float, np.ndarray, str]:
     """The maintained C&P path (keys settled one by one; its guard ends in the refit), or the
     refit itself below the gate's warm-up size."""
-    from .calibrate import warmup_size
-    from .gate import Gate
-    from .refit import refit
-
     if X.shape[0] >= warmup_size(C):
         g = Gate(C, sigma, cold_solve="path")
         g.admit(X)
@@ -160,83 +96,13 @@ def solve(X, C: float, sigma: float, *, kkt_tol: float = KKT_GUARD, target: floa
     InfeasibleError : ``n C < 1``
     PathError : not certified and ``fallback=False``
     """
-    t0 = time.perf_counter()
-    C, sigma = check_params(C, sigma)
-    if method not in ("auto", "compiled", "reference"):
-        raise InvalidParameterError(f"method must be 'auto', 'compiled' or 'reference', got {method!r}")
-    if method == "compiled" and not fast_smo_available():
-        raise InvalidParameterError("method='compiled' but the compiled SMO is not built (or FORGETFUL_SOLVER)")
-    for name, v in (("kkt_tol", kkt_tol), ("target", target), ("smo_tol", smo_tol), ("cache_bytes", cache_bytes)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < float("inf"):
-            raise InvalidParameterError(f"{name} must be a finite positive number, got {v!r}")
-    X = np.ascontiguousarray(as_keys(X))
-    n = X.shape[0]
-    if n == 0:
-        raise InvalidKeysError("keys are empty (n = 0)")
-    if n * C < 1.0 - 1e-12:
-        raise InfeasibleError(f"n*C = {n * C:.6g} < 1: the fixed-C problem is infeasible")
-    if gram is not None:
-        gram = np.asarray(gram, dtype=np.float64)
-        if gram.shape != (n, n) or not np.isfinite(gram).all():
-            raise InvalidKeysError(f"gram must be a finite ({n}, {n}) array, got shape {gram.shape}")
-    with single_thread(n):
-        if gram is None and n <= SMALL_N:
-            gram = rbf_kernel(X, X, sigma)  # <= SMALL_N^2 entries (1.2 MB): one call beats many
-        p = Problem(X, C, sigma, gram)
-        r = smo(X, C, sigma, tol=smo_tol, cache_bytes=cache_bytes, K=gram, method=method)
-        alpha, G, status = read_off(p, r.alpha, r.G)
-        alpha, rho, status, G, resid, rounds, moves = repair(p, alpha, G, status, target, MAX_ROUNDS)
-        kkt, G = certify(p, alpha, rho, status)
-        polished = False
-        if kkt["max"] > target:
-            # a second repair from the exact gradient, then a warm SMO polish to a tighter gap
-            a2, rho2, st2, _, res2, r2, m2 = repair(p, alpha, G, status, target, MAX_ROUNDS)
-            rounds, moves = rounds + r2, moves + m2
-            k2, G2 = certify(p, a2, rho2, st2)
-            if k2["max"] < kkt["max"]:
-                alpha, rho, status, kkt, G, resid = a2, rho2, st2, k2, G2, res2
-        if kkt["max"] > target:
-            polished = True
-            rp = smo(X, C, sigma, alpha0=alpha, tol=POLISH_TOL, cache_bytes=cache_bytes, K=gram, method=method)
-            a2, G2, st2 = read_off(p, rp.alpha, rp.G)
-            a2, rho2, st2, _, res2, r2, m2 = repair(p, a2, G2, st2, target, MAX_ROUNDS)
-            rounds, moves = rounds + r2, moves + m2
-            k2, _ = certify(p, a2, rho2, st2)
-            if k2["max"] < kkt["max"]:
-                alpha, rho, status, kkt, resid = a2, rho2, st2, k2, res2
-    how, reason, fallbacks = "smo+bordered", None, 0
-    if not kkt["max"] <= kkt_tol:
-        reason = f"certified solve reached KKT violation {kkt['max']:.3g} > {kkt_tol:g}"
-        if not fallback:
-            raise PathError(reason)
-        alpha, rho, status, how = _fallback(X, C, sigma)
-        fallbacks = 1
-        with single_thread(n):
-            kkt, _ = certify(p, alpha, rho, status)
-            resid = margin_residual(p, alpha, rho, status)
-    cert = SolveCertificate(
-        kkt_violation=kkt["max"], kkt={k: v for k, v in kkt.items() if k != "max"}, margin_residual=resid,
-        certified=bool(kkt["max"] <= kkt_tol), meets_target=bool(kkt["max"] <= target), kkt_tol=kkt_tol,
-        target=target, method=how, smo_method=r.method, smo_iterations=r.iterations, smo_status=r.status,
-        repair_rounds=rounds, moves=moves, polished=polished, fallbacks=fallbacks, fallback_reason=reason,
-        counts={name: int(np.count_nonzero(status == code)) for code, name in _NAMES.items()},
-        seconds=time.perf_counter() - t0,
-    )
-    return CertifiedSolution(np.clip(alpha, 0.0, C), float(rho), status.astype(np.int8), cert)
-
-
-def load_certified(core) -> SolveCertificate:
-    """First solve of a cold maintained solver (:class:`sv_core.solver.MaintainedSVDD`): the
-    certified solve of its live keys over the Gram matrix it stores, then the maintained state
-    (margin set, bordered inverse, exact gradient) rebuilt from the solution. Raises
-    :class:`PathError` (the core untouched) when the solve cannot certify."""
-    live = core.live()
-    n = live.size
-    if n and live[-1] == n - 1:
-        K = core.K[:n, :n]  # a view: rows are read in place
-    else:
-        K = core.K[np.ix_(live, live)]
-    sol = solve(core.X[live], core.C, core.sigma, gram=K, fallback=False)
-    core.load_solution(live, sol.alpha, sol.status, sol.rho)
-    core.solved = True
-    return sol.certificate
+    at = attempt(X, C, sigma, kkt_tol=kkt_tol, target=target, smo_tol=smo_tol, cache_bytes=cache_bytes,
+                 method=method, gram=gram)
+    reason = not_certified_reason(at, kkt_tol)
+    if reason is None:
+        return certified_solution(at, kkt_tol=kkt_tol, target=target)
+    if not fallback:
+        raise PathError(reason)
+    alpha, rho, status, how = _fallback(at.p.X, at.p.C, at.p.sigma)
+    recertify(at, alpha, rho, status)
+    return certified_solution(at, kkt_tol=kkt_tol, target=target, how=how, reason=reason, fallbacks=1)

@@ -50,8 +50,9 @@ Slots are internal positions; the public :class:`sv_core.Gate` maps stable token
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -423,3 +424,15 @@ class MaintainedSVDD(DegenerateMixin):
         self.alpha[c] = 0.0
         self.status[c] = DEAD
         return ev
+
+
+@contextlib.contextmanager
+def reference_loop() -> Iterator[None]:
+    """Within the block every solver runs the NumPy reference loop only (for interleaved
+    fast-vs-reference timings and tests; not thread-safe: it flips a class attribute)."""
+    old = MaintainedSVDD.use_fast
+    MaintainedSVDD.use_fast = False
+    try:
+        yield
+    finally:
+        MaintainedSVDD.use_fast = old

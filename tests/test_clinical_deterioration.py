@@ -161,7 +161,7 @@ def test_streamed_windows_equal_the_per_stay_reference_on_a_warehouse(small_wh):
 
 
 def test_paired_cluster_bootstrap_equals_the_reference_and_the_single_model_helper():
-    from evaluation.metrics import auroc_auprc_with_ci
+    from evaluation.classification import auroc_auprc_with_ci
 
     rng = np.random.default_rng(1)
     g = np.repeat(np.arange(12), rng.integers(3, 25, 12))

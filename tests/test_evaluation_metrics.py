@@ -6,16 +6,15 @@ import math
 import numpy as np
 import pytest
 
+from evaluation.classification import auroc_auprc_with_ci, roc_curve_points
 from evaluation.errors import MetricError
 from evaluation.metrics import (
-    auroc_auprc_with_ci,
     event_hour_retention,
     paired_bootstrap_ci,
     paired_bootstrap_ci_reference,
     paired_differences,
     paired_t_test,
     retention_over_stays,
-    roc_curve_points,
     wilcoxon_test,
 )
 

@@ -74,7 +74,7 @@ FORGET_FAULTS = [
      True, False),
     ("cache-purge", "pipelines.safe_io.remove_own_dir", _raise(PermissionError(errno.EACCES, "Permission denied")),
      "EACCES", True, False),
-    ("stale-marker", "pipelines.forget._mark_stale", _raise(ENOSPC), "ENOSPC", True, False),
+    ("stale-marker", "pipelines.forget_apply.mark_stale", _raise(ENOSPC), "ENOSPC", True, False),
     ("duckdb-new-file", "cohort.build.attach_private", _duck_full, "ENOSPC", True, False),
     ("warehouse-swap", "pipelines.erasure.os", _OsProxy(replace=_raise(ENOSPC)), "ENOSPC", True, False),
     ("ledger-card", "pipelines.forget.write_ledger_result", _raise(ENOSPC), "ENOSPC", True, True),

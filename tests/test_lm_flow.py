@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models.corpus import CorpusMissingError, load_corpus
-from pipelines.flows.language_model import (
+from evaluation.studies.language_model import (
     TINY,
     LMStudyError,
     get_batch,
@@ -198,7 +198,7 @@ def _check_progress_lines(lines, res):
 def test_no_progress_prints_nothing(capsys):
     from dataclasses import replace
 
-    from pipelines.flows.language_model import train_run
+    from evaluation.studies.language_model import train_run
 
     train, val = split_corpus(_text(), TINY.val_frac, TINY.block)
     train_run(replace(TINY, steps=2, eval_interval=1, log_every=1), "sliding", 0, train, val, 8, progress=False)
@@ -206,7 +206,7 @@ def test_no_progress_prints_nothing(capsys):
 
 
 def test_protocols_and_the_recorded_label():
-    from pipelines.flows.language_model import CPU, PROTOCOLS, LMConfig, study_result
+    from evaluation.studies.language_model import CPU, PROTOCOLS, LMConfig, study_result
 
     assert PROTOCOLS["seed"][0] == LMConfig() and PROTOCOLS["seed"][1] == [0, 1, 2]
     assert LMConfig().steps == 2000 and CPU.steps < 200 and PROTOCOLS["cpu"][0] is CPU

@@ -203,7 +203,7 @@ def test_pending_erasure_is_completed_by_the_next_command(site, monkeypatch):
 
     def crash(*a, **k):
         raise KeyboardInterrupt("killed after the receipt was committed")
-    monkeypatch.setattr(fg, "_apply", crash)
+    monkeypatch.setattr(fg, "apply_erasure", crash)
     with pytest.raises(KeyboardInterrupt):
         forget_subject(p, subject_id=target)
     monkeypatch.undo()

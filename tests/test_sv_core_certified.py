@@ -11,6 +11,7 @@ import pytest
 
 import sv_core._active_set as active_set
 import sv_core.certified as certified
+import sv_core.certified_core as certified_core
 from sv_core import Gate, calibrate_C, rbf_kernel, refit, solve
 from sv_core.bench_solve import icu_like_keys
 from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
@@ -342,7 +343,7 @@ def _break_repair(monkeypatch):
         st[k], a[k] = RESERVE, 0.0
         return a, rho, st, G2, res, r, m
 
-    monkeypatch.setattr(certified, "repair", broken)
+    monkeypatch.setattr(certified_core, "repair", broken)
 
 
 def test_an_uncertified_solve_falls_back_to_the_cp_path_and_says_so(monkeypatch):

@@ -125,7 +125,7 @@ def test_failed_path_and_failed_fallback_restore_state_bit_for_bit(monkeypatch):
     g = _gate()
     before = _fingerprint(g)
     from sv_core import _gate_exact as gate_exact_mod
-    from sv_core import gate as gate_mod
+    from sv_core import _gate_forget as forget_mod
     from sv_core import solver
     from sv_core.errors import RefitError
 
@@ -137,7 +137,7 @@ def test_failed_path_and_failed_fallback_restore_state_bit_for_bit(monkeypatch):
         raise RefitError("injected refit failure")
 
     monkeypatch.setattr(solver.MaintainedSVDD, "_sweep", boom)
-    monkeypatch.setattr(gate_mod, "refit", no_refit)
+    monkeypatch.setattr(forget_mod, "refit", no_refit)  # the deletion's verification oracle
     monkeypatch.setattr(gate_exact_mod, "refit", no_refit)  # the exact fallback's oracle
     active = g.partition()["margin"][0]
     with pytest.raises(PathError, match="exact fallback failed"):

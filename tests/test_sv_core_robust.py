@@ -78,7 +78,7 @@ def test_forget_many_empty_on_empty_and_on_solved_gate():
 
 
 def test_verification_failure_rolls_the_deletion_back(monkeypatch):
-    from sv_core import gate as gate_mod
+    from sv_core import _gate_forget as forget_mod
 
     g = _gate()
     before = _fingerprint(g)
@@ -87,7 +87,7 @@ def test_verification_failure_rolls_the_deletion_back(monkeypatch):
     def no_refit(*a, **k):
         raise RefitError("injected")
 
-    monkeypatch.setattr(gate_mod, "refit", no_refit)
+    monkeypatch.setattr(forget_mod, "refit", no_refit)  # the deletion's verification oracle
     with pytest.raises(VerificationError, match="gate restored"):
         g.forget(tid, verify=True)
     assert _fingerprint(g) == before

@@ -15,4 +15,5 @@ Modules
 ``learned_keys``        trained MQAR model, frozen keys, forget/edit on the exact gate
 ``retrieval_memory``    forgettable fact memory over MiniLM sentence embeddings
 ``audit_regimes``       ICU-warehouse and learned-key regimes for :mod:`sv_core.audit`
+``language_model``      SV hybrid vs matched sliding-window softmax language model (bits per byte)
 """

@@ -28,7 +28,6 @@ and validation loss and the seconds that model has trained; one line per trained
 """
 from __future__ import annotations
 
-import itertools
 import sys
 import threading
 import time
@@ -40,14 +39,18 @@ from prefect.cache_policies import NO_CACHE
 from evaluation.clinical import deterioration as det
 from evaluation.clinical import deterioration_reader as rd
 from evaluation.clinical import deterioration_training as dtr
+from evaluation.clinical.deterioration_results import (
+    BASELINE,
+    LABELS,
+    SEED_TEXT,
+    aggregate,
+    comparison_pairs,
+    roc_figure,
+    seed_paired,
+)
 from evaluation.cluster_bootstrap import paired_cluster_bootstrap
 from pipelines import jsonout, runner, study_inputs, task_cache
 from pipelines import warehouse as wh
-
-SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (softmax)"
-LABELS = {"lstm": "LSTM", "softmax": "causal softmax", "sv_attention": "causal SV attention",
-          "event_now": "event now (trivial baseline)"}
-BASELINE = "event_now"
 
 
 @task(name="deterioration-train", cache_policy=NO_CACHE, persist_result=False,
@@ -73,40 +76,6 @@ def resolve_caps(device: str, **given: int | None) -> dict:
             if v < 0:
                 raise det.DeteriorationInputError(f"{k} must be >= 0 (0 = no cap); got {v}")
             out[k] = None if v == 0 else int(v)
-    return out
-
-
-def aggregate(runs: list[dict], models: list[str]) -> dict:
-    """Per model over seeds: mean and seed-level SD of AUROC/AUPRC, and (legacy key) the mean of
-    the per-seed CI bounds — not an interval; the real one is ``auroc_seedavg_low/high``."""
-    out = {}
-    for m in models:
-        rs = [r for r in runs if r["model"] == m]
-        au = np.array([r["auroc"] for r in rs])
-        ap = np.array([r["auprc"] for r in rs])
-        sd = (lambda a: float(a.std(ddof=1)) if len(a) > 1 else 0.0)
-        out[m] = {"auroc_mean": float(au.mean()), "auroc_sd": sd(au), "auprc_mean": float(ap.mean()),
-                  "auprc_sd": sd(ap), "auroc_ci_low_mean": float(np.mean([r["auroc_low"] for r in rs])),
-                  "auroc_ci_high_mean": float(np.mean([r["auroc_high"] for r in rs])), "seeds": len(rs),
-                  "epochs_mean": float(np.mean([r["epochs"] for r in rs])), "n_params": rs[0]["n_params"],
-                  "train_s_mean": float(np.mean([r["train_s"] for r in rs]))}
-    return out
-
-
-def seed_paired(runs: list[dict], pairs, y: np.ndarray) -> dict:
-    """Per-seed paired differences (same seed index, same test hours): mean and seed-level SD."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
-
-    by = {(r["model"], r["seed"]): np.asarray(r["p_test"], dtype=np.float64) for r in runs}
-    seeds = sorted({r["seed"] for r in runs})
-    out = {}
-    for a, b in pairs:
-        da = [roc_auc_score(y, by[a, s]) - roc_auc_score(y, by[b, s]) for s in seeds if (a, s) in by and (b, s) in by]
-        dp = [average_precision_score(y, by[a, s]) - average_precision_score(y, by[b, s])
-              for s in seeds if (a, s) in by and (b, s) in by]
-        sd = (lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)
-        out[f"{a} - {b}"] = {"auroc_diff_mean": float(np.mean(da)), "auroc_diff_sd": sd(da),
-                             "auprc_diff_mean": float(np.mean(dp)), "auprc_diff_sd": sd(dp), "seeds": len(da)}
     return out
 
 
@@ -162,30 +131,6 @@ def _tasks_run_in_this_process() -> bool:
         return True
 
 
-def roc_figure(y: np.ndarray, scores: dict[str, np.ndarray], keys: list[str], boot: dict,
-               n_points: int = 101) -> dict:
-    """Line-figure spec of the test ROC curves of ``keys`` (seed-averaged predictions and the
-    baseline), each on a fixed ``n_points`` false-positive-rate grid (an aggregate: no score or
-    label of any hour is stored), labelled with its AUROC and stay-clustered 95 % interval."""
-    from evaluation.metrics import roc_curve_points
-
-    series = []
-    for k in keys:
-        c = roc_curve_points(y, scores[k], n_points=n_points)
-        s = boot["scores"][k]
-        series.append({"label": f"{LABELS[k]}: {s['auroc']:.3f} [{s['auroc_low']:.3f}, {s['auroc_high']:.3f}]",
-                       "x": c["fpr"], "y": c["tpr"], "style": "line"})
-    return {"kind": "line", "title": "test ROC of the seed-averaged predictions (legend: AUROC, 95% stay-clustered "
-                                     "interval)", "xlabel": "false-positive rate", "ylabel": "true-positive rate",
-            "diagonal": True, "series": series}
-
-
-def _pairs(models: list[str]) -> list[tuple[str, str]]:
-    order = [m for m in ("sv_attention", "softmax", "lstm") if m in models] + [m for m in models
-                                                                             if m not in det.MODELS]
-    return list(itertools.combinations(order, 2)) + [(m, BASELINE) for m in order]
-
-
 @flow(name="deterioration", log_prints=True)
 @runner.warehouse_locked
 def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs",
@@ -229,7 +174,7 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     if any(s.shape != y.shape for s in scores.values()):
         raise det.DeteriorationInputError("cached predictions do not match the test hours; clear the task cache")
     scores[BASELINE] = tgt["now"]
-    pairs = _pairs(names)
+    pairs = comparison_pairs(names)
     boot = paired_cluster_bootstrap(y, scores, groups, pairs, n_boot=n_boot, seed=0)
     per_seed = seed_paired(runs, [p for p in pairs if BASELINE not in p], y)
     for p, v in per_seed.items():

@@ -325,7 +325,7 @@ def _verify_proof(args) -> int:
 
 @runner.cli_errors
 def _accept_rollback(args) -> int:
-    from pipelines.ledger import accept_rollback
+    from pipelines.warehouse import accept_rollback
 
     out = accept_rollback(args.warehouse, ledger_dir=args.ledger, wait=args.wait)
     print(out.pop("message"), file=sys.stderr)

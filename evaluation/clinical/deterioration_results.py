@@ -1,0 +1,77 @@
+"""Deterioration study results: per-model aggregates over seeds, per-seed paired differences,
+the comparison pairs and the ROC figure spec (pure functions over the training runs' outputs).
+
+The flow (:mod:`pipelines.flows.clinical_deterioration`) trains the runs and writes the result;
+the stay-clustered bootstrap of the seed-averaged predictions is
+:func:`evaluation.cluster_bootstrap.paired_cluster_bootstrap`.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from . import deterioration as det
+
+SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (softmax)"
+LABELS = {"lstm": "LSTM", "softmax": "causal softmax", "sv_attention": "causal SV attention",
+          "event_now": "event now (trivial baseline)"}
+BASELINE = "event_now"
+
+
+def aggregate(runs: list[dict], models: list[str]) -> dict:
+    """Per model over seeds: mean and seed-level SD of AUROC/AUPRC, and (legacy key) the mean of
+    the per-seed CI bounds — not an interval; the real one is ``auroc_seedavg_low/high``."""
+    out = {}
+    for m in models:
+        rs = [r for r in runs if r["model"] == m]
+        au = np.array([r["auroc"] for r in rs])
+        ap = np.array([r["auprc"] for r in rs])
+        sd = (lambda a: float(a.std(ddof=1)) if len(a) > 1 else 0.0)
+        out[m] = {"auroc_mean": float(au.mean()), "auroc_sd": sd(au), "auprc_mean": float(ap.mean()),
+                  "auprc_sd": sd(ap), "auroc_ci_low_mean": float(np.mean([r["auroc_low"] for r in rs])),
+                  "auroc_ci_high_mean": float(np.mean([r["auroc_high"] for r in rs])), "seeds": len(rs),
+                  "epochs_mean": float(np.mean([r["epochs"] for r in rs])), "n_params": rs[0]["n_params"],
+                  "train_s_mean": float(np.mean([r["train_s"] for r in rs]))}
+    return out
+
+
+def seed_paired(runs: list[dict], pairs, y: np.ndarray) -> dict:
+    """Per-seed paired differences (same seed index, same test hours): mean and seed-level SD."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    by = {(r["model"], r["seed"]): np.asarray(r["p_test"], dtype=np.float64) for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    out = {}
+    for a, b in pairs:
+        da = [roc_auc_score(y, by[a, s]) - roc_auc_score(y, by[b, s]) for s in seeds if (a, s) in by and (b, s) in by]
+        dp = [average_precision_score(y, by[a, s]) - average_precision_score(y, by[b, s])
+              for s in seeds if (a, s) in by and (b, s) in by]
+        sd = (lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)
+        out[f"{a} - {b}"] = {"auroc_diff_mean": float(np.mean(da)), "auroc_diff_sd": sd(da),
+                             "auprc_diff_mean": float(np.mean(dp)), "auprc_diff_sd": sd(dp), "seeds": len(da)}
+    return out
+
+
+def roc_figure(y: np.ndarray, scores: dict[str, np.ndarray], keys: list[str], boot: dict,
+               n_points: int = 101) -> dict:
+    """Line-figure spec of the test ROC curves of ``keys`` (seed-averaged predictions and the
+    baseline), each on a fixed ``n_points`` false-positive-rate grid (an aggregate: no score or
+    label of any hour is stored), labelled with its AUROC and stay-clustered 95 % interval."""
+    from evaluation.classification import roc_curve_points
+
+    series = []
+    for k in keys:
+        c = roc_curve_points(y, scores[k], n_points=n_points)
+        s = boot["scores"][k]
+        series.append({"label": f"{LABELS[k]}: {s['auroc']:.3f} [{s['auroc_low']:.3f}, {s['auroc_high']:.3f}]",
+                       "x": c["fpr"], "y": c["tpr"], "style": "line"})
+    return {"kind": "line", "title": "test ROC of the seed-averaged predictions (legend: AUROC, 95% stay-clustered "
+                                     "interval)", "xlabel": "false-positive rate", "ylabel": "true-positive rate",
+            "diagonal": True, "series": series}
+
+
+def comparison_pairs(models: list[str]) -> list[tuple[str, str]]:
+    order = [m for m in ("sv_attention", "softmax", "lstm") if m in models] + [m for m in models
+                                                                             if m not in det.MODELS]
+    return list(itertools.combinations(order, 2)) + [(m, BASELINE) for m in order]

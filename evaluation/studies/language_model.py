@@ -1,0 +1,356 @@
+"""Language-model study: SV hybrid vs matched-state sliding-window softmax (001 §6.3, App. C/D).
+
+For each seed: train the SV hybrid (chunk 64, C 0.25, sigma 2, batched gate), measure its mean
+active long-range state |S u E| on held-out data, set the sliding-window Transformer's window to
+that state + chunk, train it with the same seed (initialisation, data order), and compare best
+validation bits per byte. Paired t-test and Wilcoxon signed-rank over seeds (scipy). That paired
+SV-vs-matched-window comparison is the primary result.
+
+Optional single-seed reference rows (001 App. C: "the DeltaNet, linear, and full-softmax rows are
+single-seed references"): with ``--references`` the same backbone, optimiser, schedule and token
+budget are trained once (first seed) with DeltaNet, linear attention and full causal softmax;
+they are recorded under ``references`` in the result JSON and enter no statistical test.
+
+Configuration (3.22M): byte vocab 256, d 256, 4 layers, 4 heads, block 256, batch 16, AdamW
+beta (0.9, 0.95), weight decay 0.1, clip 1.0, cosine schedule with linear warm-up.
+
+The command is ``forgetful lm`` (:mod:`pipelines.flows.language_model`, the Prefect flow: each
+training run a task).
+
+Protocols (``--protocol``): ``cpu`` (the default) is sized to finish in minutes on a 2-core CPU
+(d 64, 2 layers, block 64, 30 steps, seeds 0 1): a pipeline check, not a converged comparison;
+``seed`` is the seed's protocol above (2,000 steps x 3 seeds: hours on a CPU); ``tiny`` is the
+seconds-long smoke configuration (``--tiny``). The result records which protocol ran and the
+report labels every non-seed protocol as such. Training prints one progress line every
+``log_every`` steps and at each evaluation (step, loss, validation bits/byte, elapsed, ETA).
+
+The corpus defaults to the Shakespeare file built by ``python -m models.corpus fetch``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+
+from models.backbone import GPT, GPTConfig
+
+
+class LMStudyError(ValueError):
+    """Invalid study configuration (corpus too small, bad steps/seeds, unknown reference)."""
+
+
+REFERENCE_VARIANTS = ("deltanet", "linear", "softmax")
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Hyper-parameters of one LM comparison."""
+
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    block: int = 256
+    batch: int = 16
+    steps: int = 2000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_frac: float = 0.05
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    eval_interval: int = 100
+    eval_batches: int = 8
+    chunk: int = 64
+    C: float = 0.25
+    sigma: float = 2.0
+    fista_iters: int = 80
+    fista_tol: float | None = 1e-4
+    max_bytes: int | None = 5_000_000
+    val_frac: float = 0.1
+    log_every: int = 50
+
+
+TINY = LMConfig(d_model=32, n_layers=1, n_heads=2, block=32, batch=4, steps=6, eval_interval=3,
+                eval_batches=2, chunk=8, max_bytes=20_000, log_every=2)
+#: sized so ``forgetful lm`` finishes in minutes on a 2-core CPU (measured: REPRODUCE.md)
+CPU = LMConfig(d_model=64, n_layers=2, n_heads=2, block=64, batch=8, steps=30, eval_interval=10,
+               eval_batches=2, chunk=16, max_bytes=1_000_000, log_every=5)
+#: protocol -> (configuration, default seeds, label in the report)
+PROTOCOLS: dict[str, tuple[LMConfig, list[int], str]] = {
+    "cpu": (CPU, [0, 1], "CPU protocol (d 64, 2 layers, block 64, 30 steps, 2 seeds): a pipeline check, "
+                         "not the seed's 2,000 steps x 3 seeds"),
+    "seed": (LMConfig(), [0, 1, 2], "the seed's protocol (3.22M, 2,000 steps x 3 seeds)"),
+    "tiny": (TINY, [0, 1, 2], "tiny smoke configuration (6 steps): a pipeline check only"),
+}
+DEFAULT_PROTOCOL = "cpu"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
+
+
+def progress_line(variant: str, seed: int, step: int, steps: int, elapsed: float, loss: float,
+                  val_bpb: float | None = None) -> str:
+    """One progress line: step, training loss, the evaluation metric (at evals), elapsed, ETA."""
+    ev = f"  val {val_bpb:.3f} bits/byte" if val_bpb is not None else ""
+    eta = elapsed / step * (steps - step) if step else 0.0
+    return (f"lm {variant} seed {seed}: step {step}/{steps}  loss {loss:.3f}{ev}  elapsed {_clock(elapsed)}  "
+            f"ETA {_clock(eta)}")
+
+
+def split_corpus(data: bytes, val_frac: float, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """90/10 split of the byte stream -> (train, val) uint8 tensors."""
+    arr = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    n_val = int(len(arr) * val_frac)
+    train, val = arr[: len(arr) - n_val], arr[len(arr) - n_val:]
+    if len(train) <= block + 1 or len(val) <= block + 1:
+        raise LMStudyError(f"corpus of {len(arr)} bytes too small for block {block}")
+    return train, val
+
+
+def get_batch(data: torch.Tensor, block: int, batch: int, gen: torch.Generator):
+    """Random windows: inputs and next-byte targets, (batch, block) int64 each."""
+    ix = torch.randint(0, len(data) - block - 1, (batch,), generator=gen)
+    x = torch.stack([data[i: i + block] for i in ix.tolist()]).long()
+    y = torch.stack([data[i + 1: i + 1 + block] for i in ix.tolist()]).long()
+    return x, y
+
+
+def lr_at(step: int, cfg: LMConfig) -> float:
+    """Linear warm-up then cosine decay from lr to min_lr."""
+    warm = max(1, int(cfg.warmup_frac * cfg.steps))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * min(1.0, frac)))
+
+
+def build_model(cfg: LMConfig, variant: str, window: int | None = None) -> GPT:
+    if variant == "sv_hybrid":
+        kw = {"chunk": cfg.chunk, "C": cfg.C, "sigma": cfg.sigma, "fista_iters": cfg.fista_iters,
+              "fista_tol": cfg.fista_tol}
+    elif variant == "sliding":
+        if window is None:
+            raise LMStudyError("the sliding-window model needs a window")
+        kw = {"window": int(window)}
+    elif variant == "deltanet":
+        kw = {"chunk": cfg.chunk}
+    else:
+        kw = {}
+    return GPT(GPTConfig(vocab_size=256, block_size=cfg.block, d_model=cfg.d_model,
+                         n_layers=cfg.n_layers, n_heads=cfg.n_heads, attention=variant,
+                         attn_kwargs=kw))
+
+
+@torch.no_grad()
+def evaluate_bpb(model: GPT, val: torch.Tensor, cfg: LMConfig, seed: int) -> tuple[float, float]:
+    """Mean validation bits per byte on fixed batches; also mean |S u E| of hybrid layers."""
+    model.eval()
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    losses, active = [], []
+    for _ in range(cfg.eval_batches):
+        x, y = get_batch(val, cfg.block, cfg.batch, gen)
+        _, loss = model(x, y)
+        losses.append(float(loss))
+        for st in model.attention_stats():
+            if "active" in st and st["active"].numel():
+                solved = ~st["warmup"]
+                if bool(solved.any()):
+                    active.append(float(st["active"][solved].float().mean()))
+    model.train()
+    return float(np.mean(losses)) / math.log(2.0), float(np.mean(active)) if active else float("nan")
+
+
+def train_run(cfg: LMConfig, variant: str, seed: int, train: torch.Tensor, val: torch.Tensor,
+              window: int | None = None, progress: bool = True) -> dict:
+    """Train one model; returns best validation BPB, curve, wall time and |S u E| (hybrid)."""
+    torch.manual_seed(seed)
+    model = build_model(cfg, variant, window)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95),
+    )
+    gen = torch.Generator().manual_seed(seed)
+    curve, best, active = [], float("inf"), float("nan")
+    t0 = time.perf_counter()
+    log_every = max(1, int(cfg.log_every))
+    for step in range(cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        x, y = get_batch(train, cfg.block, cfg.batch, gen)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        bpb = None
+        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
+            bpb, act = evaluate_bpb(model, val, cfg, seed)
+            curve.append({"step": step + 1, "val_bpb": bpb, "train_loss": float(loss.detach())})
+            if bpb < best:
+                best, active = bpb, act
+        if progress and (bpb is not None or (step + 1) % log_every == 0):
+            print(progress_line(variant, seed, step + 1, cfg.steps, time.perf_counter() - t0,
+                                float(loss.detach()), bpb), flush=True)
+    return {"variant": variant, "seed": seed, "window": window, "best_val_bpb": best,
+            "mean_active_state": active, "curve": curve, "wall_s": time.perf_counter() - t0,
+            "params_non_embedding": model.num_params()}
+
+
+def paired_tests(sv: list[float], swa: list[float]) -> dict:
+    """Paired t-test and Wilcoxon signed-rank (two-sided) on per-seed BPB; nan when n < 2."""
+    sv_a, swa_a = np.asarray(sv, float), np.asarray(swa, float)
+    diff = swa_a - sv_a
+    out = {"n": int(len(diff)), "mean_sv": float(sv_a.mean()) if len(sv_a) else float("nan"),
+           "mean_swa": float(swa_a.mean()) if len(swa_a) else float("nan"),
+           "mean_diff_swa_minus_sv": float(diff.mean()) if len(diff) else float("nan"),
+           "mean_rel_improvement": float(np.mean(diff / swa_a)) if len(diff) else float("nan"),
+           "t": float("nan"), "t_p": float("nan"), "wilcoxon_p": float("nan")}
+    if len(diff) >= 2 and np.any(diff != 0):
+        t = stats.ttest_rel(swa_a, sv_a)
+        out["t"], out["t_p"] = float(t.statistic), float(t.pvalue)
+        out["wilcoxon_p"] = float(stats.wilcoxon(swa_a, sv_a).pvalue)
+    return out
+
+
+def reference_state(cfg: LMConfig, variant: str) -> dict:
+    """The memory each reference carries per layer: a fixed ``n_heads x d_head x d_head`` matrix
+    state for DeltaNet and linear attention, the whole (unbounded) context for softmax."""
+    d_head = cfg.d_model // cfg.n_heads
+    if variant in ("deltanet", "linear"):
+        return {"kind": "fixed matrix state", "floats_per_layer": cfg.n_heads * d_head * d_head}
+    return {"kind": "unbounded (full causal context)", "floats_per_layer": None}
+
+
+def check_references(references) -> list[str]:
+    """Validate reference variant names (order kept, duplicates dropped)."""
+    refs = list(dict.fromkeys(references or []))
+    bad = [r for r in refs if r not in REFERENCE_VARIANTS]
+    if bad:
+        raise LMStudyError(f"unknown reference variant(s) {bad}; choose from {list(REFERENCE_VARIANTS)}")
+    return refs
+
+
+def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_run,
+                   progress: bool = True, references: list[str] | None = None) -> dict:
+    """Paired SV-hybrid vs matched sliding-window comparison over seeds (plain function).
+
+    ``references`` (subset of `REFERENCE_VARIANTS`) adds single-seed reference rows trained
+    with the first seed on the identical backbone and budget; they are reported beside, never
+    inside, the paired test.
+    """
+    if not seeds:
+        raise LMStudyError("need at least one seed")
+    if cfg.steps < 1:
+        raise LMStudyError("steps must be >= 1")
+    refs = check_references(references)
+    train, val = split_corpus(data, cfg.val_frac, cfg.block)
+    rows = []
+    t0 = time.perf_counter()
+    n_runs, done = 2 * len(seeds) + len(refs), 0
+
+    def announce(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            print(f"lm: run {done}/{n_runs}: {what} ({cfg.steps} steps; {_clock(time.perf_counter() - t0)} so far)",
+                  flush=True)
+
+    for seed in seeds:
+        announce(f"SV hybrid, seed {seed}")
+        sv = runner(cfg, "sv_hybrid", seed, train, val, None, progress)
+        act = sv["mean_active_state"]
+        window = min(cfg.block, int(round(act if math.isfinite(act) else 0)) + cfg.chunk)
+        announce(f"matched sliding window {window}, seed {seed}")
+        swa = runner(cfg, "sliding", seed, train, val, window, progress)
+        rows.append({"seed": seed, "sv": sv, "swa": swa, "window": window})
+    ref_rows = []
+    for variant in refs:
+        announce(f"reference {variant}, seed {seeds[0]}")
+        r = runner(cfg, variant, seeds[0], train, val, None, progress)
+        ref_rows.append({"variant": variant, "seed": seeds[0], "best_val_bpb": r["best_val_bpb"],
+                         "wall_s": r["wall_s"], "params_non_embedding": r["params_non_embedding"],
+                         "state": reference_state(cfg, variant), "curve": r["curve"]})
+    return {
+        "study": "language_model",
+        "config": asdict(cfg),
+        "corpus_bytes": len(data),
+        "seeds": list(seeds),
+        "primary": "paired SV hybrid vs matched-state sliding window (per_seed, tests)",
+        "per_seed": [{"seed": r["seed"], "sv_bpb": r["sv"]["best_val_bpb"],
+                      "swa_bpb": r["swa"]["best_val_bpb"], "window": r["window"],
+                      "mean_active_state": r["sv"]["mean_active_state"],
+                      "sv_wall_s": r["sv"]["wall_s"], "swa_wall_s": r["swa"]["wall_s"]}
+                     for r in rows],
+        "curves": {f"{r['seed']}": {"sv": r["sv"]["curve"], "swa": r["swa"]["curve"]} for r in rows},
+        "tests": paired_tests([r["sv"]["best_val_bpb"] for r in rows],
+                              [r["swa"]["best_val_bpb"] for r in rows]),
+        "references": ref_rows,
+        "references_note": "single-seed reference rows (same backbone, optimiser, schedule and "
+                           "token budget); not part of the paired test",
+        "wall_s": time.perf_counter() - t0,
+        "metric": "best validation bits per byte (= BPC for byte-level text)",
+        "seed_figure": {"sv_bpc": 2.178, "swa_bpc": 2.383, "t_p": 0.001, "corpus": "enwik8 5M"},
+    }
+
+
+def _num(x):
+    """JSON-safe number for the report (NaN/inf -> None)."""
+    return float(x) if x is not None and math.isfinite(float(x)) else None
+
+
+def study_result(res: dict, corpus_name: str) -> dict:
+    """The report's ``language_model`` study result (dashboards/SCHEMA.md) from the raw comparison.
+    A non-seed protocol is named in the title and the notes (the report shows both)."""
+    protocol = res.get("protocol", "custom")
+    base = protocol.split("+")[0]
+    proto_label = PROTOCOLS[base][2] if base in PROTOCOLS else "custom configuration"
+    if protocol.endswith("+custom"):
+        proto_label += " (with custom steps or seeds)"
+    title_tag = "" if protocol == "seed" else f"; {protocol} protocol, not the seed's"
+    t = res["tests"]
+    per = res["per_seed"]
+    series = []
+    for seed, c in res["curves"].items():
+        for name, label in (("sv", "SV hybrid"), ("swa", "matched sliding window")):
+            pts = c[name][-256:]
+            series.append({"label": f"{label} (seed {seed})", "x": [p["step"] for p in pts],
+                           "y": [_num(p["val_bpb"]) for p in pts], "style": "both"})
+    tables = [{"title": "per seed: best validation bits per byte",
+               "columns": ["seed", "SV hybrid", "matched sliding window", "window", "mean |S∪E|"],
+               "rows": [[r["seed"], _num(r["sv_bpb"]), _num(r["swa_bpb"]), r["window"], _num(r["mean_active_state"])]
+                        for r in per]}]
+    if res.get("references"):
+        tables.append({"title": "single-seed reference rows (not part of the paired test)",
+                       "columns": ["variant", "seed", "best val bits/byte", "state"],
+                       "rows": [[r["variant"], r["seed"], _num(r["best_val_bpb"]), r["state"]["kind"]]
+                                for r in res["references"]]})
+    return {
+        "study": "language_model",
+        "title": f"Byte-level language model: SV hybrid vs matched sliding window ({corpus_name}{title_tag})",
+        "data": "text",
+        "runtime_s": float(res["wall_s"]),
+        "seed_figure": {},
+        "metrics": {"mean_sv_bpb": _num(t["mean_sv"]), "mean_swa_bpb": _num(t["mean_swa"]),
+                    "mean_rel_improvement": _num(t["mean_rel_improvement"]), "paired_t_p": _num(t["t_p"]),
+                    "wilcoxon_p": _num(t["wilcoxon_p"]), "n_seeds": t["n"], "steps": res["config"]["steps"],
+                    "corpus_bytes": res["corpus_bytes"], "protocol": protocol},
+        "tables": tables,
+        "figures": [{"kind": "line", "title": "validation bits per byte", "xlabel": "step",
+                     "ylabel": "bits/byte", "series": series}] if series else [],
+        "claims": [{"statement": "SV hybrid minus matched sliding window, mean best-val bits/byte",
+                    "reference": "sliding-window softmax with window = measured mean |S∪E| + chunk, same seeds",
+                    "path": "fp32 FISTA partitions + ridged KKT solve (batched training path)",
+                    "operation": "batched training", "value": _num(t["mean_sv"] - t["mean_swa"])
+                    if t["n"] else None, "holds": bool(t["n"] and t["mean_sv"] < t["mean_swa"])}],
+        "config": {"protocol": protocol, "protocol_label": proto_label,
+                   **{k: v for k, v in res["config"].items() if isinstance(v, (int, float, str, bool))}},
+        "notes": (f"Protocol: {proto_label}." + ("" if protocol == "seed" else
+                  " Runs far shorter than the seed's are a pipeline check, not a converged comparison.")),
+    }
