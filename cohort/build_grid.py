@@ -9,6 +9,7 @@ training split's moments and medians), :func:`standardise` (stage 7: ``standardi
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from ._hourly import Moments, events, fill_within_stays, hourly_means
-from .build_scan import Funnel, ScannedVitals
+from .build_scan import Funnel, ScannedVitals, one_row
 from .constants import EVENT_COLUMNS, OBSERVED_COLUMNS, VITALS
 from .errors import EmptyCohortError
 from .selection import assign_splits
@@ -39,7 +40,7 @@ def final_cohort(con: duckdb.DuckDBPyConnection, funnel: Funnel, scanned: Scanne
     ``stays_with_a_vital`` (stays, hourly tokens). Returns ``final`` and ``train``: (n,) bool
     per stay index, kept / in the training split.
     """
-    q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
+    q = functools.partial(one_row, con)
     n_cohort = scanned.stay_of_sidx.size
     final = scanned.per_stay["n_ok"] > 0
     con.register("_final_ids", pa.table({"stay_id": scanned.stay_of_sidx[final]}))

@@ -10,6 +10,7 @@ incremental ingest (:mod:`cohort.incremental`).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import sys
 import time
@@ -30,6 +31,13 @@ from .selection import sample_stays
 from .sources import Adapter, ClifAdapter, MimicNativeAdapter
 
 HOUR_US = 3_600_000_000
+
+
+def one_row(con: duckdb.DuckDBPyConnection, sql: str) -> tuple:
+    """The one row of an aggregate query (``SELECT count(*) …``: always a row)."""
+    row = con.execute(sql).fetchone()
+    assert row is not None  # an aggregate without GROUP BY returns one row
+    return row
 
 
 def value_sql(convention: str = SEED) -> str:
@@ -188,7 +196,7 @@ def select_stays(con: duckdb.DuckDBPyConnection, adapter, funnel: Funnel, min_ho
     ``n_hours = ⌈LOS / 1 h⌉``. Each step adds its stay count to ``funnel``; an empty cohort
     after the LOS filter raises :class:`cohort.errors.EmptyCohortError`.
     """
-    q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
+    q = functools.partial(one_row, con)
     scan(con, f"CREATE TABLE _src_stays AS {adapter.stays_sql()}", [adapter.scan_files[0].parent], "ICU stays")
     funnel.add("icu_stays_in_source", q("SELECT count(*) FROM _src_stays")[0])
     n_one, n_kept = exclude_stays(con, "_src_stays", exclude_subjects)
@@ -253,7 +261,7 @@ def scan_vitals(con: duckdb.DuckDBPyConnection, adapter, funnel: Funnel, scratch
     has to fit in memory. Adds the funnel steps ``vital_rows``, ``numeric_value``,
     ``charttime_within_stay`` and ``plausible_range`` (stays with ≥ 1 such row, and rows).
     """
-    q = lambda sql: con.execute(sql).fetchone()  # noqa: E731
+    q = functools.partial(one_row, con)
     n_cohort = q("SELECT count(*) FROM _cohort0")[0]
     if n_cohort >= MAX_STAYS:
         raise BadParameterError(f"{n_cohort} stays exceed the {MAX_STAYS - 1:,} a build can pack; use --sample")

@@ -13,19 +13,55 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ._gate_exact import JITTER_SCALE, VERIFY_KKT, VERIFY_SCORE_TOL
+from ._gate_exact import JITTER_SCALE, VERIFY_KKT, VERIFY_SCORE_TOL, ExactCompletionMixin
 from .errors import InfeasibleError, PathError, RefitError, UnknownTokenError, VerificationError
 from .kernels import rbf_kernel
 from .receipts import Receipt
 from .refit import refit
-from .solver import DEAD, ERROR, MARGIN, RESERVE
+from .solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
 from .validation import check_token_id
 
 _STATUS_NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
 
 
-class ForgetMixin:
-    """Deletion methods of :class:`sv_core.Gate` (they use its id maps and maintained solver)."""
+class ForgetMixin(ExactCompletionMixin):
+    """Deletion methods of :class:`sv_core.Gate` (they use its id maps and maintained solver).
+
+    The attributes and the stubs below are what these methods read of the gate; :class:`sv_core.Gate`
+    defines every one of them (the stubs are never called)."""
+
+    _core: MaintainedSVDD | None
+    _slot_of: dict[int, int]
+    _id_of_slot: list[int]
+    _forgotten: set[int]
+
+    @property
+    def n(self) -> int:
+        raise NotImplementedError  # sv_core.gate.Gate
+
+    @property
+    def gated(self) -> bool:
+        raise NotImplementedError  # sv_core.gate.Gate
+
+    @property
+    def keys(self) -> np.ndarray:
+        raise NotImplementedError  # sv_core.gate.Gate
+
+    @property
+    def alpha(self) -> np.ndarray:
+        raise NotImplementedError  # sv_core.gate.Gate
+
+    def _live_slots(self) -> np.ndarray:
+        raise NotImplementedError  # sv_core.gate.Gate
+
+    def _maybe_compact(self) -> None:
+        raise NotImplementedError  # sv_core.gate.Gate
+
+    def score(self, P) -> np.ndarray:
+        raise NotImplementedError  # sv_core.gate.Gate
+
+    def kkt_residual(self) -> dict:
+        raise NotImplementedError  # sv_core.gate.Gate
 
     def _slot(self, token_id) -> int:
         tid = check_token_id(token_id)

@@ -1,6 +1,7 @@
-"""Serialisation of :class:`sv_core.Gate` (:class:`GateStateMixin`, one of its bases): ``to_state``,
-the validating ``from_state``, and ``from_solution`` (a solved gate from a given fixed-C solution,
-without solving again).
+"""Serialisation of :class:`sv_core.Gate`: ``to_state``, the validating ``from_state``, and
+``from_solution`` (a solved gate from a given fixed-C solution, without solving again).
+
+The gate (``gate``, ``cls``) is passed in, never imported: this module sits below :mod:`sv_core.gate`.
 """
 from __future__ import annotations
 
@@ -20,129 +21,109 @@ from .validation import as_keys, check_finite_kernel
 STATE_KKT_TOL = 1e-8
 
 
-class GateStateMixin:
-    """Serialisation methods of :class:`sv_core.Gate`."""
+def to_state(gate: Any) -> dict[str, Any]:
+    """Implementation of :meth:`sv_core.Gate.to_state` (see its docstring)."""
+    slots = gate._live_slots()
+    core = gate._core
+    return {
+        "C": gate.C,
+        "sigma": gate.sigma,
+        "refactor_every": gate.refactor_every,
+        "keys": core.X[slots].copy() if core is not None else np.zeros((0, 0)),
+        "ids": gate.ids,
+        "alpha": core.alpha[slots].copy() if core is not None else np.zeros(0),
+        "status": core.status[slots].copy() if core is not None else np.zeros(0, np.int8),
+        "margin_ids": np.asarray([gate._id_of_slot[s] for s in core.S], dtype=np.int64)
+        if core is not None else np.zeros(0, np.int64),
+        "rho": float(core.rho) if core is not None else 0.0,
+        "solved": bool(core.solved) if core is not None else False,
+        "next_id": gate._next_id,
+        "forgotten": np.asarray(sorted(gate._forgotten), dtype=np.int64),
+        "fallbacks": int(gate.fallbacks),
+    }
 
-    def to_state(self) -> dict[str, Any]:
-        """Arrays and scalars that reproduce this gate exactly (``np.savez``-able)."""
-        slots = self._live_slots()
-        core = self._core
-        return {
-            "C": self.C,
-            "sigma": self.sigma,
-            "refactor_every": self.refactor_every,
-            "keys": core.X[slots].copy() if core is not None else np.zeros((0, 0)),
-            "ids": self.ids,
-            "alpha": core.alpha[slots].copy() if core is not None else np.zeros(0),
-            "status": core.status[slots].copy() if core is not None else np.zeros(0, np.int8),
-            "margin_ids": np.asarray([self._id_of_slot[s] for s in core.S], dtype=np.int64)
-            if core is not None else np.zeros(0, np.int64),
-            "rho": float(core.rho) if core is not None else 0.0,
-            "solved": bool(core.solved) if core is not None else False,
-            "next_id": self._next_id,
-            "forgotten": np.asarray(sorted(self._forgotten), dtype=np.int64),
-            "fallbacks": int(self.fallbacks),
-        }
+def from_state(cls: Any, state: dict) -> Any:
+    """Implementation of :meth:`sv_core.Gate.from_state` (see its docstring)."""
+    from .validation import load_state
 
-    @classmethod
-    def from_state(cls, state: dict):
-        """Rebuild a gate from :meth:`to_state`, validating everything first.
-
-        Checks shapes, dtypes, finiteness, the C and sigma ranges, unique integer ids disjoint
-        from the forgotten ones, the margin set, and for a solved state ``sum(alpha) = 1``, the
-        box, the partition and the KKT residual (``<= STATE_KKT_TOL``, recomputed from scratch).
-        Raises :class:`InvalidStateError` (one line saying what is wrong).
-        """
-        from .validation import load_state
-
+    try:
+        st = load_state(state, warmup_size)
+    except (InvalidKeysError, InvalidParameterError) as exc:
+        raise InvalidStateError(f"invalid gate state: {exc}") from exc
+    g = cls(st["C"], st["sigma"], st["refactor_every"])
+    g._next_id = st["next_id"]
+    g._forgotten = set(st["forgotten"])
+    g.fallbacks = st["fallbacks"]
+    keys, ids = st["keys"], st["ids"]
+    if keys.shape[0] == 0:
+        if keys.shape[1]:
+            g._core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
+        return g
+    core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
+    slots = core.append(keys)
+    try:
+        check_finite_kernel(core.K[: core.n_slots, : core.n_slots])
+    except InvalidKeysError as exc:
+        raise InvalidStateError(f"invalid gate state: {exc}") from exc
+    core.alpha[slots] = st["alpha"]
+    core.status[slots] = st["status"]
+    core.rho = st["rho"]
+    core.solved = st["solved"]
+    g._core = core
+    g._id_of_slot = [int(i) for i in ids]
+    g._slot_of = {int(i): s for s, i in enumerate(ids)}
+    core.S = [g._slot_of[int(i)] for i in st["margin_ids"]]
+    if core.solved:
         try:
-            st = load_state(state, warmup_size)
-        except (InvalidKeysError, InvalidParameterError) as exc:
+            if core.S:
+                core.refactor()
+        except PathError as exc:
             raise InvalidStateError(f"invalid gate state: {exc}") from exc
-        g = cls(st["C"], st["sigma"], st["refactor_every"])
-        g._next_id = st["next_id"]
-        g._forgotten = set(st["forgotten"])
-        g.fallbacks = st["fallbacks"]
-        keys, ids = st["keys"], st["ids"]
-        if keys.shape[0] == 0:
-            if keys.shape[1]:
-                g._core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
-            return g
-        core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
-        slots = core.append(keys)
-        try:
-            check_finite_kernel(core.K[: core.n_slots, : core.n_slots])
-        except InvalidKeysError as exc:
-            raise InvalidStateError(f"invalid gate state: {exc}") from exc
-        core.alpha[slots] = st["alpha"]
-        core.status[slots] = st["status"]
-        core.rho = st["rho"]
-        core.solved = st["solved"]
-        g._core = core
-        g._id_of_slot = [int(i) for i in ids]
-        g._slot_of = {int(i): s for s, i in enumerate(ids)}
-        core.S = [g._slot_of[int(i)] for i in st["margin_ids"]]
-        if core.solved:
-            try:
-                if core.S:
-                    core.refactor()
-            except PathError as exc:
-                raise InvalidStateError(f"invalid gate state: {exc}") from exc
+        core.recompute_g()
+        v = core.kkt_residual()["max"]
+        if not v <= STATE_KKT_TOL:
+            raise InvalidStateError(
+                f"invalid gate state: KKT residual {v:.3g} > {STATE_KKT_TOL:g} (alpha, rho or "
+                "partition do not solve the fixed-C problem for these keys, C and sigma)"
+            )
+    return g
+
+def from_solution(cls: Any, X, alpha, C: float, sigma: float, refactor_every: int = 64) -> Any:
+    """Implementation of :meth:`sv_core.Gate.from_solution` (see its docstring)."""
+    g = cls(C, sigma, refactor_every)
+    A = as_keys(X)
+    n = A.shape[0]
+    a = np.asarray(alpha, dtype=np.float64).reshape(-1)
+    if a.shape != (n,) or not np.isfinite(a).all():
+        raise InvalidKeysError(f"alpha must be a finite array of shape ({n},), got {a.shape}")
+    if n < g.warmup_size:
+        g.admit(A)
+        return g
+    if n * g.C < 1.0 - 1e-12:
+        raise InfeasibleError(f"n*C = {n * g.C:.6g} < 1: the fixed-C problem is infeasible")
+    core = MaintainedSVDD(g.C, g.sigma, A.shape[1], g.refactor_every)
+    slots = core.append(A)
+    check_finite_kernel(core.K[:n, :n])
+    a = np.clip(a, 0.0, g.C)
+    status = np.where(a <= 0.0, RESERVE, np.where(a >= g.C, ERROR, MARGIN)).astype(np.int8)
+    a, status = consolidate_repeats(A, a, status, g.C)
+    f = 2.0 * (core.K[:n, :n] @ a)  # a dense mat-vec: no (n, |support|) copy
+    mar = status == MARGIN
+    rho = float(np.mean(core.kd[:n][mar] - f[mar])) if mar.any() else 0.0
+    try:
+        with single_thread(n):
+            core.load_solution(slots, a, status, rho)
+            core.polish()
             core.recompute_g()
-            v = core.kkt_residual()["max"]
-            if not v <= STATE_KKT_TOL:
-                raise InvalidStateError(
-                    f"invalid gate state: KKT residual {v:.3g} > {STATE_KKT_TOL:g} (alpha, rho or "
-                    "partition do not solve the fixed-C problem for these keys, C and sigma)"
-                )
-        return g
-
-    @classmethod
-    def from_solution(cls, X, alpha, C: float, sigma: float, refactor_every: int = 64):
-        """A solved gate over keys ``X`` from a given solution ``alpha`` of the same fixed-C
-        problem (e.g. the independent :func:`refit`'s), without solving it again.
-
-        The partition is read off ``alpha`` (0 reserve, C error, otherwise margin; bit-identical
-        keys consolidated), the margin system is re-solved on it (``rho`` and the margin
-        coefficients exact for these keys) and the KKT guard is checked; if ``alpha`` does not
-        solve the problem to the guard (``<= 1e-9``), the gate is solved by the maintained path
-        instead. Token ids are ``0..n-1`` in row order. Below the warm-up size the keys are just
-        admitted (nothing is solved).
-        """
+        ok = core.guard_residual() <= KKT_GUARD
+    except PathError:
+        ok = False
+    if not ok:  # not a solution to the guard: solve by the maintained path
         g = cls(C, sigma, refactor_every)
-        A = as_keys(X)
-        n = A.shape[0]
-        a = np.asarray(alpha, dtype=np.float64).reshape(-1)
-        if a.shape != (n,) or not np.isfinite(a).all():
-            raise InvalidKeysError(f"alpha must be a finite array of shape ({n},), got {a.shape}")
-        if n < g.warmup_size:
-            g.admit(A)
-            return g
-        if n * g.C < 1.0 - 1e-12:
-            raise InfeasibleError(f"n*C = {n * g.C:.6g} < 1: the fixed-C problem is infeasible")
-        core = MaintainedSVDD(g.C, g.sigma, A.shape[1], g.refactor_every)
-        slots = core.append(A)
-        check_finite_kernel(core.K[:n, :n])
-        a = np.clip(a, 0.0, g.C)
-        status = np.where(a <= 0.0, RESERVE, np.where(a >= g.C, ERROR, MARGIN)).astype(np.int8)
-        a, status = consolidate_repeats(A, a, status, g.C)
-        f = 2.0 * (core.K[:n, :n] @ a)  # a dense mat-vec: no (n, |support|) copy
-        mar = status == MARGIN
-        rho = float(np.mean(core.kd[:n][mar] - f[mar])) if mar.any() else 0.0
-        try:
-            with single_thread(n):
-                core.load_solution(slots, a, status, rho)
-                core.polish()
-                core.recompute_g()
-            ok = core.guard_residual() <= KKT_GUARD
-        except PathError:
-            ok = False
-        if not ok:  # not a solution to the guard: solve by the maintained path
-            g = cls(C, sigma, refactor_every)
-            g.admit(A)
-            return g
-        g._core = core
-        g._next_id = n
-        g._id_of_slot = list(range(n))
-        g._slot_of = {i: i for i in range(n)}
+        g.admit(A)
         return g
+    g._core = core
+    g._next_id = n
+    g._id_of_slot = list(range(n))
+    g._slot_of = {i: i for i in range(n)}
+    return g

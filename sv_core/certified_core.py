@@ -22,7 +22,7 @@ from ._state import ERROR, MARGIN, RESERVE
 from .errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
 from .kernels import rbf_kernel
 from .refit import TIGHT_KKT
-from .smo import CACHE_BYTES, SMO_TOL, fast_smo_available, smo
+from .smo import CACHE_BYTES, SMO_TOL, SMOResult, fast_smo_available, smo
 from .validation import as_keys, check_params
 
 #: the solve aims at this largest KKT violation (repairs and a warm polish are tried above it)
@@ -103,7 +103,7 @@ class Attempt:
     warm ``polished`` SMO was needed, and the start time ``t0`` (``time.perf_counter``)."""
 
     p: Problem
-    r: object
+    r: SMOResult
     alpha: np.ndarray
     rho: float
     status: np.ndarray

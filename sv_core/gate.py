@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _gate_state
+
 # the guard/fallback constants and STATE_KKT_TOL are re-exported from here for callers
 from ._gate_exact import (  # noqa: F401
     JITTER_SCALE,
@@ -19,7 +21,7 @@ from ._gate_exact import (  # noqa: F401
     ExactCompletionMixin,
 )
 from ._gate_forget import ForgetMixin
-from ._gate_state import STATE_KKT_TOL, GateStateMixin  # noqa: F401
+from ._gate_state import STATE_KKT_TOL  # noqa: F401
 from .calibrate import warmup_size
 from .certified_core import load_certified
 from .errors import (
@@ -47,7 +49,7 @@ class WarmupError(GateError):
     """The gate has fewer than ``ceil(1/C) + 2`` keys: it is not solved and has no gate score."""
 
 
-class Gate(ForgetMixin, GateStateMixin, ExactCompletionMixin):
+class Gate(ForgetMixin, ExactCompletionMixin):
     """Fixed-C SVDD gate with an exact maintained fp64 C&P solver.
 
     Parameters
@@ -345,6 +347,36 @@ class Gate(ForgetMixin, GateStateMixin, ExactCompletionMixin):
                     new_ids[new] = self._id_of_slot[old]
             self._id_of_slot = new_ids
             self._slot_of = {i: s for s, i in enumerate(new_ids)}
+
+    # ------------------------------------------------------------------ serialisation (sv_core._gate_state)
+    def to_state(self) -> dict:
+        """Arrays and scalars that reproduce this gate exactly (``np.savez``-able)."""
+        return _gate_state.to_state(self)
+
+    @classmethod
+    def from_state(cls, state: dict) -> Gate:
+        """Rebuild a gate from :meth:`to_state`, validating everything first.
+
+        Checks shapes, dtypes, finiteness, the C and sigma ranges, unique integer ids disjoint
+        from the forgotten ones, the margin set, and for a solved state ``sum(alpha) = 1``, the
+        box, the partition and the KKT residual (``<= STATE_KKT_TOL``, recomputed from scratch).
+        Raises :class:`InvalidStateError` (one line saying what is wrong).
+        """
+        return _gate_state.from_state(cls, state)
+
+    @classmethod
+    def from_solution(cls, X, alpha, C: float, sigma: float, refactor_every: int = 64) -> Gate:
+        """A solved gate over keys ``X`` from a given solution ``alpha`` of the same fixed-C
+        problem (e.g. the independent :func:`refit`'s), without solving it again.
+
+        The partition is read off ``alpha`` (0 reserve, C error, otherwise margin; bit-identical
+        keys consolidated), the margin system is re-solved on it (``rho`` and the margin
+        coefficients exact for these keys) and the KKT guard is checked; if ``alpha`` does not
+        solve the problem to the guard (``<= 1e-9``), the gate is solved by the maintained path
+        instead. Token ids are ``0..n-1`` in row order. Below the warm-up size the keys are just
+        admitted (nothing is solved).
+        """
+        return _gate_state.from_solution(cls, X, alpha, C, sigma, refactor_every)
 
     def __repr__(self) -> str:
         p = {k: len(v) for k, v in self.partition().items()}
