@@ -86,6 +86,7 @@ SPECS: dict[str, tuple[tuple[tuple[str, ...], dict], ...]] = {
                 _opt("--audit-trials", type=int, default=50)),
     "ingest": (_opt("--source", choices=["mimic", "clif"], required=True), _opt("--root", required=True),
                _opt("--init", action="store_true"), _opt("--frozen", default=None),
+               _opt("--jobs", type=int, default=None),
                _opt("--warehouse", default=DEFAULT_WAREHOUSE), _RUNS, _WORKERS),
     "serve": (_opt("--cron", default="0 3 * * *"), _opt("--source", choices=SOURCES, default="demo"),
               _opt("--root", default=None), _opt("--ingest-root", default=None),
@@ -237,7 +238,7 @@ def _run_all(a: argparse.Namespace) -> None:
 
 
 def _ingest(a: argparse.Namespace) -> None:
-    _positive(a, "workers")
+    _positive(a, "workers", "jobs")
     if a.source is None or a.root is None:
         return  # required: the full parser says so, with its usage
     if a.frozen and not a.init:

@@ -24,7 +24,8 @@ CLINICAL = {"cohort": "build-cohort", "icu_retention": "retention", "heldout_spo
             "ledger": "receipts"}
 SYNTHETIC = ("planted_secret", "skewed_redundancy", "streaming_eviction", "selective_copying", "capacity",
              "mqar_control", "learned_keys", "retrieval_memory", "synthetic_fidelity")
-DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic", "mimic": "your MIMIC-IV root", "clif": "your CLIF root"}
+DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic", "mimic": "your MIMIC-IV root", "clif": "your CLIF root",
+        "meds": "your MEDS dataset"}
 MODEL_NAMES = {"sv_attention": "SV attention", "softmax": "softmax", "lstm": "LSTM"}
 _DIFF = re.compile(r"SV minus (\S+)")
 _CI = re.compile(r"^\s*(-?[\d.eE+-]+)\s*\[")
@@ -104,7 +105,9 @@ def _audit(p: dict) -> str:
 
 def _cohort(p: dict) -> str:
     m = p.get("metrics") or {}
-    return f"{num(m.get('n_stays'))} stays, {num(m.get('n_tokens'))} hourly tokens ({DATA.get(p.get('data'), p.get('data'))})"
+    source = (p.get("config") or {}).get("source")  # a MEDS build is real data ("mimic") read from a MEDS dataset
+    what = DATA["meds"] if source == "meds" else DATA.get(p.get("data"), p.get("data"))
+    return f"{num(m.get('n_stays'))} stays, {num(m.get('n_tokens'))} hourly tokens ({what})"
 
 
 def _ledger(p: dict) -> str:

@@ -110,6 +110,8 @@ def _cases(r: dict[str, Path]) -> list[tuple[str, list[str], int, str]]:
         ("ingest root without stays table", ["ingest", "--source", "mimic", "--root", str(t / "mimic_no_stays")], 3,
          "missing input table 'icu/icustays'"),
         ("zero seeds", ["deterioration", "--seeds", "0", "--warehouse", nowh], 2, "--seeds must be at least 1"),
+        ("ingest with zero jobs", ["ingest", "--source", "mimic", "--root", str(r["ok"]), "--jobs", "0"], 2,
+         "--jobs must be at least 1"),
         ("workers not a number", ["audit", "--workers", "two"], 2, "invalid int value"),
         ("--root without its folder", ["build-cohort", "--source", "mimic", "--root"], 2, "expected one argument"),
     ]

@@ -128,3 +128,13 @@ def test_patient_deletion_line_states_both_gaps_to_the_refit():
     assert "…" not in line
     # a result without the gap claim falls back to the first claim's statement
     assert LINES["patient_deletion"]({"claims": [other]}).startswith("leakage zero")
+
+
+def test_the_cohort_line_names_where_the_data_came_from():
+    from pipelines.run_summary import LINES
+
+    base = {"metrics": {"n_stays": 12, "n_tokens": 600}}
+    assert LINES["cohort"]({**base, "data": "demo", "config": {"source": "demo"}}).endswith("(real MIMIC-IV demo)")
+    assert LINES["cohort"]({**base, "data": "mimic", "config": {"source": "mimic"}}).endswith("(your MIMIC-IV root)")
+    # a MEDS build holds real data ("mimic" for the report) but was not read from a MIMIC-IV root
+    assert LINES["cohort"]({**base, "data": "mimic", "config": {"source": "meds"}}).endswith("(your MEDS dataset)")
