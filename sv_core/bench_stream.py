@@ -36,16 +36,19 @@ import contextlib
 import json
 import os
 import platform
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from .bench_stream_tables import DocsBlockError, docs_text, thread_settings, write_docs
 from .calibrate import calibrate_C
 from .gate import Gate
 from .kernels import rbf_kernel
 from .refit import refit
 from .streaming import StreamingGate
+from .streaming_profile import CostProfile, hot_shape, parts_per_token
 
 EVICT_EVERY = 24
 
@@ -149,6 +152,7 @@ def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma
     lib = []
     bl = max(1, w // len(blocks))
     st0 = dict(sg.stats)
+    prof = CostProfile(sg)
     for k in range(w):
         thr = blocks[min(k // bl, len(blocks) - 1)]
         name = "default" if thr is None else f"{thr}"
@@ -156,6 +160,7 @@ def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma
         i = lo + k
         with _threads(thr):
             rec["streaming"].append(_sg_step(sg, X[i], i, rec["streaming_cpu"]))
+            prof.refresh()
             if plain is not None:
                 c, t = time.process_time(), time.perf_counter()
                 plain.admit(X[i])
@@ -165,13 +170,17 @@ def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma
             _, dt = _libsvm_fit(X[:i + 1], C, sigma)
             lib.append(dt)
             log(f"    libsvm re-solve at {i + 1} live tokens: {dt:.2f} s")
+    prof.detach()
     out: dict[str, Any] = {name: {peer: _stats(v) for peer, v in rec.items()} for name, rec in per.items()}
+    out["streaming_parts_ms"] = parts_per_token(prof.totals, w)
     out["libsvm_s"] = lib
     out["libsvm"] = _stats(lib)
     d = {k: sg.stats[k] - st0.get(k, 0) for k in sg.stats}
     out["streaming_work"] = {"tokens": w, "admitted_cold_fraction": d["admitted_cold"] / w,
                              "exact_checks_per_token": d["exact_checks"] / w, "readmissions": d["readmissions"],
-                             "n_hot_end": sg.n_hot, "n_cold_end": sg.n_cold}
+                             "hot_admissions_per_token": 1.0 - d["admitted_cold"] / w,
+                             "cold_fraction_rechecked_per_token": d["exact_checks"] / w / max(sg.n_cold, 1),
+                             "n_hot_end": sg.n_hot, "n_cold_end": sg.n_cold, **hot_shape(sg)}
     return out
 
 
@@ -191,15 +200,22 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
     for N in sizes:
         row: dict[str, Any] = {"tokens": N, "load_before": os.getloadavg()}
         if N <= stream_max:
+            prof, last = CostProfile(sg), None
             while pos < N:
                 t_stream.append(_sg_step(sg, X[pos], pos))
+                prof.refresh()
                 pos += 1
                 if pos % 1000 == 0:
                     blk = np.asarray(t_stream[-1000:]) * 1e3
+                    now = prof.snapshot()
+                    parts = parts_per_token({k: v - (last or {}).get(k, 0.0) for k, v in now.items()}, 1000)
+                    last = now
                     block_t.append({"tokens": pos, "mean_ms": float(blk.mean()), "median_ms": float(np.median(blk)),
-                                    "n_hot": sg.n_hot, "n_cold": sg.n_cold})
+                                    "n_hot": sg.n_hot, "n_cold": sg.n_cold, "parts_ms": parts, **hot_shape(sg)})
                     log(f"  streamed {pos}: mean {blk.mean():.3f} ms/token (median {np.median(blk):.3f}), "
-                        f"hot {sg.n_hot}, cold {sg.n_cold}")
+                        f"hot {sg.n_hot} (support {block_t[-1]['n_support']}), cold {sg.n_cold}; ms/token "
+                        + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
+            prof.detach()
             gate, lo, how = sg, pos, "streamed"
         else:
             a, dt = _libsvm_fit(X[:N], C, sigma)
@@ -228,7 +244,12 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
             row["plain_gate"] = f"not run: a plain Gate over {gate.n} tokens needs an n^2 Gram matrix " \
                                 f"({gate.n ** 2 * 8 / 2**30:.0f} GiB)"
         steps = set(np.linspace(0, window - 1, libsvm_steps).astype(int).tolist()) if libsvm_steps else set()
+        if how != "streamed" and steps:  # the warm start's libsvm solve is a re-solve at N: count it
+            steps = set(sorted(steps)[1:])
         row["window"] = _window(gate, plain, X, lo, window, blocks, steps, C, sigma, log)
+        if how != "streamed" and libsvm_steps:
+            row["window"]["libsvm_s"].insert(0, row["libsvm_solve_for_warm_start_s"])
+            row["window"]["libsvm"] = _stats(row["window"]["libsvm_s"])
         del plain
         if how == "streamed":
             pos = lo + window
@@ -261,7 +282,7 @@ def _warm_check(X, N, lo, w, C, sigma, warmup, log) -> dict:
 
 def _log_row(row, log) -> None:
     w = row["window"]
-    for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
+    for name in thread_settings(w):
         s = w[name]["streaming"]
         p = w[name].get("plain_gate", {"n": 0})
         log(f"    threads {name:>7}: streaming mean {s['mean_ms']:.3f} ms (median {s['median_ms']:.3f}, "
@@ -269,35 +290,6 @@ def _log_row(row, log) -> None:
             + (f" | plain mean {p['mean_ms']:.3f} ms (median {p['median_ms']:.3f}; CPU mean "
                f"{w[name]['plain_gate_cpu']['mean_ms']:.3f})" if p.get("n") else ""))
     log(f"    work: {w['streaming_work']}")
-
-
-def table(*results: dict) -> str:
-    """Markdown table of one or more results (per size and thread setting); wall-clock ms per
-    token with the process CPU mean in brackets (robust to a loaded machine)."""
-    out = ["| tokens | BLAS threads | StreamingGate ms/token: mean (median, IQR) [CPU mean] "
-           "| plain Gate ms/token: mean (median, IQR) [CPU mean] | libsvm re-solve s/step: median (min-max), n "
-           "| libsvm ÷ StreamingGate (means) | hot / live | score dev vs refit: median, worst | load (1 min) |",
-           "|---" * 9 + "|"]
-
-    def fmt(w, peer):
-        s = w.get(peer, {"n": 0})
-        if not s.get("n"):
-            return "not run (n² memory)"
-        return (f"{s['mean_ms']:.3g} ({s['median_ms']:.2g}, {s['p25_ms']:.2g}-{s['p75_ms']:.2g}) "
-                f"[{w[peer + '_cpu']['mean_ms']:.3g}]")
-
-    for res in results:
-        for r in res["sizes"]:
-            w, e = r["window"], r["exactness"]
-            lib = w["libsvm_s"]
-            libs = f"{np.median(lib):.3g} ({min(lib):.3g}-{max(lib):.3g}), {len(lib)}" if lib else "—"
-            for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
-                ratio = f"{1e3 * np.median(lib) / w[name]['streaming']['mean_ms']:.0f}×" if lib else "—"
-                out.append(f"| {r['tokens']:,} | {name} | {fmt(w[name], 'streaming')} | {fmt(w[name], 'plain_gate')} "
-                           f"| {libs} | {ratio} | {r['n_hot']} / {r['n_live']} "
-                           f"| {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} "
-                           f"| {r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
-    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -315,21 +307,31 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="sizes 1000,2000 with a 96-token window (< 2 min)")
     ap.add_argument("--json", default=None, help="write the result here (e.g. runs/bench_stream/bench.json)")
     ap.add_argument("--table", nargs="+", default=None, metavar="JSON",
-                    help="only print the markdown table of these result files")
+                    help="only print the markdown tables of these result files")
+    ap.add_argument("--write-docs", default=None, metavar="FILE",
+                    help="with --table: replace the text between <!-- bench_stream:begin --> and "
+                         "<!-- bench_stream:end --> in FILE (e.g. README.md) by the tables")
     a = ap.parse_args(argv)
     if a.table:
         res = []
         for path in a.table:
             with open(path) as f:
                 res.append(json.load(f))
-        print(table(*res))
+        text = docs_text(*res)
+        print(text)
+        if a.write_docs:
+            try:
+                write_docs(a.write_docs, text)
+            except DocsBlockError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         return 0
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else ([1000, 2000] if a.quick else [1000, 10_000, 100_000])
     window = a.window or (96 if a.quick else 200)
     one = run(sizes=sizes, window=window, stream_max=a.stream_max, plain_max=a.plain_max,
               libsvm_steps=a.libsvm_steps, threads=a.threads, refit_sample=a.refit_sample, warmup=a.warmup,
               seed=a.seed)
-    print(table(one))
+    print(docs_text(one))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

@@ -1,0 +1,141 @@
+"""Markdown tables of :mod:`sv_core.bench_stream` result files, and the README block they fill.
+
+``docs_text(*results)`` renders, from the result files only (no hand-typed figure):
+
+1. the peer table: StreamingGate vs a plain ``Gate`` vs a libsvm re-solve per size and BLAS
+   thread setting (wall ms per token, process CPU mean in brackets), exactness against the
+   independent refit and the recomputed full-history KKT residual;
+2. where the StreamingGate's time goes at each size (ms per token by part,
+   :mod:`sv_core.streaming_profile`) and the sizes that set it (hot tier, support, margin set,
+   keys re-checked per token);
+3. the per-token cost along the stream (every streamed block of 1,000 tokens, subsampled).
+
+``write_docs(path, text)`` replaces the text between ``<!-- bench_stream:begin -->`` and
+``<!-- bench_stream:end -->`` in ``path`` (a typed error if the markers are missing).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .streaming_profile import PARTS
+
+BEGIN, END = "<!-- bench_stream:begin -->", "<!-- bench_stream:end -->"
+
+
+class DocsBlockError(ValueError):
+    """The file to update cannot be read or has no single marker block."""
+
+
+def thread_settings(w: dict) -> list[str]:
+    """Names of the thread settings timed in one window record."""
+    return [k for k, v in w.items() if isinstance(v, dict) and "streaming" in v]
+
+
+def _fmt(w: dict, peer: str) -> str:
+    s = w.get(peer, {"n": 0})
+    if not s.get("n"):
+        return "not run (n² memory)"
+    return (f"{s['mean_ms']:.3g} ({s['median_ms']:.2g}, {s['p25_ms']:.2g}-{s['p75_ms']:.2g}) "
+            f"[{w[peer + '_cpu']['mean_ms']:.3g}]")
+
+
+def table(*results: dict) -> str:
+    """Peer table (per size and thread setting)."""
+    out = ["| tokens | BLAS threads | StreamingGate ms/token: mean (median, IQR) [CPU mean] "
+           "| plain Gate ms/token: mean (median, IQR) [CPU mean] | libsvm re-solve s/step: median (min-max), n "
+           "| libsvm ÷ StreamingGate (means) | plain ÷ StreamingGate (CPU means) | hot / live "
+           "| score dev vs refit: median, worst | full-history KKT | load (1 min) |",
+           "|---" * 11 + "|"]
+    for res in results:
+        for r in res["sizes"]:
+            w, e = r["window"], r["exactness"]
+            lib = w["libsvm_s"]
+            libs = f"{np.median(lib):.3g} ({min(lib):.3g}-{max(lib):.3g}), {len(lib)}" if lib else "—"
+            for name in thread_settings(w):
+                ratio = f"{1e3 * np.median(lib) / w[name]['streaming']['mean_ms']:.0f}×" if lib else "—"
+                pc = w[name].get("plain_gate_cpu", {"n": 0})
+                plain = (f"{pc['mean_ms'] / w[name]['streaming_cpu']['mean_ms']:.2g}×" if pc.get("n") else "—")
+                out.append(f"| {r['tokens']:,} | {name} | {_fmt(w[name], 'streaming')} | {_fmt(w[name], 'plain_gate')} "
+                           f"| {libs} | {ratio} | {plain} | {r['n_hot']} / {r['n_live']} "
+                           f"| {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} "
+                           f"| {e['kkt_residual_full_history']:.1e} "
+                           f"| {r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
+    return "\n".join(out)
+
+
+def breakdown_table(*results: dict) -> str:
+    """Where the StreamingGate's time goes in each timed window (all thread settings)."""
+    out = ["| tokens | how | hot / support / margin (≥ ⌈1/C⌉) | hot admissions per token "
+           "| cold keys re-checked per token (share of cold tier) | "
+           + " | ".join(f"{p} ms/token" for p in PARTS) + " | total ms/token |",
+           "|---" * (6 + len(PARTS)) + "|"]
+    for res in results:
+        for r in res["sizes"]:
+            w = r["window"]
+            sw, parts = w["streaming_work"], w.get("streaming_parts_ms")
+            if parts is None:
+                continue
+            how = "streamed" if r["how"] == "streamed" else "warm start"
+            out.append(f"| {r['tokens']:,} | {how} | {sw['n_hot_end']} / {sw['n_support']} / {sw['n_margin']} "
+                       f"(≥ {sw['support_lower_bound']}) | {sw['hot_admissions_per_token']:.2f} "
+                       f"| {sw['exact_checks_per_token']:.0f} ({sw['cold_fraction_rechecked_per_token']:.1%}) | "
+                       + " | ".join(f"{parts[p]:.3g}" for p in PARTS) + f" | {sum(parts.values()):.3g} |")
+    return "\n".join(out)
+
+
+def growth_table(*results: dict, rows: int = 10) -> str:
+    """Per-token cost along the streamed part (at most ``rows`` blocks of 1,000 tokens)."""
+    out = ["| tokens streamed | ms/token: mean (median) | hot / support | "
+           + " | ".join(f"{p}" for p in PARTS) + " |", "|---" * (3 + len(PARTS)) + "|"]
+    for res in results:
+        blocks = [b for b in res.get("stream_blocks", []) if "parts_ms" in b]
+        if len(blocks) > rows:
+            blocks = [blocks[int(i)] for i in np.unique(np.linspace(0, len(blocks) - 1, rows).round())]
+        for b in blocks:
+            out.append(f"| {b['tokens'] - 999:,}–{b['tokens']:,} | {b['mean_ms']:.3g} ({b['median_ms']:.2g}) "
+                       f"| {b['n_hot']} / {b['n_support']} | " + " | ".join(f"{b['parts_ms'][p]:.3g}" for p in PARTS)
+                       + " |")
+    return "\n".join(out)
+
+
+def docs_text(*results: dict) -> str:
+    """The README block: run description, the peer table, the breakdown and the growth table."""
+    head = []
+    for res in results:
+        c = res["config"]
+        head.append(f"{', '.join(f'{t:,}' for t in c['sizes'])} tokens (window {c['window']}, C = "
+                    f"1/({c['nu']}·{c['n0']}), σ = {c['sigma']}, d = {c['d']}, libsvm steps {c['libsvm_steps']}, "
+                    f"{res['machine']['cpus']} CPUs, run {res['wall_s'] / 60:.1f} min)")
+    text = ["Result files: " + "; ".join(head) + ".", "", table(*results), "",
+            "Where the StreamingGate's time goes (timed window; ms per token by part):", "",
+            breakdown_table(*results)]
+    g = growth_table(*results)
+    if g.count("\n") > 1:
+        text += ["", "Per-token cost along the stream (wall ms, blocks of 1,000 tokens; parts in ms per token):",
+                 "", g]
+    return "\n".join(text)
+
+
+def write_docs(path: str, text: str) -> None:
+    """Replace the block between the markers in ``path``: written to a temporary file beside it
+    and renamed, so the file is either unchanged (any error) or fully updated."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DocsBlockError(f"cannot read {path}: {exc}") from None
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        raise DocsBlockError(f"{path} must hold one {BEGIN} … {END} block")
+    head, rest = doc.split(BEGIN, 1)
+    new = head + BEGIN + "\n" + text.rstrip("\n") + "\n" + END + rest.split(END, 1)[1]
+    tmp = f"{path}.bench_stream.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(new)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise DocsBlockError(f"cannot write {path}: {exc}") from None
