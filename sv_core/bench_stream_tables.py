@@ -100,6 +100,43 @@ def growth_table(*results: dict, rows: int = 10) -> str:
     return "\n".join(out)
 
 
+def _slope(x, y) -> float:
+    x, y = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    return float(np.polyfit(x, y, 1)[0]) if x.size >= 2 and np.ptp(x) > 0 else float("nan")
+
+
+def summary(*results: dict) -> list[str]:
+    """Growth exponents over the sizes (log-log slope from the smallest to the largest size) and
+    the ratios to both peers, per size (process CPU means over all thread settings)."""
+    rows = sorted((r for res in results for r in res["sizes"]), key=lambda r: r["tokens"])
+    if not rows:
+        return []
+    out = []
+
+    def cpu(w, peer):
+        v = [w[k][peer + "_cpu"]["mean_ms"] for k in thread_settings(w) if w[k].get(peer + "_cpu", {}).get("n")]
+        return float(np.mean(v)) if v else None
+
+    n = [r["n_live"] for r in rows]
+    sup = [r["window"]["streaming_work"].get("n_support", r["n_hot"]) for r in rows]
+    sg = [cpu(r["window"], "streaming") for r in rows]
+    if len(rows) >= 2:
+        out.append(f"* From {n[0]:,} to {n[-1]:,} live tokens the hot support grows as n^{_slope(n, sup):.2f} "
+                   f"({sup[0]:,} → {sup[-1]:,} keys; the fixed-C bound is ⌈1/C⌉ = "
+                   f"{rows[0]['window']['streaming_work'].get('support_lower_bound', '?')}) and the StreamingGate's "
+                   f"CPU per token as n^{_slope(n, sg):.2f} ({sg[0]:.3g} → {sg[-1]:.3g} ms).")
+    for r, c in zip(rows, sg):
+        w = r["window"]
+        p = cpu(w, "plain_gate")
+        lib = w.get("libsvm_cpu_s") or w["libsvm_s"]
+        bits = [f"plain Gate ÷ StreamingGate {p / c:.2g}×" if p else "plain Gate not run (n² memory)"]
+        if lib:
+            what = "" if w.get("libsvm_cpu_s") else " (libsvm wall time)"
+            bits.append(f"libsvm re-solve ÷ StreamingGate {1e3 * float(np.median(lib)) / c:.0f}×{what}")
+        out.append(f"* {r['tokens']:,} tokens (CPU means): " + ", ".join(bits) + ".")
+    return out
+
+
 def docs_text(*results: dict) -> str:
     """The README block: run description, the peer table, the breakdown and the growth table."""
     head = []
@@ -110,7 +147,7 @@ def docs_text(*results: dict) -> str:
                     f"{res['machine']['cpus']} CPUs, run {res['wall_s'] / 60:.1f} min)")
     text = ["Result files: " + "; ".join(head) + ".", "", table(*results), "",
             "Where the StreamingGate's time goes (timed window; ms per token by part):", "",
-            breakdown_table(*results)]
+            breakdown_table(*results), "", *summary(*results)]
     g = growth_table(*results)
     if g.count("\n") > 1:
         text += ["", "Per-token cost along the stream (wall ms, blocks of 1,000 tokens; parts in ms per token):",

@@ -10,9 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from sv_core import Gate, calibrate_C, rbf_kernel, refit
+from sv_core import Gate, calibrate_C, rbf_kernel, refit, streaming_cache
 from sv_core.errors import InvalidKeysError, PathError, UnknownTokenError
-from sv_core import streaming_cache
 from sv_core.streaming import StreamingGate
 from sv_core.streaming_cache import KernelCache
 from sv_core.streaming_screen import HotView, alpha_change, step_bound
