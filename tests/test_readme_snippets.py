@@ -202,7 +202,7 @@ SLOW = {
     "python -m models.bench_throughput --json OUT": "test_slow_benchmarks (--repeats 1 --warmup 0)",
     "python -m sv_core.bench_delete --json OUT": "test_slow_benchmarks (--sizes 64, 3 deletions)",
     "python -m sv_core.bench_stream [--quick] --json OUT": "test_slow_benchmarks (--quick)",
-    "python -m sv_core.bench_stream --sizes 1000,10000 --json docs/results/bench_stream.json":
+    "python -m sv_core.bench_stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json":
         "test_slow_benchmarks (--sizes 300,600, into a temporary file)",
     "python -m sv_core.bench_degenerate completion": "test_slow_benchmarks",
     "python -m sv_core.bench_degenerate fuzz": "test_slow_benchmarks",
@@ -879,8 +879,8 @@ def test_slow_benchmarks(site, prefect_harness):
              extra=("--sizes", "64", "--deletions", "3", "--reserve-deletions", "2", "--admissions", "2"))
     run_form("python -m sv_core.bench_stream [--quick] --json OUT", site, which="full",
              values={"OUT": str(t / "bs.json")})
-    run_form("python -m sv_core.bench_stream --sizes 1000,10000 --json docs/results/bench_stream.json", site,
-             subst=(("1000,10000", "300,600"), ("docs/results/bench_stream.json", str(t / "bs_sizes.json"))))
+    run_form("python -m sv_core.bench_stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json", site,
+             subst=(("1000,2000,10000", "300,600"), ("docs/results/bench_stream.json", str(t / "bs_sizes.json"))))
     assert [r["tokens"] for r in json.loads((t / "bs_sizes.json").read_text())["sizes"]] == [300, 600]
     run_form("python -m sv_core.bench_degenerate completion", site)
     run_form("python -m sv_core.bench_degenerate fuzz", site)

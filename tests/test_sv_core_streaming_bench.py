@@ -78,6 +78,9 @@ def test_bench_tables_are_rendered_from_the_result(tiny_result):
     assert text.count("\n| 150 | 1 |") == 1 and text.count("\n| 260 | 1 |") == 1  # peer table, 1 thread setting
     assert "| 150 | streamed |" in text and "| 260 | warm start |" in text  # breakdown table
     assert f"{rows[1]['n_hot']} / {rows[1]['n_live']}" in text
+    sup = [r["window"]["streaming_work"]["n_support"] for r in rows]
+    assert "the hot support grows as n^" in text and f"({sup[0]:,} → {sup[1]:,} keys" in text
+    assert text.count("tokens (CPU means): plain Gate ÷ StreamingGate") == 2
 
 
 def test_write_docs_replaces_only_the_block_and_refuses_a_file_without_markers(tmp_path, tiny_result):
