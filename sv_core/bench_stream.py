@@ -1,7 +1,8 @@
 """Streaming benchmark: StreamingGate vs a plain Gate vs libsvm re-solves, token by token, on an ICU-like stream.
 
 ``python -m sv_core.bench_stream [--sizes 1000,10000,100000] [--threads both] [--quick] [--json PATH]``;
-``--table FILE …`` prints the markdown table of saved results.
+``--table FILE … [--write-docs README.md]`` prints the tables of saved results (and writes them
+between the ``bench_stream`` markers of a document; :mod:`sv_core.bench_stream_tables`).
 
 An ICU-like drifting stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare far
 excursion episodes) is admitted one token at a time into a :class:`StreamingGate`
@@ -16,7 +17,13 @@ the exact full-history memory:
 * ``libsvm`` -- scikit-learn's ``OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8)`` re-solved
   on the whole live history at sampled steps (``--libsvm-steps`` per size; one thread).
 
-The window alternates blocks with default BLAS threads and with one thread (threadpoolctl).
+The window alternates blocks with default BLAS threads and with one thread (threadpoolctl); the
+untimed streaming that reaches each size runs on one thread. In every timed window
+:class:`sv_core.streaming_profile.CostProfile` splits the StreamingGate's time into parts (hot C&P
+solve, exact cold gradients, screening bound and scan, undo copy, other), recorded with the hot,
+support and margin sizes and the cold keys re-checked per token; the streamed part records the same
+per 1,000 tokens. ``--stream gauss`` replaces the ICU-like stream by a stationary standard normal
+one (a control: the support still grows). libsvm times are kept as wall and process CPU.
 Sizes up to ``--stream-max`` are reached by streaming every token; larger sizes start from the
 full-history solution at N (libsvm, polished by :meth:`StreamingGate.from_solution`, whose
 re-admission check repairs any key libsvm got wrong) and stream ``--warmup`` untimed tokens
@@ -191,12 +198,14 @@ def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma
 
 def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_000, plain_max: int = 10_000,
         libsvm_steps: int = 3, threads: str = "both", refit_sample: int = 1500, warmup: int = 48,
-        seed: int = 0, log=print) -> dict:
+        seed: int = 0, stream: str = "icu", log=print) -> dict:
     C, sigma, d = calibrate_C(nu=0.3, n0=120), 1.5, 6
     sizes = sorted(int(s) for s in sizes)
     blocks = {"both": [None, 1, None, 1], "default": [None], "1": [1]}[threads]
     n_total = max(sizes) + window + warmup + 8
     X, flag = icu_stream(n_total, d=d, seed=seed)
+    if stream == "gauss":  # control: stationary, no drift, no excursions
+        X, flag = np.random.default_rng(seed).standard_normal((n_total, d)), np.zeros(n_total, bool)
     sg = StreamingGate(C=C, sigma=sigma)
     block_t: list[dict[str, Any]] = []
     t_stream, pos = [], 0
@@ -269,7 +278,7 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
     return {"config": {"sizes": sizes, "window": window, "stream_max": stream_max, "plain_max": plain_max,
                        "libsvm_steps": libsvm_steps, "threads": threads, "refit_sample": refit_sample,
                        "warmup": warmup, "evict_every": EVICT_EVERY, "C": C, "nu": 0.3, "n0": 120,
-                       "sigma": sigma, "d": d, "seed": seed,
+                       "sigma": sigma, "d": d, "seed": seed, "stream": stream,
                        "libsvm": "OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8, cache_size=1000)"},
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "stream_blocks": block_t, "sizes": rows, "excursion_tokens": int(flag.sum()),
@@ -312,6 +321,8 @@ def main(argv=None) -> int:
     ap.add_argument("--refit-sample", type=int, default=1500, help="cold keys in the exactness refit")
     ap.add_argument("--warmup", type=int, default=48, help="untimed tokens after a warm start")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stream", choices=("icu", "gauss"), default="icu",
+                    help="icu: the drifting ICU-like stream; gauss: a stationary standard normal control")
     ap.add_argument("--quick", action="store_true", help="sizes 1000,2000 with a 96-token window (< 2 min)")
     ap.add_argument("--json", default=None, help="write the result here (e.g. runs/bench_stream/bench.json)")
     ap.add_argument("--table", nargs="+", default=None, metavar="JSON",
@@ -338,7 +349,7 @@ def main(argv=None) -> int:
     window = a.window or (96 if a.quick else 200)
     one = run(sizes=sizes, window=window, stream_max=a.stream_max, plain_max=a.plain_max,
               libsvm_steps=a.libsvm_steps, threads=a.threads, refit_sample=a.refit_sample, warmup=a.warmup,
-              seed=a.seed)
+              seed=a.seed, stream=a.stream)
     print(docs_text(one))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

@@ -33,6 +33,12 @@ def thread_settings(w: dict) -> list[str]:
     return [k for k, v in w.items() if isinstance(v, dict) and "streaming" in v]
 
 
+def _tokens(res: dict, r: dict) -> str:
+    """Size cell: the token count, with the stream named when it is not the ICU-like one."""
+    kind = res["config"].get("stream", "icu")
+    return f"{r['tokens']:,}" + ("" if kind == "icu" else f" ({kind})")
+
+
 def _fmt(w: dict, peer: str) -> str:
     s = w.get(peer, {"n": 0})
     if not s.get("n"):
@@ -57,7 +63,7 @@ def table(*results: dict) -> str:
                 ratio = f"{1e3 * np.median(lib) / w[name]['streaming']['mean_ms']:.0f}×" if lib else "—"
                 pc = w[name].get("plain_gate_cpu", {"n": 0})
                 plain = (f"{pc['mean_ms'] / w[name]['streaming_cpu']['mean_ms']:.2g}×" if pc.get("n") else "—")
-                out.append(f"| {r['tokens']:,} | {name} | {_fmt(w[name], 'streaming')} | {_fmt(w[name], 'plain_gate')} "
+                out.append(f"| {_tokens(res, r)} | {name} | {_fmt(w[name], 'streaming')} | {_fmt(w[name], 'plain_gate')} "
                            f"| {libs} | {ratio} | {plain} | {r['n_hot']} / {r['n_live']} "
                            f"| {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} "
                            f"| {e['kkt_residual_full_history']:.1e} "
@@ -78,7 +84,7 @@ def breakdown_table(*results: dict) -> str:
             if parts is None:
                 continue
             how = "streamed" if r["how"] == "streamed" else "warm start"
-            out.append(f"| {r['tokens']:,} | {how} | {sw['n_hot_end']} / {sw['n_support']} / {sw['n_margin']} "
+            out.append(f"| {_tokens(res, r)} | {how} | {sw['n_hot_end']} / {sw['n_support']} / {sw['n_margin']} "
                        f"(≥ {sw['support_lower_bound']}) | {sw['hot_admissions_per_token']:.2f} "
                        f"| {sw['exact_checks_per_token']:.0f} ({sw['cold_fraction_rechecked_per_token']:.1%}) | "
                        + " | ".join(f"{parts[p]:.3g}" for p in PARTS) + f" | {sum(parts.values()):.3g} |")
@@ -105,35 +111,40 @@ def _slope(x, y) -> float:
     return float(np.polyfit(x, y, 1)[0]) if x.size >= 2 and np.ptp(x) > 0 else float("nan")
 
 
+def _cpu(w: dict, peer: str) -> float | None:
+    v = [w[k][peer + "_cpu"]["mean_ms"] for k in thread_settings(w) if w[k].get(peer + "_cpu", {}).get("n")]
+    return float(np.mean(v)) if v else None
+
+
 def summary(*results: dict) -> list[str]:
-    """Growth exponents over the sizes (log-log slope from the smallest to the largest size) and
-    the ratios to both peers, per size (process CPU means over all thread settings)."""
-    rows = sorted((r for res in results for r in res["sizes"]), key=lambda r: r["tokens"])
-    if not rows:
-        return []
+    """Growth exponents over the sizes of each stream (log-log slope from the smallest to the
+    largest size) and the ratios to both peers per size (process CPU means over all thread
+    settings)."""
     out = []
-
-    def cpu(w, peer):
-        v = [w[k][peer + "_cpu"]["mean_ms"] for k in thread_settings(w) if w[k].get(peer + "_cpu", {}).get("n")]
-        return float(np.mean(v)) if v else None
-
-    n = [r["n_live"] for r in rows]
-    sup = [r["window"]["streaming_work"].get("n_support", r["n_hot"]) for r in rows]
-    sg = [cpu(r["window"], "streaming") for r in rows]
-    if len(rows) >= 2:
-        out.append(f"* From {n[0]:,} to {n[-1]:,} live tokens the hot support grows as n^{_slope(n, sup):.2f} "
-                   f"({sup[0]:,} → {sup[-1]:,} keys; the fixed-C bound is ⌈1/C⌉ = "
+    streams: dict[str, list[dict]] = {}
+    for res in results:
+        streams.setdefault(res["config"].get("stream", "icu"), []).extend(res["sizes"])
+    for kind, rows in streams.items():
+        rows = sorted(rows, key=lambda r: r["tokens"])
+        if len(rows) < 2:
+            continue
+        n = [r["n_live"] for r in rows]
+        sup = [r["window"]["streaming_work"].get("n_support", r["n_hot"]) for r in rows]
+        sg = [_cpu(r["window"], "streaming") for r in rows]
+        out.append(f"* {kind} stream, from {n[0]:,} to {n[-1]:,} live tokens: the hot support grows as "
+                   f"n^{_slope(n, sup):.2f} ({sup[0]:,} → {sup[-1]:,} keys; the fixed-C bound is ⌈1/C⌉ = "
                    f"{rows[0]['window']['streaming_work'].get('support_lower_bound', '?')}) and the StreamingGate's "
                    f"CPU per token as n^{_slope(n, sg):.2f} ({sg[0]:.3g} → {sg[-1]:.3g} ms).")
-    for r, c in zip(rows, sg):
-        w = r["window"]
-        p = cpu(w, "plain_gate")
-        lib = w.get("libsvm_cpu_s") or w["libsvm_s"]
-        bits = [f"plain Gate ÷ StreamingGate {p / c:.2g}×" if p else "plain Gate not run (n² memory)"]
-        if lib:
-            what = "" if w.get("libsvm_cpu_s") else " (libsvm wall time)"
-            bits.append(f"libsvm re-solve ÷ StreamingGate {1e3 * float(np.median(lib)) / c:.0f}×{what}")
-        out.append(f"* {r['tokens']:,} tokens (CPU means): " + ", ".join(bits) + ".")
+    for res in results:
+        for r in res["sizes"]:
+            w = r["window"]
+            c, p = _cpu(w, "streaming"), _cpu(w, "plain_gate")
+            lib = w.get("libsvm_cpu_s") or w["libsvm_s"]
+            bits = [f"plain Gate ÷ StreamingGate {p / c:.2g}×" if p else "plain Gate not run (n² memory)"]
+            if lib:
+                what = "" if w.get("libsvm_cpu_s") else " (libsvm wall time)"
+                bits.append(f"libsvm re-solve ÷ StreamingGate {1e3 * float(np.median(lib)) / c:.0f}×{what}")
+            out.append(f"* {_tokens(res, r)} tokens (CPU means): " + ", ".join(bits) + ".")
     return out
 
 
@@ -142,7 +153,8 @@ def docs_text(*results: dict) -> str:
     head = []
     for res in results:
         c = res["config"]
-        head.append(f"{', '.join(f'{t:,}' for t in c['sizes'])} tokens (window {c['window']}, C = "
+        head.append(f"{c.get('stream', 'icu')} stream, {', '.join(f'{t:,}' for t in c['sizes'])} tokens "
+                    f"(window {c['window']}, C = "
                     f"1/({c['nu']}·{c['n0']}), σ = {c['sigma']}, d = {c['d']}, libsvm steps {c['libsvm_steps']}, "
                     f"{res['machine']['cpus']} CPUs, run {res['wall_s'] / 60:.1f} min)")
     text = ["Result files: " + "; ".join(head) + ".", "", table(*results), "",

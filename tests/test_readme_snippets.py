@@ -244,8 +244,11 @@ PARSE_ONLY = {
     "python -m sv_core.bench_stream --sizes 100000 --window 80 --libsvm-steps 1 --refit-sample 500 --json "
     "docs/results/bench_stream_100k.json": "minutes of CPU (a libsvm full-history solve at 100,000 tokens); "
                                            "test_slow_benchmarks runs the same benchmark at --sizes 300,600",
+    "python -m sv_core.bench_stream --sizes 1000,10000 --stream gauss --libsvm-steps 1 --json "
+    "docs/results/bench_stream_gauss.json": "minutes of CPU (a stationary control); test_slow_benchmarks runs the "
+                                            "same benchmark at --sizes 300,600",
     "python -m sv_core.bench_stream --table docs/results/bench_stream.json docs/results/bench_stream_100k.json "
-    "--write-docs README.md": "rewrites README.md's bench_stream block from the committed result files; "
+    "docs/results/bench_stream_gauss.json --write-docs README.md": "rewrites README.md's bench_stream block from the committed result files; "
                               "tests/test_sv_core_streaming_bench.py writes the block of a decoy copy",
     "python -m pipelines.bench_dask --table docs/results/bench_dask.json": "renders the README table (its input is "
                                                                             "the committed result file)",

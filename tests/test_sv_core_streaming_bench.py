@@ -79,7 +79,8 @@ def test_bench_tables_are_rendered_from_the_result(tiny_result):
     assert "| 150 | streamed |" in text and "| 260 | warm start |" in text  # breakdown table
     assert f"{rows[1]['n_hot']} / {rows[1]['n_live']}" in text
     sup = [r["window"]["streaming_work"]["n_support"] for r in rows]
-    assert "the hot support grows as n^" in text and f"({sup[0]:,} → {sup[1]:,} keys" in text
+    grow = f"icu stream, from {rows[0]['n_live']:,} to {rows[1]['n_live']:,} live tokens: the hot support grows as n^"
+    assert grow in text and f"({sup[0]:,} → {sup[1]:,} keys" in text
     assert text.count("tokens (CPU means): plain Gate ÷ StreamingGate") == 2
 
 
