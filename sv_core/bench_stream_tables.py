@@ -63,9 +63,10 @@ def table(*results: dict) -> str:
                 ratio = f"{1e3 * np.median(lib) / w[name]['streaming']['mean_ms']:.0f}×" if lib else "—"
                 pc = w[name].get("plain_gate_cpu", {"n": 0})
                 plain = (f"{pc['mean_ms'] / w[name]['streaming_cpu']['mean_ms']:.2g}×" if pc.get("n") else "—")
+                dev = (f"{e['score_dev_median']:.1e}, {e['score_dev_max']:.1e}"
+                       if e.get("score_dev_max") is not None else "no refit (certificate only)")
                 out.append(f"| {_tokens(res, r)} | {name} | {_fmt(w[name], 'streaming')} | {_fmt(w[name], 'plain_gate')} "
-                           f"| {libs} | {ratio} | {plain} | {r['n_hot']} / {r['n_live']} "
-                           f"| {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} "
+                           f"| {libs} | {ratio} | {plain} | {r['n_hot']} / {r['n_live']} | {dev} "
                            f"| {e['kkt_residual_full_history']:.1e} "
                            f"| {r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
     return "\n".join(out)

@@ -84,6 +84,15 @@ def test_bench_tables_are_rendered_from_the_result(tiny_result):
     assert text.count("tokens (CPU means): plain Gate ÷ StreamingGate") == 2
 
 
+def test_bench_without_refit_reports_the_certificate_only():
+    res = run(sizes=(140,), window=4, stream_max=140, plain_max=0, libsvm_steps=0, threads="1",
+              refit_sample=-1, log=lambda *_: None)
+    e = res["sizes"][0]["exactness"]
+    assert e["refit_keys"] == 0 and e["score_dev_max"] is None and e["future_safe"]
+    assert e["kkt_residual_full_history"] <= 1e-12
+    assert "| 140 | 1 |" in docs_text(res) and "no refit (certificate only)" in docs_text(res)
+
+
 def test_write_docs_replaces_only_the_block_and_refuses_a_file_without_markers(tmp_path, tiny_result):
     path = tmp_path / "README.md"
     path.write_text(f"intro\n{BEGIN}\nold table\n{END}\ntail\n", encoding="utf-8")
