@@ -209,6 +209,7 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
     sg = StreamingGate(C=C, sigma=sigma)
     block_t: list[dict[str, Any]] = []
     t_stream, pos = [], 0
+    cpu_stream: list[float] = []
     rows = []
     t_start = time.perf_counter()
     for N in sizes:
@@ -217,7 +218,7 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
             prof, last = CostProfile(sg), None
             with _threads(1):  # reaching N is set-up: one BLAS thread (steady on a shared machine)
                 while pos < N:
-                    t_stream.append(_sg_step(sg, X[pos], pos))
+                    t_stream.append(_sg_step(sg, X[pos], pos, cpu_stream))
                     prof.refresh()
                     pos += 1
                     if pos % 1000 == 0:
@@ -226,6 +227,7 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
                         parts = parts_per_token({k: v - (last or {}).get(k, 0.0) for k, v in now.items()}, 1000)
                         last = now
                         block_t.append({"tokens": pos, "mean_ms": float(blk.mean()), "median_ms": float(np.median(blk)),
+                                        "cpu_mean_ms": float(1e3 * np.mean(cpu_stream[-1000:])),
                                         "n_hot": sg.n_hot, "n_cold": sg.n_cold, "parts_ms": parts, **hot_shape(sg)})
                         log(f"  streamed {pos}: mean {blk.mean():.3f} ms/token (median {np.median(blk):.3f}), "
                             f"hot {sg.n_hot} (support {block_t[-1]['n_support']}), cold {sg.n_cold}; ms/token "
@@ -284,7 +286,7 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
     return {"config": {"sizes": sizes, "window": window, "stream_max": stream_max, "plain_max": plain_max,
                        "libsvm_steps": libsvm_steps, "threads": threads, "refit_sample": refit_sample,
                        "warmup": warmup, "evict_every": EVICT_EVERY, "C": C, "nu": 0.3, "n0": 120,
-                       "sigma": sigma, "d": d, "seed": seed, "stream": stream,
+                       "sigma": sigma, "d": d, "seed": seed, "stream": stream, "parts_clock": "cpu",
                        "libsvm": "OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8, cache_size=1000)"},
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "stream_blocks": block_t, "sizes": rows, "excursion_tokens": int(flag.sum()),

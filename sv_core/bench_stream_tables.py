@@ -65,19 +65,25 @@ def table(*results: dict) -> str:
                 plain = (f"{pc['mean_ms'] / w[name]['streaming_cpu']['mean_ms']:.2g}×" if pc.get("n") else "—")
                 dev = (f"{e['score_dev_median']:.1e}, {e['score_dev_max']:.1e}"
                        if e.get("score_dev_max") is not None else "no refit (certificate only)")
-                out.append(f"| {_tokens(res, r)} | {name} | {_fmt(w[name], 'streaming')} | {_fmt(w[name], 'plain_gate')} "
+                out.append(f"| {_tokens(res, r)} | {name} | {_fmt(w[name], 'streaming')} "
+                           f"| {_fmt(w[name], 'plain_gate')} "
                            f"| {libs} | {ratio} | {plain} | {r['n_hot']} / {r['n_live']} | {dev} "
                            f"| {e['kkt_residual_full_history']:.1e} "
                            f"| {r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
     return "\n".join(out)
 
 
+def _clock(res: dict) -> str:
+    """Clock of the per-part times: process CPU (files written since it was recorded) or wall."""
+    return "CPU" if res["config"].get("parts_clock") == "cpu" else "wall"
+
+
 def breakdown_table(*results: dict) -> str:
     """Where the StreamingGate's time goes in each timed window (all thread settings)."""
     out = ["| tokens | how | hot / support / margin (≥ ⌈1/C⌉) | hot admissions per token "
            "| cold keys re-checked per token (share of cold tier) | "
-           + " | ".join(f"{p} ms/token" for p in PARTS) + " | total ms/token |",
-           "|---" * (6 + len(PARTS)) + "|"]
+           + " | ".join(f"{p} ms/token" for p in PARTS) + " | total ms/token | clock |",
+           "|---" * (7 + len(PARTS)) + "|"]
     for res in results:
         for r in res["sizes"]:
             w = r["window"]
@@ -88,22 +94,26 @@ def breakdown_table(*results: dict) -> str:
             out.append(f"| {_tokens(res, r)} | {how} | {sw['n_hot_end']} / {sw['n_support']} / {sw['n_margin']} "
                        f"(≥ {sw['support_lower_bound']}) | {sw['hot_admissions_per_token']:.2f} "
                        f"| {sw['exact_checks_per_token']:.0f} ({sw['cold_fraction_rechecked_per_token']:.1%}) | "
-                       + " | ".join(f"{parts[p]:.3g}" for p in PARTS) + f" | {sum(parts.values()):.3g} |")
+                       + " | ".join(f"{parts[p]:.3g}" for p in PARTS)
+                       + f" | {sum(parts.values()):.3g} | {_clock(res)} |")
     return "\n".join(out)
 
 
 def growth_table(*results: dict, rows: int = 10) -> str:
     """Per-token cost along the streamed part (at most ``rows`` blocks of 1,000 tokens)."""
-    out = ["| tokens streamed | ms/token: mean (median) | hot / support | "
-           + " | ".join(f"{p}" for p in PARTS) + " |", "|---" * (3 + len(PARTS)) + "|"]
+    out = ["| tokens streamed | ms/token: mean (median) [CPU mean] | hot / support | "
+           + " | ".join(f"{p}" for p in PARTS) + " | clock |", "|---" * (4 + len(PARTS)) + "|"]
     for res in results:
         blocks = [b for b in res.get("stream_blocks", []) if "parts_ms" in b]
         if len(blocks) > rows:
             blocks = [blocks[int(i)] for i in np.unique(np.linspace(0, len(blocks) - 1, rows).round())]
         for b in blocks:
-            out.append(f"| {b['tokens'] - 999:,}–{b['tokens']:,} | {b['mean_ms']:.3g} ({b['median_ms']:.2g}) "
+            kind = res["config"].get("stream", "icu")
+            span = f"{b['tokens'] - 999:,}–{b['tokens']:,}" + ("" if kind == "icu" else f" ({kind})")
+            cpu = f"{b['cpu_mean_ms']:.3g}" if "cpu_mean_ms" in b else "—"
+            out.append(f"| {span} | {b['mean_ms']:.3g} ({b['median_ms']:.2g}) [{cpu}] "
                        f"| {b['n_hot']} / {b['n_support']} | " + " | ".join(f"{b['parts_ms'][p]:.3g}" for p in PARTS)
-                       + " |")
+                       + f" | {_clock(res)} |")
     return "\n".join(out)
 
 
@@ -159,11 +169,12 @@ def docs_text(*results: dict) -> str:
                     f"1/({c['nu']}·{c['n0']}), σ = {c['sigma']}, d = {c['d']}, libsvm steps {c['libsvm_steps']}, "
                     f"{res['machine']['cpus']} CPUs, run {res['wall_s'] / 60:.1f} min)")
     text = ["Result files: " + "; ".join(head) + ".", "", table(*results), "",
-            "Where the StreamingGate's time goes (timed window; ms per token by part):", "",
+            "Where the StreamingGate's time goes (timed window; ms per token by part, on the clock named):", "",
             breakdown_table(*results), "", *summary(*results)]
     g = growth_table(*results)
     if g.count("\n") > 1:
-        text += ["", "Per-token cost along the stream (wall ms, blocks of 1,000 tokens; parts in ms per token):",
+        text += ["", "Per-token cost along the stream (blocks of 1,000 tokens, one BLAS thread; parts in ms per "
+                 "token on the clock named):",
                  "", g]
     return "\n".join(text)
 

@@ -1,8 +1,9 @@
-"""Where a :class:`sv_core.StreamingGate`'s time goes: exclusive wall time per part of an operation.
+"""Where a :class:`sv_core.StreamingGate`'s time goes: exclusive time per part of an operation.
 
 :class:`CostProfile` wraps, on one gate *instance* (the class is untouched; ``detach`` restores
 it), the internal steps of admission, reserve eviction and deletion, and charges each moment of
-wall time to the innermost running part:
+``clock`` time (default: process CPU time, robust on a shared machine; ``time.perf_counter`` for
+wall time) to the innermost running part:
 
 * ``hot_solve`` -- the hot :class:`~sv_core.Gate`'s C&P increments, decrements and reserve
   eviction (its KKT guard included);
@@ -30,10 +31,11 @@ PARTS = ("hot_solve", "exact_g", "screen_bound", "screen_scan", "undo_copy", "ot
 
 
 class CostProfile:
-    """Exclusive wall time per part (seconds), accumulated while attached to ``sg``."""
+    """Exclusive ``clock`` time per part (seconds), accumulated while attached to ``sg``."""
 
-    def __init__(self, sg):
+    def __init__(self, sg, clock=time.process_time):
         self.sg = sg
+        self.clock = clock
         self.totals = {p: 0.0 for p in PARTS}
         self._stack: list[str] = []
         self._mark = 0.0
@@ -52,12 +54,12 @@ class CostProfile:
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            self._charge(time.perf_counter())
+            self._charge(self.clock())
             self._stack.append(part)
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._charge(time.perf_counter())
+                self._charge(self.clock())
                 self._stack.pop()
         setattr(obj, name, timed)
 

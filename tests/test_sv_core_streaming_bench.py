@@ -1,7 +1,7 @@
 """The StreamingGate cost profile and the streaming benchmark's tables and README block.
 
 * :class:`sv_core.streaming_profile.CostProfile` charges exclusive time only (parts never sum to
-  more than the operations took), changes no result, and detaches cleanly;
+  more than the operations took on the same clock), changes no result, and detaches cleanly;
 * :func:`sv_core.streaming_profile.hot_shape` reports a support of at least ``ceil(1/C)`` keys
   (``sum alpha = 1``, ``alpha <= C``);
 * the benchmark on a tiny stream renders its tables from the result alone, and ``--write-docs``
@@ -31,7 +31,7 @@ def test_cost_profile_charges_exclusive_time_and_changes_nothing():
     elapsed = 0.0
     for i, x in enumerate(X):
         plain.admit(x)
-        t = time.perf_counter()
+        t = time.process_time()
         profiled.admit(x)
         if (i + 1) % 24 == 0:
             profiled.evict_reserve()
@@ -39,7 +39,7 @@ def test_cost_profile_charges_exclusive_time_and_changes_nothing():
         if i == 200:
             profiled.forget(5)
             plain.forget(5)
-        elapsed += time.perf_counter() - t
+        elapsed += time.process_time() - t
         prof.refresh()
     tot = prof.snapshot()
     assert set(tot) == set(PARTS) and all(v >= 0.0 for v in tot.values())
