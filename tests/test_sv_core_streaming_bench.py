@@ -84,6 +84,15 @@ def test_bench_tables_are_rendered_from_the_result(tiny_result):
     assert text.count("tokens (CPU means): plain Gate ÷ StreamingGate") == 2
 
 
+def test_a_window_of_inert_tokens_only_is_marked_and_left_out_of_the_growth_line(tiny_result):
+    res = json.loads(json.dumps(tiny_result, default=float))
+    res["sizes"][1]["window"]["streaming_work"].update(hot_admissions_per_token=0.0, exact_checks_per_token=0.0)
+    text = docs_text(res)
+    assert "| 260 † | 1 |" in text and "* † the timed window held no token" in text
+    assert "live tokens: the hot support grows" not in text  # one size left: no growth line
+    assert "| 260 | 1 |" in docs_text(tiny_result)
+
+
 def test_bench_without_refit_reports_the_certificate_only():
     res = run(sizes=(140,), window=4, stream_max=140, plain_max=0, libsvm_steps=0, threads="1",
               refit_sample=-1, log=lambda *_: None)
