@@ -1,7 +1,8 @@
 """Streaming benchmark: StreamingGate vs a plain Gate vs libsvm re-solves, token by token, on an ICU-like stream.
 
 ``python -m sv_core.bench_stream [--sizes 1000,10000,100000] [--threads both] [--quick] [--json PATH]``;
-``--table FILE …`` prints the markdown table of saved results.
+``--table FILE … [--write-docs README.md]`` prints the tables of saved results (and writes them
+between the ``bench_stream`` markers of a document; :mod:`sv_core.bench_stream_tables`).
 
 An ICU-like drifting stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare far
 excursion episodes) is admitted one token at a time into a :class:`StreamingGate`
@@ -16,7 +17,13 @@ the exact full-history memory:
 * ``libsvm`` -- scikit-learn's ``OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8)`` re-solved
   on the whole live history at sampled steps (``--libsvm-steps`` per size; one thread).
 
-The window alternates blocks with default BLAS threads and with one thread (threadpoolctl).
+The window alternates blocks with default BLAS threads and with one thread (threadpoolctl); the
+untimed streaming that reaches each size runs on one thread. In every timed window
+:class:`sv_core.streaming_profile.CostProfile` splits the StreamingGate's time into parts (hot C&P
+solve, exact cold gradients, screening bound and scan, undo copy, other), recorded with the hot,
+support and margin sizes and the cold keys re-checked per token; the streamed part records the same
+per 1,000 tokens. ``--stream gauss`` replaces the ICU-like stream by a stationary standard normal
+one (a control: the support still grows). libsvm times are kept as wall and process CPU.
 Sizes up to ``--stream-max`` are reached by streaming every token; larger sizes start from the
 full-history solution at N (libsvm, polished by :meth:`StreamingGate.from_solution`, whose
 re-admission check repairs any key libsvm got wrong) and stream ``--warmup`` untimed tokens
@@ -36,18 +43,22 @@ import contextlib
 import json
 import os
 import platform
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from .bench_stream_tables import DocsBlockError, docs_text, thread_settings, write_docs
 from .calibrate import calibrate_C
 from .gate import Gate
 from .kernels import rbf_kernel
 from .refit import refit
 from .streaming import StreamingGate
+from .streaming_profile import CostProfile, hot_shape, parts_per_token
 
 EVICT_EVERY = 24
+_LIBSVM_CPU: list[float] = []  # process CPU seconds of the libsvm solves, in call order
 
 
 def icu_stream(n: int, d: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -98,9 +109,10 @@ def _libsvm_fit(X: np.ndarray, C: float, sigma: float):
 
     n = X.shape[0]
     nu = 1.0 / (n * C)
-    t = time.perf_counter()
+    c, t = time.process_time(), time.perf_counter()
     m = OneClassSVM(nu=nu, gamma=1.0 / sigma**2, tol=1e-8, cache_size=1000).fit(X)
     dt = time.perf_counter() - t
+    _LIBSVM_CPU.append(time.process_time() - c)
     a = np.zeros(n)
     a[m.support_] = m.dual_coef_[0] / (nu * n)
     return a, dt
@@ -146,9 +158,11 @@ def _exactness(sg: StreamingGate, sample: int, seed: int) -> dict[str, Any]:
 def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma, log) -> dict:
     """Interleaved timing of tokens X[lo:lo+w]; ``blocks`` = thread settings, one per block."""
     per: dict[str, dict[str, list[float]]] = {}
-    lib = []
+    lib: list[float] = []
+    lib_cpu: list[float] = []
     bl = max(1, w // len(blocks))
     st0 = dict(sg.stats)
+    prof = CostProfile(sg)
     for k in range(w):
         thr = blocks[min(k // bl, len(blocks) - 1)]
         name = "default" if thr is None else f"{thr}"
@@ -156,6 +170,7 @@ def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma
         i = lo + k
         with _threads(thr):
             rec["streaming"].append(_sg_step(sg, X[i], i, rec["streaming_cpu"]))
+            prof.refresh()
             if plain is not None:
                 c, t = time.process_time(), time.perf_counter()
                 plain.admit(X[i])
@@ -164,47 +179,66 @@ def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma
         if k in libsvm_at:
             _, dt = _libsvm_fit(X[:i + 1], C, sigma)
             lib.append(dt)
+            lib_cpu.append(_LIBSVM_CPU[-1])
             log(f"    libsvm re-solve at {i + 1} live tokens: {dt:.2f} s")
+    prof.detach()
     out: dict[str, Any] = {name: {peer: _stats(v) for peer, v in rec.items()} for name, rec in per.items()}
+    out["streaming_parts_ms"] = parts_per_token(prof.totals, w)
     out["libsvm_s"] = lib
+    out["libsvm_cpu_s"] = lib_cpu
     out["libsvm"] = _stats(lib)
     d = {k: sg.stats[k] - st0.get(k, 0) for k in sg.stats}
     out["streaming_work"] = {"tokens": w, "admitted_cold_fraction": d["admitted_cold"] / w,
                              "exact_checks_per_token": d["exact_checks"] / w, "readmissions": d["readmissions"],
-                             "n_hot_end": sg.n_hot, "n_cold_end": sg.n_cold}
+                             "hot_admissions_per_token": 1.0 - d["admitted_cold"] / w,
+                             "cold_fraction_rechecked_per_token": d["exact_checks"] / w / max(sg.n_cold, 1),
+                             "n_hot_end": sg.n_hot, "n_cold_end": sg.n_cold, **hot_shape(sg)}
     return out
 
 
 def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_000, plain_max: int = 10_000,
         libsvm_steps: int = 3, threads: str = "both", refit_sample: int = 1500, warmup: int = 48,
-        seed: int = 0, log=print) -> dict:
+        seed: int = 0, stream: str = "icu", log=print) -> dict:
     C, sigma, d = calibrate_C(nu=0.3, n0=120), 1.5, 6
     sizes = sorted(int(s) for s in sizes)
     blocks = {"both": [None, 1, None, 1], "default": [None], "1": [1]}[threads]
     n_total = max(sizes) + window + warmup + 8
     X, flag = icu_stream(n_total, d=d, seed=seed)
+    if stream == "gauss":  # control: stationary, no drift, no excursions
+        X, flag = np.random.default_rng(seed).standard_normal((n_total, d)), np.zeros(n_total, bool)
     sg = StreamingGate(C=C, sigma=sigma)
     block_t: list[dict[str, Any]] = []
     t_stream, pos = [], 0
+    cpu_stream: list[float] = []
     rows = []
     t_start = time.perf_counter()
     for N in sizes:
         row: dict[str, Any] = {"tokens": N, "load_before": os.getloadavg()}
         if N <= stream_max:
-            while pos < N:
-                t_stream.append(_sg_step(sg, X[pos], pos))
-                pos += 1
-                if pos % 1000 == 0:
-                    blk = np.asarray(t_stream[-1000:]) * 1e3
-                    block_t.append({"tokens": pos, "mean_ms": float(blk.mean()), "median_ms": float(np.median(blk)),
-                                    "n_hot": sg.n_hot, "n_cold": sg.n_cold})
-                    log(f"  streamed {pos}: mean {blk.mean():.3f} ms/token (median {np.median(blk):.3f}), "
-                        f"hot {sg.n_hot}, cold {sg.n_cold}")
+            prof, last = CostProfile(sg), None
+            with _threads(1):  # reaching N is set-up: one BLAS thread (steady on a shared machine)
+                while pos < N:
+                    t_stream.append(_sg_step(sg, X[pos], pos, cpu_stream))
+                    prof.refresh()
+                    pos += 1
+                    if pos % 1000 == 0:
+                        blk = np.asarray(t_stream[-1000:]) * 1e3
+                        now = prof.snapshot()
+                        parts = parts_per_token({k: v - (last or {}).get(k, 0.0) for k, v in now.items()}, 1000)
+                        last = now
+                        block_t.append({"tokens": pos, "mean_ms": float(blk.mean()), "median_ms": float(np.median(blk)),
+                                        "cpu_mean_ms": float(1e3 * np.mean(cpu_stream[-1000:])),
+                                        "n_hot": sg.n_hot, "n_cold": sg.n_cold, "parts_ms": parts, **hot_shape(sg)})
+                        log(f"  streamed {pos}: mean {blk.mean():.3f} ms/token (median {np.median(blk):.3f}), "
+                            f"hot {sg.n_hot} (support {block_t[-1]['n_support']}), cold {sg.n_cold}; ms/token "
+                            + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
+            prof.detach()
             gate, lo, how = sg, pos, "streamed"
         else:
             a, dt = _libsvm_fit(X[:N], C, sigma)
             log(f"  libsvm full-history solve at {N}: {dt:.1f} s")
             row["libsvm_solve_for_warm_start_s"] = dt
+            row["libsvm_solve_for_warm_start_cpu_s"] = _LIBSVM_CPU[-1]
             t = time.perf_counter()
             gate = StreamingGate.from_solution(X[:N], a, C, sigma)
             row["warm_start_build_s"] = time.perf_counter() - t
@@ -214,11 +248,17 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
             lo, how = N + warmup, f"warm start (from_solution) + {warmup} untimed tokens"
         row.update(how=how, n_live=gate.n, n_hot=gate.n_hot, n_cold=gate.n_cold)
         log(f"[{N}] {how}: live {gate.n}, hot {gate.n_hot}, cold {gate.n_cold}")
-        row["exactness"] = _exactness(gate, refit_sample, seed + N)
-        e = row["exactness"]
-        log(f"    refit over {e['refit_keys']} keys ({e['refit_s']:.1f} s): score dev median "
-            f"{e['score_dev_median']:.2e}, worst {e['score_dev_max']:.2e}; full-history KKT "
-            f"{e['kkt_residual_full_history']:.2e}")
+        if refit_sample >= 0:
+            row["exactness"] = e = _exactness(gate, refit_sample, seed + N)
+            log(f"    refit over {e['refit_keys']} keys ({e['refit_s']:.1f} s): score dev median "
+                f"{e['score_dev_median']:.2e}, worst {e['score_dev_max']:.2e}; full-history KKT "
+                f"{e['kkt_residual_full_history']:.2e}")
+        else:  # no refit: the recomputed full-history certificate only
+            cert = gate.certificate(exact=True)
+            row["exactness"] = e = {"refit_keys": 0, "score_dev_median": None, "score_dev_max": None,
+                                    "future_safe": cert["future_safe"],
+                                    "kkt_residual_full_history": cert["kkt_residual"]["max"]}
+            log(f"    no refit; full-history KKT {e['kkt_residual_full_history']:.2e}")
         plain = None
         if gate.n <= plain_max:
             t = time.perf_counter()
@@ -228,7 +268,13 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
             row["plain_gate"] = f"not run: a plain Gate over {gate.n} tokens needs an n^2 Gram matrix " \
                                 f"({gate.n ** 2 * 8 / 2**30:.0f} GiB)"
         steps = set(np.linspace(0, window - 1, libsvm_steps).astype(int).tolist()) if libsvm_steps else set()
+        if how != "streamed" and steps:  # the warm start's libsvm solve is a re-solve at N: count it
+            steps = set(sorted(steps)[1:])
         row["window"] = _window(gate, plain, X, lo, window, blocks, steps, C, sigma, log)
+        if how != "streamed" and libsvm_steps:
+            row["window"]["libsvm_s"].insert(0, row["libsvm_solve_for_warm_start_s"])
+            row["window"]["libsvm_cpu_s"].insert(0, row["libsvm_solve_for_warm_start_cpu_s"])
+            row["window"]["libsvm"] = _stats(row["window"]["libsvm_s"])
         del plain
         if how == "streamed":
             pos = lo + window
@@ -240,7 +286,7 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
     return {"config": {"sizes": sizes, "window": window, "stream_max": stream_max, "plain_max": plain_max,
                        "libsvm_steps": libsvm_steps, "threads": threads, "refit_sample": refit_sample,
                        "warmup": warmup, "evict_every": EVICT_EVERY, "C": C, "nu": 0.3, "n0": 120,
-                       "sigma": sigma, "d": d, "seed": seed,
+                       "sigma": sigma, "d": d, "seed": seed, "stream": stream, "parts_clock": "cpu",
                        "libsvm": "OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8, cache_size=1000)"},
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "stream_blocks": block_t, "sizes": rows, "excursion_tokens": int(flag.sum()),
@@ -261,7 +307,7 @@ def _warm_check(X, N, lo, w, C, sigma, warmup, log) -> dict:
 
 def _log_row(row, log) -> None:
     w = row["window"]
-    for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
+    for name in thread_settings(w):
         s = w[name]["streaming"]
         p = w[name].get("plain_gate", {"n": 0})
         log(f"    threads {name:>7}: streaming mean {s['mean_ms']:.3f} ms (median {s['median_ms']:.3f}, "
@@ -269,35 +315,6 @@ def _log_row(row, log) -> None:
             + (f" | plain mean {p['mean_ms']:.3f} ms (median {p['median_ms']:.3f}; CPU mean "
                f"{w[name]['plain_gate_cpu']['mean_ms']:.3f})" if p.get("n") else ""))
     log(f"    work: {w['streaming_work']}")
-
-
-def table(*results: dict) -> str:
-    """Markdown table of one or more results (per size and thread setting); wall-clock ms per
-    token with the process CPU mean in brackets (robust to a loaded machine)."""
-    out = ["| tokens | BLAS threads | StreamingGate ms/token: mean (median, IQR) [CPU mean] "
-           "| plain Gate ms/token: mean (median, IQR) [CPU mean] | libsvm re-solve s/step: median (min-max), n "
-           "| libsvm ÷ StreamingGate (means) | hot / live | score dev vs refit: median, worst | load (1 min) |",
-           "|---" * 9 + "|"]
-
-    def fmt(w, peer):
-        s = w.get(peer, {"n": 0})
-        if not s.get("n"):
-            return "not run (n² memory)"
-        return (f"{s['mean_ms']:.3g} ({s['median_ms']:.2g}, {s['p25_ms']:.2g}-{s['p75_ms']:.2g}) "
-                f"[{w[peer + '_cpu']['mean_ms']:.3g}]")
-
-    for res in results:
-        for r in res["sizes"]:
-            w, e = r["window"], r["exactness"]
-            lib = w["libsvm_s"]
-            libs = f"{np.median(lib):.3g} ({min(lib):.3g}-{max(lib):.3g}), {len(lib)}" if lib else "—"
-            for name in [k for k in w if k not in ("libsvm", "libsvm_s", "streaming_work")]:
-                ratio = f"{1e3 * np.median(lib) / w[name]['streaming']['mean_ms']:.0f}×" if lib else "—"
-                out.append(f"| {r['tokens']:,} | {name} | {fmt(w[name], 'streaming')} | {fmt(w[name], 'plain_gate')} "
-                           f"| {libs} | {ratio} | {r['n_hot']} / {r['n_live']} "
-                           f"| {e['score_dev_median']:.1e}, {e['score_dev_max']:.1e} "
-                           f"| {r['load_before'][0]:.1f}–{r['load_after'][0]:.1f} |")
-    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -309,27 +326,40 @@ def main(argv=None) -> int:
     ap.add_argument("--plain-max", type=int, default=10_000, help="largest live size for the plain Gate")
     ap.add_argument("--libsvm-steps", type=int, default=3, help="libsvm re-solves timed per size")
     ap.add_argument("--threads", choices=("both", "default", "1"), default="both")
-    ap.add_argument("--refit-sample", type=int, default=1500, help="cold keys in the exactness refit")
+    ap.add_argument("--refit-sample", type=int, default=1500,
+                    help="cold keys in the exactness refit (negative: no refit, the recomputed certificate only)")
     ap.add_argument("--warmup", type=int, default=48, help="untimed tokens after a warm start")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stream", choices=("icu", "gauss"), default="icu",
+                    help="icu: the drifting ICU-like stream; gauss: a stationary standard normal control")
     ap.add_argument("--quick", action="store_true", help="sizes 1000,2000 with a 96-token window (< 2 min)")
     ap.add_argument("--json", default=None, help="write the result here (e.g. runs/bench_stream/bench.json)")
     ap.add_argument("--table", nargs="+", default=None, metavar="JSON",
-                    help="only print the markdown table of these result files")
+                    help="only print the markdown tables of these result files")
+    ap.add_argument("--write-docs", default=None, metavar="FILE",
+                    help="with --table: replace the text between <!-- bench_stream:begin --> and "
+                         "<!-- bench_stream:end --> in FILE (e.g. README.md) by the tables")
     a = ap.parse_args(argv)
     if a.table:
         res = []
         for path in a.table:
             with open(path) as f:
                 res.append(json.load(f))
-        print(table(*res))
+        text = docs_text(*res)
+        print(text)
+        if a.write_docs:
+            try:
+                write_docs(a.write_docs, text)
+            except DocsBlockError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         return 0
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else ([1000, 2000] if a.quick else [1000, 10_000, 100_000])
     window = a.window or (96 if a.quick else 200)
     one = run(sizes=sizes, window=window, stream_max=a.stream_max, plain_max=a.plain_max,
               libsvm_steps=a.libsvm_steps, threads=a.threads, refit_sample=a.refit_sample, warmup=a.warmup,
-              seed=a.seed)
-    print(table(one))
+              seed=a.seed, stream=a.stream)
+    print(docs_text(one))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

@@ -20,6 +20,9 @@ from .kernels import rbf_kernel
 
 #: default cap on stored kernel values (float64): 2**24 values = 128 MiB
 MAX_ENTRIES = 2 ** 24
+#: when at least this fraction of the stored rows is re-checked, :meth:`KernelCache.g` multiplies
+#: the whole row buffer (contiguous) instead of gathering the rows asked for
+FULL_PASS_FRACTION = 0.35
 
 
 def _grow_map(m: np.ndarray, need: int) -> np.ndarray:
@@ -69,7 +72,7 @@ class KernelCache:
         cols = self._col_of[hids]
         if (cols < 0).any():
             stale = self._ncol - int((cols >= 0).sum())
-            if stale > max(32, (self._ncol - stale) // 2):
+            if stale > max(32, (self._ncol - stale) // 4):  # stale columns cost every re-check
                 self._compact_columns(hids[cols >= 0])
             new = np.flatnonzero(self._col_of[hids] < 0)
             self._add_columns(hids[new], view.keys[sup[new]])
@@ -158,8 +161,13 @@ class KernelCache:
         out = np.empty(sids.size)
         if hit.any():
             h = np.flatnonzero(hit)
-            o = np.argsort(rows[h])  # rows in memory order: the gather streams through the buffer
-            out[h[o]] = self._R[rows[h[o]], :n] @ a
+            if h.size >= FULL_PASS_FRACTION * self._nrow:
+                # most stored rows are asked for: one contiguous pass over the buffer is cheaper
+                # than gathering scattered rows (the gather copies every row it touches)
+                out[h] = (self._R[:self._nrow, :n] @ a)[rows[h]]
+            else:
+                o = np.argsort(rows[h])  # rows in memory order: the gather streams through the buffer
+                out[h[o]] = self._R[rows[h[o]], :n] @ a
         if not hit.all():
             miss = np.flatnonzero(~hit)
             keys = np.asarray(keys_of(sids[miss]), dtype=np.float64)

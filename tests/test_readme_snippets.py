@@ -202,7 +202,8 @@ SLOW = {
     "python -m models.bench_throughput --json OUT": "test_slow_benchmarks (--repeats 1 --warmup 0)",
     "python -m sv_core.bench_delete --json OUT": "test_slow_benchmarks (--sizes 64, 3 deletions)",
     "python -m sv_core.bench_stream [--quick] --json OUT": "test_slow_benchmarks (--quick)",
-    "python -m sv_core.bench_stream --sizes 1000,10000 --json …": "test_slow_benchmarks (--sizes 300,600)",
+    "python -m sv_core.bench_stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json":
+        "test_slow_benchmarks (--sizes 300,600, into a temporary file)",
     "python -m sv_core.bench_degenerate completion": "test_slow_benchmarks",
     "python -m sv_core.bench_degenerate fuzz": "test_slow_benchmarks",
     "python -m cohort.bench --rows 100000000": "test_slow_benchmarks (--rows 20000)",
@@ -240,6 +241,19 @@ PARSE_ONLY = {
     "forgetful retention --stays 1000 --dask tcp://SCHEDULER:8786": "needs a running cluster (tests/test_dask_scaleout.py "
                                                                     "runs --dask against dask scheduler/worker processes)",
     "python -m pipelines.bench_dask --stays 1000 --json OUT": "minutes of CPU (3 modes × rounds of a 1,000-stay study)",
+    "python -m sv_core.bench_stream --sizes 100000 --window 80 --libsvm-steps 1 --refit-sample 500 --json "
+    "docs/results/bench_stream_100k_refit.json": "minutes of CPU (a libsvm full-history solve at 100,000 tokens "
+                                                 "and a refit); test_slow_benchmarks runs the benchmark at 300,600",
+    "python -m sv_core.bench_stream --sizes 100000 --window 120 --warmup 0 --threads 1 --libsvm-steps 1 "
+    "--refit-sample -1 --json docs/results/bench_stream_100k.json": "minutes of CPU (a libsvm full-history solve "
+                                                                    "at 100,000 tokens); tests/test_sv_core_streaming_"
+                                                                    "bench.py runs --refit-sample -1 on a tiny stream",
+    "python -m sv_core.bench_stream --sizes 1000,10000 --stream gauss --libsvm-steps 1 --json "
+    "docs/results/bench_stream_gauss.json": "minutes of CPU (a stationary control); test_slow_benchmarks runs the "
+                                            "same benchmark at --sizes 300,600",
+    "python -m sv_core.bench_stream --table docs/results/bench_stream.json docs/results/bench_stream_100k_refit.json "
+    "docs/results/bench_stream_100k.json docs/results/bench_stream_gauss.json --write-docs README.md": "rewrites README.md's bench_stream block from the committed result files; "
+                              "tests/test_sv_core_streaming_bench.py writes the block of a decoy copy",
     "python -m pipelines.bench_dask --table docs/results/bench_dask.json": "renders the README table (its input is "
                                                                             "the committed result file)",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
@@ -872,8 +886,8 @@ def test_slow_benchmarks(site, prefect_harness):
              extra=("--sizes", "64", "--deletions", "3", "--reserve-deletions", "2", "--admissions", "2"))
     run_form("python -m sv_core.bench_stream [--quick] --json OUT", site, which="full",
              values={"OUT": str(t / "bs.json")})
-    run_form("python -m sv_core.bench_stream --sizes 1000,10000 --json …", site,
-             subst=(("1000,10000", "300,600"), ("--json …", "--json " + str(t / "bs_sizes.json"))))
+    run_form("python -m sv_core.bench_stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json", site,
+             subst=(("1000,2000,10000", "300,600"), ("docs/results/bench_stream.json", str(t / "bs_sizes.json"))))
     assert [r["tokens"] for r in json.loads((t / "bs_sizes.json").read_text())["sizes"]] == [300, 600]
     run_form("python -m sv_core.bench_degenerate completion", site)
     run_form("python -m sv_core.bench_degenerate fuzz", site)

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from sv_core import Gate, calibrate_C, rbf_kernel, refit
+from sv_core import Gate, calibrate_C, rbf_kernel, refit, streaming_cache
 from sv_core.errors import InvalidKeysError, PathError, UnknownTokenError
 from sv_core.streaming import StreamingGate
 from sv_core.streaming_cache import KernelCache
@@ -134,7 +134,9 @@ def test_direct_cold_and_cache_agree_with_the_reference_paths():
         assert sg.certificate()["future_safe"]
 
 
-def test_kernel_cache_rows_equal_fresh_kernel_rows_through_support_changes():
+@pytest.mark.parametrize("full_pass", [0.0, 2.0])  # always one pass over the buffer / always a gather
+def test_kernel_cache_rows_equal_fresh_kernel_rows_through_support_changes(monkeypatch, full_pass):
+    monkeypatch.setattr(streaming_cache, "FULL_PASS_FRACTION", full_pass)
     C, sigma = calibrate_C(0.3, 30), 1.5
     X = _drift(11, 200)
     g = Gate(C, sigma)
