@@ -14,28 +14,76 @@ from pipelines import runner, scaleout, stay_results
 
 
 # ------------------------------------------------------------------------------ planning (pure)
-def test_plan_chunks_covers_every_stay_once_in_order_at_the_target():
-    rng = np.random.default_rng(0)
-    ids = list(range(100, 400))
-    hours = rng.integers(5, 200, size=len(ids)).tolist()
-    per_unit = 1e-5  # hours ** 2 units: 0.0003-0.4 s a stay
-    chunks = scaleout.plan_chunks(ids, hours, per_unit, slots=2, target_s=3.0)
-    assert [s for c in chunks for s in c] == ids  # every stay once, order kept
+def test_cost_model_has_a_fixed_part_and_grows_faster_than_hours_squared():
+    u = scaleout.stay_units([1, 150, 1000, 8000])
+    assert u[0] == pytest.approx(scaleout.COST_FIXED_UNITS + 1 + 1 / scaleout.COST_CUBIC_HOURS)
+    assert u[1] == pytest.approx(2 * scaleout.COST_FIXED_UNITS, rel=1e-2)  # ~150 h: as much fixed as n² work
+    assert u[3] / u[2] > 64  # n³ term: more than (8000/1000)²
+    assert scaleout.stay_cost([1000], 2e-7) == [pytest.approx(2e-7 * u[2])]
+    assert scaleout.seconds_per_unit(2.0, [10, 20]) == pytest.approx(2.0 / sum(scaleout.stay_units([10, 20])))
+
+
+def test_lpt_makespan_and_bound():
+    assert scaleout.lpt_makespan([5, 4, 3, 3, 3], 2) == 10  # LPT; the optimum is 9 (5+4 | 3+3+3)
+    assert scaleout.makespan_bound([5, 4, 3, 3, 3], 2) == 9
+    assert scaleout.lpt_makespan([20, 1, 1, 1], 2) == scaleout.makespan_bound([20, 1, 1, 1], 2) == 20
+    assert scaleout.lpt_makespan([1.5, 2.5], 1) == 4.0 and scaleout.lpt_makespan([], 2) == 0.0
+
+
+def _hours(m, seed=0, huge=None):
+    rng = np.random.default_rng(seed)
+    h = np.clip(np.exp(rng.normal(4.6, 0.8, size=m)), 48, 3000).astype(int).tolist()
+    if huge is not None:
+        h[m // 3] = huge
+    return h
+
+
+def test_plan_chunks_covers_every_stay_once_in_order_with_chunks_shrinking_to_the_end():
+    ids = list(range(100, 1100))
+    hours = _hours(len(ids), huge=8400)
+    per_unit = 2.5e-7
     cost = dict(zip(ids, scaleout.stay_cost(hours, per_unit)))
-    assert cost[ids[0]] == pytest.approx(hours[0] ** 2 * per_unit)
-    assert scaleout.seconds_per_unit(2.0, [10, 20]) == pytest.approx(2.0 / 500)
-    est = [sum(cost[s] for s in c) for c in chunks]
-    # every chunk stays under the target unless it is a single stay, and chunks are not needlessly small
-    assert all(e <= 3.0 or len(c) == 1 for e, c in zip(est, chunks))
-    assert all(a + cost[b[0]] > 3.0 for a, b in zip(est[:-1], chunks[1:]))
-    # little work: the cap drops so that each of 4 slots gets >= 3 chunks
-    small = scaleout.plan_chunks(ids[:40], hours[:40], 1e-4, slots=4, target_s=3.0)
-    assert len(small) >= 12 and [s for c in small for s in c] == ids[:40]
-    # a cost too small to measure: equal chunks, 3 per slot
+    for slots in (1, 2, 8):
+        chunks = scaleout.plan_chunks(ids, hours, per_unit, slots=slots, target_s=3.0, min_s=0.25)
+        assert [s for c in chunks for s in c] == ids  # every stay once, order kept (contiguous chunks)
+        est = [sum(cost[s] for s in c) for c in chunks]
+        divisible = sum(c for c in cost.values() if c <= 3.0)
+        left = [sum(cost[s] for c in chunks[i:] for s in c if cost[s] <= 3.0) for i in range(len(chunks))]
+        for e, c, rest in zip(est, chunks, left):  # each chunk within the guided cap, or a single stay
+            assert len(c) == 1 or e <= max(0.25, min(3.0, rest / (scaleout.GUIDED_WAVES * slots))) + 1e-12
+        assert all(a + cost[b[0]] > 0.25 for a, b in zip(est[:-1], chunks[1:]))  # never needlessly small
+        assert len(chunks) >= scaleout.MIN_WAVES * slots or divisible / (scaleout.MIN_WAVES * slots) < 0.25
+        huge = ids[len(ids) // 3]
+        assert [huge] in chunks and cost[huge] > 3.0  # a long stay is a chunk of its own
+        # with a perfect model, the list schedule of the chunks (longest first) is within the last
+        # (smallest) chunk of the bound of the stays themselves
+        assert scaleout.lpt_makespan(est, slots) <= scaleout.makespan_bound(list(cost.values()), slots) + 0.25
+    # a cost too small to measure: equal chunks, MIN_WAVES per slot
     assert [len(c) for c in scaleout.plan_chunks(ids[:12], hours[:12], 0.0, slots=2)] == [2] * 6
     assert scaleout.plan_chunks([], [], 1.0, slots=2) == []
     with pytest.raises(ValueError):
         scaleout.plan_chunks([1, 2], [3], 1.0, slots=1)
+
+
+def test_map_chunks_runs_longest_first_and_returns_in_order_and_logs_each_chunk():
+    calls = []
+
+    def fn(w, h, stay_ids):
+        calls.append(tuple(stay_ids))
+        return sum(stay_ids)
+
+    args = [("w", "h", [1, 2]), ("w", "h", [3]), ("w", "h", [4, 5, 6])]
+    with scaleout.chunk_log() as log:
+        out = scaleout.map_chunks(fn, args, costs=[0.5, 2.0, 1.0], progress=False)
+        assert scaleout.timed(fn, "w", "h", [7])[0] == 7
+    assert out == [3, 3, 15] and calls == [(3,), (4, 5, 6), (1, 2), (7,)]
+    assert [r["desc"] for r in log] == ["chunks", "pilot"]
+    ch = log[0]["chunks"]
+    assert [c["stay_ids"] for c in ch] == [[3], [4, 5, 6], [1, 2]] and [c["predicted_s"] for c in ch] == [2.0, 1.0, 0.5]
+    assert all(c["seconds"] >= 0 and c["start"] <= c["end"] for c in ch)
+    with scaleout.chunk_log() as inner:
+        pass
+    assert inner == [] and scaleout.map_chunks(fn, args, progress=False) == [3, 3, 15]  # no log: nothing kept
 
 
 # ------------------------------------------------------------------------------ local vs LocalCluster
@@ -79,7 +127,7 @@ def test_localcluster_of_processes_matches_local_bit_for_bit(prefect_harness, ba
             warehouse=w1, runs_dir=r1, **kw)
     cl = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
     try:
-        with runner.results_context(r2):
+        with runner.results_context(r2), scaleout.chunk_log() as log:
             got = retention_flow.with_options(task_runner=DaskTaskRunner(address=cl.scheduler_address))(
                 warehouse=w2, runs_dir=r2, **kw)
         prefixes = set(cl.scheduler.task_prefixes)  # what the scheduler ran
@@ -91,6 +139,14 @@ def test_localcluster_of_processes_matches_local_bit_for_bit(prefect_harness, ba
     assert ref["config"]["chunking"]["executor"] == "threads"
     assert "run_chunk" in prefixes  # the chunks ran on the cluster's workers
     assert got["metrics"] == ref["metrics"]
+    batches = next(r for r in log if "stay batches" in r["desc"])["chunks"]
+    assert len(batches) == ch["chunks"] - 1  # the pilot ran in the flow's process
+    pred = [c["predicted_s"] for c in batches]
+    assert pred == sorted(pred, reverse=True)  # longest first
+    assert {c["worker"] for c in batches} == {"0", "1"} and all(c["seconds"] > 0 for c in batches)
+    for r in log[1:]:  # at most one chunk in flight per worker: chunk k waits for k - 1 completions
+        got_back = sorted(c["received"] for c in r["chunks"])
+        assert all(c["submitted"] >= got_back[k - 2] for k, c in enumerate(r["chunks"]) if k >= 2), r["desc"]
     (v1, g1), (v2, g2) = _stored(w1), _stored(w2)
     assert sorted(v1) == sorted(v2) and v1["stay_id"].size == got["metrics"]["n_stays"] > 20
     for c in v1:  # bit for bit, NaN where excluded included
