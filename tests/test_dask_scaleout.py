@@ -3,6 +3,7 @@ function locally and on a LocalCluster of worker processes, bit-identical per-st
 clean worker logs over consecutive commands against one long-lived cluster."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import duckdb
@@ -84,6 +85,50 @@ def test_map_chunks_runs_longest_first_and_returns_in_order_and_logs_each_chunk(
     with scaleout.chunk_log() as inner:
         pass
     assert inner == [] and scaleout.map_chunks(fn, args, progress=False) == [3, 3, 15]  # no log: nothing kept
+
+
+# ------------------------------------------------------------------------------ the benchmark's record
+def test_bench_timeline_ideal_from_measured_chunks_and_no_stay_ids():
+    from pipelines.bench_dask import ideals, timeline
+
+    def chunk(ids, secs, w, start):
+        return {"stay_ids": ids, "predicted_s": secs, "seconds": secs, "worker": w, "start": start,
+                "end": start + secs, "received": start + secs, "submitted": start}
+
+    t0 = 1000.0
+    log = [{"desc": "pilot", "executor": "flow", "start": t0 + 1, "end": t0 + 1.5,
+            "chunks": [chunk([11, 12], 0.5, "flow", t0 + 1)]},
+           {"desc": "icu_retention (stay batches)", "executor": "dask", "start": t0 + 2, "end": t0 + 12,
+            "chunks": [chunk([13], 6.0, "0", t0 + 2), chunk([14, 15], 2.0, "0", t0 + 8), chunk([16], 2.0, "0", t0 + 10)]},
+           {"desc": "icu_retention (refit audit)", "executor": "dask", "start": t0 + 13, "end": t0 + 15,
+            "chunks": [chunk([13], 1.0, "0", t0 + 13), chunk([14], 1.0, "0", t0 + 14)]}]
+    hours = {11: 50, 12: 60, 13: 8000, 14: 100, 15: 200, 16: 300}
+    tl = timeline(log, t0, t0 + 20, hours)
+    assert tl["seconds"] == 20 and tl["flow_s"] == pytest.approx(20 - 10 - 2)  # the pilot counts as the flow's
+    b = tl["phases"][1]
+    assert b["phase"] == "batches" and b["work_s"] == 10 and b["lpt_1_s"] == 10 and b["lpt_2_s"] == 6
+    assert [c["hours_max"] for c in b["chunks"]] == [8000, 200, 300] and b["chunks"][1]["hours_sum"] == 300
+    assert tl["ideal_2_s"] == pytest.approx(8 + 6 + 1)
+    assert "stay_ids" not in json.dumps(tl) and "8000" in json.dumps(tl)  # aggregates only
+    ide = ideals([{"mode": "dask-1", **tl}, {"mode": "dask-2", **tl, "seconds": 1.0}])  # dask-1 runs only
+    assert ide["bound"]["seconds"]["median"] == pytest.approx(8 + max(6, 10 / 2) + max(0, 2 / 2))
+    assert ide["lpt"]["seconds"]["median"] == pytest.approx(8 + 6 + 1)
+    assert ide["overlapped"]["seconds"]["median"] == pytest.approx(8 + max(6, 12 / 2))
+    assert ide["bound"]["speedup_vs_dask-1"]["median"] == pytest.approx(20 / 15)
+    assert ide["bound"]["batches_speedup_vs_dask-1"]["median"] == pytest.approx(10 / 6)
+
+
+def test_readme_bench_dask_block_is_the_rendering_of_the_committed_results():
+    from pathlib import Path
+
+    from pipelines import bench_dask
+
+    root = Path(__file__).resolve().parents[1]
+    text = "\n\n".join(bench_dask.table(json.loads((root / f).read_text())) for f in bench_dask.README_RESULTS)
+    doc = (root / "README.md").read_text()
+    block = doc.split(bench_dask.BEGIN)[1].split(bench_dask.END)[0]
+    assert block == f"\n{text}\n", "README bench_dask block is stale: rerun python -m pipelines.bench_dask --table " \
+        + " ".join(bench_dask.README_RESULTS) + " --readme README.md"
 
 
 # ------------------------------------------------------------------------------ local vs LocalCluster

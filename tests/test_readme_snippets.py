@@ -240,8 +240,11 @@ PARSE_ONLY = {
     "forgetful retention --stays 1000 --dask tcp://SCHEDULER:8786": "needs a running cluster (tests/test_dask_scaleout.py "
                                                                     "runs --dask against dask scheduler/worker processes)",
     "python -m pipelines.bench_dask --stays 1000 --json OUT": "minutes of CPU (3 modes × rounds of a 1,000-stay study)",
-    "python -m pipelines.bench_dask --table docs/results/bench_dask.json": "renders the README table (its input is "
-                                                                            "the committed result file)",
+    "python -m pipelines.bench_dask --stays 1000 --warehouse-seed 1 --json OUT": "minutes of CPU (as the row above, "
+                                                                                  "another generated warehouse)",
+    "python -m pipelines.bench_dask --table docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
+    "--readme README.md": "rewrites the README's bench_dask block from the committed result files "
+                          "(tests/test_dask_scaleout.py checks the block equals their rendering)",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the main job (minutes; install included) (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",
