@@ -16,28 +16,76 @@ stay; record-level arrays never travel through the scheduler. :func:`map_chunks`
   (:func:`one_blas_thread`, inside the task: worker processes are the parallelism).
 
 **Chunk sizing** (:func:`plan_chunks`): the first :data:`PILOT_STAYS` stays are computed in the
-flow's own process through the same chunk function and timed; their seconds per stay-hour give
-every stay an estimated cost (``hours × seconds per hour``), and the remaining stays are cut, in
-order, into chunks of about :data:`TARGET_TASK_SECONDS` of work — fewer when that would leave
-fewer than :data:`MIN_WAVES` chunks per worker slot (so no worker idles through a long last
-chunk). Per-stay results do not depend on the chunking (each stay is computed alone, results
-come back in submission order), so the local and the Dask run are bit-identical.
+flow's own process through the same chunk function and timed; they set the machine's seconds per
+cost unit, and every stay gets an estimated cost (:func:`stay_units`: a fixed per-stay part, the
+n² kernel work and the n³ factorisations, with shape constants measured once, see
+:data:`COST_MODEL`). The remaining stays are cut, in order, into chunks whose cap shrinks with
+the work still to be cut (guided self-scheduling: about ``remaining / (GUIDED_WAVES × slots)``,
+between :data:`MIN_TASK_SECONDS` and :data:`TARGET_TASK_SECONDS`), so the last chunks are small;
+a stay above the cap is a chunk of its own. :func:`map_chunks` submits the chunks most expensive
+first (longest-processing-time order: the long stays start at once, the small chunks fill the
+end). Per-stay results do not depend on the chunking (each stay is computed alone, chunks are
+contiguous and results come back in chunk order), so the local and the Dask run are bit-identical.
+
+:func:`chunk_log` records, per :func:`map_chunks` call, each chunk's stays, estimated and measured
+seconds, worker and start/end (``python -m pipelines.bench_dask`` reads it); :func:`lpt_makespan`
+is the schedule of measured chunk times on ``m`` workers that the benchmark compares against.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-#: seconds of estimated work per chunk (a Dask task costs a few ms of scheduling; a local Prefect task ~20-50 ms)
+#: the largest chunk, in seconds of estimated work (a Dask task costs a few ms of scheduling; a local Prefect task ~20-50 ms)
 TARGET_TASK_SECONDS = 3.0
+#: the smallest cap (a chunk also opens a read-only connection: ~0.03-0.1 s)
+MIN_TASK_SECONDS = 0.25
 #: stays timed in the flow's own process to size the chunks
 PILOT_STAYS = 8
-#: at least this many chunks per worker slot (load balance of the last wave)
+#: at least this many chunks per worker slot when the work allows it
 MIN_WAVES = 3
+#: guided self-scheduling: a chunk's cap is the work still to be cut over ``GUIDED_WAVES × slots``
+GUIDED_WAVES = 2
+
+_LOG: list[dict] | None = None
+
+
+@contextlib.contextmanager
+def chunk_log():
+    """Record every :func:`map_chunks` call (and the pilot's :func:`timed`) in this process while
+    active. Yields a list that receives one dict per call: ``{"desc", "executor", "start", "end",
+    "chunks"}`` (wall clock, :func:`time.time`); each chunk ``{"stay_ids", "predicted_s", "seconds",
+    "worker", "start", "end", "received"}`` (and ``"submitted"`` on Dask) in submission order. On Dask ``seconds``/``start``/``end``
+    are measured on the worker; on the local thread pool only ``received`` (completion seen by the
+    flow) is known. Stay ids are kept in memory for the caller (write aggregates only)."""
+    global _LOG
+    prev, _LOG = _LOG, []
+    try:
+        yield _LOG
+    finally:
+        _LOG = prev
+
+
+def lpt_makespan(seconds: Sequence[float], workers: int) -> float:
+    """Makespan of ``seconds`` (task durations) on ``workers`` identical workers, longest first,
+    each to the least-loaded worker (LPT; within 4/3 of the optimum, exact when one task is at
+    least the rest over ``workers``)."""
+    load = [0.0] * max(1, int(workers))
+    for x in sorted((float(v) for v in seconds), reverse=True):
+        i = load.index(min(load))
+        load[i] += x
+    return max(load)
+
+
+def makespan_bound(seconds: Sequence[float], workers: int) -> float:
+    """Lower bound on any schedule of these tasks: ``max(longest, total / workers)``."""
+    xs = [float(v) for v in seconds]
+    return max(max(xs, default=0.0), sum(xs) / max(1, int(workers)))
 
 
 @contextlib.contextmanager
@@ -87,30 +135,52 @@ def local_slots() -> int:
         return 2
 
 
-#: a stay's estimated cost grows as hours ** COST_EXPONENT (the solve and the kernel peers work on
-#: the stay's n × n kernel matrix: a 100-hour stay is cheap, an 8,000-hour one costs minutes)
+#: a stay's cost in units of one stay-hour², ``FIXED + n² + n³ / CUBIC`` for ``n`` hours: reading and
+#: the per-stay bookkeeping (~6 ms, as much as the n² work of a ~150-hour stay), the n × n kernel
+#: work of the solve and the peers (0.25 µs per hour²), and the kernel-leverage peer's Cholesky
+#: factor and triangular inverse (n³, equal to the n² part at about 35,000 h; ~25 % of an 8,400-hour
+#: stay). Measured per stay on this project's retention chunk function (one BLAS thread, 2-core
+#: machine); only their ratios matter, the pilot sets the scale.
+COST_FIXED_UNITS = 150.0 ** 2
+COST_CUBIC_HOURS = 35_000.0
+COST_MODEL = f"{COST_FIXED_UNITS ** 0.5:.0f}² + n² + n³/{COST_CUBIC_HOURS:,.0f} for n hours"
+#: the dominant exponent (for descriptions; :func:`stay_units` is the model)
 COST_EXPONENT = 2
 
 
+def stay_units(hours: Sequence[int]) -> list[float]:
+    """Each stay's cost in units (:data:`COST_MODEL`): ``(m,)`` hours -> ``(m,)`` units."""
+    out = []
+    for h in hours:
+        n = float(max(1, int(h)))
+        out.append(COST_FIXED_UNITS + n * n + n ** 3 / COST_CUBIC_HOURS)
+    return out
+
+
 def stay_cost(hours: Sequence[int], seconds_per_unit: float) -> list[float]:
-    """Estimated seconds of each stay: ``seconds_per_unit × hours ** COST_EXPONENT``."""
-    return [float(max(1, int(h))) ** COST_EXPONENT * max(float(seconds_per_unit), 0.0) for h in hours]
+    """Estimated seconds of each stay: ``seconds_per_unit × stay_units(hours)``."""
+    k = max(float(seconds_per_unit), 0.0)
+    return [u * k for u in stay_units(hours)]
 
 
 def seconds_per_unit(seconds: float, hours: Sequence[int]) -> float:
-    """The pilot's measured ``seconds`` over its stays' cost units (``Σ hours ** COST_EXPONENT``)."""
-    return float(seconds) / max(1.0, sum(float(max(1, int(h))) ** COST_EXPONENT for h in hours))
+    """The pilot's measured ``seconds`` over its stays' cost units (``Σ stay_units(hours)``)."""
+    return float(seconds) / max(1.0, sum(stay_units(hours)))
 
 
 def plan_chunks(stay_ids: Sequence[int], hours: Sequence[int], seconds_per_hour: float, *, slots: int,
-                target_s: float = TARGET_TASK_SECONDS, min_waves: int = MIN_WAVES) -> list[list[int]]:
-    """Cut ``stay_ids`` (in order) into chunks of about ``target_s`` estimated seconds each.
+                target_s: float = TARGET_TASK_SECONDS, min_waves: int = MIN_WAVES,
+                min_s: float = MIN_TASK_SECONDS, guided_waves: int = GUIDED_WAVES) -> list[list[int]]:
+    """Cut ``stay_ids`` (in order) into contiguous chunks whose estimated seconds shrink towards the end.
 
     stay_ids, hours : (m,) the stays and their lengths (hours), aligned.
     seconds_per_hour : measured seconds per cost unit (:func:`seconds_per_unit`; a stay costs
-        ``hours ** COST_EXPONENT`` units, :func:`stay_cost`).
-    slots : chunks that run at once; the cap per chunk is lowered so that there are at least
-        ``min_waves × slots`` chunks when the work allows it.
+        :func:`stay_units` units, :func:`stay_cost`).
+    slots : chunks that run at once. A chunk is closed before it would pass its cap: the work not
+        yet cut (stays that alone pass ``target_s`` left out: they are chunks of their own) over
+        ``guided_waves × slots``, clipped to ``[min_s, target_s]`` and to at most the divisible
+        work over ``min_waves × slots`` — big chunks first, small ones last, so that submitted
+        longest first (:func:`map_chunks`) no worker idles through a long last chunk.
     Returns a list of non-empty lists covering ``stay_ids`` exactly once, order kept.
     """
     ids = [int(s) for s in stay_ids]
@@ -118,28 +188,50 @@ def plan_chunks(stay_ids: Sequence[int], hours: Sequence[int], seconds_per_hour:
         raise ValueError(f"{len(ids)} stay ids but {len(hours)} lengths")
     if not ids:
         return []
+    slots = max(1, int(slots))
     cost = stay_cost(hours, seconds_per_hour)
-    total = sum(cost)
-    cap = min(float(target_s), total / max(1, int(slots) * int(min_waves)))
-    if cap <= 0:  # nothing measurable: equal chunks, min_waves per slot
-        size = max(1, math.ceil(len(ids) / max(1, int(slots) * int(min_waves))))
+    if sum(cost) <= 0:  # nothing measurable: equal chunks, min_waves per slot
+        size = max(1, math.ceil(len(ids) / (slots * max(1, int(min_waves)))))
         return [ids[i:i + size] for i in range(0, len(ids), size)]
+    small = [c if c <= target_s else 0.0 for c in cost]  # the divisible work
+    left = sum(small)
+    top = min(float(target_s), max(left / (slots * max(1, int(min_waves))), float(min_s)))
     out, cur, acc = [], [], 0.0
-    for s, c in zip(ids, cost):
+    cap = top
+    for s, c, d in zip(ids, cost, small):
         if cur and acc + c > cap:
             out.append(cur)
             cur, acc = [], 0.0
+        if not cur:  # a new chunk: its cap from the work still to be cut
+            cap = min(top, max(float(min_s), left / (max(1, int(guided_waves)) * slots)))
         cur.append(s)
         acc += c
+        left -= d
     if cur:
         out.append(cur)
     return out
 
 
-def _run_chunk(fn: Callable, args: tuple) -> Any:
-    """On a Dask worker: the chunk function under one BLAS thread."""
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().name)
+    except (ImportError, ValueError):  # not on a Dask worker
+        return f"pid {os.getpid()}"
+
+
+def _run_chunk(fn: Callable, args: tuple) -> tuple[Any, dict]:
+    """On a Dask worker: the chunk function under one BLAS thread, and when/where it ran."""
+    start, t0 = time.time(), time.perf_counter()
     with one_blas_thread():
-        return fn(*args)
+        out = fn(*args)
+    return out, {"seconds": time.perf_counter() - t0, "worker": _worker_name(), "start": start, "end": time.time()}
+
+
+def _stays_of(args: tuple) -> list:
+    """The stay ids of a chunk's arguments (``f(warehouse, content_hash, stay_ids, ...)``)."""
+    return list(args[2]) if len(args) > 2 and isinstance(args[2], (list, tuple)) else []
 
 
 def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc: str = "chunks",
@@ -151,51 +243,92 @@ def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc
         back in ``arglists`` order.
 
     On Dask (:func:`dask_client`): plain futures of ``fn`` (importable by module path on the
-    workers) under one BLAS thread each; pending ones are cancelled if the flow is interrupted.
-    Locally: ``local_task.submit(*a)`` (a Prefect task whose body calls ``fn``) on the flow's
-    thread pool, or ``fn`` in this thread when no task is given."""
+    workers) under one BLAS thread each, in that order, one per worker thread at a time (the next
+    is submitted as one completes: the list schedule, with no chunk queued behind a long one);
+    submitted ones are cancelled if the flow is interrupted. Locally: ``local_task.submit(*a)`` (a Prefect task whose
+    body calls ``fn``) on the flow's thread pool, or ``fn`` in this thread when no task is given.
+    While :func:`chunk_log` is active the call and its chunks are recorded."""
+    from tqdm.auto import tqdm
+
     arglists = [tuple(a) for a in arglists]
     order = list(range(len(arglists)))
     if costs is not None:
         order.sort(key=lambda i: -float(costs[i]))  # stable: equal costs keep their order
-
-    def unpermute(results: list) -> list:
-        out: list = [None] * len(results)
-        for i, r in zip(order, results):
-            out[i] = r
-        return out
-
     client = dask_client()
-    if client is None:
-        if local_task is None:
-            with one_blas_thread():
-                return [fn(*a) for a in arglists]
-        from .futures import gather
+    rec = {"desc": desc, "executor": "dask" if client is not None else "threads", "start": time.time(),
+           "chunks": [{"stay_ids": _stays_of(arglists[i]), "predicted_s": None if costs is None else float(costs[i])}
+                      for i in order]}
+    out: list = [None] * len(arglists)
+    if client is None and local_task is None:
+        with one_blas_thread():
+            for k, i in enumerate(order):
+                t0, p0 = time.time(), time.perf_counter()
+                out[i] = fn(*arglists[i])
+                rec["chunks"][k].update(seconds=time.perf_counter() - p0, worker="flow", start=t0, end=time.time(),
+                                        received=time.time())
+    elif client is None:
+        from prefect.futures import as_completed
 
-        return unpermute(gather([local_task.submit(*arglists[i]) for i in order], desc, progress))
-    from tqdm.auto import tqdm
-
-    futures = [client.submit(_run_chunk, fn, arglists[i], pure=False, priority=len(order) - k)
-               for k, i in enumerate(order)]
-    try:
+        futures = [local_task.submit(*arglists[i]) for i in order]
+        where = {id(f): k for k, f in enumerate(futures)}
         bar = tqdm(total=len(futures), desc=desc, disable=not progress, file=sys.stderr, leave=False)
-        out = []
-        for f in futures:
-            out.append(f.result())
+        for f in as_completed(futures):
+            if id(f) in where:
+                rec["chunks"][where[id(f)]]["received"] = time.time()
             bar.update(1)
         bar.close()
-        return unpermute(out)
-    except BaseException:
-        client.cancel(futures)
-        raise
+        for k, (i, f) in enumerate(zip(order, futures)):
+            out[i] = f.result()
+    else:
+        from distributed import as_completed as dask_completed
+
+        # at most one chunk in flight per worker thread, the next submitted as one completes: the
+        # scheduler would otherwise queue a second chunk on each worker (worker-saturation), where
+        # it can wait behind a long chunk while another worker idles
+        where, futures = {}, []
+
+        def submit_more(done: int) -> list:
+            new = []
+            while len(futures) < len(order) and len(futures) - done < worker_slots(client):
+                k = len(futures)
+                f = client.submit(_run_chunk, fn, arglists[order[k]], pure=False, priority=len(order) - k)
+                where[f.key] = k
+                rec["chunks"][k]["submitted"] = time.time()
+                futures.append(f)
+                new.append(f)
+            return new
+
+        try:
+            bar = tqdm(total=len(order), desc=desc, disable=not progress, file=sys.stderr, leave=False)
+            pending = dask_completed(submit_more(0), loop=client.loop)
+            for done, f in enumerate(pending, start=1):
+                k = where[f.key]
+                out[order[k]], meta = f.result()
+                rec["chunks"][k].update(meta, received=time.time())
+                pending.update(submit_more(done))
+                bar.update(1)
+            bar.close()
+        except BaseException:
+            client.cancel(futures)
+            raise
+    rec["end"] = time.time()
+    if _LOG is not None:
+        _LOG.append(rec)
+    return out
 
 
 def timed(fn: Callable, *args) -> tuple[Any, float]:
-    """``(fn(*args), seconds)`` under one BLAS thread (the pilot's measurement)."""
+    """``(fn(*args), seconds)`` under one BLAS thread (the pilot's measurement; recorded as a
+    one-chunk call ``desc="pilot"`` while :func:`chunk_log` is active)."""
     with one_blas_thread():
-        t0 = time.perf_counter()
+        start, t0 = time.time(), time.perf_counter()
         out = fn(*args)
-        return out, time.perf_counter() - t0
+        secs = time.perf_counter() - t0
+    if _LOG is not None:
+        _LOG.append({"desc": "pilot", "executor": "flow", "start": start, "end": time.time(),
+                     "chunks": [{"stay_ids": _stays_of(args), "predicted_s": None, "seconds": secs, "worker": "flow",
+                                 "start": start, "end": start + secs, "received": start + secs}]})
+    return out, secs
 
 
 # ------------------------------------------------------------------------------ worker hygiene

@@ -3,6 +3,7 @@ function locally and on a LocalCluster of worker processes, bit-identical per-st
 clean worker logs over consecutive commands against one long-lived cluster."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import duckdb
@@ -14,28 +15,120 @@ from pipelines import runner, scaleout, stay_results
 
 
 # ------------------------------------------------------------------------------ planning (pure)
-def test_plan_chunks_covers_every_stay_once_in_order_at_the_target():
-    rng = np.random.default_rng(0)
-    ids = list(range(100, 400))
-    hours = rng.integers(5, 200, size=len(ids)).tolist()
-    per_unit = 1e-5  # hours ** 2 units: 0.0003-0.4 s a stay
-    chunks = scaleout.plan_chunks(ids, hours, per_unit, slots=2, target_s=3.0)
-    assert [s for c in chunks for s in c] == ids  # every stay once, order kept
+def test_cost_model_has_a_fixed_part_and_grows_faster_than_hours_squared():
+    u = scaleout.stay_units([1, 150, 1000, 8000])
+    assert u[0] == pytest.approx(scaleout.COST_FIXED_UNITS + 1 + 1 / scaleout.COST_CUBIC_HOURS)
+    assert u[1] == pytest.approx(2 * scaleout.COST_FIXED_UNITS, rel=1e-2)  # ~150 h: as much fixed as n² work
+    assert u[3] / u[2] > 64  # n³ term: more than (8000/1000)²
+    assert scaleout.stay_cost([1000], 2e-7) == [pytest.approx(2e-7 * u[2])]
+    assert scaleout.seconds_per_unit(2.0, [10, 20]) == pytest.approx(2.0 / sum(scaleout.stay_units([10, 20])))
+
+
+def test_lpt_makespan_and_bound():
+    assert scaleout.lpt_makespan([5, 4, 3, 3, 3], 2) == 10  # LPT; the optimum is 9 (5+4 | 3+3+3)
+    assert scaleout.makespan_bound([5, 4, 3, 3, 3], 2) == 9
+    assert scaleout.lpt_makespan([20, 1, 1, 1], 2) == scaleout.makespan_bound([20, 1, 1, 1], 2) == 20
+    assert scaleout.lpt_makespan([1.5, 2.5], 1) == 4.0 and scaleout.lpt_makespan([], 2) == 0.0
+
+
+def _hours(m, seed=0, huge=None):
+    rng = np.random.default_rng(seed)
+    h = np.clip(np.exp(rng.normal(4.6, 0.8, size=m)), 48, 3000).astype(int).tolist()
+    if huge is not None:
+        h[m // 3] = huge
+    return h
+
+
+def test_plan_chunks_covers_every_stay_once_in_order_with_chunks_shrinking_to_the_end():
+    ids = list(range(100, 1100))
+    hours = _hours(len(ids), huge=8400)
+    per_unit = 2.5e-7
     cost = dict(zip(ids, scaleout.stay_cost(hours, per_unit)))
-    assert cost[ids[0]] == pytest.approx(hours[0] ** 2 * per_unit)
-    assert scaleout.seconds_per_unit(2.0, [10, 20]) == pytest.approx(2.0 / 500)
-    est = [sum(cost[s] for s in c) for c in chunks]
-    # every chunk stays under the target unless it is a single stay, and chunks are not needlessly small
-    assert all(e <= 3.0 or len(c) == 1 for e, c in zip(est, chunks))
-    assert all(a + cost[b[0]] > 3.0 for a, b in zip(est[:-1], chunks[1:]))
-    # little work: the cap drops so that each of 4 slots gets >= 3 chunks
-    small = scaleout.plan_chunks(ids[:40], hours[:40], 1e-4, slots=4, target_s=3.0)
-    assert len(small) >= 12 and [s for c in small for s in c] == ids[:40]
-    # a cost too small to measure: equal chunks, 3 per slot
+    for slots in (1, 2, 8):
+        chunks = scaleout.plan_chunks(ids, hours, per_unit, slots=slots, target_s=3.0, min_s=0.25)
+        assert [s for c in chunks for s in c] == ids  # every stay once, order kept (contiguous chunks)
+        est = [sum(cost[s] for s in c) for c in chunks]
+        divisible = sum(c for c in cost.values() if c <= 3.0)
+        left = [sum(cost[s] for c in chunks[i:] for s in c if cost[s] <= 3.0) for i in range(len(chunks))]
+        for e, c, rest in zip(est, chunks, left):  # each chunk within the guided cap, or a single stay
+            assert len(c) == 1 or e <= max(0.25, min(3.0, rest / (scaleout.GUIDED_WAVES * slots))) + 1e-12
+        assert all(a + cost[b[0]] > 0.25 for a, b in zip(est[:-1], chunks[1:]))  # never needlessly small
+        assert len(chunks) >= scaleout.MIN_WAVES * slots or divisible / (scaleout.MIN_WAVES * slots) < 0.25
+        huge = ids[len(ids) // 3]
+        assert [huge] in chunks and cost[huge] > 3.0  # a long stay is a chunk of its own
+        # with a perfect model, the list schedule of the chunks (longest first) is within the last
+        # (smallest) chunk of the bound of the stays themselves
+        assert scaleout.lpt_makespan(est, slots) <= scaleout.makespan_bound(list(cost.values()), slots) + 0.25
+    # a cost too small to measure: equal chunks, MIN_WAVES per slot
     assert [len(c) for c in scaleout.plan_chunks(ids[:12], hours[:12], 0.0, slots=2)] == [2] * 6
     assert scaleout.plan_chunks([], [], 1.0, slots=2) == []
     with pytest.raises(ValueError):
         scaleout.plan_chunks([1, 2], [3], 1.0, slots=1)
+
+
+def test_map_chunks_runs_longest_first_and_returns_in_order_and_logs_each_chunk():
+    calls = []
+
+    def fn(w, h, stay_ids):
+        calls.append(tuple(stay_ids))
+        return sum(stay_ids)
+
+    args = [("w", "h", [1, 2]), ("w", "h", [3]), ("w", "h", [4, 5, 6])]
+    with scaleout.chunk_log() as log:
+        out = scaleout.map_chunks(fn, args, costs=[0.5, 2.0, 1.0], progress=False)
+        assert scaleout.timed(fn, "w", "h", [7])[0] == 7
+    assert out == [3, 3, 15] and calls == [(3,), (4, 5, 6), (1, 2), (7,)]
+    assert [r["desc"] for r in log] == ["chunks", "pilot"]
+    ch = log[0]["chunks"]
+    assert [c["stay_ids"] for c in ch] == [[3], [4, 5, 6], [1, 2]] and [c["predicted_s"] for c in ch] == [2.0, 1.0, 0.5]
+    assert all(c["seconds"] >= 0 and c["start"] <= c["end"] for c in ch)
+    with scaleout.chunk_log() as inner:
+        pass
+    assert inner == [] and scaleout.map_chunks(fn, args, progress=False) == [3, 3, 15]  # no log: nothing kept
+
+
+# ------------------------------------------------------------------------------ the benchmark's record
+def test_bench_timeline_ideal_from_measured_chunks_and_no_stay_ids():
+    from pipelines.bench_dask import ideals, timeline
+
+    def chunk(ids, secs, w, start):
+        return {"stay_ids": ids, "predicted_s": secs, "seconds": secs, "worker": w, "start": start,
+                "end": start + secs, "received": start + secs, "submitted": start}
+
+    t0 = 1000.0
+    log = [{"desc": "pilot", "executor": "flow", "start": t0 + 1, "end": t0 + 1.5,
+            "chunks": [chunk([11, 12], 0.5, "flow", t0 + 1)]},
+           {"desc": "icu_retention (stay batches)", "executor": "dask", "start": t0 + 2, "end": t0 + 12,
+            "chunks": [chunk([13], 6.0, "0", t0 + 2), chunk([14, 15], 2.0, "0", t0 + 8), chunk([16], 2.0, "0", t0 + 10)]},
+           {"desc": "icu_retention (refit audit)", "executor": "dask", "start": t0 + 13, "end": t0 + 15,
+            "chunks": [chunk([13], 1.0, "0", t0 + 13), chunk([14], 1.0, "0", t0 + 14)]}]
+    hours = {11: 50, 12: 60, 13: 8000, 14: 100, 15: 200, 16: 300}
+    tl = timeline(log, t0, t0 + 20, hours)
+    assert tl["seconds"] == 20 and tl["flow_s"] == pytest.approx(20 - 10 - 2)  # the pilot counts as the flow's
+    b = tl["phases"][1]
+    assert b["phase"] == "batches" and b["work_s"] == 10 and b["lpt_1_s"] == 10 and b["lpt_2_s"] == 6
+    assert [c["hours_max"] for c in b["chunks"]] == [8000, 200, 300] and b["chunks"][1]["hours_sum"] == 300
+    assert tl["ideal_2_s"] == pytest.approx(8 + 6 + 1)
+    assert "stay_ids" not in json.dumps(tl) and "8000" in json.dumps(tl)  # aggregates only
+    ide = ideals([{"mode": "dask-1", **tl}, {"mode": "dask-2", **tl, "seconds": 1.0}])  # dask-1 runs only
+    assert ide["bound"]["seconds"]["median"] == pytest.approx(8 + max(6, 10 / 2) + max(0, 2 / 2))
+    assert ide["lpt"]["seconds"]["median"] == pytest.approx(8 + 6 + 1)
+    assert ide["overlapped"]["seconds"]["median"] == pytest.approx(8 + max(6, 12 / 2))
+    assert ide["bound"]["speedup_vs_dask-1"]["median"] == pytest.approx(20 / 15)
+    assert ide["bound"]["batches_speedup_vs_dask-1"]["median"] == pytest.approx(10 / 6)
+
+
+def test_readme_bench_dask_block_is_the_rendering_of_the_committed_results():
+    from pathlib import Path
+
+    from pipelines import bench_dask
+
+    root = Path(__file__).resolve().parents[1]
+    text = "\n\n".join(bench_dask.table(json.loads((root / f).read_text())) for f in bench_dask.README_RESULTS)
+    doc = (root / "README.md").read_text()
+    block = doc.split(bench_dask.BEGIN)[1].split(bench_dask.END)[0]
+    assert block == f"\n{text}\n", "README bench_dask block is stale: rerun python -m pipelines.bench_dask --table " \
+        + " ".join(bench_dask.README_RESULTS) + " --readme README.md"
 
 
 # ------------------------------------------------------------------------------ local vs LocalCluster
@@ -79,7 +172,7 @@ def test_localcluster_of_processes_matches_local_bit_for_bit(prefect_harness, ba
             warehouse=w1, runs_dir=r1, **kw)
     cl = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
     try:
-        with runner.results_context(r2):
+        with runner.results_context(r2), scaleout.chunk_log() as log:
             got = retention_flow.with_options(task_runner=DaskTaskRunner(address=cl.scheduler_address))(
                 warehouse=w2, runs_dir=r2, **kw)
         prefixes = set(cl.scheduler.task_prefixes)  # what the scheduler ran
@@ -91,6 +184,14 @@ def test_localcluster_of_processes_matches_local_bit_for_bit(prefect_harness, ba
     assert ref["config"]["chunking"]["executor"] == "threads"
     assert "run_chunk" in prefixes  # the chunks ran on the cluster's workers
     assert got["metrics"] == ref["metrics"]
+    batches = next(r for r in log if "stay batches" in r["desc"])["chunks"]
+    assert len(batches) == ch["chunks"] - 1  # the pilot ran in the flow's process
+    pred = [c["predicted_s"] for c in batches]
+    assert pred == sorted(pred, reverse=True)  # longest first
+    assert {c["worker"] for c in batches} == {"0", "1"} and all(c["seconds"] > 0 for c in batches)
+    for r in log[1:]:  # at most one chunk in flight per worker: chunk k waits for k - 1 completions
+        got_back = sorted(c["received"] for c in r["chunks"])
+        assert all(c["submitted"] >= got_back[k - 2] for k, c in enumerate(r["chunks"]) if k >= 2), r["desc"]
     (v1, g1), (v2, g2) = _stored(w1), _stored(w2)
     assert sorted(v1) == sorted(v2) and v1["stay_id"].size == got["metrics"]["n_stays"] > 20
     for c in v1:  # bit for bit, NaN where excluded included

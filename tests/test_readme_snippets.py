@@ -254,8 +254,11 @@ PARSE_ONLY = {
     "python -m sv_core.bench_stream --table docs/results/bench_stream.json docs/results/bench_stream_100k_refit.json "
     "docs/results/bench_stream_100k.json docs/results/bench_stream_gauss.json --write-docs README.md": "rewrites README.md's bench_stream block from the committed result files; "
                               "tests/test_sv_core_streaming_bench.py writes the block of a decoy copy",
-    "python -m pipelines.bench_dask --table docs/results/bench_dask.json": "renders the README table (its input is "
-                                                                            "the committed result file)",
+    "python -m pipelines.bench_dask --stays 1000 --warehouse-seed 1 --json OUT": "minutes of CPU (as the row above, "
+                                                                                  "another generated warehouse)",
+    "python -m pipelines.bench_dask --table docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
+    "--readme README.md": "rewrites the README's bench_dask block from the committed result files "
+                          "(tests/test_dask_scaleout.py checks the block equals their rendering)",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the main job (minutes; install included) (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",
