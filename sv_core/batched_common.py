@@ -18,7 +18,7 @@ try:
 except ImportError:  # pragma: no cover - optional, built by setup.py
     batchfast = None
 #: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
-ABI = 1
+ABI = 2
 if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: no cover
     batchfast = None
 
@@ -26,6 +26,13 @@ if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: 
 def compiled_batch_available() -> bool:
     """Whether the compiled loops ``sv_core._batchfast`` are built (``setup.py build_ext``)."""
     return batchfast is not None
+
+
+def compiled_threads() -> int:
+    """Threads the compiled loops split a batch over: torch's intra-op thread count (one in the
+    deterministic training mode). Problems of different Gram matrices are independent and each is
+    computed by the same loop, so the result does not depend on it."""
+    return max(1, int(torch.get_num_threads()))
 
 
 def compiled_applicable(K: torch.Tensor) -> bool:

@@ -195,7 +195,8 @@ class _CompiledKKT(torch.autograd.Function):
         rho = torch.empty(P, J, dtype=dt)
         code = ext.kkt_forward(K.detach().contiguous().numpy(), Sk.numpy(), h.detach().contiguous().numpy(),
                                c0.detach().contiguous().numpy(), alpha.numpy(), rho.numpy(), Lst.numpy(),
-                               x1st.numpy(), dst.numpy(), off, P, J, n, float(ridge), dt == torch.float64)
+                               x1st.numpy(), dst.numpy(), off, P, J, n, float(ridge), dt == torch.float64,
+                               batched_common.compiled_threads())
         if code:
             raise _FactorFailed
         ctx.state = (Sk, Lst, x1st, dst, off, P, J, n)
@@ -217,7 +218,7 @@ class _CompiledKKT(torch.autograd.Function):
         gc0 = torch.empty(P, J, dtype=dt)
         ext.kkt_backward(Sk.numpy(), alpha.numpy(), ga.numpy(), gr.numpy(), Lst.numpy(), x1st.numpy(), dst.numpy(),
                          off, gh.numpy(), gc0.numpy(), None if gK is None else gK.numpy(), P, J, n,
-                         dt == torch.float64)
+                         dt == torch.float64, batched_common.compiled_threads())
         return gK, gh, gc0, None, None
 
 

@@ -1,6 +1,8 @@
 """Batched approximate SVDD path (sv_core.batched) against slow references and the exact refit."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -391,6 +393,16 @@ def _nested(seed, G=5, n=40, d=3, scale=1.0):
     return X, mask
 
 
+@contextlib.contextmanager
+def _threads(k):
+    before = torch.get_num_threads()
+    torch.set_num_threads(k)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @compiled
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 def test_compiled_fista_equals_the_torch_reference(dtype, atol):
@@ -405,11 +417,26 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
             assert torch.allclose(fast, ref, atol=atol, rtol=0), (seed, C)
             assert torch.equal(partition_masks(fast, C, mask)[0], partition_masks(ref, C, mask)[0])
             assert torch.all(fast[~mask] == 0) and torch.all(fast[:, 0] == 0)
+            # the loop's own Lipschitz bound is the torch bound (same formula; rounding apart)
+            L_ref = fista_lipschitz(K, mask)
+            a_own, L_own = _fista_compiled(K, mask, None, C, 60)
+            rel = float(((L_own - L_ref).abs() / L_ref).max())
+            print(f"compiled Lipschitz bound vs torch ({dtype}): max rel diff {rel:.1e}")
+            assert rel <= (1e-12 if dtype == torch.float64 else 1e-5)
+            assert torch.equal(a_own, fast)
             # leaving a problem at a bit-for-bit fixed point changes nothing
-            invL = 1.0 / fista_lipschitz(K, mask)
             for iters in (3, 60, 300):
-                assert torch.equal(_fista_compiled(K, mask, invL, C, iters, stop_when_fixed=True),
-                                   _fista_compiled(K, mask, invL, C, iters, stop_when_fixed=False))
+                assert torch.equal(_fista_compiled(K, mask, L_ref, C, iters, stop_when_fixed=True)[0],
+                                   _fista_compiled(K, mask, L_ref, C, iters, stop_when_fixed=False)[0])
+            # nor does splitting the batch over threads (problems of different Grams are independent)
+            with _threads(3):
+                assert torch.equal(fista_svdd(K, C, mask, iters=60, backend="compiled"), fast)
+    # a Gram with a negative entry: the loop leaves the bound to the torch reference (Rayleigh, 4 steps)
+    Kn = K.clone()
+    Kn[0, 1, 2] = Kn[0, 2, 1] = -0.01
+    a_n, L_n = _fista_compiled(Kn, mask, None, 0.25, 20)
+    assert torch.equal(L_n, fista_lipschitz(Kn, mask))
+    assert torch.allclose(a_n, fista_svdd(Kn, 0.25, mask, iters=20, backend="torch"), atol=atol, rtol=0)
     with pytest.raises(BatchedGateError):
         fista_svdd(K, 0.1, mask, iters=5, tol=1e-6, backend="compiled")
     with pytest.raises(BatchedGateError):
