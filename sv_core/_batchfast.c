@@ -153,24 +153,24 @@ static int run_split(int (*fn)(void *, Py_ssize_t, Py_ssize_t, int), void *ctx, 
 
 /* ---- kkt_forward ------------------------------------------------------------------------- */
 typedef struct {
-    const void *K, *S, *h, *c0, *off;
+    const void *K, *S, *E, *h, *c0, *off;
     void *alpha, *rho, *Lst, *x1st, *dst;
     Py_ssize_t J, n;
-    double ridge;
+    double ridge, C;
     int dbl;
-    Py_ssize_t *idx; /* (n + 1) per thread */
+    Py_ssize_t *idx; /* (2 n + 1) per thread */
     char *x2;        /* (n + 1) entries per thread */
 } kfwd_ctx;
 
 static int kfwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
 {
     kfwd_ctx *k = (kfwd_ctx *)c;
-    Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(k->n + 1);
+    Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(2 * k->n + 1);
     if (k->dbl)
-        return kkt_fwd_f64(k->K, k->S, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off, p0, p1, k->J,
-                           k->n, k->ridge, idx, (double *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
-    return kkt_fwd_f32(k->K, k->S, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off, p0, p1, k->J,
-                       k->n, k->ridge, idx, (float *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
+        return kkt_fwd_f64(k->K, k->S, k->E, k->C, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off,
+                           p0, p1, k->J, k->n, k->ridge, idx, (double *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
+    return kkt_fwd_f32(k->K, k->S, k->E, k->C, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off,
+                       p0, p1, k->J, k->n, k->ridge, idx, (float *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
 }
 
 static PyObject *kkt_forward(PyObject *self, PyObject *args)
@@ -180,24 +180,27 @@ static PyObject *kkt_forward(PyObject *self, PyObject *args)
     double ridge;
     int dbl;
     long nthreads;
-    Py_buffer bK, bS, bh, bc, ba, br, bL, bx, bd, bo;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*w*w*y*nnndpl", &bK, &bS, &bh, &bc, &ba, &br, &bL, &bx, &bd, &bo,
-                          &P, &J, &n, &ridge, &dbl, &nthreads))
+    double Cbox;
+    Py_buffer bK, bS, bE, bh, bc, ba, br, bL, bx, bd, bo;
+    if (!PyArg_ParseTuple(args, "y*y*y*dy*y*w*w*w*w*w*y*nnndpl", &bK, &bS, &bE, &Cbox, &bh, &bc, &ba, &br, &bL, &bx,
+                          &bd, &bo, &P, &J, &n, &ridge, &dbl, &nthreads))
         return NULL;
     PyObject *res = NULL;
     kfwd_ctx k = {0};
     const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
-    if (P < 0 || J < 0 || n < 0 || bK.len < P * n * n * sz || bS.len < P * J * n || bh.len < P * J * n * sz
-        || bc.len < P * J * sz || ba.len < P * J * n * sz || br.len < P * J * sz || bd.len < P * J * sz
+    const int emode = bE.len > 0; /* E given: h and c0 are formed in the loop (empty buffers) */
+    if (P < 0 || J < 0 || n < 0 || bK.len < P * n * n * sz || bS.len < P * J * n
+        || (emode ? bE.len < P * J * n || !(Cbox > 0.0) : bh.len < P * J * n * sz || bc.len < P * J * sz)
+        || ba.len < P * J * n * sz || br.len < P * J * sz || bd.len < P * J * sz
         || bo.len < 2 * P * J * (Py_ssize_t)sizeof(Py_ssize_t)) {
         PyErr_SetString(PyExc_ValueError, "_batchfast.kkt_forward: inconsistent sizes");
         goto done;
     }
     const int nt = clamp_threads(nthreads, P);
-    k = (kfwd_ctx){bK.buf, bS.buf, bh.buf, bc.buf, bo.buf, ba.buf, br.buf, bL.buf, bx.buf, bd.buf, J, n, ridge, dbl,
-                   NULL, NULL};
+    k = (kfwd_ctx){bK.buf, bS.buf, emode ? bE.buf : NULL, emode ? NULL : bh.buf, emode ? NULL : bc.buf, bo.buf,
+                   ba.buf, br.buf, bL.buf, bx.buf, bd.buf, J, n, ridge, Cbox, dbl, NULL, NULL};
     k.x2 = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * (size_t)sz);
-    k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * sizeof(Py_ssize_t));
+    k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
     if (!k.x2 || !k.idx) { PyErr_NoMemory(); goto done; }
     int code;
     Py_BEGIN_ALLOW_THREADS
@@ -207,17 +210,18 @@ static PyObject *kkt_forward(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(k.x2);
     PyMem_RawFree(k.idx);
-    PyBuffer_Release(&bK); PyBuffer_Release(&bS); PyBuffer_Release(&bh); PyBuffer_Release(&bc);
-    PyBuffer_Release(&ba); PyBuffer_Release(&br); PyBuffer_Release(&bL); PyBuffer_Release(&bx);
-    PyBuffer_Release(&bd); PyBuffer_Release(&bo);
+    PyBuffer_Release(&bK); PyBuffer_Release(&bS); PyBuffer_Release(&bE); PyBuffer_Release(&bh);
+    PyBuffer_Release(&bc); PyBuffer_Release(&ba); PyBuffer_Release(&br); PyBuffer_Release(&bL);
+    PyBuffer_Release(&bx); PyBuffer_Release(&bd); PyBuffer_Release(&bo);
     return res;
 }
 
 /* ---- kkt_backward ------------------------------------------------------------------------ */
 typedef struct {
-    const void *S, *alpha, *ga, *grho, *Lst, *x1st, *dst, *off;
+    const void *S, *E, *alpha, *ga, *grho, *Lst, *x1st, *dst, *off;
     void *gh, *gc0, *gK;
     Py_ssize_t J, n;
+    double C;
     int dbl;
     Py_ssize_t *idx;
     char *y;
@@ -226,13 +230,13 @@ typedef struct {
 static int kbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
 {
     kbwd_ctx *k = (kbwd_ctx *)c;
-    Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(k->n + 1);
+    Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(2 * k->n + 1);
     if (k->dbl)
-        kkt_bwd_f64(k->S, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK, p0, p1,
-                    k->J, k->n, idx, (double *)k->y + (size_t)tid * (size_t)(k->n + 1));
+        kkt_bwd_f64(k->S, k->E, k->C, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK,
+                    p0, p1, k->J, k->n, idx, (double *)k->y + (size_t)tid * (size_t)(k->n + 1));
     else
-        kkt_bwd_f32(k->S, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK, p0, p1,
-                    k->J, k->n, idx, (float *)k->y + (size_t)tid * (size_t)(k->n + 1));
+        kkt_bwd_f32(k->S, k->E, k->C, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK,
+                    p0, p1, k->J, k->n, idx, (float *)k->y + (size_t)tid * (size_t)(k->n + 1));
     return 0;
 }
 
@@ -243,27 +247,30 @@ static PyObject *kkt_backward(PyObject *self, PyObject *args)
     int dbl;
     long nthreads;
     PyObject *gKobj;
-    Py_buffer bS, ba, bg, bgr, bL, bx, bd, bo, bgh, bgc, bgK;
+    double Cbox;
+    Py_buffer bS, bE, ba, bg, bgr, bL, bx, bd, bo, bgh, bgc, bgK;
     memset(&bgK, 0, sizeof bgK);
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*w*w*Onnnpl", &bS, &ba, &bg, &bgr, &bL, &bx, &bd, &bo, &bgh, &bgc,
-                          &gKobj, &P, &J, &n, &dbl, &nthreads))
+    if (!PyArg_ParseTuple(args, "y*y*dy*y*y*y*y*y*y*w*w*Onnnpl", &bS, &bE, &Cbox, &ba, &bg, &bgr, &bL, &bx, &bd, &bo,
+                          &bgh, &bgc, &gKobj, &P, &J, &n, &dbl, &nthreads))
         return NULL;
     PyObject *res = NULL;
     kbwd_ctx k = {0};
     int haveK = gKobj != Py_None;
     const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
     if (haveK && PyObject_GetBuffer(gKobj, &bgK, PyBUF_WRITABLE) < 0) { haveK = 0; goto done; }
+    const int emode = bE.len > 0; /* E given: g_K takes the right-hand side's part; g_h, g_c0 not written */
     if (P < 0 || J < 0 || n < 0 || bS.len < P * J * n || ba.len < P * J * n * sz || bg.len < P * J * n * sz
-        || bgr.len < P * J * sz || bd.len < P * J * sz || bgh.len < P * J * n * sz || bgc.len < P * J * sz
+        || bgr.len < P * J * sz || bd.len < P * J * sz
+        || (emode ? bE.len < P * J * n || !haveK : bgh.len < P * J * n * sz || bgc.len < P * J * sz)
         || bo.len < 2 * P * J * (Py_ssize_t)sizeof(Py_ssize_t) || (haveK && bgK.len < P * n * n * sz)) {
         PyErr_SetString(PyExc_ValueError, "_batchfast.kkt_backward: inconsistent sizes");
         goto done;
     }
     const int nt = clamp_threads(nthreads, P);
-    k = (kbwd_ctx){bS.buf, ba.buf, bg.buf, bgr.buf, bL.buf, bx.buf, bd.buf, bo.buf, bgh.buf, bgc.buf,
-                   haveK ? bgK.buf : NULL, J, n, dbl, NULL, NULL};
+    k = (kbwd_ctx){bS.buf, emode ? bE.buf : NULL, ba.buf, bg.buf, bgr.buf, bL.buf, bx.buf, bd.buf, bo.buf,
+                   emode ? NULL : bgh.buf, emode ? NULL : bgc.buf, haveK ? bgK.buf : NULL, J, n, Cbox, dbl, NULL, NULL};
     k.y = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * (size_t)sz);
-    k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * sizeof(Py_ssize_t));
+    k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
     if (!k.y || !k.idx) { PyErr_NoMemory(); goto done; }
     Py_BEGIN_ALLOW_THREADS
     run_split(kbwd_range, &k, P, nt);
@@ -273,9 +280,9 @@ static PyObject *kkt_backward(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(k.y);
     PyMem_RawFree(k.idx);
-    PyBuffer_Release(&bS); PyBuffer_Release(&ba); PyBuffer_Release(&bg); PyBuffer_Release(&bgr);
-    PyBuffer_Release(&bL); PyBuffer_Release(&bx); PyBuffer_Release(&bd); PyBuffer_Release(&bo);
-    PyBuffer_Release(&bgh); PyBuffer_Release(&bgc);
+    PyBuffer_Release(&bS); PyBuffer_Release(&bE); PyBuffer_Release(&ba); PyBuffer_Release(&bg);
+    PyBuffer_Release(&bgr); PyBuffer_Release(&bL); PyBuffer_Release(&bx); PyBuffer_Release(&bd);
+    PyBuffer_Release(&bo); PyBuffer_Release(&bgh); PyBuffer_Release(&bgc);
     if (haveK) PyBuffer_Release(&bgK);
     return res;
 }
@@ -361,11 +368,13 @@ static PyMethodDef methods[] = {
      "stop_when_fixed: leave a problem once its iterate is a fixed point bit for bit (the result is the same); "
      "nthreads: Grams split over this many threads (the same result). See sv_core/batched_fista.py."},
     {"kkt_forward", kkt_forward, METH_VARARGS,
-     "kkt_forward(K, S, h, c0, alpha, rho, Lstore, x1store, dstore, offsets, P, J, n, ridge, is_double, nthreads) "
-     "-> 0 or 1 (a factorisation failed). See sv_core/batched_kkt.py."},
+     "kkt_forward(K, S, E, C, h, c0, alpha, rho, Lstore, x1store, dstore, offsets, P, J, n, ridge, is_double, "
+     "nthreads) -> 0 or 1 (a factorisation failed). E empty: h and c0 given; E (P, J, n) uint8: h, c0 and alpha_E "
+     "formed here (h, c0 empty). See sv_core/batched_kkt.py."},
     {"kkt_backward", kkt_backward, METH_VARARGS,
-     "kkt_backward(S, alpha, g_alpha, g_rho, Lstore, x1store, dstore, offsets, g_h, g_c0, g_K_or_None, P, J, n, "
-     "is_double, nthreads) -> None. See sv_core/batched_kkt.py."},
+     "kkt_backward(S, E, C, alpha, g_alpha, g_rho, Lstore, x1store, dstore, offsets, g_h, g_c0, g_K_or_None, P, J, "
+     "n, is_double, nthreads) -> None. E as in kkt_forward (then g_K is required, g_h and g_c0 are not written). "
+     "See sv_core/batched_kkt.py."},
     {NULL, NULL, 0, NULL},
 };
 

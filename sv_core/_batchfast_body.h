@@ -285,10 +285,18 @@ static void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T *restrict x)
 }
 
 /* forward of the problems of Grams [p0, p1); returns 0, or 1 when a factorisation failed */
-MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const T *h, const T *c0, T *alpha,
-                                      T *rho, T *Lst, T *x1st, T *dst, const Py_ssize_t *off, Py_ssize_t p0,
-                                      Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n, double ridge, Py_ssize_t *idx, T *x2)
+/* E mode (E given, h and c0 not): the right-hand side is formed here from the bound set E of each
+ * problem, as the reference does (sv_core.batched_kkt.ridged_kkt_solve):
+ *     h_i = K_ii - 2 C sum_{e in E} K_ie (e ascending),  c0 = 1 - C |E|,  alpha_E = C,
+ * and a problem without margin keys has rho = 0 (the caller sends only those without any valid key:
+ * no KKT interval); idx: 2 n + 1 entries */
+MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const unsigned char *E, double Cbox,
+                                      const T *h, const T *c0, T *alpha, T *rho, T *Lst, T *x1st, T *dst,
+                                      const Py_ssize_t *off, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n,
+                                      double ridge, Py_ssize_t *idx, T *x2)
 {
+    Py_ssize_t *eidx = idx + n;
+    const T C = (T)Cbox, twoC = (T)(2.0 * Cbox);
     for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
         for (Py_ssize_t j = 0; j < J; j++) {
@@ -300,8 +308,21 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
                 al[i] = (T)0;
                 if (sk[i]) idx[m++] = i;
             }
+            Py_ssize_t ne = 0;
+            T cq;
+            if (E) {
+                const unsigned char *ek = E + q * n;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    if (ek[i]) {
+                        eidx[ne++] = i;
+                        al[i] = C;
+                    }
+                cq = (T)1 - C * (T)ne;
+            } else {
+                cq = c0[q];
+            }
             if (m == 0) {
-                rho[q] = c0[q];
+                rho[q] = E ? (T)0 : cq;
                 dst[q] = (T)0;
                 continue;
             }
@@ -324,12 +345,19 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
             }
             for (Py_ssize_t r = 0; r < m; r++) {
                 x1[r] = (T)1;
-                x2[r] = h[q * n + idx[r]];
+                if (E) {
+                    const T *row = Kp + idx[r] * n;
+                    T se = (T)0;
+                    for (Py_ssize_t c = 0; c < ne; c++) se += row[eidx[c]];
+                    x2[r] = row[idx[r]] - twoC * se;
+                } else {
+                    x2[r] = h[q * n + idx[r]];
+                }
             }
             NAME(chol_solve)(L, m, x1);
             NAME(chol_solve)(L, m, x2);
             const T d = NAME(sum8)(x1, m);
-            const T rq = (NAME(sum8)(x2, m) - c0[q]) / d;
+            const T rq = (NAME(sum8)(x2, m) - cq) / d;
             rho[q] = rq;
             dst[q] = d;
             for (Py_ssize_t r = 0; r < m; r++) al[idx[r]] = x2[r] - rq * x1[r];
@@ -338,36 +366,38 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
     return 0;
 }
 
-/* backward of the problems of Grams [p0, p1): g_h (P, J, n) and g_c0 (P, J) written, g_K (P, n, n)
- * accumulated (when given) */
-MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const T *alpha, const T *ga, const T *grho,
-                                       const T *Lst, const T *x1st, const T *dst, const Py_ssize_t *off, T *gh,
-                                       T *gc0, T *gK, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n,
-                                       Py_ssize_t *idx, T *y)
+/* backward of the problems of Grams [p0, p1): g_h (P, J, n) and g_c0 (P, J) written (when given),
+ * g_K (P, n, n) accumulated (when given); E mode (E given): g_K also takes the right-hand side's
+ * part, dL/dK_ii += g_h_i and dL/dK_ie -= 2 C g_h_i (e in E); idx: 2 n + 1 entries */
+MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const unsigned char *E, double Cbox, const T *alpha,
+                                       const T *ga, const T *grho, const T *Lst, const T *x1st, const T *dst,
+                                       const Py_ssize_t *off, T *gh, T *gc0, T *gK, Py_ssize_t p0, Py_ssize_t p1,
+                                       Py_ssize_t J, Py_ssize_t n, Py_ssize_t *idx, T *y)
 {
+    Py_ssize_t *eidx = idx + n;
+    const T twoC = (T)(2.0 * Cbox);
     for (Py_ssize_t p = p0; p < p1; p++) {
         for (Py_ssize_t j = 0; j < J; j++) {
             const Py_ssize_t q = p * J + j;
             const unsigned char *sk = S + q * n;
-            T *g = gh + q * n;
+            T *g = gh ? gh + q * n : NULL;
             Py_ssize_t m = 0;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                g[i] = (T)0;
+            for (Py_ssize_t i = 0; i < n; i++)
                 if (sk[i]) idx[m++] = i;
-            }
+            if (g)
+                for (Py_ssize_t i = 0; i < n; i++) g[i] = (T)0;
             if (m == 0) {
-                gc0[q] = grho[q];
+                if (gc0) gc0[q] = grho[q];
                 continue;
             }
             const T *L = Lst + off[2 * q], *x1 = x1st + off[2 * q + 1];
             for (Py_ssize_t r = 0; r < m; r++) y[r] = ga[q * n + idx[r]];
             NAME(chol_solve)(L, m, y);
             const T r0 = (NAME(sum8)(y, m) - grho[q]) / dst[q];
-            gc0[q] = r0;
-            for (Py_ssize_t r = 0; r < m; r++) {
-                y[r] = y[r] - r0 * x1[r];
-                g[idx[r]] = y[r];
-            }
+            if (gc0) gc0[q] = r0;
+            for (Py_ssize_t r = 0; r < m; r++) y[r] = y[r] - r0 * x1[r];
+            if (g)
+                for (Py_ssize_t r = 0; r < m; r++) g[idx[r]] = y[r];
             if (!gK) continue;
             T *gKp = gK + p * n * n;
             const T *al = alpha + q * n;
@@ -375,6 +405,17 @@ MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const T *alpha, c
                 const T yr = (T)(-2) * y[r];
                 T *row = gKp + idx[r] * n;
                 for (Py_ssize_t c = 0; c < m; c++) row[idx[c]] += yr * al[idx[c]];
+            }
+            if (!E) continue;
+            Py_ssize_t ne = 0;
+            const unsigned char *ek = E + q * n;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (ek[i]) eidx[ne++] = i;
+            for (Py_ssize_t r = 0; r < m; r++) {
+                T *row = gKp + idx[r] * n;
+                row[idx[r]] += y[r];
+                const T ye = twoC * y[r];
+                for (Py_ssize_t c = 0; c < ne; c++) row[eidx[c]] -= ye;
             }
         }
     }

@@ -444,22 +444,37 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
 
 
 @compiled
+@pytest.mark.parametrize("interval", [False, True])
 @pytest.mark.parametrize("with_bound", [False, True])
-def test_compiled_kkt_solve_equals_the_lu_reference_values_and_gradients(with_bound):
+def test_compiled_kkt_solve_equals_the_lu_reference_values_and_gradients(with_bound, interval, monkeypatch):
+    """Without an interval problem the compiled solve forms the right-hand side itself (E mode, one
+    call each way); with one (no margin key, some valid key) it takes h and c0 from torch."""
+    from sv_core import batched_kkt
+
     X0, mask = _nested(23)
     C = 0.1 if with_bound else 0.25
     with torch.no_grad():
         a0 = fista_svdd(torch_kernel(X0, X0, 2.0), C, mask, iters=400, tol=1e-10)
     S, E = partition_masks(a0, C, mask)
-    S[2, 2] = False  # a problem whose margin set is empty (rho from the KKT interval)
+    if interval:
+        S[2, 2] = False  # a problem whose margin set is empty (rho from the KKT interval)
+    else:  # every problem with keys gets a margin key (any partition is a valid system)
+        for p, j in (mask.any(-1) & ~S.any(-1)).nonzero().tolist():
+            i = int(mask[p, j].nonzero()[0])
+            S[p, j, i], E[p, j, i] = True, False
     assert bool(S.any()) and (bool(E.any()) or not with_bound)
     w = torch.randn(S.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    modes = []
+    real = batched_kkt._CompiledKKT.forward
+    monkeypatch.setattr(batched_kkt._CompiledKKT, "forward",
+                        staticmethod(lambda ctx, *a: modes.append(len(a) > 5 and a[5] is not None) or real(ctx, *a)))
     out = {}
     for solver in ("lu", "compiled"):
         X = X0.clone().requires_grad_(True)
         alpha, rho = ridged_kkt_solve(torch_kernel(X, X, 2.0), C, S, E, ridge=1e-3, mask=mask, solver=solver)
         (g,) = torch.autograd.grad((alpha * w).sum() + 0.3 * rho.sum(), X)
         out[solver] = (alpha.detach(), rho.detach(), g)
+    assert modes == [not interval]
     for ref, fast in zip(out["lu"], out["compiled"]):
         assert torch.allclose(ref, fast, atol=1e-10, rtol=0)
     assert out["lu"][2].abs().max() > 1e-3
