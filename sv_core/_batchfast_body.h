@@ -6,7 +6,7 @@
  * the Gram products are element-wise multiply-adds. See _batchfast.c for the algorithms. */
 
 /* sum of x[0:n] */
-static inline T NAME(sum8)(const T *restrict x, Py_ssize_t n)
+static ALWAYS_INLINE T NAME(sum8)(const T *restrict x, Py_ssize_t n)
 {
     T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     Py_ssize_t i = 0;
@@ -17,7 +17,7 @@ static inline T NAME(sum8)(const T *restrict x, Py_ssize_t n)
 }
 
 /* dot product of a[0:n] and b[0:n] */
-static inline T NAME(dot8)(const T *restrict a, const T *restrict b, Py_ssize_t n)
+static ALWAYS_INLINE T NAME(dot8)(const T *restrict a, const T *restrict b, Py_ssize_t n)
 {
     T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     Py_ssize_t i = 0;
@@ -273,7 +273,7 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
 
 /* solve L L^T x = b in place (L: m x m lower triangle, row-major): forward substitution by row
  * dot products, back substitution by row updates (both contiguous) */
-static void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T *restrict x)
+static ALWAYS_INLINE void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T *restrict x)
 {
     for (Py_ssize_t i = 0; i < m; i++) x[i] = (x[i] - NAME(dot8)(L + i * m, x, i)) / L[i * m + i];
     for (Py_ssize_t i = m - 1; i >= 0; i--) {

@@ -131,10 +131,11 @@ _DET_USERS = [0, False]  # active trainings, the deterministic mode found before
 
 
 @contextlib.contextmanager
-def deterministic_torch(device: str = "cpu") -> Iterator[None]:
+def deterministic_torch(device: str = "cpu", threads: int = 1) -> Iterator[None]:
     """``torch.use_deterministic_algorithms(True)`` while any training is inside (reference
-    counted across threads; the previous mode comes back after the last), one intra-op thread on
-    CPU (process-wide, left set), ``CUBLAS_WORKSPACE_CONFIG`` and cuDNN determinism on CUDA."""
+    counted across threads; the previous mode comes back after the last), ``threads`` intra-op
+    threads on CPU (default one, the study's mode: the reduction order does not depend on the core
+    count; process-wide, left set), ``CUBLAS_WORKSPACE_CONFIG`` and cuDNN determinism on CUDA."""
     import torch
 
     if device == "cuda":
@@ -142,7 +143,7 @@ def deterministic_torch(device: str = "cpu") -> Iterator[None]:
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
     else:
-        torch.set_num_threads(1)
+        torch.set_num_threads(max(1, int(threads)))
     with _DET_LOCK:
         if _DET_USERS[0] == 0:
             _DET_USERS[1] = torch.are_deterministic_algorithms_enabled()
@@ -267,11 +268,12 @@ def _positive_rate(reader: _Reader) -> float:
 def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | None = None, max_epochs: int = 12,
                    patience: int = 3, batch: int = 16, lr: float = 3e-3, n_boot: int = 10_000,
                    train_windows: int | None = None, device: str = "cpu", shard: int = rd.SHARD_WINDOWS,
-                   return_predictions: bool = False) -> dict[str, Any]:
+                   return_predictions: bool = False, threads: int = 1) -> dict[str, Any]:
     """Train one model with one seed; return test AUROC/AUPRC with a stay-clustered CI, training
     facts and (``return_predictions``) the test probabilities at the scored hours (float32, in
     :func:`scored_targets` order) under ``"p_test"``. ``train_windows``: windows drawn per epoch
-    (None = all)."""
+    (None = all). ``threads``: CPU intra-op threads (1, the study's deterministic mode; more for
+    timing, see :mod:`evaluation.clinical.deterioration_bench`)."""
     import torch
 
     from evaluation.cluster_bootstrap import paired_cluster_bootstrap
@@ -279,7 +281,7 @@ def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | 
     if device not in DEVICES:
         raise det.DeteriorationInputError(f"unknown device {device!r}; choose from {DEVICES}")
     size = {**DEFAULT_SIZE, **(size or {})}
-    with deterministic_torch(device):
+    with deterministic_torch(device, threads):
         model = make_model(model_name, det.N_FEATURES, data.max_len, size, seed).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
         train, val = _Reader(data, data.train, shard), _Reader(data, data.val, shard)
