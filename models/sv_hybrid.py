@@ -41,8 +41,7 @@ from models.sv_hybrid_readout import (
     hybrid_attend_dense,
     hybrid_weights,
 )
-from sv_core import torch_kernel
-from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, warmup_threshold
+from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, rbf_gram, warmup_threshold
 
 __all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "HybridDeletionError", "SVHybridAttention",
            "chunk_starts", "hybrid_attend", "hybrid_attend_chunked", "hybrid_attend_dense", "hybrid_weights",
@@ -101,7 +100,8 @@ def prefix_gate_batched(
     n = starts[-1]
     J = nc - 1
     kp = k[:, :, :n]
-    Kfull = torch_kernel(kp, kp, sigma).reshape(B * H, n, n)  # one Gram shared by J prefixes
+    # one Gram shared by J prefixes; rbf_gram = torch_kernel(kp, kp, sigma) with an analytic backward
+    Kfull = rbf_gram(kp, sigma).reshape(B * H, n, n)
     pos = torch.arange(n, device=k.device)
     s_j = torch.tensor(starts[1:], device=k.device)
     mask = (pos.unsqueeze(0) < s_j.unsqueeze(1)).view(1, 1, J, n).expand(B, H, J, n)
