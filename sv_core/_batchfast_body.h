@@ -332,15 +332,18 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
                 for (Py_ssize_t c = 0; c <= r; c++) L[r * m + c] = (T)2 * row[idx[c]];
                 L[r * m + r] += (T)ridge;
             }
-            /* left-looking Cholesky: row c of L from the rows above it (dot products of rows) */
-            for (Py_ssize_t c = 0; c < m; c++) {
-                T *Lc = L + c * m;
-                const T v = Lc[c] - NAME(dot8)(Lc, Lc, c);
+            /* right-looking Cholesky: column k of L, then the trailing lower triangle updated row by
+             * row by contiguous multiply-adds with a copy of the column (x2 as scratch) */
+            for (Py_ssize_t k = 0; k < m; k++) {
+                const T v = L[k * m + k];
                 if (!(v > (T)0)) return 1;
-                Lc[c] = (T)sqrt((double)v);
-                for (Py_ssize_t r = c + 1; r < m; r++) {
-                    T *Lr = L + r * m;
-                    Lr[c] = (Lr[c] - NAME(dot8)(Lr, Lc, c)) / Lc[c];
+                const T dk = (T)sqrt((double)v);
+                L[k * m + k] = dk;
+                for (Py_ssize_t r = k + 1; r < m; r++) x2[r] = L[r * m + k] = L[r * m + k] / dk;
+                for (Py_ssize_t r = k + 1; r < m; r++) {
+                    const T lr = x2[r];
+                    T *row = L + r * m;
+                    for (Py_ssize_t c = k + 1; c <= r; c++) row[c] -= lr * x2[c];
                 }
             }
             for (Py_ssize_t r = 0; r < m; r++) {
