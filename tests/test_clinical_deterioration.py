@@ -334,7 +334,8 @@ def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path
         for m in ("lstm", "softmax"):
             assert len(out["times_s"][t][m]) == 2 and min(out["times_s"][t][m]) > 0
             assert len(out["summary"][t][m]["distinct_auroc"]) == 1  # same seed, same data: same AUROC each round
-        assert out["summary"][t]["lstm"]["ratio_to_lstm"] == 1.0
+        assert out["summary"][t]["lstm"]["ratio_to_lstm"] == 1.0 == out["summary"][t]["lstm"]["cpu_ratio_to_lstm"]
+        assert min(out["cpu_s"][t]["softmax"]) > 0
     assert out["train_windows"] == 6
     lines = bench.table(out, ["lstm", "softmax"])
     assert len(lines) == 5 and lines[1].split()[:2] == ["1", "lstm"] and lines[4].split()[:2] == ["2", "softmax"]

@@ -10,10 +10,11 @@ written 0, and 1 - the study's deterministic mode), models and thread counts in 
 from round to round (so machine load falls on every side alike), at the device's default caps
 (:data:`evaluation.clinical.deterioration_training.CAPS`; ``--train-windows`` overrides). The
 epoch time is the training pass plus the validation pass, as reported by the per-epoch progress
-event. Printed, per thread count and model: the median epoch time with its min-max spread, the
-ratio of medians to the first model at the same thread count, and the distinct test AUROCs over
-the rounds (one value each when runs are reproducible); the load average before and after. A
-benchmark command, never a timed assertion.
+event, beside the process's CPU seconds over the same span (all threads; less sensitive to other
+processes on a loaded machine). Printed, per thread count and model: the median epoch time with
+its min-max spread and the median CPU seconds, the ratios of medians to the first model at the
+same thread count, and the distinct test AUROCs over the rounds (one value each when runs are
+reproducible); the load average before and after. A benchmark command, never a timed assertion.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
     tw = caps["train_windows"] if train_windows is None else int(train_windows)
     data = dtr.study_data(warehouse, val_windows=caps["val_windows"], test_stays=caps["test_stays"])
     times: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
+    cpu: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
     aurocs: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
     runs = [(t, m) for t in ts for m in models]
     for r in range(rounds):
@@ -55,29 +57,34 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
                 res = dtr.train_and_test(data, m, seed, max_epochs=1, n_boot=n_boot, train_windows=tw,
                                          device=device, threads=t)
             times[str(t)][m].append(float(events[0]["elapsed_s"]))
+            cpu[str(t)][m].append(float(events[0]["cpu_s"]))
             aurocs[str(t)][m].append(float(res["auroc"]))
     summary: dict[str, dict[str, dict]] = {}
     for t in ts:
         base = statistics.median(times[str(t)][models[0]])
+        cbase = statistics.median(cpu[str(t)][models[0]])
         summary[str(t)] = {m: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
                                "ratio_to_" + models[0]: statistics.median(v) / base,
+                               "cpu_median_s": statistics.median(cpu[str(t)][m]),
+                               "cpu_ratio_to_" + models[0]: statistics.median(cpu[str(t)][m]) / cbase,
                                "distinct_auroc": sorted(set(aurocs[str(t)][m]))}
                            for m, v in times[str(t)].items()}
     return {"warehouse": os.path.basename(warehouse), "device": device, "rounds": rounds, "seed": seed,
             "threads": ts, "default_threads": default, "cpu_count": os.cpu_count(),
             "train_windows": min(tw, data.train.n_windows), "val_windows": data.val.n_windows,
-            "load_before": os.getloadavg(), "times_s": times, "aurocs": aurocs, "summary": summary}
+            "load_before": os.getloadavg(), "times_s": times, "cpu_s": cpu, "aurocs": aurocs, "summary": summary}
 
 
 def table(out: dict, models: list[str]) -> list[str]:
     """The printed lines of a :func:`bench` result."""
-    lines = [f"{'threads':>7} {'model':>13} {'epoch s, median (min-max)':>27} {'ratio to ' + models[0]:>18}"
-             f"  AUROC over rounds"]
+    lines = [f"{'threads':>7} {'model':>13} {'epoch s, median (min-max)':>27} {'ratio':>6} {'CPU s':>7} {'ratio':>6}"
+             f"  AUROC over rounds   (ratios: medians over {models[0]}'s)"]
     for t, per in out["summary"].items():
         for m, s in per.items():
             ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
+            cratio = next(v for k, v in s.items() if k.startswith("cpu_ratio_to_"))
             lines.append(f"{t:>7} {m:>13} {s['median_s']:>12.3f} ({s['min_s']:.3f}-{s['max_s']:.3f})"
-                         f" {ratio:>17.2f}x  {s['distinct_auroc']}")
+                         f" {ratio:>5.2f}x {s['cpu_median_s']:>7.3f} {cratio:>5.2f}x  {s['distinct_auroc']}")
     return lines
 
 

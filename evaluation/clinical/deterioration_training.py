@@ -247,7 +247,8 @@ _EPOCH_LISTENERS: list[Callable[[dict], None]] = []
 def epoch_progress(listener: Callable[[dict], None] | None) -> Iterator[None]:
     """While inside, :func:`train_and_test` calls ``listener(event)`` in this process after every
     epoch — from the worker thread that trains — with ``model, seed, epoch, max_epochs,
-    train_loss, val_loss, elapsed_s``. ``None`` registers nothing."""
+    train_loss, val_loss, elapsed_s, cpu_s`` (``cpu_s``: this process's CPU seconds since training
+    began, all threads). ``None`` registers nothing."""
     if listener is None:
         yield
         return
@@ -290,7 +291,7 @@ def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | 
         rng = np.random.default_rng(seed)
         W = data.train.n_windows
         best, best_state, bad, epochs = np.inf, None, 0, 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for ep in range(max_epochs):
             model.train()
             losses = []
@@ -316,7 +317,7 @@ def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | 
             for fn in list(_EPOCH_LISTENERS):
                 fn({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
                     "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
-                    "elapsed_s": time.perf_counter() - t0})
+                    "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
             if vl < best - 1e-4:
                 best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
             else:
