@@ -16,8 +16,10 @@ SPEC §1 "Causal hybrid layer" (preprint 000 §3.5, 001 §3.4):
 
 LM configuration: chunk 64, C = 0.25, sigma = 2.
 
-Fast paths (each tested against its reference): the FISTA partition finder and the ridged KKT
-solve run as compiled loops on CPU tensors when ``sv_core._batchfast`` is built
+Fast paths (each tested against its reference): the shared Gram of the prefixes is
+`sv_core.batched.rbf_gram` (reference `sv_core.torch_kernel`; hand-written backward); the FISTA
+partition finder (with its step bound) and the ridged KKT solve (with its right-hand side and
+its backward) run as compiled loops on CPU tensors when ``sv_core._batchfast`` is built
 (``fista_backend="auto"``, ``kkt_solver="auto"``; references ``"torch"`` and ``"cholesky"`` /
 ``"lu"`` = ``torch.linalg.solve`` as in the SPEC; on CUDA the Schur-complement Cholesky solve);
 without a deletion mask the readout has a hand-written backward, chunk by chunk over the

@@ -17,9 +17,11 @@
  *
  * in the element order and precision of the torch reference (sums: see _batchfast_body.h). What
  * the reference cannot skip: each problem works on its own valid keys only (a prefix mask reads
- * its block of K in place, any other is copied once), and K a' is accumulated over the non-zero
- * entries of a' only (many keys of an SVDD solution are zero), so an iteration costs
- * O(m |a' > 0|) instead of O(n^2) per problem. The projection is the reference's safeguarded
+ * its block of K in place, any other is copied once), so an iteration costs O(m^2) instead of
+ * O(n^2) per problem; K a' is accumulated in registers (see kmul in _batchfast_body.h). The
+ * step 1/L is the caller's, or L comes from the reference's bound computed here per problem
+ * (one power step, Collatz-Wielandt ratio; only for an entry-wise non-negative K, checked
+ * first). The projection is the reference's safeguarded
  * Newton-bisection on the shift tau, warm-started from the previous iteration's tau, per
  * problem (the reference stops a row at the same tests). A problem whose iterate and shift come
  * out of two consecutive iterations unchanged bit for bit is left there: every later iteration
@@ -34,8 +36,14 @@
  * a problem without margin keys has rho = c0, alpha = 0. The factor and x1 are kept for the
  * backward, which solves the same system for the upstream gradients (g_c0, g_h_S) and adds
  * dL/dK_SS = -2 g_h_S alpha_S^T into dL/dK (exactly what autograd of the reference's gather
- * gives). A factorisation that fails (A not numerically positive definite) is reported and the
- * caller falls back to the reference solve for the whole batch.
+ * gives). In E mode the right-hand side h_S = diag(K)_S - 2 C K_SE 1, c0 = 1 - C |E| is formed
+ * here from the bound masks and the backward adds its part of dL/dK too. A factorisation that
+ * fails (A not numerically positive definite) is reported and the caller falls back to the
+ * reference solve for the whole batch.
+ *
+ * Threads. Problems of different Grams are independent: a batch's Grams are split into
+ * contiguous ranges over the caller's thread count (torch's), each problem computed by the same
+ * loop, so the result does not depend on the count.
  *
  * The loops for float and double are _batchfast_body.h, included twice. Only the buffer protocol
  * is used (no NumPy C API); the GIL is released during the loops. Built with -ffp-contract=off
