@@ -16,8 +16,10 @@ SPEC §1 "Causal hybrid layer" (preprint 000 §3.5, 001 §3.4):
 
 LM configuration: chunk 64, C = 0.25, sigma = 2.
 
-Fast paths (each tested against its reference): the FISTA partition finder and the ridged KKT
-solve run as compiled loops on CPU tensors when ``sv_core._batchfast`` is built
+Fast paths (each tested against its reference): the shared Gram of the prefixes is
+`sv_core.batched.rbf_gram` (reference `sv_core.torch_kernel`; hand-written backward); the FISTA
+partition finder (with its step bound) and the ridged KKT solve (with its right-hand side and
+its backward) run as compiled loops on CPU tensors when ``sv_core._batchfast`` is built
 (``fista_backend="auto"``, ``kkt_solver="auto"``; references ``"torch"`` and ``"cholesky"`` /
 ``"lu"`` = ``torch.linalg.solve`` as in the SPEC; on CUDA the Schur-complement Cholesky solve);
 without a deletion mask the readout has a hand-written backward, chunk by chunk over the
@@ -41,8 +43,7 @@ from models.sv_hybrid_readout import (
     hybrid_attend_dense,
     hybrid_weights,
 )
-from sv_core import torch_kernel
-from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, warmup_threshold
+from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, rbf_gram, warmup_threshold
 
 __all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "HybridDeletionError", "SVHybridAttention",
            "chunk_starts", "hybrid_attend", "hybrid_attend_chunked", "hybrid_attend_dense", "hybrid_weights",
@@ -101,7 +102,8 @@ def prefix_gate_batched(
     n = starts[-1]
     J = nc - 1
     kp = k[:, :, :n]
-    Kfull = torch_kernel(kp, kp, sigma).reshape(B * H, n, n)  # one Gram shared by J prefixes
+    # one Gram shared by J prefixes; rbf_gram = torch_kernel(kp, kp, sigma) with an analytic backward
+    Kfull = rbf_gram(kp, sigma).reshape(B * H, n, n)
     pos = torch.arange(n, device=k.device)
     s_j = torch.tensor(starts[1:], device=k.device)
     mask = (pos.unsqueeze(0) < s_j.unsqueeze(1)).view(1, 1, J, n).expand(B, H, J, n)

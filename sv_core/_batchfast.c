@@ -17,9 +17,11 @@
  *
  * in the element order and precision of the torch reference (sums: see _batchfast_body.h). What
  * the reference cannot skip: each problem works on its own valid keys only (a prefix mask reads
- * its block of K in place, any other is copied once), and K a' is accumulated over the non-zero
- * entries of a' only (many keys of an SVDD solution are zero), so an iteration costs
- * O(m |a' > 0|) instead of O(n^2) per problem. The projection is the reference's safeguarded
+ * its block of K in place, any other is copied once), so an iteration costs O(m^2) instead of
+ * O(n^2) per problem; K a' is accumulated in registers (see kmul in _batchfast_body.h). The
+ * step 1/L is the caller's, or L comes from the reference's bound computed here per problem
+ * (one power step, Collatz-Wielandt ratio; only for an entry-wise non-negative K, checked
+ * first). The projection is the reference's safeguarded
  * Newton-bisection on the shift tau, warm-started from the previous iteration's tau, per
  * problem (the reference stops a row at the same tests). A problem whose iterate and shift come
  * out of two consecutive iterations unchanged bit for bit is left there: every later iteration
@@ -34,8 +36,14 @@
  * a problem without margin keys has rho = c0, alpha = 0. The factor and x1 are kept for the
  * backward, which solves the same system for the upstream gradients (g_c0, g_h_S) and adds
  * dL/dK_SS = -2 g_h_S alpha_S^T into dL/dK (exactly what autograd of the reference's gather
- * gives). A factorisation that fails (A not numerically positive definite) is reported and the
- * caller falls back to the reference solve for the whole batch.
+ * gives). In E mode the right-hand side h_S = diag(K)_S - 2 C K_SE 1, c0 = 1 - C |E| is formed
+ * here from the bound masks and the backward adds its part of dL/dK too. A factorisation that
+ * fails (A not numerically positive definite) is reported and the caller falls back to the
+ * reference solve for the whole batch.
+ *
+ * Threads. Problems of different Grams are independent: a batch's Grams are split into
+ * contiguous ranges over the caller's thread count (torch's), each problem computed by the same
+ * loop, so the result does not depend on the count.
  *
  * The loops for float and double are _batchfast_body.h, included twice. Only the buffer protocol
  * is used (no NumPy C API); the GIL is released during the loops. Built with -ffp-contract=off
@@ -55,21 +63,123 @@
 #else
 #define MULTIVERSION
 #endif
+/* the per-iteration helpers are inlined into each instruction-set clone of their caller */
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* 32-byte vectors of GCC / Clang's vector extension: element-wise IEEE operations, so the same
+ * bits as the scalar loop they replace (lowered to two 16-byte halves without AVX) */
+typedef float vec_f32 __attribute__((vector_size(32)));
+typedef double vec_f64 __attribute__((vector_size(32)));
 
 #define T float
 #define NAME(x) x##_f32
 #define EPS FLT_EPSILON
+#define VT vec_f32
+#define VL 8
 #include "_batchfast_body.h"
 #undef T
 #undef NAME
 #undef EPS
+#undef VT
+#undef VL
 #define T double
 #define NAME(x) x##_f64
 #define EPS DBL_EPSILON
+#define VT vec_f64
+#define VL 4
 #include "_batchfast_body.h"
 #undef T
 #undef NAME
 #undef EPS
+#undef VT
+#undef VL
+
+/* ---- splitting a batch over threads -------------------------------------------------------
+ * Problems of different Grams are independent, so the Grams [0, P) are cut into nthreads
+ * contiguous ranges, each run by one thread with its own scratch; every problem is computed by
+ * the same loop whatever the split (the same bits with 1 or 16 threads). POSIX threads; elsewhere
+ * (or when a thread cannot be started) the ranges run in the calling thread. */
+#if !defined(_WIN32)
+#include <pthread.h>
+#define HAVE_PTHREADS 1
+#endif
+#define MAX_THREADS 64
+
+typedef struct {
+    int (*fn)(void *ctx, Py_ssize_t p0, Py_ssize_t p1, int tid);
+    void *ctx;
+    Py_ssize_t p0, p1;
+    int tid, code;
+} task_t;
+
+static void *task_main(void *arg)
+{
+    task_t *t = (task_t *)arg;
+    t->code = t->fn(t->ctx, t->p0, t->p1, t->tid);
+    return NULL;
+}
+
+/* nthreads clamped to [1, min(P, MAX_THREADS)]; returns the OR of the ranges' codes */
+static int clamp_threads(long nthreads, Py_ssize_t P)
+{
+    if (nthreads > P) nthreads = (long)P;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    return nthreads < 1 ? 1 : (int)nthreads;
+}
+
+static int run_split(int (*fn)(void *, Py_ssize_t, Py_ssize_t, int), void *ctx, Py_ssize_t P, int nt)
+{
+    task_t tasks[MAX_THREADS];
+    for (int t = 0; t < nt; t++) {
+        tasks[t].fn = fn;
+        tasks[t].ctx = ctx;
+        tasks[t].p0 = P * t / nt;
+        tasks[t].p1 = P * (t + 1) / nt;
+        tasks[t].tid = t;
+        tasks[t].code = 0;
+    }
+#ifdef HAVE_PTHREADS
+    pthread_t th[MAX_THREADS];
+    int started[MAX_THREADS];
+    for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, task_main, &tasks[t]) == 0;
+    task_main(&tasks[0]);
+    for (int t = 1; t < nt; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else task_main(&tasks[t]);
+    }
+#else
+    for (int t = 0; t < nt; t++) task_main(&tasks[t]);
+#endif
+    int code = 0;
+    for (int t = 0; t < nt; t++) code |= tasks[t].code;
+    return code;
+}
+
+/* ---- kkt_forward ------------------------------------------------------------------------- */
+typedef struct {
+    const void *K, *S, *E, *h, *c0, *off;
+    void *alpha, *rho, *Lst, *x1st, *dst;
+    Py_ssize_t J, n;
+    double ridge, C;
+    int dbl;
+    Py_ssize_t *idx; /* (2 n + 1) per thread */
+    char *x2;        /* (n + 1) entries per thread */
+} kfwd_ctx;
+
+static int kfwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    kfwd_ctx *k = (kfwd_ctx *)c;
+    Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(2 * k->n + 1);
+    if (k->dbl)
+        return kkt_fwd_f64(k->K, k->S, k->E, k->C, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off,
+                           p0, p1, k->J, k->n, k->ridge, idx, (double *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
+    return kkt_fwd_f32(k->K, k->S, k->E, k->C, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off,
+                       p0, p1, k->J, k->n, k->ridge, idx, (float *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
+}
 
 static PyObject *kkt_forward(PyObject *self, PyObject *args)
 {
@@ -77,40 +187,65 @@ static PyObject *kkt_forward(PyObject *self, PyObject *args)
     Py_ssize_t P, J, n;
     double ridge;
     int dbl;
-    Py_buffer bK, bS, bh, bc, ba, br, bL, bx, bd, bo;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*w*w*y*nnndp", &bK, &bS, &bh, &bc, &ba, &br, &bL, &bx, &bd, &bo,
-                          &P, &J, &n, &ridge, &dbl))
+    long nthreads;
+    double Cbox;
+    Py_buffer bK, bS, bE, bh, bc, ba, br, bL, bx, bd, bo;
+    if (!PyArg_ParseTuple(args, "y*y*y*dy*y*w*w*w*w*w*y*nnndpl", &bK, &bS, &bE, &Cbox, &bh, &bc, &ba, &br, &bL, &bx,
+                          &bd, &bo, &P, &J, &n, &ridge, &dbl, &nthreads))
         return NULL;
     PyObject *res = NULL;
-    void *x2 = NULL;
-    Py_ssize_t *idx = NULL;
+    kfwd_ctx k = {0};
     const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
-    if (P < 0 || J < 0 || n < 0 || bK.len < P * n * n * sz || bS.len < P * J * n || bh.len < P * J * n * sz
-        || bc.len < P * J * sz || ba.len < P * J * n * sz || br.len < P * J * sz || bd.len < P * J * sz
+    const int emode = bE.len > 0; /* E given: h and c0 are formed in the loop (empty buffers) */
+    if (P < 0 || J < 0 || n < 0 || bK.len < P * n * n * sz || bS.len < P * J * n
+        || (emode ? bE.len < P * J * n || !(Cbox > 0.0) : bh.len < P * J * n * sz || bc.len < P * J * sz)
+        || ba.len < P * J * n * sz || br.len < P * J * sz || bd.len < P * J * sz
         || bo.len < 2 * P * J * (Py_ssize_t)sizeof(Py_ssize_t)) {
         PyErr_SetString(PyExc_ValueError, "_batchfast.kkt_forward: inconsistent sizes");
         goto done;
     }
-    x2 = PyMem_RawMalloc((size_t)(n + 1) * (size_t)sz);
-    idx = PyMem_RawMalloc((size_t)(n + 1) * sizeof(Py_ssize_t));
-    if (!x2 || !idx) { PyErr_NoMemory(); goto done; }
+    const int nt = clamp_threads(nthreads, P);
+    k = (kfwd_ctx){bK.buf, bS.buf, emode ? bE.buf : NULL, emode ? NULL : bh.buf, emode ? NULL : bc.buf, bo.buf,
+                   ba.buf, br.buf, bL.buf, bx.buf, bd.buf, J, n, ridge, Cbox, dbl, NULL, NULL};
+    k.x2 = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * (size_t)sz);
+    k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
+    if (!k.x2 || !k.idx) { PyErr_NoMemory(); goto done; }
     int code;
     Py_BEGIN_ALLOW_THREADS
-    if (dbl)
-        code = kkt_fwd_f64(bK.buf, bS.buf, bh.buf, bc.buf, ba.buf, br.buf, bL.buf, bx.buf, bd.buf, bo.buf, P, J, n,
-                           ridge, idx, x2);
-    else
-        code = kkt_fwd_f32(bK.buf, bS.buf, bh.buf, bc.buf, ba.buf, br.buf, bL.buf, bx.buf, bd.buf, bo.buf, P, J, n,
-                           ridge, idx, x2);
+    code = run_split(kfwd_range, &k, P, nt);
     Py_END_ALLOW_THREADS
     res = PyLong_FromLong(code);
 done:
-    PyMem_RawFree(x2);
-    PyMem_RawFree(idx);
-    PyBuffer_Release(&bK); PyBuffer_Release(&bS); PyBuffer_Release(&bh); PyBuffer_Release(&bc);
-    PyBuffer_Release(&ba); PyBuffer_Release(&br); PyBuffer_Release(&bL); PyBuffer_Release(&bx);
-    PyBuffer_Release(&bd); PyBuffer_Release(&bo);
+    PyMem_RawFree(k.x2);
+    PyMem_RawFree(k.idx);
+    PyBuffer_Release(&bK); PyBuffer_Release(&bS); PyBuffer_Release(&bE); PyBuffer_Release(&bh);
+    PyBuffer_Release(&bc); PyBuffer_Release(&ba); PyBuffer_Release(&br); PyBuffer_Release(&bL);
+    PyBuffer_Release(&bx); PyBuffer_Release(&bd); PyBuffer_Release(&bo);
     return res;
+}
+
+/* ---- kkt_backward ------------------------------------------------------------------------ */
+typedef struct {
+    const void *S, *E, *alpha, *ga, *grho, *Lst, *x1st, *dst, *off;
+    void *gh, *gc0, *gK;
+    Py_ssize_t J, n;
+    double C;
+    int dbl;
+    Py_ssize_t *idx;
+    char *y;
+} kbwd_ctx;
+
+static int kbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    kbwd_ctx *k = (kbwd_ctx *)c;
+    Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(2 * k->n + 1);
+    if (k->dbl)
+        kkt_bwd_f64(k->S, k->E, k->C, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK,
+                    p0, p1, k->J, k->n, idx, (double *)k->y + (size_t)tid * (size_t)(k->n + 1));
+    else
+        kkt_bwd_f32(k->S, k->E, k->C, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK,
+                    p0, p1, k->J, k->n, idx, (float *)k->y + (size_t)tid * (size_t)(k->n + 1));
+    return 0;
 }
 
 static PyObject *kkt_backward(PyObject *self, PyObject *args)
@@ -118,45 +253,79 @@ static PyObject *kkt_backward(PyObject *self, PyObject *args)
     (void)self;
     Py_ssize_t P, J, n;
     int dbl;
+    long nthreads;
     PyObject *gKobj;
-    Py_buffer bS, ba, bg, bgr, bL, bx, bd, bo, bgh, bgc, bgK;
+    double Cbox;
+    Py_buffer bS, bE, ba, bg, bgr, bL, bx, bd, bo, bgh, bgc, bgK;
     memset(&bgK, 0, sizeof bgK);
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*w*w*Onnnp", &bS, &ba, &bg, &bgr, &bL, &bx, &bd, &bo, &bgh, &bgc,
-                          &gKobj, &P, &J, &n, &dbl))
+    if (!PyArg_ParseTuple(args, "y*y*dy*y*y*y*y*y*y*w*w*Onnnpl", &bS, &bE, &Cbox, &ba, &bg, &bgr, &bL, &bx, &bd, &bo,
+                          &bgh, &bgc, &gKobj, &P, &J, &n, &dbl, &nthreads))
         return NULL;
     PyObject *res = NULL;
-    void *y = NULL;
-    Py_ssize_t *idx = NULL;
+    kbwd_ctx k = {0};
     int haveK = gKobj != Py_None;
     const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
     if (haveK && PyObject_GetBuffer(gKobj, &bgK, PyBUF_WRITABLE) < 0) { haveK = 0; goto done; }
+    const int emode = bE.len > 0; /* E given: g_K takes the right-hand side's part; g_h, g_c0 not written */
     if (P < 0 || J < 0 || n < 0 || bS.len < P * J * n || ba.len < P * J * n * sz || bg.len < P * J * n * sz
-        || bgr.len < P * J * sz || bd.len < P * J * sz || bgh.len < P * J * n * sz || bgc.len < P * J * sz
+        || bgr.len < P * J * sz || bd.len < P * J * sz
+        || (emode ? bE.len < P * J * n || !haveK : bgh.len < P * J * n * sz || bgc.len < P * J * sz)
         || bo.len < 2 * P * J * (Py_ssize_t)sizeof(Py_ssize_t) || (haveK && bgK.len < P * n * n * sz)) {
         PyErr_SetString(PyExc_ValueError, "_batchfast.kkt_backward: inconsistent sizes");
         goto done;
     }
-    y = PyMem_RawMalloc((size_t)(n + 1) * (size_t)sz);
-    idx = PyMem_RawMalloc((size_t)(n + 1) * sizeof(Py_ssize_t));
-    if (!y || !idx) { PyErr_NoMemory(); goto done; }
+    const int nt = clamp_threads(nthreads, P);
+    k = (kbwd_ctx){bS.buf, emode ? bE.buf : NULL, ba.buf, bg.buf, bgr.buf, bL.buf, bx.buf, bd.buf, bo.buf,
+                   emode ? NULL : bgh.buf, emode ? NULL : bgc.buf, haveK ? bgK.buf : NULL, J, n, Cbox, dbl, NULL, NULL};
+    k.y = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * (size_t)sz);
+    k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
+    if (!k.y || !k.idx) { PyErr_NoMemory(); goto done; }
     Py_BEGIN_ALLOW_THREADS
-    if (dbl)
-        kkt_bwd_f64(bS.buf, ba.buf, bg.buf, bgr.buf, bL.buf, bx.buf, bd.buf, bo.buf, bgh.buf, bgc.buf,
-                    haveK ? bgK.buf : NULL, P, J, n, idx, y);
-    else
-        kkt_bwd_f32(bS.buf, ba.buf, bg.buf, bgr.buf, bL.buf, bx.buf, bd.buf, bo.buf, bgh.buf, bgc.buf,
-                    haveK ? bgK.buf : NULL, P, J, n, idx, y);
+    run_split(kbwd_range, &k, P, nt);
     Py_END_ALLOW_THREADS
     res = Py_None;
     Py_INCREF(res);
 done:
-    PyMem_RawFree(y);
-    PyMem_RawFree(idx);
-    PyBuffer_Release(&bS); PyBuffer_Release(&ba); PyBuffer_Release(&bg); PyBuffer_Release(&bgr);
-    PyBuffer_Release(&bL); PyBuffer_Release(&bx); PyBuffer_Release(&bd); PyBuffer_Release(&bo);
-    PyBuffer_Release(&bgh); PyBuffer_Release(&bgc);
+    PyMem_RawFree(k.y);
+    PyMem_RawFree(k.idx);
+    PyBuffer_Release(&bS); PyBuffer_Release(&bE); PyBuffer_Release(&ba); PyBuffer_Release(&bg);
+    PyBuffer_Release(&bgr); PyBuffer_Release(&bL); PyBuffer_Release(&bx); PyBuffer_Release(&bd);
+    PyBuffer_Release(&bo); PyBuffer_Release(&bgh); PyBuffer_Release(&bgc);
     if (haveK) PyBuffer_Release(&bgK);
     return res;
+}
+
+/* ---- fista ------------------------------------------------------------------------------- */
+typedef struct {
+    const void *K, *mask, *invL;
+    void *Lout, *out;
+    Py_ssize_t J, n;
+    double C;
+    long iters;
+    int dbl, stop;
+    char *work;      /* (n * n + 8 n + 1) entries per thread */
+    Py_ssize_t *idx; /* (2 n + 1) per thread */
+} fista_ctx;
+
+static int fista_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    fista_ctx *f = (fista_ctx *)c;
+    const size_t wn = (size_t)(f->n * f->n + 8 * f->n + 1);
+    Py_ssize_t *idx = f->idx + (size_t)tid * (size_t)(2 * f->n + 1);
+    if (f->dbl)
+        fista_run_f64(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, f->C, f->iters, f->stop,
+                      (double *)f->work + (size_t)tid * wn, idx);
+    else
+        fista_run_f32(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, (float)f->C, f->iters, f->stop,
+                      (float *)f->work + (size_t)tid * wn, idx);
+    return 0;
+}
+
+static int nonneg_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    (void)tid;
+    fista_ctx *f = (fista_ctx *)c;
+    return f->dbl ? !nonnegative_f64(f->K, p0, p1, f->n) : !nonnegative_f32(f->K, p0, p1, f->n);
 }
 
 static PyObject *fista(PyObject *self, PyObject *args)
@@ -164,50 +333,56 @@ static PyObject *fista(PyObject *self, PyObject *args)
     (void)self;
     Py_ssize_t P, J, n;
     double C;
-    long iters;
+    long iters, nthreads;
     int dbl, stop;
+    int own_L;
     Py_buffer bK, bm, bL, bo;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*nnndlpp", &bK, &bm, &bL, &bo, &P, &J, &n, &C, &iters, &dbl, &stop))
+    if (!PyArg_ParseTuple(args, "y*y*w*w*nnndlpplp", &bK, &bm, &bL, &bo, &P, &J, &n, &C, &iters, &dbl, &stop,
+                          &nthreads, &own_L))
         return NULL;
     PyObject *res = NULL;
-    void *work = NULL;
-    Py_ssize_t *idx = NULL;
+    fista_ctx f = {0};
     const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
     if (P < 0 || J < 0 || n < 0 || !(C > 0.0) || iters < 0 || bK.len < P * n * n * sz || bm.len < P * J * n
         || bL.len < P * J * sz || bo.len < P * J * n * sz) {
         PyErr_SetString(PyExc_ValueError, "_batchfast.fista: inconsistent sizes or parameters");
         goto done;
     }
-    work = PyMem_RawMalloc((size_t)(n * n + 8 * n + 1) * (size_t)sz);
-    idx = PyMem_RawMalloc((size_t)(n + 1) * sizeof(Py_ssize_t));
-    if (!work || !idx) { PyErr_NoMemory(); goto done; }
+    const int nt = clamp_threads(nthreads, P);
+    f = (fista_ctx){bK.buf, bm.buf, own_L ? NULL : bL.buf, own_L ? bL.buf : NULL, bo.buf, J, n, C, iters, dbl, stop,
+                    NULL, NULL};
+    f.work = PyMem_RawMalloc((size_t)nt * (size_t)(n * n + 8 * n + 1) * (size_t)sz);
+    f.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
+    if (!f.work || !f.idx) { PyErr_NoMemory(); goto done; }
+    int code = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (dbl)
-        fista_run_f64(bK.buf, bm.buf, bL.buf, bo.buf, P, J, n, C, iters, stop, work, idx);
-    else
-        fista_run_f32(bK.buf, bm.buf, bL.buf, bo.buf, P, J, n, (float)C, iters, stop, work, idx);
+    if (own_L) code = run_split(nonneg_range, &f, P, nt);
+    if (!code) run_split(fista_range, &f, P, nt);
     Py_END_ALLOW_THREADS
-    res = Py_None;
-    Py_INCREF(res);
+    res = PyLong_FromLong(code);
 done:
-    PyMem_RawFree(work);
-    PyMem_RawFree(idx);
+    PyMem_RawFree(f.work);
+    PyMem_RawFree(f.idx);
     PyBuffer_Release(&bK); PyBuffer_Release(&bm); PyBuffer_Release(&bL); PyBuffer_Release(&bo);
     return res;
 }
 
 static PyMethodDef methods[] = {
     {"fista", fista, METH_VARARGS,
-     "fista(K, mask, invL, out, P, J, n, C, iters, is_double, stop_when_fixed) -> None. K (P, n, n), invL (P, J) "
-     "and out (P, J, n) float32 or float64 (is_double), mask (P, J, n) uint8, all C-contiguous; out is "
-     "overwritten with the FISTA estimate; stop_when_fixed: leave a problem once its iterate is a fixed point "
-     "bit for bit (the result is the same). See sv_core/batched_fista.py."},
+     "fista(K, mask, lip, out, P, J, n, C, iters, is_double, stop_when_fixed, nthreads, own_lipschitz) -> 0 or 1. "
+     "K (P, n, n), lip (P, J) and out (P, J, n) float32 or float64 (is_double), mask (P, J, n) uint8, all "
+     "C-contiguous; out is overwritten with the FISTA estimate; lip: the steps 1/L (in), or with own_lipschitz "
+     "the bounds L computed here (out; returns 1 and does nothing when K has a negative entry); "
+     "stop_when_fixed: leave a problem once its iterate is a fixed point bit for bit (the result is the same); "
+     "nthreads: Grams split over this many threads (the same result). See sv_core/batched_fista.py."},
     {"kkt_forward", kkt_forward, METH_VARARGS,
-     "kkt_forward(K, S, h, c0, alpha, rho, Lstore, x1store, dstore, offsets, P, J, n, ridge, is_double) -> 0 or "
-     "1 (a factorisation failed). See sv_core/batched_kkt.py."},
+     "kkt_forward(K, S, E, C, h, c0, alpha, rho, Lstore, x1store, dstore, offsets, P, J, n, ridge, is_double, "
+     "nthreads) -> 0 or 1 (a factorisation failed). E empty: h and c0 given; E (P, J, n) uint8: h, c0 and alpha_E "
+     "formed here (h, c0 empty). See sv_core/batched_kkt.py."},
     {"kkt_backward", kkt_backward, METH_VARARGS,
-     "kkt_backward(S, alpha, g_alpha, g_rho, Lstore, x1store, dstore, offsets, g_h, g_c0, g_K_or_None, P, J, n, "
-     "is_double) -> None. See sv_core/batched_kkt.py."},
+     "kkt_backward(S, E, C, alpha, g_alpha, g_rho, Lstore, x1store, dstore, offsets, g_h, g_c0, g_K_or_None, P, J, "
+     "n, is_double, nthreads) -> None. E as in kkt_forward (then g_K is required, g_h and g_c0 are not written). "
+     "See sv_core/batched_kkt.py."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -216,7 +391,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batchfast",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 /* bumped whenever a function's arguments or return value change: a stale build is not used */
-#define BATCHFAST_ABI 1
+#define BATCHFAST_ABI 2
 
 PyMODINIT_FUNC PyInit__batchfast(void)
 {

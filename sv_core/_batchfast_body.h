@@ -6,7 +6,7 @@
  * the Gram products are element-wise multiply-adds. See _batchfast.c for the algorithms. */
 
 /* sum of x[0:n] */
-static inline T NAME(sum8)(const T *restrict x, Py_ssize_t n)
+static ALWAYS_INLINE T NAME(sum8)(const T *restrict x, Py_ssize_t n)
 {
     T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     Py_ssize_t i = 0;
@@ -17,7 +17,7 @@ static inline T NAME(sum8)(const T *restrict x, Py_ssize_t n)
 }
 
 /* dot product of a[0:n] and b[0:n] */
-static inline T NAME(dot8)(const T *restrict a, const T *restrict b, Py_ssize_t n)
+static ALWAYS_INLINE T NAME(dot8)(const T *restrict a, const T *restrict b, Py_ssize_t n)
 {
     T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     Py_ssize_t i = 0;
@@ -27,11 +27,18 @@ static inline T NAME(dot8)(const T *restrict a, const T *restrict b, Py_ssize_t 
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-/* projection of z (m) onto {sum a = 1, 0 <= a <= C}: the reference's safeguarded Newton-bisection
- * on the shift tau (same bracket, start, steps and stopping tests); tau in/out (NAN: none) */
-static void NAME(project)(const T *restrict z, Py_ssize_t m, T C, T *tau_io, T *restrict a)
+/* One FISTA problem works on m <= n keys; every loop below keeps the element order and the
+ * roundings of the plain loops it replaces (the torch reference's order: see _batchfast.c), so the
+ * fused and blocked forms give the same bits:
+ *   - min / max in 8 lanes (lane i mod 8 for the first floor(m / 8) * 8 entries, lane 0 for the
+ *     rest, lanes combined in order 1..7): exact operations, the lanes only fix which of two
+ *     equal-comparing values comes out;
+ *   - sums in the 8 fixed accumulators of sum8;
+ *   - K a' accumulated per entry over the non-zero a'_j in ascending j, from 0. */
+
+/* minimum and maximum of z[0:m], m >= 1 */
+static ALWAYS_INLINE void NAME(minmax)(const T *restrict z, Py_ssize_t m, T *zmin, T *zmax)
 {
-    const T eps = (T)(16.0 * EPS);
     T mx[8], mn[8];
     for (int l = 0; l < 8; l++) mx[l] = mn[l] = z[0];
     Py_ssize_t i = 0;
@@ -44,21 +51,53 @@ static void NAME(project)(const T *restrict z, Py_ssize_t m, T C, T *tau_io, T *
         mx[0] = z[i] > mx[0] ? z[i] : mx[0];
         mn[0] = z[i] < mn[0] ? z[i] : mn[0];
     }
-    T zmax = mx[0], zmin = mn[0];
+    T hi = mx[0], lo = mn[0];
     for (int l = 1; l < 8; l++) {
-        zmax = mx[l] > zmax ? mx[l] : zmax;
-        zmin = mn[l] < zmin ? mn[l] : zmin;
+        hi = mx[l] > hi ? mx[l] : hi;
+        lo = mn[l] < lo ? mn[l] : lo;
     }
+    *zmin = lo;
+    *zmax = hi;
+}
+
+/* one pass of the projection at shift tau: a = clip(z - tau, 0, C); returns sum(a) - 1 (sum8's
+ * order) and the number of free entries (0 < z - tau < C) in *nf */
+static ALWAYS_INLINE T NAME(proj_pass)(const T *restrict z, Py_ssize_t m, T C, T tau, T *restrict a, Py_ssize_t *nf)
+{
+    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= m; i += 8)
+        for (int l = 0; l < 8; l++) {
+            const T d = z[i + l] - tau;
+            const T v = d < (T)0 ? (T)0 : (d > C ? C : d);
+            a[i + l] = v;
+            acc[l] += v;
+            cnt[l] += (d > (T)0) & (d < C);
+        }
+    for (int l = 0; i < m; i++, l++) {
+        const T d = z[i] - tau;
+        const T v = d < (T)0 ? (T)0 : (d > C ? C : d);
+        a[i] = v;
+        acc[l] += v;
+        cnt[l] += (d > (T)0) & (d < C);
+    }
+    *nf = (Py_ssize_t)cnt[0] + cnt[1] + cnt[2] + cnt[3] + cnt[4] + cnt[5] + cnt[6] + cnt[7];
+    return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) - (T)1;
+}
+
+/* projection of z (m) onto {sum a = 1, 0 <= a <= C}: the reference's safeguarded Newton-bisection
+ * on the shift tau (same bracket, start, steps and stopping tests); tau in/out (NAN: none) */
+static ALWAYS_INLINE void NAME(project)(const T *restrict z, Py_ssize_t m, T C, T *tau_io, T *restrict a)
+{
+    const T eps = (T)(16.0 * EPS);
+    T zmin, zmax;
+    NAME(minmax)(z, m, &zmin, &zmax);
     T lo = zmin - C, hi = zmax, tau = *tau_io;
     if (!(tau > lo && tau < hi)) tau = (T)0.5 * (lo + hi);
     for (int it = 0; it < 60; it++) {
-        Py_ssize_t nf = 0;
-        for (i = 0; i < m; i++) {
-            const T d = z[i] - tau;
-            a[i] = d < (T)0 ? (T)0 : (d > C ? C : d);
-            nf += (d > (T)0) & (d < C);
-        }
-        const T err = NAME(sum8)(a, m) - (T)1;
+        Py_ssize_t nf;
+        const T err = NAME(proj_pass)(z, m, C, tau, a, &nf);
         const T scale = eps * ((T)1 + (tau < (T)0 ? -tau : tau));
         if ((err < (T)0 ? -err : err) <= eps || (hi - lo) <= scale) break;
         const T step = err / (T)(nf > 0 ? nf : 1);
@@ -72,26 +111,98 @@ static void NAME(project)(const T *restrict z, Py_ssize_t m, T C, T *tau_io, T *
     *tau_io = tau;
 }
 
-/* Ka = Kb a over the non-zero entries of a (Kb: m x m, symmetric, rows ld apart) */
-MULTIVERSION static void NAME(kmul)(const T *restrict Kb, Py_ssize_t ld, const T *restrict a, Py_ssize_t m,
-                                    T *restrict Ka)
+/* NB vectors of Ka starting at off[0..NB-1], accumulated in registers over the columns j of a */
+#define KMUL_PASS(NB)                                                                                   \
+    do {                                                                                                \
+        VT s[NB];                                                                                       \
+        for (int b = 0; b < NB; b++) s[b] = (VT){0};                                                    \
+        for (Py_ssize_t j = 0; j < m; j++) {                                                            \
+            const T aj = a[j];                                                                          \
+            const T *col = Kb + j * ld;                                                                 \
+            for (int b = 0; b < NB; b++) {                                                              \
+                VT c;                                                                                   \
+                memcpy(&c, col + off[b], sizeof c);                                                     \
+                s[b] += c * aj;                                                                         \
+            }                                                                                           \
+        }                                                                                               \
+        for (int b = 0; b < NB; b++) memcpy(Ka + off[b], &s[b], sizeof s[b]);                           \
+    } while (0)
+
+/* Ka = Kb a (Kb: m x m, symmetric, rows ld apart): Ka[i] accumulated from 0 over the columns j in
+ * ascending order, in VL-lane vectors held in registers, up to 8 at a time (when m is not a
+ * multiple of VL, the last vector is the one ending at m, its first lanes recomputed to the same
+ * values). Every column is read, zero a_j included: a non-negative product +0 leaves a sum as it
+ * is, so for finite K the result equals the sum over the non-zero a_j only (an SVDD iterate is
+ * sparse, but listing its non-zeros costs more than the products it saves at these sizes) */
+static ALWAYS_INLINE void NAME(kmul)(const T *restrict Kb, Py_ssize_t ld, const T *restrict a, Py_ssize_t m,
+                                     T *restrict Ka)
 {
-    for (Py_ssize_t i = 0; i < m; i++) Ka[i] = (T)0;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        const T aj = a[j];
-        if (aj == (T)0) continue;
-        const T *restrict col = Kb + j * ld;
-        for (Py_ssize_t i = 0; i < m; i++) Ka[i] += col[i] * aj;
+    if (m < VL) {
+        for (Py_ssize_t i = 0; i < m; i++) Ka[i] = (T)0;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            const T aj = a[j];
+            for (Py_ssize_t i = 0; i < m; i++) Ka[i] += Kb[j * ld + i] * aj;
+        }
+        return;
+    }
+    const Py_ssize_t nv = (m + VL - 1) / VL;
+    for (Py_ssize_t v0 = 0; v0 < nv; v0 += 8) {
+        const int nb = nv - v0 < 8 ? (int)(nv - v0) : 8;
+        Py_ssize_t off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int b = 0; b < nb; b++) off[b] = (v0 + b) * VL < m - VL ? (v0 + b) * VL : m - VL;
+        switch (nb) {
+        case 1: KMUL_PASS(1); break;
+        case 2: KMUL_PASS(2); break;
+        case 3: KMUL_PASS(3); break;
+        case 4: KMUL_PASS(4); break;
+        case 5: KMUL_PASS(5); break;
+        case 6: KMUL_PASS(6); break;
+        case 7: KMUL_PASS(7); break;
+        default: KMUL_PASS(8); break;
+        }
     }
 }
+#undef KMUL_PASS
 
-static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL, T *out, Py_ssize_t P,
-                            Py_ssize_t J, Py_ssize_t n, T C, long iters, int stop_when_fixed, T *work,
-                            Py_ssize_t *idx)
+/* problems [p0, p1) of the batch; work: n * n + 8 n + 1 entries of T, idx: 2 n + 1 */
+/* whether every entry of K[p0:p1] (n x n each) is >= 0 (NaN: no) */
+static int NAME(nonnegative)(const T *K, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t n)
 {
-    T *Ks = work, *a = Ks + n * n, *an = a + n, *Ka = an + n, *Kan = Ka + n, *y = Kan + n;
-    T *Ky = y + n, *z = Ky + n, *dg = z + n;
-    for (Py_ssize_t p = 0; p < P; p++) {
+    int ok = 1;
+    for (Py_ssize_t i = p0 * n * n; i < p1 * n * n; i++) ok &= K[i] >= (T)0;
+    return ok;
+}
+
+/* FISTA's Lipschitz constant L = 2 lambda for the block Kb (m keys, entry-wise non-negative): the
+ * reference's bound (sv_core.batched_fista.lambda_max_upper, one power step): v = 1, w = Kb v,
+ * v = w / max(|w|, 1e-30), lambda = max over v_i > 1e-12 of (Kb v)_i / v_i (0 when none), at least
+ * 1e-12 (the Collatz-Wielandt ratio: an upper bound of the largest eigenvalue); v, w: scratch */
+static ALWAYS_INLINE T NAME(lipschitz)(const T *restrict Kb, Py_ssize_t ld, Py_ssize_t m, T *restrict v,
+                                       T *restrict w)
+{
+    for (Py_ssize_t i = 0; i < m; i++) v[i] = (T)1;
+    NAME(kmul)(Kb, ld, v, m, w);
+    T nrm = (T)sqrt((double)NAME(dot8)(w, w, m));
+    if (!(nrm > (T)1e-30)) nrm = (T)1e-30;
+    for (Py_ssize_t i = 0; i < m; i++) v[i] = w[i] / nrm;
+    NAME(kmul)(Kb, ld, v, m, w);
+    T lam = (T)0;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (v[i] > (T)1e-12) {
+            const T r = w[i] / v[i];
+            lam = r > lam ? r : lam;
+        }
+    return (T)2 * (lam > (T)1e-12 ? lam : (T)1e-12);
+}
+
+/* problems of the Grams [p0, p1); with Lout, the step 1/L comes from NAME(lipschitz) and L is
+ * written to Lout (P, J), else from invL (P, J) */
+MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL, T *Lout, T *out,
+                                         Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n, T C, long iters,
+                                         int stop_when_fixed, T *work, Py_ssize_t *idx)
+{
+    T *Ks = work, *a = Ks + n * n, *an = a + n, *Ka = an + n, *Kan = Ka + n, *z = Kan + n, *dg = z + n;
+    for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
         for (Py_ssize_t j = 0; j < J; j++) {
             const unsigned char *mk = mask + (p * J + j) * n;
@@ -101,7 +212,10 @@ static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL
                 o[i] = (T)0;
                 if (mk[i]) idx[m++] = i;
             }
-            if (m == 0) continue;
+            if (m == 0) {
+                if (Lout) Lout[p * J + j] = (T)2e-12;
+                continue;
+            }
             /* a prefix mask reads its block in place; any other is copied once */
             const T *Kb = Kp;
             Py_ssize_t ld = n;
@@ -114,17 +228,23 @@ static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL
                 ld = m;
             }
             for (Py_ssize_t r = 0; r < m; r++) dg[r] = Kb[r * ld + r];
-            const T il = invL[p * J + j];
+            T il;
+            if (Lout) {
+                const T L = NAME(lipschitz)(Kb, ld, m, a, Ka);
+                Lout[p * J + j] = L;
+                il = (T)1 / L;
+            } else {
+                il = invL[p * J + j];
+            }
             const T a0 = (T)1 / (T)m;
             for (Py_ssize_t i = 0; i < m; i++) a[i] = a0;
             NAME(kmul)(Kb, ld, a, m, Ka);
-            memcpy(y, a, (size_t)m * sizeof(T));
-            memcpy(Ky, Ka, (size_t)m * sizeof(T));
+            /* y = a, K y = K a at the start */
+            for (Py_ssize_t i = 0; i < m; i++) z[i] = a[i] - (((T)2 * Ka[i]) - dg[i]) * il;
             double t = 1.0;
             T tau = (T)NAN;
             int still = 0; /* consecutive iterations that left a and tau bit-for-bit unchanged */
             for (long k = 0; k < iters; k++) {
-                for (Py_ssize_t i = 0; i < m; i++) z[i] = y[i] - (((T)2 * Ky[i]) - dg[i]) * il;
                 const T tau_before = tau;
                 NAME(project)(z, m, C, &tau, an);
                 /* a' = a and tau unchanged twice in a row: y = a, K y = K a and the next z, tau and
@@ -135,9 +255,12 @@ static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL
                 NAME(kmul)(Kb, ld, an, m, Kan);
                 const double tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
                 const T beta = (T)((t - 1.0) / tn);
+                /* y = a' + beta (a' - a), K y = K a' + beta (K a' - K a), and the next step's
+                 * z = y - (2 K y - diag K) / L, fused (y and K y are not kept) */
                 for (Py_ssize_t i = 0; i < m; i++) {
-                    y[i] = an[i] + beta * (an[i] - a[i]);
-                    Ky[i] = Kan[i] + beta * (Kan[i] - Ka[i]);
+                    const T yi = an[i] + beta * (an[i] - a[i]);
+                    const T kyi = Kan[i] + beta * (Kan[i] - Ka[i]);
+                    z[i] = yi - (((T)2 * kyi) - dg[i]) * il;
                 }
                 T *sw = a; a = an; an = sw;
                 sw = Ka; Ka = Kan; Kan = sw;
@@ -150,7 +273,7 @@ static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL
 
 /* solve L L^T x = b in place (L: m x m lower triangle, row-major): forward substitution by row
  * dot products, back substitution by row updates (both contiguous) */
-static void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T *restrict x)
+static ALWAYS_INLINE void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T *restrict x)
 {
     for (Py_ssize_t i = 0; i < m; i++) x[i] = (x[i] - NAME(dot8)(L + i * m, x, i)) / L[i * m + i];
     for (Py_ssize_t i = m - 1; i >= 0; i--) {
@@ -161,12 +284,20 @@ static void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T *restrict x)
     }
 }
 
-/* forward of every problem; returns 0, or 1 when a factorisation failed */
-static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const T *h, const T *c0, T *alpha, T *rho, T *Lst,
-                         T *x1st, T *dst, const Py_ssize_t *off, Py_ssize_t P, Py_ssize_t J, Py_ssize_t n,
-                         double ridge, Py_ssize_t *idx, T *x2)
+/* forward of the problems of Grams [p0, p1); returns 0, or 1 when a factorisation failed */
+/* E mode (E given, h and c0 not): the right-hand side is formed here from the bound set E of each
+ * problem, as the reference does (sv_core.batched_kkt.ridged_kkt_solve):
+ *     h_i = K_ii - 2 C sum_{e in E} K_ie (e ascending),  c0 = 1 - C |E|,  alpha_E = C,
+ * and a problem without margin keys has rho = 0 (the caller sends only those without any valid key:
+ * no KKT interval); idx: 2 n + 1 entries */
+MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const unsigned char *E, double Cbox,
+                                      const T *h, const T *c0, T *alpha, T *rho, T *Lst, T *x1st, T *dst,
+                                      const Py_ssize_t *off, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n,
+                                      double ridge, Py_ssize_t *idx, T *x2)
 {
-    for (Py_ssize_t p = 0; p < P; p++) {
+    Py_ssize_t *eidx = idx + n;
+    const T C = (T)Cbox, twoC = (T)(2.0 * Cbox);
+    for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
         for (Py_ssize_t j = 0; j < J; j++) {
             const Py_ssize_t q = p * J + j;
@@ -177,8 +308,21 @@ static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const T *h, const T
                 al[i] = (T)0;
                 if (sk[i]) idx[m++] = i;
             }
+            Py_ssize_t ne = 0;
+            T cq;
+            if (E) {
+                const unsigned char *ek = E + q * n;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    if (ek[i]) {
+                        eidx[ne++] = i;
+                        al[i] = C;
+                    }
+                cq = (T)1 - C * (T)ne;
+            } else {
+                cq = c0[q];
+            }
             if (m == 0) {
-                rho[q] = c0[q];
+                rho[q] = E ? (T)0 : cq;
                 dst[q] = (T)0;
                 continue;
             }
@@ -188,25 +332,35 @@ static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const T *h, const T
                 for (Py_ssize_t c = 0; c <= r; c++) L[r * m + c] = (T)2 * row[idx[c]];
                 L[r * m + r] += (T)ridge;
             }
-            /* left-looking Cholesky: row c of L from the rows above it (dot products of rows) */
-            for (Py_ssize_t c = 0; c < m; c++) {
-                T *Lc = L + c * m;
-                const T v = Lc[c] - NAME(dot8)(Lc, Lc, c);
+            /* right-looking Cholesky: column k of L, then the trailing lower triangle updated row by
+             * row by contiguous multiply-adds with a copy of the column (x2 as scratch) */
+            for (Py_ssize_t k = 0; k < m; k++) {
+                const T v = L[k * m + k];
                 if (!(v > (T)0)) return 1;
-                Lc[c] = (T)sqrt((double)v);
-                for (Py_ssize_t r = c + 1; r < m; r++) {
-                    T *Lr = L + r * m;
-                    Lr[c] = (Lr[c] - NAME(dot8)(Lr, Lc, c)) / Lc[c];
+                const T dk = (T)sqrt((double)v);
+                L[k * m + k] = dk;
+                for (Py_ssize_t r = k + 1; r < m; r++) x2[r] = L[r * m + k] = L[r * m + k] / dk;
+                for (Py_ssize_t r = k + 1; r < m; r++) {
+                    const T lr = x2[r];
+                    T *row = L + r * m;
+                    for (Py_ssize_t c = k + 1; c <= r; c++) row[c] -= lr * x2[c];
                 }
             }
             for (Py_ssize_t r = 0; r < m; r++) {
                 x1[r] = (T)1;
-                x2[r] = h[q * n + idx[r]];
+                if (E) {
+                    const T *row = Kp + idx[r] * n;
+                    T se = (T)0;
+                    for (Py_ssize_t c = 0; c < ne; c++) se += row[eidx[c]];
+                    x2[r] = row[idx[r]] - twoC * se;
+                } else {
+                    x2[r] = h[q * n + idx[r]];
+                }
             }
             NAME(chol_solve)(L, m, x1);
             NAME(chol_solve)(L, m, x2);
             const T d = NAME(sum8)(x1, m);
-            const T rq = (NAME(sum8)(x2, m) - c0[q]) / d;
+            const T rq = (NAME(sum8)(x2, m) - cq) / d;
             rho[q] = rq;
             dst[q] = d;
             for (Py_ssize_t r = 0; r < m; r++) al[idx[r]] = x2[r] - rq * x1[r];
@@ -215,34 +369,38 @@ static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const T *h, const T
     return 0;
 }
 
-/* backward: g_h (P, J, n) and g_c0 (P, J) written, g_K (P, n, n) accumulated (when given) */
-static void NAME(kkt_bwd)(const unsigned char *S, const T *alpha, const T *ga, const T *grho, const T *Lst,
-                          const T *x1st, const T *dst, const Py_ssize_t *off, T *gh, T *gc0, T *gK, Py_ssize_t P,
-                          Py_ssize_t J, Py_ssize_t n, Py_ssize_t *idx, T *y)
+/* backward of the problems of Grams [p0, p1): g_h (P, J, n) and g_c0 (P, J) written (when given),
+ * g_K (P, n, n) accumulated (when given); E mode (E given): g_K also takes the right-hand side's
+ * part, dL/dK_ii += g_h_i and dL/dK_ie -= 2 C g_h_i (e in E); idx: 2 n + 1 entries */
+MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const unsigned char *E, double Cbox, const T *alpha,
+                                       const T *ga, const T *grho, const T *Lst, const T *x1st, const T *dst,
+                                       const Py_ssize_t *off, T *gh, T *gc0, T *gK, Py_ssize_t p0, Py_ssize_t p1,
+                                       Py_ssize_t J, Py_ssize_t n, Py_ssize_t *idx, T *y)
 {
-    for (Py_ssize_t p = 0; p < P; p++) {
+    Py_ssize_t *eidx = idx + n;
+    const T twoC = (T)(2.0 * Cbox);
+    for (Py_ssize_t p = p0; p < p1; p++) {
         for (Py_ssize_t j = 0; j < J; j++) {
             const Py_ssize_t q = p * J + j;
             const unsigned char *sk = S + q * n;
-            T *g = gh + q * n;
+            T *g = gh ? gh + q * n : NULL;
             Py_ssize_t m = 0;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                g[i] = (T)0;
+            for (Py_ssize_t i = 0; i < n; i++)
                 if (sk[i]) idx[m++] = i;
-            }
+            if (g)
+                for (Py_ssize_t i = 0; i < n; i++) g[i] = (T)0;
             if (m == 0) {
-                gc0[q] = grho[q];
+                if (gc0) gc0[q] = grho[q];
                 continue;
             }
             const T *L = Lst + off[2 * q], *x1 = x1st + off[2 * q + 1];
             for (Py_ssize_t r = 0; r < m; r++) y[r] = ga[q * n + idx[r]];
             NAME(chol_solve)(L, m, y);
             const T r0 = (NAME(sum8)(y, m) - grho[q]) / dst[q];
-            gc0[q] = r0;
-            for (Py_ssize_t r = 0; r < m; r++) {
-                y[r] = y[r] - r0 * x1[r];
-                g[idx[r]] = y[r];
-            }
+            if (gc0) gc0[q] = r0;
+            for (Py_ssize_t r = 0; r < m; r++) y[r] = y[r] - r0 * x1[r];
+            if (g)
+                for (Py_ssize_t r = 0; r < m; r++) g[idx[r]] = y[r];
             if (!gK) continue;
             T *gKp = gK + p * n * n;
             const T *al = alpha + q * n;
@@ -250,6 +408,17 @@ static void NAME(kkt_bwd)(const unsigned char *S, const T *alpha, const T *ga, c
                 const T yr = (T)(-2) * y[r];
                 T *row = gKp + idx[r] * n;
                 for (Py_ssize_t c = 0; c < m; c++) row[idx[c]] += yr * al[idx[c]];
+            }
+            if (!E) continue;
+            Py_ssize_t ne = 0;
+            const unsigned char *ek = E + q * n;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (ek[i]) eidx[ne++] = i;
+            for (Py_ssize_t r = 0; r < m; r++) {
+                T *row = gKp + idx[r] * n;
+                row[idx[r]] += y[r];
+                const T ye = twoC * y[r];
+                for (Py_ssize_t c = 0; c < ne; c++) row[eidx[c]] -= ye;
             }
         }
     }

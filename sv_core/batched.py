@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sv_core.batched_common import BatchedGateError, as_problems, check_box, warmup_threshold
+from sv_core.batched_common import BatchedGateError, as_problems, check_box, rbf_gram, warmup_threshold
 from sv_core.batched_fista import (
     FISTA_BACKENDS,
     FistaInfo,
@@ -57,6 +57,7 @@ __all__ = [
     "BatchedGateResult",
     "AlphaReport",
     "warmup_threshold",
+    "rbf_gram",
     "lambda_max_upper",
     "fista_lipschitz",
     "project_capped_simplex",

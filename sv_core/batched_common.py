@@ -1,6 +1,7 @@
 """Shared pieces of the batched SVDD gate (:mod:`sv_core.batched`): its error type, the warm-up
 size, the box check, the problem layout — a batch of P Gram matrices, each shared by J masked
-problems — and the optional compiled loops ``sv_core._batchfast`` (``sv_core/_batchfast.c``,
+problems — the batch's RBF Gram matrices with an analytic backward (`rbf_gram`; reference
+``sv_core.kernels.torch_kernel``) and the optional compiled loops ``sv_core._batchfast`` (``sv_core/_batchfast.c``,
 built by ``setup.py``; the torch paths are their references)."""
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ try:
 except ImportError:  # pragma: no cover - optional, built by setup.py
     batchfast = None
 #: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
-ABI = 1
+ABI = 2
 if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: no cover
     batchfast = None
 
@@ -26,6 +27,13 @@ if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: 
 def compiled_batch_available() -> bool:
     """Whether the compiled loops ``sv_core._batchfast`` are built (``setup.py build_ext``)."""
     return batchfast is not None
+
+
+def compiled_threads() -> int:
+    """Threads the compiled loops split a batch over: torch's intra-op thread count (one in the
+    deterministic training mode). Problems of different Gram matrices are independent and each is
+    computed by the same loop, so the result does not depend on it."""
+    return max(1, int(torch.get_num_threads()))
 
 
 def compiled_applicable(K: torch.Tensor) -> bool:
@@ -88,3 +96,57 @@ def as_problems(K: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, bool
 def kmul(K: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """``(K[p] @ Y[p, j])`` for Y (P, J, n) -> (P, J, n) in one batched mat-mat product."""
     return torch.matmul(Y, K.transpose(-1, -2))
+
+
+# --------------------------------------------------------------------------------------------
+# the Gram matrices of the batch, with an analytic backward
+# --------------------------------------------------------------------------------------------
+
+
+class _RBFGram(torch.autograd.Function):
+    """``K = exp(-max(D, 0) / sigma^2)``, ``D_ij = |x_i|^2 + |x_j|^2 - 2 x_i . x_j`` (one batched
+    ``baddbmm``, the rest in place); backward ``dL/dD = -dL/dK * K / sigma^2`` where ``D >= 0`` (the
+    clamp's pass-through set, as autograd of the reference), ``dL/dX = 2 (rowsum(G) X - G X)`` with
+    ``G = dL/dD + dL/dD^T``: three full-size passes each way instead of about a dozen."""
+
+    @staticmethod
+    def forward(ctx, X, sigma):
+        lead, n, d = X.shape[:-2], X.shape[-2], X.shape[-1]
+        Xf = X.reshape(-1, n, d)
+        sq = (Xf * Xf).sum(-1)
+        D = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Xf, Xf.transpose(-1, -2), alpha=-2.0)
+        keep = D >= 0
+        K = D.clamp_min_(0.0).mul_(-1.0 / (sigma * sigma)).exp_()
+        ctx.sigma, ctx.lead_shape = sigma, X.shape
+        ctx.save_for_backward(Xf, K, keep)
+        return K.view(*lead, n, n)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gK):
+        Xf, K, keep = ctx.saved_tensors
+        G = (gK.reshape(K.shape) * K).masked_fill_(~keep, 0.0).mul_(-1.0 / (ctx.sigma * ctx.sigma))
+        G = G + G.transpose(-1, -2)
+        dX = torch.baddbmm(G.sum(-1, keepdim=True) * Xf, G, Xf, alpha=-1.0).mul_(2.0)
+        return dX.view(ctx.lead_shape), None
+
+
+def rbf_gram(X: torch.Tensor, sigma: float) -> torch.Tensor:
+    """RBF Gram matrices of a batch of key sets, differentiable: the value of
+    ``sv_core.kernels.torch_kernel(X, X, sigma)`` (its reference; equal to rounding) with a
+    hand-written backward (first-order autograd only).
+
+    Parameters
+    ----------
+    X : tensor (..., n, d)
+    sigma : float bandwidth
+
+    Returns
+    -------
+    tensor (..., n, n)
+    """
+    if not isinstance(X, torch.Tensor) or X.dim() < 2 or not X.is_floating_point():
+        raise BatchedGateError("X must be a floating tensor of shape (..., n, d)")
+    if not (float(sigma) > 0) or not math.isfinite(float(sigma)):
+        raise BatchedGateError(f"sigma must be a positive finite number, got {sigma!r}")
+    return _RBFGram.apply(X, float(sigma))

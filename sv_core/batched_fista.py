@@ -242,15 +242,16 @@ def fista_svdd(
     if backend == "compiled" and not compiled_ok:
         raise BatchedGateError("the compiled FISTA loop needs sv_core._batchfast built, CPU float32/float64 K "
                                "and tol=None")
-    L = fista_lipschitz(K, m3, power_iters)  # (P, J)
     if backend != "torch" and compiled_ok:
-        a = _fista_compiled(K, m3, 1.0 / L, C, int(iters))
+        a, L = _fista_compiled(K, m3, None if power_iters is None else fista_lipschitz(K, m3, power_iters),
+                               C, int(iters))
         residual = torch.full(m3.shape[:-1], float("nan"), dtype=K.dtype, device=K.device)
         if flat:
             a, residual, L = a.squeeze(1), residual.squeeze(1), L.squeeze(1)
         if return_info:
             return a, FistaInfo(iterations=int(iters), residual=residual, converged=False, lipschitz=L)
         return a
+    L = fista_lipschitz(K, m3, power_iters)  # (P, J)
     m = m3.to(K.dtype)
     diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
     invL = (1.0 / L).unsqueeze(-1)
@@ -290,20 +291,30 @@ def fista_svdd(
     return a
 
 
-def _fista_compiled(K: torch.Tensor, m3: torch.Tensor, invL: torch.Tensor, C: float, iters: int,
-                    stop_when_fixed: bool = True) -> torch.Tensor:
-    """Run the compiled loop on CPU tensors K (P, n, n), mask (P, J, n) bool, invL (P, J);
-    ``stop_when_fixed``: leave a problem at a bit-for-bit fixed point (same result, see the C)."""
+def _fista_compiled(K: torch.Tensor, m3: torch.Tensor, L: torch.Tensor | None, C: float, iters: int,
+                    stop_when_fixed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the compiled loop on CPU tensors K (P, n, n), mask (P, J, n) bool; returns the estimate
+    (P, J, n) and L (P, J). ``L`` (P, J): the Lipschitz bounds (step 1/L); None: computed in the loop by the
+    bound of `fista_lipschitz` (one power step, for entry-wise non-negative K; K with a negative
+    entry gets the torch bound). ``stop_when_fixed``: leave a problem at a bit-for-bit fixed
+    point (same result, see the C)."""
     P, J, n = m3.shape
     Kc = K.contiguous()
     mk = m3.to(torch.uint8).contiguous()
-    il = invL.to(K.dtype).contiguous()
     out = torch.empty(P, J, n, dtype=K.dtype)
     ext = batched_common.batchfast
     assert ext is not None
-    ext.fista(Kc.numpy(), mk.numpy(), il.numpy(), out.numpy(), P, J, n, float(C), int(iters),
-              K.dtype == torch.float64, bool(stop_when_fixed))
-    return out
+    args = (Kc.numpy(), mk.numpy())
+    rest = (P, J, n, float(C), int(iters), K.dtype == torch.float64, bool(stop_when_fixed),
+            batched_common.compiled_threads())
+    if L is None:
+        L = torch.empty(P, J, dtype=K.dtype)
+        if ext.fista(*args, L.numpy(), out.numpy(), *rest, True) == 0:
+            return out, L
+        L = fista_lipschitz(K, m3, 4)  # a negative entry: the Rayleigh bound (power_iters' default then)
+    il = (1.0 / L).to(K.dtype).contiguous()
+    ext.fista(*args, il.numpy(), out.numpy(), *rest, False)
+    return out, L
 
 
 def partition_masks(

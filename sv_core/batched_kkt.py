@@ -174,16 +174,23 @@ class _FactorFailed(Exception):
 class _CompiledKKT(torch.autograd.Function):
     """The ridged bordered solve of every (P, J) problem by ``sv_core._batchfast`` (one Cholesky
     factor per problem on its own margin keys, kept for the backward); same system and gradients
-    as `_packed_solve_cholesky` / `_packed_solve_lu`. Raises `_FactorFailed` when a factorisation
+    as `_packed_solve_cholesky` / `_packed_solve_lu`. With ``E`` (bound masks) and ``h = c0 = None``
+    the right-hand side ``h_S = diag(K)_S - 2 C K_SE 1``, ``c0 = 1 - C |E|`` and ``alpha_E = C`` are
+    formed in the loop and the backward adds their part of ``dL/dK`` (``dL/dK_ii += g_h_i``,
+    ``dL/dK_ie -= 2 C g_h_i``) - what autograd of the reference's right-hand side gives - so the
+    whole solve is one call each way; problems without margin keys then get ``rho = 0`` (the
+    caller sends only those without any valid key). Raises `_FactorFailed` when a factorisation
     fails (the caller then solves the batch by the reference)."""
 
     @staticmethod
-    def forward(ctx, K, h, c0, S, ridge):
+    def forward(ctx, K, h, c0, S, ridge, E=None, C=None):
         ext = batched_common.batchfast
         assert ext is not None
         P, J, n = S.shape
         dt = K.dtype
         Sk = S.to(torch.uint8).contiguous()
+        Ek = E.to(torch.uint8).contiguous() if E is not None else torch.empty(0, dtype=torch.uint8)
+        none = torch.empty(0, dtype=dt)
         m = Sk.sum(-1, dtype=torch.int64).reshape(-1).numpy().astype(np.intp)
         off = np.empty((P * J, 2), dtype=np.intp)
         off[:, 0] = np.cumsum(m * m) - m * m
@@ -193,12 +200,14 @@ class _CompiledKKT(torch.autograd.Function):
         dst = torch.empty(P * J, dtype=dt)
         alpha = torch.empty(P, J, n, dtype=dt)
         rho = torch.empty(P, J, dtype=dt)
-        code = ext.kkt_forward(K.detach().contiguous().numpy(), Sk.numpy(), h.detach().contiguous().numpy(),
-                               c0.detach().contiguous().numpy(), alpha.numpy(), rho.numpy(), Lst.numpy(),
-                               x1st.numpy(), dst.numpy(), off, P, J, n, float(ridge), dt == torch.float64)
+        hh = none if h is None else h.detach().contiguous()
+        cc = none if c0 is None else c0.detach().contiguous()
+        code = ext.kkt_forward(K.detach().contiguous().numpy(), Sk.numpy(), Ek.numpy(), float(C or 0.0), hh.numpy(),
+                               cc.numpy(), alpha.numpy(), rho.numpy(), Lst.numpy(), x1st.numpy(), dst.numpy(), off, P,
+                               J, n, float(ridge), dt == torch.float64, batched_common.compiled_threads())
         if code:
             raise _FactorFailed
-        ctx.state = (Sk, Lst, x1st, dst, off, P, J, n)
+        ctx.state = (Sk, Ek, float(C or 0.0), Lst, x1st, dst, off, P, J, n)
         ctx.save_for_backward(alpha)
         return alpha, rho
 
@@ -208,17 +217,22 @@ class _CompiledKKT(torch.autograd.Function):
         ext = batched_common.batchfast
         assert ext is not None
         (alpha,) = ctx.saved_tensors
-        Sk, Lst, x1st, dst, off, P, J, n = ctx.state
+        Sk, Ek, C, Lst, x1st, dst, off, P, J, n = ctx.state
         dt = alpha.dtype
+        emode = Ek.numel() > 0
         ga = torch.zeros_like(alpha) if g_alpha is None else g_alpha.to(dt).contiguous()
         gr = torch.zeros(P, J, dtype=dt) if g_rho is None else g_rho.to(dt).contiguous()
         gK = torch.zeros(P, n, n, dtype=dt) if ctx.needs_input_grad[0] else None
-        gh = torch.empty(P, J, n, dtype=dt)
-        gc0 = torch.empty(P, J, dtype=dt)
-        ext.kkt_backward(Sk.numpy(), alpha.numpy(), ga.numpy(), gr.numpy(), Lst.numpy(), x1st.numpy(), dst.numpy(),
-                         off, gh.numpy(), gc0.numpy(), None if gK is None else gK.numpy(), P, J, n,
-                         dt == torch.float64)
-        return gK, gh, gc0, None, None
+        if emode and gK is None:
+            return None, None, None, None, None, None, None
+        gh = torch.empty(0 if emode else P * J * n, dtype=dt)
+        gc0 = torch.empty(0 if emode else P * J, dtype=dt)
+        ext.kkt_backward(Sk.numpy(), Ek.numpy(), C, alpha.numpy(), ga.numpy(), gr.numpy(), Lst.numpy(), x1st.numpy(),
+                         dst.numpy(), off, gh.numpy(), gc0.numpy(), None if gK is None else gK.numpy(), P, J, n,
+                         dt == torch.float64, batched_common.compiled_threads())
+        if emode:
+            return gK, None, None, None, None, None, None
+        return gK, gh.view(P, J, n), gc0.view(P, J), None, None, None, None
 
 
 def ridged_kkt_solve(
@@ -280,6 +294,16 @@ def ridged_kkt_solve(
     C = check_box(C)
     P, J, n = S.shape
     dt = K.dtype
+    if solver in ("compiled", "auto") and compiled_applicable(K):
+        # one compiled call each way when no problem needs the KKT-interval rho (no margin key but
+        # some valid key); the right-hand side is formed in the loop
+        has_keys = as_problems(K, mask)[0].any(-1) if mask is not None else torch.full((P, J), n > 0)
+        if not bool((has_keys & ~S.any(-1)).any()):
+            try:
+                alpha, rho = _CompiledKKT.apply(K, None, None, S, float(ridge), E, C)
+                return (alpha.squeeze(1), rho.squeeze(1)) if flat else (alpha, rho)
+            except _FactorFailed:
+                pass
     e = E.to(dt)
     diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
     has_E = bool(E.any())

@@ -1,6 +1,8 @@
 """Batched approximate SVDD path (sv_core.batched) against slow references and the exact refit."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -391,6 +393,16 @@ def _nested(seed, G=5, n=40, d=3, scale=1.0):
     return X, mask
 
 
+@contextlib.contextmanager
+def _threads(k):
+    before = torch.get_num_threads()
+    torch.set_num_threads(k)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @compiled
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 def test_compiled_fista_equals_the_torch_reference(dtype, atol):
@@ -405,11 +417,26 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
             assert torch.allclose(fast, ref, atol=atol, rtol=0), (seed, C)
             assert torch.equal(partition_masks(fast, C, mask)[0], partition_masks(ref, C, mask)[0])
             assert torch.all(fast[~mask] == 0) and torch.all(fast[:, 0] == 0)
+            # the loop's own Lipschitz bound is the torch bound (same formula; rounding apart)
+            L_ref = fista_lipschitz(K, mask)
+            a_own, L_own = _fista_compiled(K, mask, None, C, 60)
+            rel = float(((L_own - L_ref).abs() / L_ref).max())
+            print(f"compiled Lipschitz bound vs torch ({dtype}): max rel diff {rel:.1e}")
+            assert rel <= (1e-12 if dtype == torch.float64 else 1e-5)
+            assert torch.equal(a_own, fast)
             # leaving a problem at a bit-for-bit fixed point changes nothing
-            invL = 1.0 / fista_lipschitz(K, mask)
             for iters in (3, 60, 300):
-                assert torch.equal(_fista_compiled(K, mask, invL, C, iters, stop_when_fixed=True),
-                                   _fista_compiled(K, mask, invL, C, iters, stop_when_fixed=False))
+                assert torch.equal(_fista_compiled(K, mask, L_ref, C, iters, stop_when_fixed=True)[0],
+                                   _fista_compiled(K, mask, L_ref, C, iters, stop_when_fixed=False)[0])
+            # nor does splitting the batch over threads (problems of different Grams are independent)
+            with _threads(3):
+                assert torch.equal(fista_svdd(K, C, mask, iters=60, backend="compiled"), fast)
+    # a Gram with a negative entry: the loop leaves the bound to the torch reference (Rayleigh, 4 steps)
+    Kn = K.clone()
+    Kn[0, 1, 2] = Kn[0, 2, 1] = -0.01
+    a_n, L_n = _fista_compiled(Kn, mask, None, 0.25, 20)
+    assert torch.equal(L_n, fista_lipschitz(Kn, mask))
+    assert torch.allclose(a_n, fista_svdd(Kn, 0.25, mask, iters=20, backend="torch"), atol=atol, rtol=0)
     with pytest.raises(BatchedGateError):
         fista_svdd(K, 0.1, mask, iters=5, tol=1e-6, backend="compiled")
     with pytest.raises(BatchedGateError):
@@ -417,22 +444,37 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
 
 
 @compiled
+@pytest.mark.parametrize("interval", [False, True])
 @pytest.mark.parametrize("with_bound", [False, True])
-def test_compiled_kkt_solve_equals_the_lu_reference_values_and_gradients(with_bound):
+def test_compiled_kkt_solve_equals_the_lu_reference_values_and_gradients(with_bound, interval, monkeypatch):
+    """Without an interval problem the compiled solve forms the right-hand side itself (E mode, one
+    call each way); with one (no margin key, some valid key) it takes h and c0 from torch."""
+    from sv_core import batched_kkt
+
     X0, mask = _nested(23)
     C = 0.1 if with_bound else 0.25
     with torch.no_grad():
         a0 = fista_svdd(torch_kernel(X0, X0, 2.0), C, mask, iters=400, tol=1e-10)
     S, E = partition_masks(a0, C, mask)
-    S[2, 2] = False  # a problem whose margin set is empty (rho from the KKT interval)
+    if interval:
+        S[2, 2] = False  # a problem whose margin set is empty (rho from the KKT interval)
+    else:  # every problem with keys gets a margin key (any partition is a valid system)
+        for p, j in (mask.any(-1) & ~S.any(-1)).nonzero().tolist():
+            i = int(mask[p, j].nonzero()[0])
+            S[p, j, i], E[p, j, i] = True, False
     assert bool(S.any()) and (bool(E.any()) or not with_bound)
     w = torch.randn(S.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    modes = []
+    real = batched_kkt._CompiledKKT.forward
+    monkeypatch.setattr(batched_kkt._CompiledKKT, "forward",
+                        staticmethod(lambda ctx, *a: modes.append(len(a) > 5 and a[5] is not None) or real(ctx, *a)))
     out = {}
     for solver in ("lu", "compiled"):
         X = X0.clone().requires_grad_(True)
         alpha, rho = ridged_kkt_solve(torch_kernel(X, X, 2.0), C, S, E, ridge=1e-3, mask=mask, solver=solver)
         (g,) = torch.autograd.grad((alpha * w).sum() + 0.3 * rho.sum(), X)
         out[solver] = (alpha.detach(), rho.detach(), g)
+    assert modes == [not interval]
     for ref, fast in zip(out["lu"], out["compiled"]):
         assert torch.allclose(ref, fast, atol=1e-10, rtol=0)
     assert out["lu"][2].abs().max() > 1e-3
@@ -473,3 +515,32 @@ def test_without_the_compiled_loops_auto_is_the_torch_reference(monkeypatch):
         fista_svdd(K, 0.25, mask, iters=5, backend="compiled")
     with pytest.raises(BatchedGateError, match="compiled"):
         ridged_kkt_solve(K, 0.25, S, E, solver="compiled")
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_rbf_gram_equals_torch_kernel_values_and_gradients(dtype, atol):
+    """The batch's Gram with its hand-written backward against the reference torch_kernel (autograd)."""
+    from sv_core.batched import rbf_gram
+
+    g = torch.Generator().manual_seed(5)
+    X0 = torch.randn(3, 2, 9, 4, generator=g, dtype=torch.float64).to(dtype)
+    X0[0, 0, 3] = X0[0, 0, 1]  # a duplicate key: D = 0 off the diagonal
+    up = torch.randn(3, 2, 9, 9, generator=g, dtype=torch.float64).to(dtype)
+    out = []
+    for f in (lambda x: torch_kernel(x, x, 1.5), lambda x: rbf_gram(x, 1.5)):
+        X = X0.clone().requires_grad_(True)
+        K = f(X)
+        (gX,) = torch.autograd.grad((K * up).sum(), X)
+        out.append((K.detach(), gX))
+    dK = float((out[0][0] - out[1][0]).abs().max())
+    dg = float((out[0][1] - out[1][1]).abs().max())
+    print(f"rbf_gram vs torch_kernel ({dtype}): max |dK| {dK:.1e}, max |dX grad| {dg:.1e}")
+    assert dK <= atol and dg <= atol and float(out[0][1].abs().max()) > 0.1
+    if dtype == torch.float64:
+        X = X0[:1, :1, :5].clone().requires_grad_(True)
+        X.data[0, 0, 3] += 0.3  # gradcheck away from the duplicate's kink
+        assert torch.autograd.gradcheck(lambda x: rbf_gram(x, 1.5), (X,), eps=1e-6, atol=1e-6)
+    with pytest.raises(BatchedGateError):
+        rbf_gram(X0, 0.0)
+    with pytest.raises(BatchedGateError):
+        rbf_gram(torch.zeros(3, dtype=torch.int64), 1.0)

@@ -328,11 +328,18 @@ def test_caps_are_resolved_per_device_and_stated_in_the_help():
 def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path):
     from evaluation.clinical import deterioration_bench as bench
 
-    out = bench.bench(small_wh, ["lstm", "softmax"], rounds=2, train_windows=6, n_boot=20)
-    for m in ("lstm", "softmax"):
-        assert len(out["times_s"][m]) == 2 and min(out["times_s"][m]) > 0
-        assert len(out["summary"][m]["distinct_auroc"]) == 1  # same seed, same data: same AUROC each round
-    assert out["summary"]["lstm"]["ratio_to_lstm"] == 1.0 and out["train_windows"] == 6
+    out = bench.bench(small_wh, ["lstm", "softmax"], rounds=2, train_windows=6, n_boot=20, threads=[1, 2])
+    assert out["threads"] == [1, 2]
+    for t in ("1", "2"):
+        for m in ("lstm", "softmax"):
+            assert len(out["times_s"][t][m]) == 2 and min(out["times_s"][t][m]) > 0
+            assert len(out["summary"][t][m]["distinct_auroc"]) == 1  # same seed, same data: same AUROC each round
+        assert out["summary"][t]["lstm"]["ratio_to_lstm"] == 1.0 == out["summary"][t]["lstm"]["cpu_ratio_to_lstm"]
+        assert min(out["cpu_s"][t]["softmax"]) > 0
+    assert out["train_windows"] == 6
+    lines = bench.table(out, ["lstm", "softmax"])
+    assert len(lines) == 5 and lines[1].split()[:2] == ["1", "lstm"] and lines[4].split()[:2] == ["2", "softmax"]
     assert bench.main(["--warehouse", small_wh, "--models", "lstm", "--rounds", "1", "--train-windows", "4",
-                       "--json", str(tmp_path / "b.json")]) == 0
-    assert json.loads((tmp_path / "b.json").read_text())["rounds"] == 1
+                       "--threads", "1", "--json", str(tmp_path / "b.json")]) == 0
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["rounds"] == 1 and b["threads"] == [1] and list(b["summary"]) == ["1"]

@@ -2,16 +2,19 @@
 
 Command line::
 
-    python -m evaluation.clinical.deterioration_bench --warehouse W [--rounds 3] [--json OUT]
+    python -m evaluation.clinical.deterioration_bench --warehouse W [--rounds 3] [--threads 0 1] [--json OUT]
 
 Each round trains every model of ``--models`` (default softmax and SV attention) for one epoch
-with the same seed, in alternating order from round to round (so machine load falls on both
-sides alike), at the device's default caps (:data:`evaluation.clinical.deterioration_training.CAPS`;
-``--train-windows`` overrides). The epoch time is the training pass plus the validation pass, as
-reported by the per-epoch progress event; the study's deterministic mode (one intra-op thread on
-CPU) is used, as in the study. Printed: per model the median epoch time with its min-max
-spread, the ratio of medians to the first model, and the distinct test AUROCs over the rounds
-(one value each when runs are reproducible). A benchmark command, never a timed assertion.
+with the same seed under every CPU thread count of ``--threads`` (default: torch's default count,
+written 0, and 1 - the study's deterministic mode), models and thread counts in alternating order
+from round to round (so machine load falls on every side alike), at the device's default caps
+(:data:`evaluation.clinical.deterioration_training.CAPS`; ``--train-windows`` overrides). The
+epoch time is the training pass plus the validation pass, as reported by the per-epoch progress
+event, beside the process's CPU seconds over the same span (all threads; less sensitive to other
+processes on a loaded machine). Printed, per thread count and model: the median epoch time with
+its min-max spread and the median CPU seconds, the ratios of medians to the first model at the
+same thread count, and the distinct test AUROCs over the rounds (one value each when runs are
+reproducible); the load average before and after. A benchmark command, never a timed assertion.
 """
 from __future__ import annotations
 
@@ -25,58 +28,97 @@ import time
 from evaluation.clinical import deterioration_training as dtr
 
 
+def default_threads() -> int:
+    """Torch's intra-op thread count as the process started it (the study's deterministic mode
+    sets it to 1 process-wide, so this is read before any training of the bench)."""
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int | None = None,
-          device: str = "cpu", seed: int = 0, n_boot: int = 200) -> dict:
-    """Per-epoch seconds (one list per model, ``rounds`` entries) and the test AUROC of each run."""
+          device: str = "cpu", seed: int = 0, n_boot: int = 200, threads: list[int] | None = None) -> dict:
+    """Per-epoch seconds and the test AUROC of each run, per thread count (``threads``, default
+    ``[1]``; 0 = torch's default count) and model: ``times_s[str(t)][model]`` (``rounds`` entries),
+    ``aurocs`` alike, ``summary[str(t)][model]``."""
+    default = default_threads()
+    ts = [default if int(t) == 0 else int(t) for t in (threads or [1])]
     caps = dtr.CAPS[device]
     tw = caps["train_windows"] if train_windows is None else int(train_windows)
     data = dtr.study_data(warehouse, val_windows=caps["val_windows"], test_stays=caps["test_stays"])
-    times: dict[str, list[float]] = {m: [] for m in models}
-    aurocs: dict[str, list[float]] = {m: [] for m in models}
+    times: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
+    cpu: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
+    aurocs: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
+    runs = [(t, m) for t in ts for m in models]
     for r in range(rounds):
-        for m in (models if r % 2 == 0 else models[::-1]):
+        for t, m in (runs if r % 2 == 0 else runs[::-1]):
             events: list[dict] = []
             with dtr.epoch_progress(events.append):
                 res = dtr.train_and_test(data, m, seed, max_epochs=1, n_boot=n_boot, train_windows=tw,
-                                         device=device)
-            times[m].append(float(events[0]["elapsed_s"]))
-            aurocs[m].append(float(res["auroc"]))
-    base = statistics.median(times[models[0]])
+                                         device=device, threads=t)
+            times[str(t)][m].append(float(events[0]["elapsed_s"]))
+            cpu[str(t)][m].append(float(events[0]["cpu_s"]))
+            aurocs[str(t)][m].append(float(res["auroc"]))
+    summary: dict[str, dict[str, dict]] = {}
+    for t in ts:
+        base = statistics.median(times[str(t)][models[0]])
+        cbase = statistics.median(cpu[str(t)][models[0]])
+        summary[str(t)] = {m: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
+                               "ratio_to_" + models[0]: statistics.median(v) / base,
+                               "cpu_median_s": statistics.median(cpu[str(t)][m]),
+                               "cpu_ratio_to_" + models[0]: statistics.median(cpu[str(t)][m]) / cbase,
+                               "distinct_auroc": sorted(set(aurocs[str(t)][m]))}
+                           for m, v in times[str(t)].items()}
     return {"warehouse": os.path.basename(warehouse), "device": device, "rounds": rounds, "seed": seed,
+            "threads": ts, "default_threads": default, "cpu_count": os.cpu_count(),
             "train_windows": min(tw, data.train.n_windows), "val_windows": data.val.n_windows,
-            "load_before": os.getloadavg(), "times_s": times, "aurocs": aurocs,
-            "summary": {m: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
-                            "ratio_to_" + models[0]: statistics.median(t) / base,
-                            "distinct_auroc": sorted(set(aurocs[m]))} for m, t in times.items()}}
+            "load_before": os.getloadavg(), "times_s": times, "cpu_s": cpu, "aurocs": aurocs, "summary": summary}
+
+
+def table(out: dict, models: list[str]) -> list[str]:
+    """The printed lines of a :func:`bench` result."""
+    lines = [f"{'threads':>7} {'model':>13} {'epoch s, median (min-max)':>27} {'ratio':>6} {'CPU s':>7} {'ratio':>6}"
+             f"  AUROC over rounds   (ratios: medians over {models[0]}'s)"]
+    for t, per in out["summary"].items():
+        for m, s in per.items():
+            ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
+            cratio = next(v for k, v in s.items() if k.startswith("cpu_ratio_to_"))
+            lines.append(f"{t:>7} {m:>13} {s['median_s']:>12.3f} ({s['min_s']:.3f}-{s['max_s']:.3f})"
+                         f" {ratio:>5.2f}x {s['cpu_median_s']:>7.3f} {cratio:>5.2f}x  {s['distinct_auroc']}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m evaluation.clinical.deterioration_bench",
-        description="Time one training epoch of each deterioration model, interleaved over rounds with the same "
-                    "seed, and report the median epoch time with its spread and whether the AUROC repeats.")
+        description="Time one training epoch of each deterioration model under each CPU thread count, interleaved "
+                    "over rounds with the same seed, and report the median epoch time with its spread, the ratio "
+                    "to the first model and whether the AUROC repeats.")
     ap.add_argument("--warehouse", default="runs/warehouse.duckdb",
                     help="warehouse file (default runs/warehouse.duckdb)")
     ap.add_argument("--models", nargs="+", default=["softmax", "sv_attention"], choices=dtr.MODELS,
                     help="models to time; ratios are to the first (default softmax sv_attention)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--threads", nargs="+", type=int, default=[0, 1],
+                    help="CPU intra-op thread counts, 0 = torch's default (default 0 1; 1 is the study's mode)")
     ap.add_argument("--train-windows", type=int, default=None, help="training windows per epoch (default: the cap)")
     ap.add_argument("--device", default="cpu", choices=dtr.DEVICES, help="device (default cpu)")
     ap.add_argument("--json", default=None, help="also write the result to this file")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if any(t < 0 for t in a.threads):
+        ap.error("--threads must be >= 0")
     load = os.getloadavg()
     t0 = time.perf_counter()
-    out = bench(a.warehouse, a.models, a.rounds, a.train_windows, a.device)
+    out = bench(a.warehouse, a.models, a.rounds, a.train_windows, a.device, threads=a.threads)
     out["load_after"] = os.getloadavg()
-    print(f"load average before {load[0]:.2f}, after {out['load_after'][0]:.2f}; {a.rounds} rounds, "
-          f"{out['train_windows']} training windows, {out['val_windows']} validation windows, {a.device}")
-    for m, s in out["summary"].items():
-        ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
-        print(f"{m:>13}: epoch {s['median_s']:.2f} s (min {s['min_s']:.2f}, max {s['max_s']:.2f}), "
-              f"{ratio:.2f}x {a.models[0]}; AUROC over rounds {s['distinct_auroc']}")
-    print(f"total {time.perf_counter() - t0:.0f} s")
+    out["wall_s"] = time.perf_counter() - t0
+    print(f"load average before {load[0]:.2f}, after {out['load_after'][0]:.2f} ({out['cpu_count']} CPUs); "
+          f"{a.rounds} rounds, {out['train_windows']} training windows, {out['val_windows']} validation windows, "
+          f"{a.device}, threads {out['threads']} (torch default {out['default_threads']})")
+    print("\n".join(table(out, a.models)))
+    print(f"total {out['wall_s']:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

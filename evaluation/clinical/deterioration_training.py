@@ -131,10 +131,11 @@ _DET_USERS = [0, False]  # active trainings, the deterministic mode found before
 
 
 @contextlib.contextmanager
-def deterministic_torch(device: str = "cpu") -> Iterator[None]:
+def deterministic_torch(device: str = "cpu", threads: int = 1) -> Iterator[None]:
     """``torch.use_deterministic_algorithms(True)`` while any training is inside (reference
-    counted across threads; the previous mode comes back after the last), one intra-op thread on
-    CPU (process-wide, left set), ``CUBLAS_WORKSPACE_CONFIG`` and cuDNN determinism on CUDA."""
+    counted across threads; the previous mode comes back after the last), ``threads`` intra-op
+    threads on CPU (default one, the study's mode: the reduction order does not depend on the core
+    count; process-wide, left set), ``CUBLAS_WORKSPACE_CONFIG`` and cuDNN determinism on CUDA."""
     import torch
 
     if device == "cuda":
@@ -142,7 +143,7 @@ def deterministic_torch(device: str = "cpu") -> Iterator[None]:
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
     else:
-        torch.set_num_threads(1)
+        torch.set_num_threads(max(1, int(threads)))
     with _DET_LOCK:
         if _DET_USERS[0] == 0:
             _DET_USERS[1] = torch.are_deterministic_algorithms_enabled()
@@ -246,7 +247,8 @@ _EPOCH_LISTENERS: list[Callable[[dict], None]] = []
 def epoch_progress(listener: Callable[[dict], None] | None) -> Iterator[None]:
     """While inside, :func:`train_and_test` calls ``listener(event)`` in this process after every
     epoch — from the worker thread that trains — with ``model, seed, epoch, max_epochs,
-    train_loss, val_loss, elapsed_s``. ``None`` registers nothing."""
+    train_loss, val_loss, elapsed_s, cpu_s`` (``cpu_s``: this process's CPU seconds since training
+    began, all threads). ``None`` registers nothing."""
     if listener is None:
         yield
         return
@@ -267,11 +269,12 @@ def _positive_rate(reader: _Reader) -> float:
 def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | None = None, max_epochs: int = 12,
                    patience: int = 3, batch: int = 16, lr: float = 3e-3, n_boot: int = 10_000,
                    train_windows: int | None = None, device: str = "cpu", shard: int = rd.SHARD_WINDOWS,
-                   return_predictions: bool = False) -> dict[str, Any]:
+                   return_predictions: bool = False, threads: int = 1) -> dict[str, Any]:
     """Train one model with one seed; return test AUROC/AUPRC with a stay-clustered CI, training
     facts and (``return_predictions``) the test probabilities at the scored hours (float32, in
     :func:`scored_targets` order) under ``"p_test"``. ``train_windows``: windows drawn per epoch
-    (None = all)."""
+    (None = all). ``threads``: CPU intra-op threads (1, the study's deterministic mode; more for
+    timing, see :mod:`evaluation.clinical.deterioration_bench`)."""
     import torch
 
     from evaluation.cluster_bootstrap import paired_cluster_bootstrap
@@ -279,7 +282,7 @@ def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | 
     if device not in DEVICES:
         raise det.DeteriorationInputError(f"unknown device {device!r}; choose from {DEVICES}")
     size = {**DEFAULT_SIZE, **(size or {})}
-    with deterministic_torch(device):
+    with deterministic_torch(device, threads):
         model = make_model(model_name, det.N_FEATURES, data.max_len, size, seed).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
         train, val = _Reader(data, data.train, shard), _Reader(data, data.val, shard)
@@ -288,7 +291,7 @@ def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | 
         rng = np.random.default_rng(seed)
         W = data.train.n_windows
         best, best_state, bad, epochs = np.inf, None, 0, 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for ep in range(max_epochs):
             model.train()
             losses = []
@@ -314,7 +317,7 @@ def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | 
             for fn in list(_EPOCH_LISTENERS):
                 fn({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
                     "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
-                    "elapsed_s": time.perf_counter() - t0})
+                    "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
             if vl < best - 1e-4:
                 best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
             else:
