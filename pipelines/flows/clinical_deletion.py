@@ -7,7 +7,8 @@ patient per context forgotten by the maintained decrement and compared, with nai
 coefficient decay (γ ∈ {0.5, 0.1, 0.01}), against a same-C refit of the retained keys (gate-score and
 readout gap), plus the forgotten patient's readout weight (leakage).
 
-This flow only wires it: contexts run in batches of ``batch_contexts`` Prefect tasks; each batch's
+This flow only wires it: contexts run in batches of ``batch_contexts`` (one Prefect task per worker
+slot and batch, its stays read in one query); each batch's
 per-context aggregates go to a scratch DuckDB table and its gates to the warehouse under a pending
 study name as the batch finishes, so memory does not grow with the number of contexts; the
 aggregates are computed in SQL at the end and the gates published as ``patient_deletion`` in one
@@ -37,7 +38,7 @@ from dashboards.seed_figures import seed_comparability, seed_figure_for, seed_li
 from evaluation.clinical import patient_deletion as pdel
 from evaluation.clinical import patient_deletion_result as pres
 from evaluation.studies.errors import StudyConfigError
-from pipelines import gate_store, jsonout, ledger, runner, study_inputs, task_cache
+from pipelines import gate_store, jsonout, ledger, runner, scaleout, study_inputs, task_cache
 from pipelines import warehouse as wh
 
 STUDY = "patient_deletion"
@@ -48,17 +49,12 @@ ROWS = "context_rows"
 REFIT_SAMPLE = 200
 
 
-@task(name="patient-deletion-context", cache_policy=NO_CACHE, persist_result=False,
-      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
-@task_cache.cached
-def context_task(warehouse: str, content_hash: str, stay_ids: list[int], target: int, nu: float, sigma: float,
-                 max_hours: int, dedupe_tol: float, gammas: list[float], decay_sigmas: list[float],
-                 refit_check: bool = True) -> dict:
-    from cohort.streams import iter_stays
+def context_result(stays: list, target: int, nu: float, sigma: float, max_hours: int, dedupe_tol: float,
+                   gammas: list[float], decay_sigmas: list[float], refit_check: bool) -> dict:
+    """One context (its patients' stays, in order): :func:`pdel.forget_patient` and the token origins."""
     from sv_core import GateError
 
-    by_id = {s.stay_id: s for s in iter_stays(warehouse, stay_ids=list(stay_ids))}
-    ctx = pdel.build_context([by_id[int(s)] for s in stay_ids], max_hours, dedupe_tol)
+    ctx = pdel.build_context(stays, max_hours, dedupe_tol)
     try:
         r = pdel.forget_patient(ctx, target, nu=nu, sigma=sigma, gammas=gammas, decay_sigmas=decay_sigmas,
                                 refit_check=refit_check)
@@ -66,6 +62,20 @@ def context_task(warehouse: str, content_hash: str, stay_ids: list[int], target:
         return {"completed": False, "error": type(exc).__name__}
     r.update(completed=True, token_subject=ctx.subject, token_stay=ctx.stay, token_hour=ctx.hour)
     return r
+
+
+@task(name="patient-deletion-context", cache_policy=NO_CACHE, persist_result=False,
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
+@task_cache.cached
+def context_task(warehouse: str, content_hash: str, jobs: list[list], nu: float, sigma: float, max_hours: int,
+                 dedupe_tol: float, gammas: list[float], decay_sigmas: list[float]) -> list[dict]:
+    """A chunk of contexts, ``jobs = [[stay ids, target, refit_check], ...]``: their stays read in
+    one query, one result per context (one task and one cache entry per chunk, not per context)."""
+    from cohort.streams import iter_stays
+
+    by_id = {s.stay_id: s for s in iter_stays(warehouse, stay_ids=sorted({int(s) for j in jobs for s in j[0]}))}
+    return [context_result([by_id[int(s)] for s in ids], int(t), nu, sigma, max_hours, dedupe_tol, gammas,
+                           decay_sigmas, bool(rc)) for ids, t, rc in jobs]
 
 
 def _stored(results: list[dict]):
@@ -144,12 +154,15 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
         with wh.transaction(warehouse) as con:
             gate_store.drop_study(con, PENDING)  # what a killed run left
     macs: dict[int, str] = {}  # staged context id -> its MAC under the published name
+    slots = scaleout.local_slots()
     bar = tqdm(total=len(groups), desc="patient-deletion (contexts)", disable=not progress, leave=False)
     with _scratch() as scratch:
         for batch in runner.chunks(list(enumerate(zip(groups, targets))), batch_contexts):
-            futures = [context_task.submit(warehouse, h, g, int(t), nu, sigma, max_hours, dedupe_tol, list(gammas),
-                                           list(decay_sigmas), i < refit_sample) for i, (g, t) in batch]
-            res = runner.gather(futures, "patient-deletion (batch)", progress=False)
+            jobs = [[[int(s) for s in g], int(t), i < refit_sample] for i, (g, t) in batch]
+            per_task = -(-len(jobs) // slots)  # one task per worker slot and batch
+            futures = [context_task.submit(warehouse, h, part, nu, sigma, max_hours, dedupe_tol, list(gammas),
+                                           list(decay_sigmas)) for part in runner.chunks(jobs, per_task)]
+            res = [r for part in runner.gather(futures, "patient-deletion (batch)", progress=False) for r in part]
             _append_rows(scratch, [pdel.context_row(r) for r in res if r.get("completed")])
             if persist_gates:
                 with wh.transaction(warehouse) as con:
