@@ -12,7 +12,12 @@
 Child processes: the peak of each child alive at the end of the step (its ``VmHWM``, reset with the
 parent's) plus ``RUSAGE_CHILDREN``'s ``ru_maxrss`` when it rose during the step (the largest child
 that ended in the step) are reported as ``children_peak_mb``; ``peak_mb`` is this process's peak
-plus that. CPU time is user + system of this process and its ended children (``os.times``).
+plus that; ``peak_rss_mb_max`` is the largest step's. CPU time is user + system of this process
+and its ended children (``os.times``).
+
+Resetting the high-water mark also resets what the kernel reports as the process's peak when it
+exits, so an outer ``/usr/bin/time -v`` ("Maximum resident set size") then shows only the peak
+since the last reset (the last step's): read the run's peak from ``peak_rss_mb_max``.
 """
 from __future__ import annotations
 
@@ -136,5 +141,6 @@ class StepMeter:
     def as_json(self) -> dict:
         """The figures for run-all's ``--json`` (beside its ``seconds``)."""
         return {"cpu_seconds": dict(self.cpu_seconds), "peak_rss_mb": dict(self.peak_rss_mb),
-                "children_peak_rss_mb": dict(self.children_peak_rss_mb), "rss_method": self.method,
+                "children_peak_rss_mb": dict(self.children_peak_rss_mb),
+                "peak_rss_mb_max": max(self.peak_rss_mb.values(), default=0.0), "rss_method": self.method,
                 "rss_method_note": METHODS[self.method]}

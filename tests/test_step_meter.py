@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,6 +35,7 @@ def test_each_steps_peak_is_its_own_after_a_reset():
     assert m.peak_rss_mb["big"] - m.peak_rss_mb["after"] > 250
     j = m.as_json()
     assert j["rss_method"] == "VmHWM" and set(j["peak_rss_mb"]) == {"small", "big", "after"}
+    assert j["peak_rss_mb_max"] == m.peak_rss_mb["big"]
 
 
 def test_the_fallback_is_a_high_water_mark_so_far():
