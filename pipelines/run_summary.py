@@ -129,9 +129,11 @@ def _patient_deletion(p: dict) -> str:
               and {"exact max", "naive median"} <= set(c["value"])), None)
     if c is None:
         return _generic(p)
-    v = c["value"]
+    v, m = c["value"], p.get("metrics") or {}
+    k, n = m.get("refit_contexts"), m.get("contexts_completed")
+    over = f" over {k:,} of {n:,} contexts (refit sample)" if isinstance(k, int) and isinstance(n, int) and k < n else ""
     return (f"gap to a same-C refit: exact deletion {num(v['exact max'])} (max), naive removal "
-            f"{num(v['naive median'])} (median)") + _holds(c) + _tally(p)
+            f"{num(v['naive median'])} (median){over}") + _holds(c) + _tally(p)
 
 
 LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention,
