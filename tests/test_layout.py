@@ -26,7 +26,6 @@ LONG_MODULES = {
     "cohort/build.py": "the warehouse build; _build_into is still one function (issue 24, item 2)",
     "sv_core/gate.py": "the Gate facade and its cold-solve paths",
     "pipelines/runner.py": "CLI/Prefect wiring shared by every command",
-    "pipelines/flows/clinical_retention.py": "retention + held-out SpO2 flow; chunk functions could move out",
     "evaluation/metrics.py": "retention metrics and their references",
     "pipelines/flows/language_model.py": "the language-model study flow",
 }
