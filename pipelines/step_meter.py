@@ -12,7 +12,10 @@
 Child processes: the peak of each child alive at the end of the step (its ``VmHWM``, reset with the
 parent's) plus ``RUSAGE_CHILDREN``'s ``ru_maxrss`` when it rose during the step (the largest child
 that ended in the step) are reported as ``children_peak_mb``; ``peak_mb`` is this process's peak
-plus that; ``peak_rss_mb_max`` is the largest step's. CPU time is user + system of this process
+plus that; ``peak_rss_mb_max`` is the largest step's. ``start_rss_mb``: this process's resident
+set when the step began — memory an earlier step left allocated (e.g. an allocator that has not
+returned a large build's pages yet) counts in the next step's peak, so a step whose peak is its
+start figure did not itself grow. CPU time is user + system of this process
 and its ended children (``os.times``).
 
 Resetting the high-water mark also resets what the kernel reports as the process's peak when it
@@ -68,6 +71,17 @@ def vm_hwm_mb(pid: int | str = "self") -> float | None:
     return None
 
 
+def rss_mb() -> float:
+    """This process's resident set now (``VmRSS``; the high-water mark so far where it cannot be read)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return _ru_maxrss_mb(resource.RUSAGE_SELF)
+
+
 def reset_hwm(pid: int | str = "self") -> bool:
     """Reset the peak-RSS high-water mark of ``pid`` (``5`` into ``/proc/<pid>/clear_refs``)."""
     try:
@@ -94,8 +108,10 @@ class StepMeter:
         self.cpu_seconds: dict[str, float] = {}
         self.peak_rss_mb: dict[str, float] = {}
         self.children_peak_rss_mb: dict[str, float] = {}
+        self.start_rss_mb: dict[str, float] = {}
 
-    def _start(self):
+    def _start(self, name: str):
+        self.start_rss_mb[name] = round(rss_mb(), 1)
         if self.method == "VmHWM":
             for pid in ("self", *children()):
                 reset_hwm(pid)
@@ -124,7 +140,7 @@ class StepMeter:
 
         class _Step:
             def __enter__(self):
-                self.start = meter._start()
+                self.start = meter._start(name)
                 return meter
 
             def __exit__(self, *exc):
@@ -135,12 +151,12 @@ class StepMeter:
 
     def drop(self, name: str) -> None:
         """Forget a step that turned out not to run (e.g. skipped without torch)."""
-        for d in (self.seconds, self.cpu_seconds, self.peak_rss_mb, self.children_peak_rss_mb):
+        for d in (self.seconds, self.cpu_seconds, self.peak_rss_mb, self.children_peak_rss_mb, self.start_rss_mb):
             d.pop(name, None)
 
     def as_json(self) -> dict:
         """The figures for run-all's ``--json`` (beside its ``seconds``)."""
         return {"cpu_seconds": dict(self.cpu_seconds), "peak_rss_mb": dict(self.peak_rss_mb),
-                "children_peak_rss_mb": dict(self.children_peak_rss_mb),
+                "children_peak_rss_mb": dict(self.children_peak_rss_mb), "start_rss_mb": dict(self.start_rss_mb),
                 "peak_rss_mb_max": max(self.peak_rss_mb.values(), default=0.0), "rss_method": self.method,
                 "rss_method_note": METHODS[self.method]}

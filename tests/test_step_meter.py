@@ -38,6 +38,18 @@ def test_each_steps_peak_is_its_own_after_a_reset():
     assert j["peak_rss_mb_max"] == m.peak_rss_mb["big"]
 
 
+def test_memory_an_earlier_step_left_shows_as_the_next_steps_start():
+    m = StepMeter()
+    with m.step("keeps"):
+        kept = _touch(300)
+    with m.step("inherits"):
+        pass
+    del kept
+    assert m.start_rss_mb["inherits"] - m.start_rss_mb["keeps"] > 250
+    assert m.peak_rss_mb["inherits"] >= m.start_rss_mb["inherits"] - 1
+    assert set(m.as_json()["start_rss_mb"]) == {"keeps", "inherits"}
+
+
 def test_the_fallback_is_a_high_water_mark_so_far():
     m = StepMeter(method="ru_maxrss")
     with m.step("big"):
@@ -100,4 +112,26 @@ def test_run_all_records_each_steps_figures_in_json_and_summary(tmp_path, monkey
     # the existing keys stay; the new ones sit beside them
     assert {"seconds", "report", "warehouse", "total_seconds"} <= set(d)
     assert d["peak_rss_mb"] == meter.peak_rss_mb and d["cpu_seconds"] == meter.cpu_seconds
-    assert d["rss_method"] == "VmHWM" and set(d["children_peak_rss_mb"]) == set(d["seconds"])
+    assert d["rss_method"] == "VmHWM" and set(d["children_peak_rss_mb"]) == set(d["seconds"]) == set(d["start_rss_mb"])
+
+
+def test_run_all_bounds_the_builds_duckdb_memory(monkeypatch):
+    """run-all's build gets a DuckDB memory limit (default 1GB: the build's peak is about that + 0.5 GB)."""
+    from pipelines.cli import build_parser
+    from pipelines.flows import clinical_cohort, run_all
+
+    seen = {}
+
+    class Flow:
+        def with_options(self, **kw):
+            return lambda **params: seen.update(params)
+
+    monkeypatch.setattr(clinical_cohort, "build_cohort_flow", Flow())
+    assert run_all._run_step("build-cohort", False, lambda: None, "mimic", "root", "w.duckdb", "runs", 10, 0,
+                             *[None] * 6)
+    assert seen["memory_limit"] == run_all.BUILD_MEMORY_LIMIT == "1GB"
+    run_all._run_step("build-cohort", False, lambda: None, "mimic", "root", "w.duckdb", "runs", 10, 0, *[None] * 6,
+                      build_memory_limit="600MB")
+    assert seen["memory_limit"] == "600MB"
+    args = build_parser(["run-all"]).parse_args(["run-all", "--build-memory-limit", "2GB"])
+    assert args.build_memory_limit == "2GB"

@@ -40,6 +40,9 @@ from pipelines import jsonout, preflight, runner
 from pipelines.errors import MODELS_EXTRA_HINT
 from pipelines.step_meter import StepMeter
 
+#: DuckDB memory limit of run-all's build (it spills to disk past it): the build's peak RSS is about
+#: this + 0.5 GB (cohort.build), so run-all stays under 2 GB on a full MIMIC-IV root
+BUILD_MEMORY_LIMIT = "1GB"
 STEPS = ("build-cohort", "retention", "heldout-spo2", "patient-deletion", "deterioration", "audit", "studies",
          "fidelity", "report")
 
@@ -127,7 +130,8 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
                  warehouse: str | None = None, runs_dir: str = "runs", report: str | None = None,
                  audit_trials: int = 50, det_seeds: int = 3, det_max_epochs: int = 12, n_boot: int = 10_000,
                  fetch: bool = False, skip: tuple[str, ...] = (), dask_address: str | None = None,
-                 workers: int = 2, progress: bool = True, study_stays: int | None = None) -> dict:
+                 workers: int = 2, progress: bool = True, study_stays: int | None = None,
+                 build_memory_limit: str = BUILD_MEMORY_LIMIT) -> dict:
     """Run every step; returns {step: seconds} plus the report path."""
     warehouse = warehouse or str(Path(runs_dir) / "warehouse.duckdb")
     report = report or str(Path(runs_dir) / "report.html")
@@ -143,12 +147,13 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
         if w.path.is_file():
             w.register_runs_dir(runs_dir)
         meter = _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-                           det_max_epochs, audit_trials, report, study_stays)
+                           det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
     return {"seconds": meter.seconds, "report": report, "warehouse": warehouse, **meter.as_json()}
 
 
 def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-               det_max_epochs, audit_trials, report, study_stays=None) -> StepMeter:
+               det_max_epochs, audit_trials, report, study_stays=None,
+               build_memory_limit: str = BUILD_MEMORY_LIMIT) -> StepMeter:
     from tqdm.auto import tqdm
 
     meter = StepMeter()
@@ -157,7 +162,7 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
         bar.set_postfix_str(step)
         with meter.step(step):
             ran = _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-                            det_max_epochs, audit_trials, report, study_stays)
+                            det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
         if not ran:
             meter.drop(step)
     bar.close()
@@ -165,7 +170,7 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
 
 
 def _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-              det_max_epochs, audit_trials, report, study_stays) -> bool:
+              det_max_epochs, audit_trials, report, study_stays, build_memory_limit=BUILD_MEMORY_LIMIT) -> bool:
     """Run one step; False when it was skipped (deterioration without torch)."""
     from .audit_flow import DEFAULT_REGIMES, audit_flow
     from .clinical_cohort import build_cohort_flow
@@ -176,7 +181,7 @@ def _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed
     if step == "build-cohort":
         build_cohort_flow.with_options(task_runner=tr())(
             source=source, root=root, warehouse=warehouse, runs_dir=runs_dir, stays=stays, seed=seed,
-            progress=progress)
+            progress=progress, memory_limit=build_memory_limit)
     elif step == "retention":
         retention_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
                                                       progress=progress, stays=study_stays)
@@ -241,7 +246,7 @@ def _main(args) -> int:
             runs_dir=args.runs, report=args.report, audit_trials=args.audit_trials, det_seeds=args.det_seeds,
             det_max_epochs=args.det_max_epochs, n_boot=args.n_boot, fetch=args.fetch, skip=tuple(args.skip),
             dask_address=args.dask, workers=args.workers, progress=not args.no_progress,
-            study_stays=args.study_stays)
+            study_stays=args.study_stays, build_memory_limit=args.build_memory_limit)
     r["total_seconds"] = round(time.perf_counter() - t0, 1)
     print("\n".join(summary_lines(args.runs, report=r["report"], seconds=r["seconds"], total_s=r["total_seconds"],
                                   since=started, peak_rss_mb=r.get("peak_rss_mb"), rss_method=r.get("rss_method"))))
@@ -268,6 +273,9 @@ def add_cli(sub) -> None:
                    help="retention: stay-bootstrap resamples for the CIs (default 10000)")
     p.add_argument("--study-stays", type=int, default=None, metavar="N",
                    help="retention, heldout-spo2: a deterministic sample of N eligible stays (default: every stay)")
+    p.add_argument("--build-memory-limit", default=BUILD_MEMORY_LIMIT, metavar="SIZE",
+                   help="DuckDB memory limit of the build step, which spills to disk past it (default %(default)s; "
+                        "build-cohort alone defaults to 4GB)")
     p.add_argument("--fetch", action="store_true", help="fetch the demo data first if it is not cached")
     p.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), metavar="STEP",
                    help=f"steps to skip, of: {', '.join(STEPS)}")
