@@ -131,7 +131,8 @@ def _patient_deletion(p: dict) -> str:
         return _generic(p)
     v, m = c["value"], p.get("metrics") or {}
     k, n = m.get("refit_contexts"), m.get("contexts_completed")
-    over = f" over {k:,} of {n:,} contexts (refit sample)" if isinstance(k, int) and isinstance(n, int) and k < n else ""
+    sampled = isinstance(k, int) and isinstance(n, int) and k < n
+    over = f" over {k:,} of {n:,} contexts (refit sample)" if sampled else ""
     return (f"gap to a same-C refit: exact deletion {num(v['exact max'])} (max), naive removal "
             f"{num(v['naive median'])} (median){over}") + _holds(c) + _tally(p)
 
