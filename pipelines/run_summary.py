@@ -132,9 +132,12 @@ def _patient_deletion(p: dict) -> str:
               and {"exact max", "naive median"} <= set(c["value"])), None)
     if c is None:
         return _generic(p)
-    v = c["value"]
+    v, m = c["value"], p.get("metrics") or {}
+    k, n = m.get("refit_contexts"), m.get("contexts_completed")
+    sampled = isinstance(k, int) and isinstance(n, int) and k < n
+    over = f" over {k:,} of {n:,} contexts (refit sample)" if sampled else ""
     return (f"gap to a same-C refit: exact deletion {num(v['exact max'])} (max), naive removal "
-            f"{num(v['naive median'])} (median)") + _holds(c) + _tally(p)
+            f"{num(v['naive median'])} (median){over}") + _holds(c) + _tally(p)
 
 
 LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention,
@@ -157,9 +160,12 @@ def _marks(p: dict, mtime: float, since: float | None) -> str:
 
 
 def summary_lines(runs_dir: str | Path, *, report: str | None = None, seconds: dict[str, float] | None = None,
-                  total_s: float | None = None, since: float | None = None) -> list[str]:
+                  total_s: float | None = None, since: float | None = None,
+                  peak_rss_mb: dict[str, float] | None = None, rss_method: str | None = None) -> list[str]:
     """The summary as lines (see the module docstring). ``seconds``: run-all's step timings;
-    ``since``: the run's start (epoch seconds), to mark results it did not write."""
+    ``since``: the run's start (epoch seconds), to mark results it did not write; ``peak_rss_mb``:
+    each step's peak resident memory, put beside its time (``rss_method``: how it was measured,
+    :mod:`pipelines.step_meter`)."""
     runs = Path(runs_dir)
     head = "run-all done" + (f" in {duration(total_s)}" if total_s is not None else "")
     lines = [head + (f" · report: {report}" if report else "")]
@@ -183,5 +189,7 @@ def summary_lines(runs_dir: str | Path, *, report: str | None = None, seconds: d
                      f"claims hold" + (f"; not all: {', '.join(bad)}" if bad else "")
                      + (f" ({earlier} from an earlier run)" if earlier else ""))
     if seconds:
-        lines.append("  time: " + ", ".join(f"{k} {duration(v)}" for k, v in seconds.items()))
+        rss = peak_rss_mb or {}
+        lines.append("  time" + (f" · peak RSS ({rss_method or 'MB'})" if rss else "") + ": " + ", ".join(
+            f"{k} {duration(v)}" + (f" · {rss[k]:,.0f} MB" if k in rss else "") for k, v in seconds.items()))
     return lines

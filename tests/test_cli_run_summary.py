@@ -125,7 +125,11 @@ def test_patient_deletion_line_states_both_gaps_to_the_refit():
     other = {"statement": "leakage zero", "holds": True, "value": 0.0}
     line = LINES["patient_deletion"]({"claims": [other, claim]})
     assert "exact deletion 4.4e-15 (max)" in line and "naive removal 0.15 (median)" in line
-    assert "…" not in line
+    assert "…" not in line and "refit sample" not in line
+    # gaps over a refit sample: the denominator is stated
+    sampled = LINES["patient_deletion"]({"claims": [claim], "metrics": {"refit_contexts": 200,
+                                                                          "contexts_completed": 8543}})
+    assert "naive removal 0.15 (median) over 200 of 8,543 contexts (refit sample) holds" in sampled
     # a result without the gap claim falls back to the first claim's statement
     assert LINES["patient_deletion"]({"claims": [other]}).startswith("leakage zero")
 

@@ -195,3 +195,69 @@ def test_state_outputs_match_the_gate_score_and_the_kernel_readout():
     s, o = pdel.state_outputs(rbf_kernel(P, X, 1.5), X, a, 0.3)
     assert np.allclose(s, gate_scores(X, a, 0.3, P, 1.5), rtol=1e-13, atol=1e-15)
     assert np.allclose(o, kernel_readout_reference(P, X, a, X, 1.5), rtol=1e-13, atol=1e-15)
+
+
+def test_without_the_refit_check_every_other_figure_is_the_same_and_the_refit_columns_are_empty(base_wh):
+    group = pdel.plan_contexts(wh.stays(base_wh), 5, seed=0)[1]
+    full = pdel.context_row(pdel.forget_patient(_context(base_wh, group), 3))
+    lean = pdel.context_row(pdel.forget_patient(_context(base_wh, group), 3, refit_check=False))
+    refit_cols = set(pdel.refit_columns())
+    assert set(full) == set(lean) and refit_cols <= set(full)
+    assert all(lean[k] is None for k in refit_cols) and all(full[k] is not None for k in refit_cols)
+    assert full["refit_checked"] is True and lean["refit_checked"] is False
+    same = sorted(set(full) - refit_cols - {"refit_checked"})
+    assert "kkt_residual" in same and "leak_g0p1" in same
+    assert {k: lean[k] for k in same} == {k: full[k] for k in same}  # bit for bit
+
+
+def test_gap_figures_are_over_the_refit_sample_and_say_so(base_wh):
+    import pyarrow as pa
+
+    groups = pdel.plan_contexts(wh.stays(base_wh), 5, seed=0, contexts=4)
+    rows = [pdel.context_row(pdel.forget_patient(_context(base_wh, g), 1, refit_check=i < 2))
+            for i, g in enumerate(groups)]
+    con = duckdb.connect()
+    con.register("t_rows", pa.Table.from_pylist(rows))
+    con.execute("CREATE TABLE t AS SELECT * FROM t_rows")
+    m = pres.aggregate(con, "t", attempted=4)
+    assert (m["contexts_completed"], m["refit_contexts"]) == (4, 2)
+    sampled = [r for r in rows if r["refit_checked"]]
+    assert m["gap_to_refit"]["naive"]["score_median"] == pytest.approx(
+        np.median([r["gap_score_naive"] for r in sampled]), rel=1e-12)
+    assert m["partition_match_fraction"] == pytest.approx(np.mean([r["partition_match"] for r in sampled]))
+    assert m["kkt_residual_max"] == pytest.approx(max(r["kkt_residual"] for r in rows), rel=1e-12)  # every context
+    res = pres.study_result(m, data="synthetic", seed_comparable=False)
+    assert "the refit sample: 2 of 4 completed contexts" in res["tables"][0]["title"]
+    assert "the refit sample: 2 of 4" in res["metrics"]["headline"] and "2 of 4" in res["claims"][0]["statement"]
+    every = pres.study_result({**m, "refit_contexts": 4}, data="synthetic", seed_comparable=False)
+    assert "refit sample" not in every["tables"][0]["title"]  # every context refit: the title as before
+
+
+def test_flow_refits_a_deterministic_sample_and_rejects_a_bad_size(prefect_harness, base_wh, tmp_path):
+    from pipelines import runner
+    from pipelines.flows.clinical_deletion import patient_deletion_flow
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    w = runs / "warehouse.duckdb"
+    shutil.copy(base_wh, w)
+    tr = runner.make_task_runner(None, 2)
+    with runner.results_context(runs):
+        for bad in (0, -1):
+            with pytest.raises(StudyConfigError, match="refit sample"):
+                patient_deletion_flow.with_options(task_runner=tr)(
+                    warehouse=str(w), runs_dir=str(runs), max_contexts=3, refit_sample=bad, progress=False)
+        res = patient_deletion_flow.with_options(task_runner=tr)(
+            warehouse=str(w), runs_dir=str(runs), max_contexts=5, batch_contexts=2, refit_sample=3,
+            persist_gates=False, progress=False)
+    m = res["metrics"]
+    assert res["config"]["refit_sample"]["contexts"] == 3 and m["refit_contexts"] <= 3
+    # the sample is the first contexts of the seeded shuffle: the same gaps as those contexts alone
+    groups = pdel.plan_contexts(wh.stays(w), 5, seed=0, contexts=5)
+    targets = np.random.default_rng([0, 1]).integers(0, 5, size=len(groups))
+    rows = [pdel.forget_patient(_context(w, g), int(t), refit_check=i < 3)
+            for i, (g, t) in enumerate(zip(groups, targets))]
+    assert m["refit_contexts"] == sum(r["refit_checked"] for r in rows)
+    assert m["gap_to_refit"]["exact"]["score_max"] == pytest.approx(
+        max(r["gap_score_exact"] for r in rows if r["refit_checked"]), rel=1e-9, abs=1e-16)
+    assert m["leakage_before_mean"] == pytest.approx(np.mean([r["leakage_before"] for r in rows]), rel=1e-9)

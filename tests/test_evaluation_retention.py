@@ -159,6 +159,14 @@ def test_columns_round_trip_and_batch_order_does_not_matter():
     assert mine.diffs["density"] == ref.diffs["density"] and mine.n_excluded == 1
     with pytest.raises(MetricError, match="column sets differ"):
         concat_columns([parts[0], {"x": np.zeros(1)}])
+    # a part read back from the task cache may list the columns in another order (a resumed run)
+    shuffled = [parts[0], {c: parts[1][c] for c in reversed(list(parts[1]))}, *parts[2:]]
+    again = concat_columns(shuffled)
+    assert list(again) == list(cols)
+    for c in cols:
+        np.testing.assert_array_equal(again[c], cols[c])  # NaN where NaN
+    with pytest.raises(MetricError, match="column sets differ"):
+        concat_columns([parts[0], {**parts[1], "extra": np.zeros(len(parts[1]["d"]))}])
 
 
 # ------------------------------------------------------------------------------ sampling

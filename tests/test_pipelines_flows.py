@@ -57,7 +57,7 @@ def test_retention_and_heldout_flows(prefect_harness, small, monkeypatch):
     assert con.execute("SELECT count(*) FROM gate_states WHERE study='icu_retention'").fetchone()[0] == m["gates_persisted"]
     con.close()
     # rerun resumes from the cache: the per-stay computation is not called again
-    import pipelines.flows.clinical_retention as flow_mod
+    import pipelines.flows.retention_chunks as flow_mod
 
     def fail(*a, **k):
         raise AssertionError("cache miss")

@@ -66,6 +66,22 @@ def test_icu_regime_from_warehouse(tmp_path):
     assert d.min() > 0.1
 
 
+def test_icu_regime_reads_a_deterministic_sample_of_a_large_cohort(tmp_path):
+    synth = pytest.importorskip("cohort.synthetic")
+    wh = synth.make_small_warehouse(tmp_path, stays=12, seed=0)
+    every = audit_regimes.icu_regime_from_warehouse(wh, min_keys=5)
+    n = every.n_total
+    assert every.n_read == n and n > 5
+    part = audit_regimes.icu_regime_from_warehouse(wh, min_keys=5, sample=5, seed=3)
+    again = audit_regimes.icu_regime_from_warehouse(wh, min_keys=5, sample=5, seed=3)
+    assert (part.n_read, part.n_total) == (5, n) and part.n_stays <= 5
+    assert all(np.array_equal(part(np.random.default_rng(i)), again(np.random.default_rng(i))) for i in range(4))
+    # a sample at least the cohort's size reads every stay: the same draws as no sample
+    whole = audit_regimes.icu_regime_from_warehouse(wh, min_keys=5, sample=n)
+    assert whole.n_read == n
+    assert all(np.array_equal(whole(np.random.default_rng(i)), every(np.random.default_rng(i))) for i in range(4))
+
+
 def test_retrieval_memory_forget_returns_no_record():
     from evaluation.studies import retrieval_memory
     from evaluation.studies.errors import OptionalDependencyMissing

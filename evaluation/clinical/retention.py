@@ -228,13 +228,14 @@ def rows_to_columns(rows: Sequence[Mapping[str, Any] | None], policies: Sequence
 
 
 def concat_columns(parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Column-wise concatenation of per-batch columns (same names in every part)."""
+    """Column-wise concatenation of per-batch columns (same names in every part, in any order: a
+    part read back from the task cache may list them in another order than a fresh one)."""
     parts = [p for p in parts if p]
     if not parts:
         return {}
     names = list(parts[0])
     for p in parts[1:]:
-        if list(p) != names:
+        if set(p) != set(names) or len(p) != len(names):
             raise MetricError(f"per-stay column sets differ: {sorted(names)} vs {sorted(p)}")
     return {c: np.concatenate([np.asarray(p[c]) for p in parts]) for c in names}
 

@@ -50,16 +50,28 @@ def icu_keys(matrices: list[np.ndarray], rng: np.random.Generator, *, tol: float
 
 
 def icu_regime_from_warehouse(path: str | Path, *, tol: float = 0.1, max_hours: int | None = 240,
-                              min_keys: int = 8, max_stays: int | None = None) -> Regime:
+                              min_keys: int = 8, max_stays: int | None = None, sample: int | None = None,
+                              seed: int = 0) -> Regime:
     """Regime over the stays of a warehouse (z-scored six vitals, hour order).
 
-    All stays' matrices are read once (only aggregates ever leave this function: the generator
-    returns key arrays, never identifiers). ``max_stays`` caps how many are read (ascending id).
+    The stays' matrices are read once (only aggregates ever leave this function: the generator
+    returns key arrays, never identifiers). ``max_stays`` caps how many are read (ascending id);
+    ``sample`` reads only a deterministic sample of that many stays
+    (:func:`evaluation.clinical.sampling.sample_stays` with ``seed``; every stay when the cohort
+    is no larger), so memory and time do not grow with the cohort. The regime's ``n_read`` and
+    ``n_total`` say how many stays were read of how many.
     """
-    from cohort.streams import iter_stays
+    from cohort.streams import iter_stays, warehouse_connection
 
+    from ..clinical.sampling import sample_stays
+
+    ids = None
+    with warehouse_connection(path) as con:
+        every = [int(r[0]) for r in con.execute("SELECT stay_id FROM cohort_stays").fetchall()]
+    if sample is not None and sample < len(every):
+        ids = sample_stays(every, sample, seed).tolist()
     mats = []
-    for st in iter_stays(path):
+    for st in iter_stays(path, stay_ids=ids):
         if not np.all(np.isfinite(st.z)):
             continue
         mats.append(st.z.copy())
@@ -80,6 +92,7 @@ def icu_regime_from_warehouse(path: str | Path, *, tol: float = 0.1, max_hours: 
         return icu_keys(eligible, rng, tol=tol, max_hours=max_hours, min_keys=min_keys)
 
     regime.n_stays = len(eligible)  # type: ignore[attr-defined]
+    regime.n_read, regime.n_total = len(mats), len(every)  # type: ignore[attr-defined]
     return regime
 
 

@@ -34,6 +34,8 @@ DEFAULT_REGIMES = ("gaussian", "redundant", ICU_REGIME, LEARNED_REGIME)
 #: regimes beyond the paper's, run when named
 EXTRA_REGIMES = ("clustered", "icu_like")
 ICU_MAX_HOURS, ICU_MIN_KEYS, ICU_DEDUPE_SD = 160, 12, 0.1
+#: the ICU regime reads a seeded sample of at most this many stays (every stay of a smaller cohort)
+ICU_SAMPLE_STAYS = 2000
 LEARNED_STEPS, LEARNED_FACTS = 600, 16
 
 
@@ -44,11 +46,14 @@ def register(regime: str, warehouse: str | None, seed: int) -> None:
     from sv_core import audit
 
     if regime == ICU_REGIME:
+        reg = ar.icu_regime_from_warehouse(warehouse, max_hours=ICU_MAX_HOURS, min_keys=ICU_MIN_KEYS,
+                                           tol=ICU_DEDUPE_SD, sample=ICU_SAMPLE_STAYS, seed=seed)
+        sampled = (f"; among a seeded sample of {reg.n_read:,} of the warehouse's {reg.n_total:,} stays"
+                   if reg.n_read < reg.n_total else "")
         audit.register_regime(
-            ICU_REGIME, ar.icu_regime_from_warehouse(warehouse, max_hours=ICU_MAX_HOURS, min_keys=ICU_MIN_KEYS,
-                                                     tol=ICU_DEDUPE_SD),
-            data=wh.data_kind(warehouse), paper_regime="mimic",
-            construction=ar.ICU_CONSTRUCTION.format(min_keys=ICU_MIN_KEYS, max_hours=ICU_MAX_HOURS, tol=ICU_DEDUPE_SD))
+            ICU_REGIME, reg, data=wh.data_kind(warehouse), paper_regime="mimic",
+            construction=ar.ICU_CONSTRUCTION.format(min_keys=ICU_MIN_KEYS, max_hours=ICU_MAX_HOURS, tol=ICU_DEDUPE_SD)
+            + sampled)
     elif regime == LEARNED_REGIME:
         audit.register_regime(
             LEARNED_REGIME, ar.learned_regime(seed=seed, n_facts=LEARNED_FACTS, train_steps=LEARNED_STEPS),
@@ -90,7 +95,8 @@ def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = 
         h = wh.content_hash(warehouse)
         # fail at the start, with counts, when no stay of this cohort can yield an ICU context
         from evaluation.studies.audit_regimes import icu_regime_from_warehouse
-        icu_regime_from_warehouse(warehouse, max_hours=ICU_MAX_HOURS, min_keys=ICU_MIN_KEYS, tol=ICU_DEDUPE_SD)
+        icu_regime_from_warehouse(warehouse, max_hours=ICU_MAX_HOURS, min_keys=ICU_MIN_KEYS, tol=ICU_DEDUPE_SD,
+                                  sample=ICU_SAMPLE_STAYS, seed=seed)
     futures = [audit_task.submit(warehouse if r == ICU_REGIME else None, h if r == ICU_REGIME else None, r, trials,
                                  seed) for r in regimes]
     res = dict(zip(regimes, runner.gather(futures, "audit (regimes)", progress)))

@@ -12,7 +12,9 @@
 5. the ledger card and the report at ``<runs>/report.html`` (``dashboards.report``).
 
 It ends with a short summary of the headline figures, read from the result files
-(:mod:`pipelines.run_summary`); ``--json PATH`` writes the step timings as JSON.
+(:mod:`pipelines.run_summary`); ``--json PATH`` writes the step timings as JSON: each step's wall
+``seconds``, ``cpu_seconds`` and ``peak_rss_mb`` (its own peak on Linux, where the high-water mark
+is reset before each step; ``rss_method`` says how it was measured: :mod:`pipelines.step_meter`).
 
 Without torch (the optional ``models`` extra) run-all still runs: the steps that need it —
 ``deterioration``, the audit's ``learned`` regime, and the studies on torch recall models
@@ -36,7 +38,11 @@ from prefect import flow
 
 from pipelines import jsonout, preflight, runner
 from pipelines.errors import MODELS_EXTRA_HINT
+from pipelines.step_meter import StepMeter
 
+#: DuckDB memory limit of run-all's build (it spills to disk past it): the build's peak RSS is about
+#: this + 0.5 GB (cohort.build), so run-all stays under 2 GB on a full MIMIC-IV root
+BUILD_MEMORY_LIMIT = "1GB"
 STEPS = ("build-cohort", "retention", "heldout-spo2", "patient-deletion", "deterioration", "audit", "studies",
          "fidelity", "report")
 
@@ -124,7 +130,8 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
                  warehouse: str | None = None, runs_dir: str = "runs", report: str | None = None,
                  audit_trials: int = 50, det_seeds: int = 3, det_max_epochs: int = 12, n_boot: int = 10_000,
                  fetch: bool = False, skip: tuple[str, ...] = (), dask_address: str | None = None,
-                 workers: int = 2, progress: bool = True, study_stays: int | None = None) -> dict:
+                 workers: int = 2, progress: bool = True, study_stays: int | None = None,
+                 build_memory_limit: str = BUILD_MEMORY_LIMIT) -> dict:
     """Run every step; returns {step: seconds} plus the report path."""
     warehouse = warehouse or str(Path(runs_dir) / "warehouse.duckdb")
     report = report or str(Path(runs_dir) / "report.html")
@@ -139,74 +146,84 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
     with Warehouse.open(warehouse, write=True, must_exist=False) as w:
         if w.path.is_file():
             w.register_runs_dir(runs_dir)
-        times = _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-                           det_max_epochs, audit_trials, report, study_stays)
-    return {"seconds": times, "report": report, "warehouse": warehouse}
+        meter = _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
+                           det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
+    return {"seconds": meter.seconds, "report": report, "warehouse": warehouse, **meter.as_json()}
 
 
 def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-               det_max_epochs, audit_trials, report, study_stays=None) -> dict[str, float]:
+               det_max_epochs, audit_trials, report, study_stays=None,
+               build_memory_limit: str = BUILD_MEMORY_LIMIT) -> StepMeter:
     from tqdm.auto import tqdm
 
+    meter = StepMeter()
+    bar = tqdm(steps, desc="run-all", disable=not progress, file=sys.stderr)
+    for step in bar:
+        bar.set_postfix_str(step)
+        with meter.step(step):
+            ran = _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
+                            det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
+        if not ran:
+            meter.drop(step)
+    bar.close()
+    return meter
+
+
+def _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
+              det_max_epochs, audit_trials, report, study_stays, build_memory_limit=BUILD_MEMORY_LIMIT) -> bool:
+    """Run one step; False when it was skipped (deterioration without torch)."""
     from .audit_flow import DEFAULT_REGIMES, audit_flow
     from .clinical_cohort import build_cohort_flow
     from .clinical_deletion import patient_deletion_flow
     from .clinical_deterioration import deterioration_flow
     from .clinical_retention import heldout_flow, retention_flow
 
-    times: dict[str, float] = {}
-    bar = tqdm(steps, desc="run-all", disable=not progress, file=sys.stderr)
-    for step in bar:
-        bar.set_postfix_str(step)
-        t0 = time.perf_counter()
-        if step == "build-cohort":
-            build_cohort_flow.with_options(task_runner=tr())(
-                source=source, root=root, warehouse=warehouse, runs_dir=runs_dir, stays=stays, seed=seed,
-                progress=progress)
-        elif step == "retention":
-            retention_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
-                                                          progress=progress, stays=study_stays)
-        elif step == "heldout-spo2":
-            heldout_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
-                                                        progress=progress, stays=study_stays)
-        elif step == "patient-deletion":
-            patient_deletion_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
-                                                                 progress=progress)
-        elif step == "deterioration":
-            if skip_without_torch("deterioration"):
-                continue
-            deterioration_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
-                                                              seeds=det_seeds, max_epochs=det_max_epochs,
-                                                              progress=progress)
-        elif step == "audit":
-            regimes = DEFAULT_REGIMES
-            if skip_without_torch("audit's 'learned' regime"):
-                regimes = tuple(r for r in regimes if r not in preflight.TORCH_REGIMES)
-            audit_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, trials=audit_trials,
-                                                      regimes=regimes, progress=progress)
-        elif step == "studies":
-            run_studies(runs_dir, progress)
-        elif step == "fidelity":
-            runner.write_study_result(fidelity_result(), runs_dir)
-        elif step == "report":
-            from dashboards.report import write_report
-            from pipelines.forget import write_ledger_result
-            from pipelines.warehouse import Warehouse
+    if step == "build-cohort":
+        build_cohort_flow.with_options(task_runner=tr())(
+            source=source, root=root, warehouse=warehouse, runs_dir=runs_dir, stays=stays, seed=seed,
+            progress=progress, memory_limit=build_memory_limit)
+    elif step == "retention":
+        retention_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
+                                                      progress=progress, stays=study_stays)
+    elif step == "heldout-spo2":
+        heldout_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
+                                                    progress=progress, stays=study_stays)
+    elif step == "patient-deletion":
+        patient_deletion_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
+                                                             progress=progress)
+    elif step == "deterioration":
+        if skip_without_torch("deterioration"):
+            return False
+        deterioration_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
+                                                          seeds=det_seeds, max_epochs=det_max_epochs,
+                                                          progress=progress)
+    elif step == "audit":
+        regimes = DEFAULT_REGIMES
+        if skip_without_torch("audit's 'learned' regime"):
+            regimes = tuple(r for r in regimes if r not in preflight.TORCH_REGIMES)
+        audit_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, trials=audit_trials,
+                                                  regimes=regimes, progress=progress)
+    elif step == "studies":
+        run_studies(runs_dir, progress)
+    elif step == "fidelity":
+        runner.write_study_result(fidelity_result(), runs_dir)
+    elif step == "report":
+        from dashboards.report import write_report
+        from pipelines.forget import write_ledger_result
+        from pipelines.warehouse import Warehouse
 
-            with Warehouse.open(warehouse, write=True) as w:
-                w.register_runs_dir(runs_dir)
-                write_ledger_result(w, render=False)  # the report is written next
-            out = write_report(runs_dir, report)
-            from pipelines.runner import in_flow_run
+        with Warehouse.open(warehouse, write=True) as w:
+            w.register_runs_dir(runs_dir)
+            write_ledger_result(w, render=False)  # the report is written next
+        out = write_report(runs_dir, report)
+        from pipelines.runner import in_flow_run
 
-            if in_flow_run():
-                from prefect.artifacts import create_link_artifact
+        if in_flow_run():
+            from prefect.artifacts import create_link_artifact
 
-                create_link_artifact(Path(out).resolve().as_uri(), link_text="retention report", key="forgetful-report",
-                                     description="self-contained HTML report of this run (aggregates only)")
-        times[step] = round(time.perf_counter() - t0, 2)
-    bar.close()
-    return times
+            create_link_artifact(Path(out).resolve().as_uri(), link_text="retention report", key="forgetful-report",
+                                 description="self-contained HTML report of this run (aggregates only)")
+    return True
 
 
 def argparse_ns_without_warehouse(args):
@@ -229,10 +246,10 @@ def _main(args) -> int:
             runs_dir=args.runs, report=args.report, audit_trials=args.audit_trials, det_seeds=args.det_seeds,
             det_max_epochs=args.det_max_epochs, n_boot=args.n_boot, fetch=args.fetch, skip=tuple(args.skip),
             dask_address=args.dask, workers=args.workers, progress=not args.no_progress,
-            study_stays=args.study_stays)
+            study_stays=args.study_stays, build_memory_limit=args.build_memory_limit)
     r["total_seconds"] = round(time.perf_counter() - t0, 1)
     print("\n".join(summary_lines(args.runs, report=r["report"], seconds=r["seconds"], total_s=r["total_seconds"],
-                                  since=started)))
+                                  since=started, peak_rss_mb=r.get("peak_rss_mb"), rss_method=r.get("rss_method"))))
     jsonout.emit(args, r)
     return 0
 
@@ -256,6 +273,9 @@ def add_cli(sub) -> None:
                    help="retention: stay-bootstrap resamples for the CIs (default 10000)")
     p.add_argument("--study-stays", type=int, default=None, metavar="N",
                    help="retention, heldout-spo2: a deterministic sample of N eligible stays (default: every stay)")
+    p.add_argument("--build-memory-limit", default=BUILD_MEMORY_LIMIT, metavar="SIZE",
+                   help="DuckDB memory limit of the build step, which spills to disk past it (default %(default)s; "
+                        "build-cohort alone defaults to 4GB)")
     p.add_argument("--fetch", action="store_true", help="fetch the demo data first if it is not cached")
     p.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), metavar="STEP",
                    help=f"steps to skip, of: {', '.join(STEPS)}")

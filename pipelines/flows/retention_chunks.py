@@ -1,0 +1,217 @@
+"""The chunk functions of ``forgetful retention`` / ``heldout-spo2`` (:mod:`pipelines.flows.clinical_retention`).
+
+Each chunk reads its own stays from the warehouse (read-only, given stay ids; one connection held
+open while the local tasks read, :func:`held_open`) and returns a few numbers per stay
+(:func:`batch_columns`); its full result, with every stay's gate state, goes to the authenticated
+task cache (:func:`retention_batch_full`), from which :func:`staged_contexts` later feeds the gates
+to the warehouse batch by batch. Also here: the timed pilot chunk and the chunk plan
+(:func:`plan_batches`), and the refit-audit and ν × σ sensitivity chunk functions — the same
+functions on the local thread pool (Prefect tasks) and on a Dask cluster (:mod:`pipelines.scaleout`).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from evaluation.clinical import retention as study
+from pipelines import gate_store, runner, scaleout, task_cache
+from pipelines import warehouse as wh
+from pipelines.errors import StudyInputError
+from pipelines.scaleout import one_blas_thread
+
+LABELS = ("event_composite", "event_spo2")
+
+#: DuckDB memory cap of the study's own connections (reads of a batch, staged gate writes): the buffer pool
+#: keeps written gate blocks up to the cap (in isolation, 10k-20k 20 KB blobs: +290 MB at 256MB, flat at 64MB).
+#: Not the whole story: retention alone still grows +0.5 GB from 2,250 to 9,011 stays (issue 20, open)
+DUCKDB_MEMORY = "64MB"
+
+
+def read_only(warehouse: str):
+    """A read-only connection with the study's memory cap. While :func:`held_open` keeps one open,
+    every further one in this process shares its database instance (opening one costs ~30 ms of
+    CPU otherwise, once per batch)."""
+    import duckdb
+
+    con = duckdb.connect(str(wh.require(warehouse)), read_only=True)
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")  # the instance's buffer pool stays bounded
+    return con
+
+
+@contextlib.contextmanager
+def held_open(warehouse: str):
+    """Keep one read-only connection open while the batch tasks read (closed before any write)."""
+    con = read_only(warehouse)
+    try:
+        yield
+    finally:
+        con.close()
+
+
+def read_stays(warehouse: str, stay_ids: list[int], con=None) -> list:
+    """The batch's :class:`cohort.streams.StayStream` objects, read in one query, on ``con`` or
+    a read-only connection that is closed before any computation."""
+    from cohort.streams import iter_stays
+
+    if con is not None:
+        return list(iter_stays(con, stay_ids=list(stay_ids)))
+    own = read_only(warehouse)
+    try:
+        return list(iter_stays(own, stay_ids=list(stay_ids)))
+    finally:
+        own.close()
+
+
+def keys_events(s, label: str, drop: list[str]):
+    return s.keys(drop), (s.event_composite if label == "event_composite" else s.event_spo2)
+
+
+def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list[str], nu: float, sigma: float,
+                  policies: list[str], build_gate: bool, con=None) -> dict:
+    """Map step over a batch of stays: ``{"columns": per-stay columns (with stay_id, subject_id),
+    "gates": [{stay_id, subject_id, state, hours}]}`` (gates only with ``build_gate``); read
+    through ``con`` when given."""
+    if label not in LABELS:
+        raise StudyInputError(f"label must be one of {LABELS}, got {label!r}")
+    built = study.build_policies(policies, nu=nu, sigma=sigma)
+    rows, gates, ids, subj, d = [], [], [], [], None
+    with one_blas_thread():
+        for s in read_stays(warehouse, stay_ids, con):
+            X, ev = keys_events(s, label, drop)
+            d = int(X.shape[1])
+            r = study.stay_retention(X, ev, built, build_gate=build_gate)
+            g = None if r is None else r.pop("gate", None)
+            if g is not None:
+                gates.append({"stay_id": s.stay_id, "subject_id": s.subject_id, "state": g.to_state(),
+                              "hours": s.hours.copy()})
+            rows.append(r)
+            ids.append(s.stay_id)
+            subj.append(s.subject_id)
+    cols = study.rows_to_columns(rows, list(built), d=d)
+    cols["stay_id"] = np.asarray(ids, dtype=np.int64)
+    cols["subject_id"] = np.asarray(subj, dtype=np.int64)
+    return {"columns": cols, "gates": gates}
+
+
+@task_cache.cached
+def retention_batch_full(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                         nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+    return batch_results(warehouse, stay_ids, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
+                         build_gate=build_gate)
+
+
+def batch_columns(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+                  sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """The chunk function (local thread pool and Dask alike, :mod:`pipelines.scaleout`): the
+    chunk's per-stay columns only (a few numbers per stay); its gates stay in the task cache."""
+    return retention_batch_full(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies,
+                                build_gate)["columns"]
+
+
+@task_cache.cached
+def pilot_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+                sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """The first chunk, computed and timed in the flow's own process: ``{"columns", "seconds"}``.
+    Cached, so a rerun after a crash plans the same chunks and resumes from the task cache."""
+    cols, seconds = scaleout.timed(batch_columns, warehouse, content_hash, stay_ids, label, drop, nu, sigma,
+                                   policies, build_gate)
+    return {"columns": cols, "seconds": float(seconds)}
+
+
+@task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False,
+      retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
+def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                    nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """:func:`batch_columns` as a Prefect task (the local thread pool)."""
+    return batch_columns(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies, build_gate)
+
+
+@task_cache.cached
+def sensitivity_rows(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                     sigma: float, nus: list[float]) -> list[dict]:
+    """Chunk function of the ν × σ sensitivity table: one row per stay with an event."""
+    from evaluation.clinical.retention_sensitivity import settings, stay_sensitivity
+
+    grid = settings(sigma, nus)
+    out = []
+    with one_blas_thread():
+        for s in read_stays(warehouse, stay_ids):
+            r = stay_sensitivity(*keys_events(s, label, drop), grid)
+            if r is not None:
+                out.append({"stay_id": s.stay_id, **r})
+    return out
+
+
+@task(name="retention-sensitivity", cache_policy=NO_CACHE, persist_result=False)
+def sensitivity_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
+                      sigma: float, nus: list[float]) -> list[dict]:
+    return sensitivity_rows(warehouse, content_hash, stay_ids, label, drop, sigma, nus)
+
+
+@task_cache.cached
+def audit_rows(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+               sigma: float) -> list[dict]:
+    """Chunk function of the refit audit: one row per stay."""
+    from evaluation.clinical.retention_audit import audit_stay
+    from evaluation.policies import SupportVectorPolicy
+
+    pol = SupportVectorPolicy(nu=nu, sigma=sigma)
+    with one_blas_thread():
+        return [audit_stay(s.keys(drop), pol.box_C(s.hours.size), sigma) for s in read_stays(warehouse, stay_ids)]
+
+
+@task(name="retention-audit", cache_policy=NO_CACHE, persist_result=False)
+def audit_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
+                sigma: float) -> list[dict]:
+    return audit_rows(warehouse, content_hash, stay_ids, label, drop, nu, sigma)
+
+
+def plan_batches(warehouse: str, content_hash: str, ids: list[int], hours: dict[int, int], args: tuple,
+                 stays_per_task: int | None) -> tuple[list[list[int]], list[dict], dict]:
+    """The study's chunks (a fixed ``stays_per_task``, or sized from the pilot's measured cost),
+    the pilot's columns (``[]`` without a pilot) and a description for the result's config."""
+    client = scaleout.dask_client()
+    slots = scaleout.worker_slots(client, scaleout.local_slots())
+    how = {"executor": "dask" if client is not None else "threads", "slots": slots}
+    if stays_per_task is not None:
+        batches = list(runner.chunks(ids, stays_per_task))
+        return batches, [], {**how, "chunks": len(batches), "sizing": f"fixed {stays_per_task} stays per task"}
+    pilot = ids[:scaleout.PILOT_STAYS]
+    if not pilot:
+        return [], [], {**how, "chunks": 0, "sizing": "no stays"}
+    out = pilot_batch(warehouse, content_hash, pilot, *args)
+    per_unit = scaleout.seconds_per_unit(out["seconds"], [hours[s] for s in pilot])
+    rest = ids[len(pilot):]
+    batches = [pilot] + scaleout.plan_chunks(rest, [hours[s] for s in rest], per_unit, slots=slots)
+    sizes = sorted(len(b) for b in batches[1:]) or [len(pilot)]
+    costs = [sum(scaleout.stay_cost([hours[s] for s in b], per_unit)) for b in batches]
+    return batches, [out["columns"]], {
+        **how, "chunks": len(batches), "stays_per_chunk_median": sizes[len(sizes) // 2], "costs": costs,
+        "sizing": f"measured: {scaleout.PILOT_STAYS}-stay pilot in the flow's process, then chunks of about "
+                  f"{scaleout.TARGET_TASK_SECONDS:g} s of estimated work (hours^{scaleout.COST_EXPONENT}; "
+                  f">= {scaleout.MIN_WAVES} per worker slot), the most expensive submitted first"}
+
+
+def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]], args: tuple):
+    """``f(con)`` yielding each batch's gates as :class:`gate_store.StoredContext` lists, from the
+    task cache (recomputed through ``con`` if an entry is gone), each validated by
+    :meth:`sv_core.Gate.from_state` before it is written."""
+    from sv_core import Gate
+
+    def contexts(con):
+        for b in batches:
+            hit, full = retention_batch_full.lookup(warehouse, content_hash, b, *args)
+            if not hit:  # the entry is gone (removed by hand): recomputed, read through this connection
+                label, drop, nu, sigma, policies, build_gate = args
+                full = batch_results(warehouse, b, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
+                                     build_gate=build_gate, con=con)
+            out = []
+            for gs in sorted(full["gates"], key=lambda x: x["stay_id"]):
+                g = Gate.from_state(gs["state"])
+                out.append(gate_store.StoredContext(g, np.full(g.n, gs["subject_id"]), np.full(g.n, gs["stay_id"]),
+                                                    np.asarray(gs["hours"])))
+            yield out
+    return contexts
