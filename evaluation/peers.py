@@ -168,14 +168,22 @@ class KernelLeveragePolicy(SelectionPolicy):
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
         X = as_keys(keys)
-        K = np.array(rbf()(X, X, self.sigma), dtype=np.float64)
+        # one n x n buffer for K, its Cholesky factor and the factor's inverse (a 10,000-hour stay
+        # holds 0.8 GB, not five times that): the ridge is added on the diagonal in place and LAPACK
+        # factors and inverts in place
+        K = np.asarray(rbf()(X, X, self.sigma), dtype=np.float64)
         lam = self.ridge(K)
-        from scipy.linalg.lapack import dtrtri
+        from scipy.linalg.lapack import dpotrf, dtrtri
 
-        L = np.linalg.cholesky(K + lam * np.eye(K.shape[0]))
+        K.flat[:: K.shape[0] + 1] += lam
+        # K is symmetric: its transpose is the same matrix in Fortran order, which LAPACK
+        # overwrites in place (a C-ordered array would be copied first)
+        L, info = dpotrf(K.T, lower=1, clean=1, overwrite_a=1)
+        if info != 0:
+            raise PolicyError(f"kernel leverage: K + λI is not positive definite (LAPACK info {info})")
         # L⁻¹ by LAPACK's triangular inverse (n³/3 flops; a general solve against I costs ~8× that);
         # diag((LLᵀ)⁻¹) = column norms² of L⁻¹
-        Linv, info = dtrtri(L, lower=1)
+        Linv, info = dtrtri(L, lower=1, overwrite_c=1)
         if info != 0:
             raise PolicyError(f"kernel leverage: the Cholesky factor is singular (LAPACK info {info})")
         return 1.0 - lam * np.einsum("ij,ij->j", Linv, Linv)
