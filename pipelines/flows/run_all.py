@@ -22,9 +22,9 @@ Without torch (the optional ``models`` extra) run-all still runs: the steps that
 line each on stderr naming the extra (``pip install 'forgetful-attention[models]'``), and the report
 shows their cards as not run. (The single commands refuse instead, exit 3: :mod:`pipelines.preflight`.)
 
-Time on the demo (measured 2026-12-02, 2 shared cores, load 1.3-5.6): 2.3 min wall, 86 s of CPU
-time, peak RSS 0.86 GB; the synthetic studies (42 s) and deterioration (32 s) are the longest steps,
-the clinical retention studies take 25 s together. A rerun after
+Time on the demo (measured 2026-12-02, 2 shared cores, load 0.9): 70 s wall, 87 s of CPU time,
+peak RSS 0.8 GB (the closing time line gives each step's); the synthetic studies (20 s) and
+deterioration (16 s) are the longest steps, the clinical retention studies take 13 s together. A rerun after
 a crash resumes from the task cache (the clinical studies' tasks); the synthetic audit regimes and
 the seconds-long studies run again.
 """
