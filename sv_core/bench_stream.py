@@ -224,7 +224,8 @@ def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_0
                     if pos % 1000 == 0:
                         blk = np.asarray(t_stream[-1000:]) * 1e3
                         now = prof.snapshot()
-                        parts = parts_per_token({k: v - (last or {}).get(k, 0.0) for k, v in now.items()}, 1000)
+                        prev: dict[str, float] = last or {}
+                        parts = parts_per_token({k: v - prev.get(k, 0.0) for k, v in now.items()}, 1000)
                         last = now
                         block_t.append({"tokens": pos, "mean_ms": float(blk.mean()), "median_ms": float(np.median(blk)),
                                         "cpu_mean_ms": float(1e3 * np.mean(cpu_stream[-1000:])),

@@ -160,6 +160,8 @@ def summary(*results: dict) -> list[str]:
         for r in res["sizes"]:
             w = r["window"]
             c, p = _cpu(w, "streaming"), _cpu(w, "plain_gate")
+            if c is None:  # the streaming side was not timed in this window: nothing to divide by
+                continue
             lib = w.get("libsvm_cpu_s") or w["libsvm_s"]
             bits = [f"plain Gate ÷ StreamingGate {p / c:.2g}×" if p else "plain Gate not run (n² memory)"]
             if lib:

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-import cohort.build as build_mod
+import cohort.build_grid as build_grid_mod
 from cohort.build import build_warehouse
 from cohort.synthetic import generate
 
@@ -79,7 +79,7 @@ def test_demo_hash_unchanged(tmp_path, convention):
 
 def test_scratch_folders_are_owner_only_and_phases_add_up(gen_roots, tmp_path, monkeypatch):
     modes = {}
-    real = build_mod.hourly_means
+    real = build_grid_mod.hourly_means  # the hourly stage (cohort.build_grid) calls it
 
     def spy(*a, **k):  # mid-build: the spill folder and the bucket spool exist
         for p in tmp_path.iterdir():
@@ -87,7 +87,7 @@ def test_scratch_folders_are_owner_only_and_phases_add_up(gen_roots, tmp_path, m
                 modes[p.name.rsplit(".", 1)[1]] = stat.S_IMODE(os.lstat(p).st_mode)
         return real(*a, **k)
 
-    monkeypatch.setattr(build_mod, "hourly_means", spy)
+    monkeypatch.setattr(build_grid_mod, "hourly_means", spy)
     old = os.umask(0o022)  # a permissive umask: the build must not rely on the caller's
     try:
         s = build_warehouse("mimic", gen_roots["parquet"], tmp_path / "w.duckdb", progress=False, batch_stays=20)

@@ -303,7 +303,8 @@ def test_run_all_skips_its_torch_steps_with_one_line_each(monkeypatch, capsys, t
 
     monkeypatch.setattr(rm, "load_encoder", no_encoder)
     times = run_all._run_steps(["deterioration", "audit", "studies"], False, lambda: None, "synthetic", None,
-                               str(tmp_path / "w.duckdb"), str(tmp_path), 10, 0, 10, 1, 1, 2, str(tmp_path / "r.html"))
+                               str(tmp_path / "w.duckdb"), str(tmp_path), 10, 0, 10, 1, 1, 2,
+                               str(tmp_path / "r.html")).seconds  # the step meter's seconds per step run
     err = capsys.readouterr().err
     torch_studies = {s for c, s, *_ in study_synthetic.STUDIES if c in preflight.TORCH_COMMANDS} | {"learned_keys"}
     assert torch_studies == {"selective_copying", "capacity", "mqar_control", "learned_keys"}
