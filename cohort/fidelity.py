@@ -192,9 +192,14 @@ def format_table(columns: dict[str, dict | None]) -> str:
 
 
 def synthetic_metrics(stays: int = 1500, seed: int = 0, params=None, short_stay_share: float | None = None,
-                      workdir: str | Path | None = None) -> dict:
+                      workdir: str | Path | None = None, workers: int | None = 1) -> dict:
     """Generate ``stays`` synthetic stays in a temporary folder, build them with the unchanged
-    :func:`cohort.build.build_warehouse` (LOS ≥ 48 h) and return their fidelity metrics."""
+    :func:`cohort.build.build_warehouse` (LOS ≥ 48 h) and return their fidelity metrics.
+
+    ``workers``: generator processes (default 1, in this process: a fidelity cohort is a few
+    chunks, and forked workers would each start with a copy-on-write view of a caller that may
+    hold gigabytes — a long pipeline's process — which their resident sets then count; the
+    generated rows do not depend on it)."""
     import tempfile
 
     from .build import build_warehouse
@@ -202,7 +207,7 @@ def synthetic_metrics(stays: int = 1500, seed: int = 0, params=None, short_stay_
 
     with tempfile.TemporaryDirectory(prefix="fidelity-", dir=workdir) as tmp:
         generate(Path(tmp) / "mimic", stays=stays, seed=seed, fmt="parquet", params=params,
-                 short_stay_share=short_stay_share)
+                 short_stay_share=short_stay_share, workers=workers)
         b = build_warehouse("mimic", Path(tmp) / "mimic", Path(tmp) / "wh.duckdb", seed=seed, progress=False,
                             memory_limit="1GB")
         return fidelity_metrics(b.warehouse)

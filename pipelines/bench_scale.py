@@ -277,7 +277,7 @@ def run_size(root: Path, work: Path, a, env: dict, options: dict[str, set[str]],
     return size
 
 
-def _machine() -> dict:
+def machine_info() -> dict:
     mem = None
     try:
         mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
@@ -287,7 +287,7 @@ def _machine() -> dict:
             "python": platform.python_version()}
 
 
-def _uptime() -> str:
+def uptime_line() -> str:
     """``uptime``'s line (the load of the shared machine), or the load averages without it."""
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = None if a.api_url else ApiServer().start()
     result = {"kind": "bench_scale", "version": 1, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": _machine(), "uptime_start": _uptime(),
+              "machine": machine_info(), "uptime_start": uptime_line(),
               "command": "python -m pipelines.bench_scale " + " ".join(sys.argv[1:] if argv is None else argv),
               "settings": {"steps": a.steps, "peers": a.peers, "repeat": a.repeat, "study_stays": a.study_stays,
                            "full_study_max": a.full_study_max, "memory_limit": a.memory_limit, "seed": a.seed,
@@ -423,14 +423,14 @@ def main(argv: list[str] | None = None) -> int:
                 root, gen = ensure_root(kind, n, data, a.seed, a.gen_workers, env)
             result["sizes"].append(run_size(root, work / f"size_{i}_{root.name}", a, env, options, gen,
                                             per_size_stays[i]))
-            result["uptime_end"] = _uptime()
+            result["uptime_end"] = uptime_line()
             save(final=False)
     finally:
         if server is not None:
             server.stop()
         if tmp_work and not a.keep:
             shutil.rmtree(work, ignore_errors=True)
-    result["uptime_end"] = _uptime()
+    result["uptime_end"] = uptime_line()
     result = save(final=True)
     name = source_name(res_path, Path(a.doc))
     if not a.no_doc:

@@ -18,6 +18,8 @@ import math
 import statistics
 from typing import Any
 
+from .bench_fullrun_report import render_section
+
 #: full MIMIC-IV v3.1: chartevents rows, ICU stays, stays of ≥ 48 h (approximate)
 FULL_MIMIC = {"chartevents_rows": 433_000_000, "stays": 94_458, "eligible_stays": 42_000}
 
@@ -48,6 +50,9 @@ def merge_results(results: list[dict]) -> dict:
                                        "command": size.get("command") or r.get("command"),
                                        **{k: size.get(k) or r.get(k) for k in ("uptime_start", "uptime_end")}}
     out["sizes"] = sorted(by_label.values(), key=lambda z: z.get("chartevents_rows") or 0)
+    full = [r["full_run"] for r in results if r.get("full_run")]
+    if full:  # the latest full-size run-all record (pipelines.bench_fullrun) is kept
+        out["full_run"] = full[-1]
     return out
 
 
@@ -384,4 +389,6 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
                  f"{_dur(r['cpu_s_marginal'])} | {_dur(r['wall_s'])} | {fmt(r['peak_rss_mb'], 0)} | "
                  f"{fmt(r.get('peak_rss_mb_marginal'), 0)} |")
     L.append("")
+    if result.get("full_run"):
+        L += render_section(result["full_run"])
     return "\n".join(L)

@@ -266,6 +266,9 @@ PARSE_ONLY = {
     "[--study-stays N] [--repeat 2] [--out docs/SCALE.json]": "hours of CPU at these sizes; "
     "tests/test_pipelines_bench_scale.py runs it on a tiny root",
     "python -m pipelines.bench_scale --render FILE": "tests/test_pipelines_bench_scale.py renders result files",
+    "python -m pipelines.bench_fullrun --root DIR --workdir DIR [--det-seeds 1] [--det-max-epochs 2]":
+        "half an hour of CPU on a full-size root; tests/test_pipelines_bench_fullrun.py runs it with a stand-in "
+        "run-all and records a run from its files",
 }
 STATIC_PREFIXES = ("python -m pytest", "make ", "pip install ")
 
