@@ -62,6 +62,21 @@ def attach(record: dict, into: Path, doc: Path | None) -> None:
         write_doc(result, doc, os.path.relpath(into.resolve(), doc.resolve().parent))
 
 
+#: path options of this command, shown as placeholders in the recorded command lines (the result
+#: is committed: it should name no folder of the machine that made it)
+PATH_OPTIONS = {"--root": "ROOT", "--workdir": "WORKDIR", "--record": "RUNS_DIR", "--steps": "STEPS.json",
+                "--data-root": "ROOT", "--out": "OUT.json", "--into": "SCALE.json", "--doc": "SCALE.md"}
+
+
+def redact(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every path option replaced by its placeholder."""
+    out = list(argv)
+    for k, tok in enumerate(out[:-1]):
+        if tok in PATH_OPTIONS:
+            out[k + 1] = PATH_OPTIONS[tok]
+    return out
+
+
 def run_all_argv(root: Path, runs: Path, steps: Path, det_seeds: int, det_max_epochs: int) -> list[str]:
     return [sys.executable, "-m", "pipelines.cli", "run-all", "--source", "mimic", "--root", str(root),
             "--runs", str(runs), "--det-seeds", str(det_seeds), "--det-max-epochs", str(det_max_epochs),
@@ -94,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     bench_cmd = "python -m pipelines.bench_fullrun " + " ".join(
-        shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+        shlex.quote(x) for x in redact(list(argv if argv is not None else sys.argv[1:])))
     try:
         if a.root:
             if not a.workdir:
@@ -110,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench_fullrun] {up0}\n[bench_fullrun] running: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
             with open(work / "run_all.out", "wb") as out, open(work / "run_all.err", "wb") as err:
                 rc = subprocess.call(cmd, env=env, cwd=str(PROJECT), stdout=out, stderr=err)
-            record = make_record(steps, runs, root=Path(a.root), command=" ".join(["python", *cmd[1:]]),
+            shown = [{str(runs): "WORKDIR/runs", str(steps): "WORKDIR/steps.json"}.get(x, x)
+                     for x in redact(cmd[1:])]
+            record = make_record(steps, runs, root=Path(a.root), command=" ".join(["python", *shown]),
                                  bench_command=bench_cmd, commit=_commit(), machine=machine_info(),
                                  uptime_start=up0, uptime_end=uptime_line(), rc=rc, created_utc=now)
         else:

@@ -129,3 +129,23 @@ def test_run_mode_runs_the_command_and_records_it(tmp_path, monkeypatch):
     assert rec["rc"] == 0 and rec["steps"]["retention"]["peak_rss_mb"] == 1900.0
     assert rec["data"]["chartevents_rows"] == 395000000 and "load average" in rec["uptime_start"]
     assert "## Full-size run-all" in doc.read_text()
+
+
+def test_recorded_commands_name_no_local_folder(tmp_path, monkeypatch):
+    """The record is committed: its command lines show placeholders, not the machine's folders."""
+    runs0, root, sj0 = _runs(tmp_path / "src")
+    fake = tmp_path / "fake_run_all.py"
+    fake.write_text("import json, shutil, sys\na = sys.argv[1:]\n"
+                    f"shutil.copytree({str(runs0)!r}, a[a.index('--runs') + 1])\n"
+                    f"shutil.copy({str(sj0)!r}, a[a.index('--json') + 1])\n")
+    real = bf.run_all_argv
+    monkeypatch.setattr(bf, "run_all_argv", lambda *a: [sys.executable, str(fake), *real(*a)[2:]])
+    into = tmp_path / "SCALE.json"
+    into.write_text(json.dumps({"kind": "bench_scale", "sizes": []}))
+    work = tmp_path / "work"
+    assert bf.main(["--root", str(root), "--workdir", str(work), "--into", str(into), "--no-doc"]) == 0
+    rec = json.loads(into.read_text())["full_run"]
+    for line in (rec["command"], rec["bench_command"]):
+        assert str(root) not in line and str(work) not in line and str(into) not in line, line
+    assert "--root ROOT" in rec["command"] and "--runs WORKDIR/runs" in rec["command"]
+    assert rec["bench_command"].startswith("python -m pipelines.bench_fullrun --root ROOT --workdir WORKDIR")
