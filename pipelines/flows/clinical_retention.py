@@ -110,21 +110,24 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
         costs = chunking.pop("costs", None)
         parts += scaleout.map_chunks(batch_columns, [(warehouse, h, b, *args) for b in todo],
                                      local_task=retention_batch, desc=f"{study_name} (stay batches)",
-                                     progress=progress, costs=costs[len(parts):] if costs else None)
+                                     progress=progress, costs=costs[len(parts):] if costs else None,
+                                     memory=[scaleout.chunk_memory([hours[s] for s in b]) for b in todo])
         cols = study.concat_columns(parts)
         del parts
         comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
         audit_ids, too_long = _first_included(cols, audit_stays, seed, AUDIT_MAX_HOURS)
         audit_out = [r for b in scaleout.map_chunks(
             audit_rows, [(warehouse, h, b, label, drop, nu, sigma) for b in runner.chunks(audit_ids, 8)],
-            local_task=audit_batch, desc=f"{study_name} (refit audit)", progress=progress) for r in b]
+            local_task=audit_batch, desc=f"{study_name} (refit audit)", progress=progress,
+            memory=[scaleout.chunk_memory([hours[s] for s in b]) for b in runner.chunks(audit_ids, 8)]) for r in b]
         sens_ids, _ = _first_included(cols, sensitivity_stays, seed)
         sens_size = (max(1, stays_per_task // 8) if stays_per_task is not None else
                      max(1, -(-len(sens_ids) // (chunking["slots"] * scaleout.MIN_WAVES))))
         sens_args = [(warehouse, h, b, label, drop, sigma, list(NUS)) for b in runner.chunks(sens_ids, sens_size)]
         sens_rows = [r for b in scaleout.map_chunks(
             sensitivity_rows, sens_args,
-            local_task=sensitivity_batch, desc=f"{study_name} (sensitivity)", progress=progress) for r in b]
+            local_task=sensitivity_batch, desc=f"{study_name} (sensitivity)", progress=progress,
+            memory=[scaleout.chunk_memory([hours[s] for s in a[2]]) for a in sens_args]) for r in b]
     with one_blas_thread():  # each staged gate is validated (Gate.from_state) before it is written
         n_persisted = stay_results.write_study(
             warehouse, study_name, cols, staged_contexts(warehouse, h, batches, args) if persist_gates else None,
