@@ -27,8 +27,9 @@ first (longest-processing-time order: the long stays start at once, the small ch
 end). On the local thread pool the chunks share this process's memory, so they also go by their
 estimated peak (:func:`chunk_memory`: the longest stay's n x n matrices): a chunk does not start
 beside running ones when their estimates together would pass :data:`MEMORY_BUDGET_BYTES`
-(:func:`next_chunk`; shorter chunks fill the free thread meanwhile). Per-stay results do not depend on the chunking (each stay is computed alone, chunks are
-contiguous and results come back in chunk order), so the local and the Dask run are bit-identical.
+(:func:`next_chunk`; shorter chunks fill the free thread meanwhile). Per-stay results do not depend
+on the chunking (each stay is computed alone, chunks are contiguous and results come back in chunk
+order), so the local and the Dask run are bit-identical.
 
 :func:`chunk_log` records, per :func:`map_chunks` call, each chunk's stays, estimated and measured
 seconds, worker and start/end (``python -m pipelines.bench_dask`` reads it); :func:`lpt_makespan`

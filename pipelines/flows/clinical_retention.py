@@ -15,7 +15,9 @@ Streaming, in flat memory: stays go in chunks to tasks that read their own stays
 warehouse (read-only, given stay ids) and return a few numbers per stay — Prefect tasks on the
 local thread pool, plain futures on a Dask cluster (``--dask``), the same chunk function
 (:mod:`pipelines.scaleout`); chunks hold about 3 s of work each, sized from the measured cost of
-a pilot chunk (``--stays-per-task N`` fixes the size instead);
+a pilot chunk (``--stays-per-task N`` fixes the size instead); on the thread pool two long stays'
+chunks never run side by side when their n x n matrices together would pass a memory budget
+(:func:`pipelines.scaleout.next_chunk`: peak memory follows the longest stays, not their number);
 each batch's full result (those numbers and the stay's gate state) goes to the authenticated
 task cache beside the warehouse, so a rerun after a crash resumes there. Then the gates are
 staged into the warehouse batch by batch (each batch its own committed transaction, under a
