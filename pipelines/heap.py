@@ -4,9 +4,12 @@ CPython and NumPy return freed blocks to the C allocator, not to the kernel. Wit
 below the mmap threshold (which grows up to 32 MB as large blocks are freed: most per-stay n × n
 matrices) live in malloc arenas — one per thread that allocated, so the study's worker threads
 each keep their own — and an arena's free pages stay resident until glibc trims them, which it does
-only at the top of the main heap. So a step of ``forgetful run-all`` leaves its freed matrices
-resident, and the next step's peak counts them (measured: 181 MB free in the arenas at the end
-of a 6,000-stay retention run, 84 MB in use).
+only at the top of the main heap. So a step of ``forgetful run-all`` can leave freed memory
+resident, and the next step's peak counts it. How much varies: measured at the end of a
+1,500-stay held-out run, glibc reported 80 MB free in its arenas but trimming returned only 4 MB
+(most of those pages were no longer resident); on the demo ``run-all`` the steps start 2-104 MB
+lower with the release than without (fidelity: 703 vs 807 MB). The rest of what a step leaves
+is not free heap (imported modules, native libraries' own caches, live objects).
 
 :func:`release` collects Python garbage and then asks glibc to return every arena's free pages
 (``malloc_trim(0)``; glibc ≥ 2.8 releases whole free pages inside each arena with
