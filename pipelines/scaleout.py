@@ -24,8 +24,12 @@ the work still to be cut (guided self-scheduling: about ``remaining / (GUIDED_WA
 between :data:`MIN_TASK_SECONDS` and :data:`TARGET_TASK_SECONDS`), so the last chunks are small;
 a stay above the cap is a chunk of its own. :func:`map_chunks` submits the chunks most expensive
 first (longest-processing-time order: the long stays start at once, the small chunks fill the
-end). Per-stay results do not depend on the chunking (each stay is computed alone, chunks are
-contiguous and results come back in chunk order), so the local and the Dask run are bit-identical.
+end). On the local thread pool the chunks share this process's memory, so they also go by their
+estimated peak (:func:`chunk_memory`: the longest stay's n x n matrices): a chunk does not start
+beside running ones when their estimates together would pass :data:`MEMORY_BUDGET_BYTES`
+(:func:`next_chunk`; shorter chunks fill the free thread meanwhile). Per-stay results do not depend
+on the chunking (each stay is computed alone, chunks are contiguous and results come back in chunk
+order), so the local and the Dask run are bit-identical.
 
 :func:`chunk_log` records, per :func:`map_chunks` call, each chunk's stays, estimated and measured
 seconds, worker and start/end (``python -m pipelines.bench_dask`` reads it); :func:`lpt_makespan`
@@ -212,6 +216,34 @@ def plan_chunks(stay_ids: Sequence[int], hours: Sequence[int], seconds_per_hour:
     return out
 
 
+#: the most that chunks running side by side in this process may add up to, in estimated bytes
+#: (:func:`chunk_memory`): at full MIMIC-IV size the two longest stays (7,670 and 6,627 hours)
+#: would otherwise run together, ~1.1 + 0.8 GB of n x n matrices at once (issue 20's 2 GB bound)
+MEMORY_BUDGET_BYTES = 1.25 * 2**30
+#: a stay's peak working memory per hour², in bytes: the n x n kernel matrix of the solve and the
+#: peers' n x n buffers (measured: a 7,670-hour stay's held-out chunk peaks 1.10 GB above
+#: its start, 18.7 bytes per hour²; rounded up)
+STAY_BYTES_PER_HOUR2 = 20.0
+
+
+def chunk_memory(hours: Sequence[int]) -> float:
+    """Estimated peak bytes of a chunk whose stays have ``hours`` (one stay at a time: its longest)."""
+    return STAY_BYTES_PER_HOUR2 * float(max((int(h) for h in hours), default=0)) ** 2
+
+
+def next_chunk(waiting: Sequence[int], memory: Sequence[float], running: Sequence[float],
+               budget: float) -> int | None:
+    """The chunk to start next: the first of ``waiting`` (positions in submission order) whose
+    ``memory`` fits beside the ``running`` chunks' estimates within ``budget``, or any chunk when
+    nothing runs (one over the budget then runs with nothing else beside it); None: wait for one
+    to finish."""
+    used = sum(running)
+    for k in waiting:
+        if not running or used + memory[k] <= budget:
+            return k
+    return None
+
+
 def _worker_name() -> str:
     try:
         from distributed import get_worker
@@ -235,12 +267,17 @@ def _stays_of(args: tuple) -> list:
 
 
 def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc: str = "chunks",
-               progress: bool = True, costs: Sequence[float] | None = None) -> list:
+               progress: bool = True, costs: Sequence[float] | None = None, memory: Sequence[float] | None = None,
+               memory_budget: float | None = None) -> list:
     """``[fn(*a) for a in arglists]``, run side by side; results in the order of ``arglists``.
 
     costs : estimated seconds of each chunk; the most expensive are submitted first (a long
         chunk started last would leave the other workers idle at the end), the results are put
         back in ``arglists`` order.
+    memory, memory_budget : estimated peak bytes of each chunk (:func:`chunk_memory`) and the most
+        that chunks running side by side on the local thread pool may add up to (default
+        :data:`MEMORY_BUDGET_BYTES`; they share this process's memory): :func:`next_chunk` picks
+        what starts next. Not applied on Dask (each worker is its own process).
 
     On Dask (:func:`dask_client`): plain futures of ``fn`` (importable by module path on the
     workers) under one BLAS thread each, in that order, one per worker thread at a time (the next
@@ -267,18 +304,34 @@ def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc
                 rec["chunks"][k].update(seconds=time.perf_counter() - p0, worker="flow", start=t0, end=time.time(),
                                         received=time.time())
     elif client is None:
-        from prefect.futures import as_completed
+        import queue
 
-        futures = [local_task.submit(*arglists[i]) for i in order]
-        where = {id(f): k for k, f in enumerate(futures)}
-        bar = tqdm(total=len(futures), desc=desc, disable=not progress, file=sys.stderr, leave=False)
-        for f in as_completed(futures):
-            if id(f) in where:
-                rec["chunks"][where[id(f)]]["received"] = time.time()
+        # a list schedule on the flow's thread pool: at most one chunk per pool thread in flight, the
+        # next (in cost order) submitted as one completes, and never two whose estimated memory together
+        # passes the budget (a chunk over it runs with nothing else that would pass it; smaller
+        # chunks fill the other threads meanwhile)
+        mem = [0.0 if memory is None else float(memory[i]) for i in order]
+        cap = MEMORY_BUDGET_BYTES if memory_budget is None else float(memory_budget)
+        slots, waiting, running, futures = local_slots(), list(range(len(order))), {}, [None] * len(order)
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        bar = tqdm(total=len(order), desc=desc, disable=not progress, file=sys.stderr, leave=False)
+        for _ in range(len(order)):
+            while waiting and len(running) < slots:
+                k = next_chunk(waiting, mem, list(running.values()), cap)
+                if k is None:
+                    break
+                waiting.remove(k)
+                running[k] = mem[k]
+                rec["chunks"][k]["submitted"] = time.time()
+                futures[k] = local_task.submit(*arglists[order[k]])
+                futures[k].add_done_callback(lambda _f, k=k: finished.put(k))
+            k = finished.get()
+            running.pop(k)
+            rec["chunks"][k]["received"] = time.time()
             bar.update(1)
         bar.close()
-        for k, (i, f) in enumerate(zip(order, futures)):
-            out[i] = f.result()
+        for k, i in enumerate(order):
+            out[i] = futures[k].result()
     else:
         from distributed import as_completed as dask_completed
 

@@ -15,7 +15,9 @@ Streaming, in flat memory: stays go in chunks to tasks that read their own stays
 warehouse (read-only, given stay ids) and return a few numbers per stay — Prefect tasks on the
 local thread pool, plain futures on a Dask cluster (``--dask``), the same chunk function
 (:mod:`pipelines.scaleout`); chunks hold about 3 s of work each, sized from the measured cost of
-a pilot chunk (``--stays-per-task N`` fixes the size instead);
+a pilot chunk (``--stays-per-task N`` fixes the size instead); on the thread pool two long stays'
+chunks never run side by side when their n x n matrices together would pass a memory budget
+(:func:`pipelines.scaleout.next_chunk`: peak memory follows the longest stays, not their number);
 each batch's full result (those numbers and the stay's gate state) goes to the authenticated
 task cache beside the warehouse, so a rerun after a crash resumes there. Then the gates are
 staged into the warehouse batch by batch (each batch its own committed transaction, under a
@@ -110,21 +112,24 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
         costs = chunking.pop("costs", None)
         parts += scaleout.map_chunks(batch_columns, [(warehouse, h, b, *args) for b in todo],
                                      local_task=retention_batch, desc=f"{study_name} (stay batches)",
-                                     progress=progress, costs=costs[len(parts):] if costs else None)
+                                     progress=progress, costs=costs[len(parts):] if costs else None,
+                                     memory=[scaleout.chunk_memory([hours[s] for s in b]) for b in todo])
         cols = study.concat_columns(parts)
         del parts
         comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
         audit_ids, too_long = _first_included(cols, audit_stays, seed, AUDIT_MAX_HOURS)
         audit_out = [r for b in scaleout.map_chunks(
             audit_rows, [(warehouse, h, b, label, drop, nu, sigma) for b in runner.chunks(audit_ids, 8)],
-            local_task=audit_batch, desc=f"{study_name} (refit audit)", progress=progress) for r in b]
+            local_task=audit_batch, desc=f"{study_name} (refit audit)", progress=progress,
+            memory=[scaleout.chunk_memory([hours[s] for s in b]) for b in runner.chunks(audit_ids, 8)]) for r in b]
         sens_ids, _ = _first_included(cols, sensitivity_stays, seed)
         sens_size = (max(1, stays_per_task // 8) if stays_per_task is not None else
                      max(1, -(-len(sens_ids) // (chunking["slots"] * scaleout.MIN_WAVES))))
         sens_args = [(warehouse, h, b, label, drop, sigma, list(NUS)) for b in runner.chunks(sens_ids, sens_size)]
         sens_rows = [r for b in scaleout.map_chunks(
             sensitivity_rows, sens_args,
-            local_task=sensitivity_batch, desc=f"{study_name} (sensitivity)", progress=progress) for r in b]
+            local_task=sensitivity_batch, desc=f"{study_name} (sensitivity)", progress=progress,
+            memory=[scaleout.chunk_memory([hours[s] for s in a[2]]) for a in sens_args]) for r in b]
     with one_blas_thread():  # each staged gate is validated (Gate.from_state) before it is written
         n_persisted = stay_results.write_study(
             warehouse, study_name, cols, staged_contexts(warehouse, h, batches, args) if persist_gates else None,
