@@ -235,6 +235,18 @@ static ALWAYS_INLINE T NAME(lipschitz)(const T *restrict Kb, Py_ssize_t ld, Py_s
     return (T)2 * (lam > (T)1e-12 ? lam : (T)1e-12);
 }
 
+/* the momentum beta_k = (t_k - 1) / t_{k+1} of iteration k (t_0 = 1, t_{k+1} = (1 + sqrt(1 + 4 t_k^2)) / 2
+ * in double): the same for every problem, so fista_run computes the schedule once per call */
+static T NAME(momentum)(long k)
+{
+    double t = 1.0, tn = 1.0;
+    for (long i = 0; i <= k; i++) {
+        tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
+        if (i < k) t = tn;
+    }
+    return (T)((t - 1.0) / tn);
+}
+
 /* problems of the Grams [p0, p1); with Lout, the step 1/L comes from NAME(lipschitz) and L is
  * written to Lout (P, J), else from invL (P, J) */
 MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL, T *Lout, T *out,
@@ -242,6 +254,16 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                                          int stop_when_fixed, int sparse, T *work, Py_ssize_t *idx)
 {
     Py_ssize_t *nz = idx + n; /* the non-zero entries of the iterate */
+    /* the momentum schedule, the same double recurrence for every problem (NULL: per step) */
+    T *mom = iters > 0 ? (T *)malloc((size_t)iters * sizeof(T)) : NULL;
+    if (mom) {
+        double t = 1.0;
+        for (long k = 0; k < iters; k++) {
+            const double tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
+            mom[k] = (T)((t - 1.0) / tn);
+            t = tn;
+        }
+    }
     T *Ks = work, *a = Ks + n * n, *an = a + n, *Ka = an + n, *Kan = Ka + n, *z = Kan + n, *dg = z + n;
     for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
@@ -287,7 +309,6 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
             NAME(kmul)(Kb, ld, a, m, Ka, NULL, 0);
             /* y = a, K y = K a at the start */
             for (Py_ssize_t i = 0; i < m; i++) z[i] = a[i] - (((T)2 * Ka[i]) - dg[i]) * il;
-            double t = 1.0;
             T tau = (T)NAN;
             int still = 0; /* consecutive iterations that left a and tau bit-for-bit unchanged */
             for (long k = 0; k < iters; k++) {
@@ -308,8 +329,7 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 } else {
                     NAME(kmul)(Kb, ld, an, m, Kan, NULL, 0);
                 }
-                const double tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
-                const T beta = (T)((t - 1.0) / tn);
+                const T beta = mom ? mom[k] : NAME(momentum)(k);
                 /* y = a' + beta (a' - a), K y = K a' + beta (K a' - K a), and the next step's
                  * z = y - (2 K y - diag K) / L, fused (y and K y are not kept) */
                 for (Py_ssize_t i = 0; i < m; i++) {
@@ -319,11 +339,11 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 }
                 T *sw = a; a = an; an = sw;
                 sw = Ka; Ka = Kan; Kan = sw;
-                t = tn;
             }
             for (Py_ssize_t r = 0; r < m; r++) o[idx[r]] = a[r];
         }
     }
+    free(mom);
 }
 
 /* solve L L^T x = b in place (L: m x m lower triangle, row-major): forward substitution by row
