@@ -18,7 +18,10 @@
  * in the element order and precision of the torch reference (sums: see _batchfast_body.h). What
  * the reference cannot skip: each problem works on its own valid keys only (a prefix mask reads
  * its block of K in place, any other is copied once), so an iteration costs O(m^2) instead of
- * O(n^2) per problem; K a' is accumulated in registers (see kmul in _batchfast_body.h). The
+ * O(n^2) per problem; K a' is accumulated in registers over the non-zero entries of a' only when the
+ * block is finite (O(m nnz); see kmul in _batchfast_body.h); the projection's passes and the
+ * min / max run in explicit 8-lane vectors, lane by lane the scalar loop; the momentum schedule
+ * (the same for every problem) is computed once per call. The
  * step 1/L is the caller's, or L comes from the reference's bound computed here per problem
  * (one power step, Collatz-Wielandt ratio; only for an entry-wise non-negative K, checked
  * first). The projection is the reference's safeguarded
