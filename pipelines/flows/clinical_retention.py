@@ -125,7 +125,7 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
         sens_rows = [r for b in scaleout.map_chunks(
             sensitivity_rows, sens_args,
             local_task=sensitivity_batch, desc=f"{study_name} (sensitivity)", progress=progress) for r in b]
-    with one_blas_thread():  # each staged gate is validated (Gate.from_state) before it is written
+    with one_blas_thread():  # the gates as the chunks serialised them (digest-checked, gate_store.staged_state)
         n_persisted = stay_results.write_study(
             warehouse, study_name, cols, staged_contexts(warehouse, h, batches, args) if persist_gates else None,
             memory_limit=DUCKDB_MEMORY)
