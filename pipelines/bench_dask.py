@@ -69,9 +69,11 @@ def timeline(log: list[dict], t0: float, t1: float, hours: dict[int, int]) -> di
     """One run's :func:`pipelines.scaleout.chunk_log` as seconds from the run's start: the pilot,
     each chunk phase (wall, chunks, measured work, its LPT makespan on 1 and 2 workers) and the
     flow's own seconds outside the chunk phases (``flow_s``: start-up, planning, the comparison,
-    staging the gates, the result). Per chunk: stays, hours (sum, max), estimated and measured
+    staging the gates, the result; the run less ``pool_s``, the union of the chunk phases' spans,
+    which overlap when they share one pool). Per chunk: stays, hours (sum, max), estimated and measured
     seconds, worker, start/end/received; aggregates only (no stay ids)."""
     from .scaleout import lpt_makespan, makespan_bound
+    from .task_cache import covered
 
     phases = []
     for rec in log:
@@ -91,8 +93,10 @@ def timeline(log: list[dict], t0: float, t1: float, hours: dict[int, int]) -> di
                        "lpt_2_s": lpt_makespan(secs, 2) if measured else None,
                        "bound_2_s": makespan_bound(secs, 2) if measured else None})
     total = t1 - t0
-    flow_s = total - sum(p["wall_s"] for p in phases if p["phase"] != "pilot")
-    out = {"seconds": total, "flow_s": flow_s, "phases": phases}
+    # the chunk phases may share one pool (pipelines.scaleout.map_phases): their union is the pool's wall
+    pool_s = covered([(p["start"], p["start"] + p["wall_s"]) for p in phases if p["phase"] != "pilot"])
+    flow_s = total - pool_s
+    out = {"seconds": total, "flow_s": flow_s, "pool_s": pool_s, "phases": phases}
     maps = [p for p in phases if p["phase"] != "pilot"]
     if maps and all(p["lpt_2_s"] is not None for p in maps):
         out["ideal_2_s"] = flow_s + sum(p["lpt_2_s"] for p in maps)

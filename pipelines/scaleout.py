@@ -39,6 +39,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 #: the largest chunk, in seconds of estimated work (a Dask task costs a few ms of scheduling; a local Prefect task ~20-50 ms)
@@ -144,8 +145,15 @@ def local_slots() -> int:
 COST_FIXED_UNITS = 150.0 ** 2
 COST_CUBIC_HOURS = 35_000.0
 COST_MODEL = f"{COST_FIXED_UNITS ** 0.5:.0f}² + n² + n³/{COST_CUBIC_HOURS:,.0f} for n hours"
-#: the dominant exponent (for descriptions; :func:`stay_units` is the model)
-COST_EXPONENT = 2
+
+
+def sizing_text() -> str:
+    """How chunks are sized, in one line, from this module's constants (for help texts and result
+    files: no number restated elsewhere)."""
+    return (f"a {PILOT_STAYS}-stay pilot timed in the flow's process sets the seconds per cost unit (a stay of "
+            f"n hours costs {COST_MODEL} units), then chunks of at most {TARGET_TASK_SECONDS:g} s of estimated "
+            f"work, shrinking towards the end (at least {MIN_TASK_SECONDS:g} s; at least {MIN_WAVES} per worker "
+            "slot when the work allows), the most expensive submitted first")
 
 
 def stay_units(hours: Sequence[int]) -> list[float]:
@@ -234,86 +242,118 @@ def _stays_of(args: tuple) -> list:
     return list(args[2]) if len(args) > 2 and isinstance(args[2], (list, tuple)) else []
 
 
+@dataclass
+class Phase:
+    """One kind of chunk in a :func:`map_phases` call: ``fn`` over ``arglists``, its Prefect task
+    for the local thread pool (``local_task``), a description for the log, and each chunk's
+    estimated seconds (``costs``, same scale across the call's phases; None: unknown, 0)."""
+
+    fn: Callable
+    arglists: Sequence[tuple]
+    local_task: Any = None
+    desc: str = "chunks"
+    costs: Sequence[float] | None = None
+
+
 def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc: str = "chunks",
                progress: bool = True, costs: Sequence[float] | None = None) -> list:
-    """``[fn(*a) for a in arglists]``, run side by side; results in the order of ``arglists``.
+    """``[fn(*a) for a in arglists]``, run side by side; results in the order of ``arglists``
+    (one :class:`Phase` of :func:`map_phases`)."""
+    return map_phases([Phase(fn, arglists, local_task, desc, costs)], progress=progress)[0]
 
-    costs : estimated seconds of each chunk; the most expensive are submitted first (a long
-        chunk started last would leave the other workers idle at the end), the results are put
-        back in ``arglists`` order.
 
+def map_phases(phases: Sequence[Phase], *, progress: bool = True) -> list[list]:
+    """Every phase's ``[fn(*a) for a in arglists]`` in one pool: independent kinds of work (a
+    study's stay batches, its refit audit, its sensitivity chunks) fill each other's gaps instead
+    of each waiting for the previous one's last chunk. Returns one result list per phase, each in
+    the order of its ``arglists``.
+
+    The chunks of all phases are submitted most expensive first (``costs``; a long chunk started
+    last would leave the other workers idle at the end; equal costs keep phase, then chunk order).
     On Dask (:func:`dask_client`): plain futures of ``fn`` (importable by module path on the
-    workers) under one BLAS thread each, in that order, one per worker thread at a time (the next
-    is submitted as one completes: the list schedule, with no chunk queued behind a long one);
-    submitted ones are cancelled if the flow is interrupted. Locally: ``local_task.submit(*a)`` (a Prefect task whose
-    body calls ``fn``) on the flow's thread pool, or ``fn`` in this thread when no task is given.
-    While :func:`chunk_log` is active the call and its chunks are recorded."""
+    workers) under one BLAS thread each, one per worker thread at a time (the next is submitted as
+    one completes: the list schedule, with no chunk queued behind a long one); submitted ones are
+    cancelled if the flow is interrupted. Locally: ``local_task.submit(*a)`` (a Prefect task whose
+    body calls ``fn``) on the flow's thread pool (first in, first run), or ``fn`` in this thread
+    when a phase has no task. While :func:`chunk_log` is active each phase is recorded as one call
+    (its ``start`` the pool's, its ``end`` its last chunk's completion)."""
     from tqdm.auto import tqdm
 
-    arglists = [tuple(a) for a in arglists]
-    order = list(range(len(arglists)))
-    if costs is not None:
-        order.sort(key=lambda i: -float(costs[i]))  # stable: equal costs keep their order
+    jobs = [(p, i, tuple(a)) for p, ph in enumerate(phases) for i, a in enumerate(ph.arglists)]
+    cost = [0.0 if phases[p].costs is None else float(phases[p].costs[i]) for p, i, _ in jobs]
+    order = sorted(range(len(jobs)), key=lambda j: -cost[j])  # stable
     client = dask_client()
-    rec = {"desc": desc, "executor": "dask" if client is not None else "threads", "start": time.time(),
-           "chunks": [{"stay_ids": _stays_of(arglists[i]), "predicted_s": None if costs is None else float(costs[i])}
-                      for i in order]}
-    out: list = [None] * len(arglists)
-    if client is None and local_task is None:
+    t_start = time.time()
+    recs = [{"desc": ph.desc, "executor": "dask" if client is not None else "threads", "start": t_start,
+             "end": t_start, "chunks": []} for ph in phases]
+    entry = {}  # job -> its log entry
+    for j in order:
+        p, i, a = jobs[j]
+        entry[j] = {"stay_ids": _stays_of(a), "predicted_s": None if phases[p].costs is None else cost[j]}
+        recs[p]["chunks"].append(entry[j])
+    out: list[list] = [[None] * len(ph.arglists) for ph in phases]
+
+    def done(j: int, value, meta: dict | None = None) -> None:
+        p, i, _ = jobs[j]
+        out[p][i] = value
+        now = time.time()
+        entry[j].update(meta or {}, received=now)
+        recs[p]["end"] = max(recs[p]["end"], now)
+
+    bar = tqdm(total=len(jobs), desc=", ".join(ph.desc for ph in phases), disable=not progress, file=sys.stderr,
+               leave=False)
+    if client is None and any(phases[p].local_task is None for p, _, _ in jobs):
         with one_blas_thread():
-            for k, i in enumerate(order):
+            for j in order:
+                p, i, a = jobs[j]
                 t0, p0 = time.time(), time.perf_counter()
-                out[i] = fn(*arglists[i])
-                rec["chunks"][k].update(seconds=time.perf_counter() - p0, worker="flow", start=t0, end=time.time(),
-                                        received=time.time())
+                value = phases[p].fn(*a)
+                done(j, value, {"seconds": time.perf_counter() - p0, "worker": "flow", "start": t0, "end": time.time()})
+                bar.update(1)
     elif client is None:
         from prefect.futures import as_completed
 
-        futures = [local_task.submit(*arglists[i]) for i in order]
-        where = {id(f): k for k, f in enumerate(futures)}
-        bar = tqdm(total=len(futures), desc=desc, disable=not progress, file=sys.stderr, leave=False)
-        for f in as_completed(futures):
-            if id(f) in where:
-                rec["chunks"][where[id(f)]]["received"] = time.time()
+        futures = {j: phases[jobs[j][0]].local_task.submit(*jobs[j][2]) for j in order}
+        where = {id(f): j for j, f in futures.items()}
+        for f in as_completed(list(futures.values())):
+            done(where[id(f)], None)
             bar.update(1)
-        bar.close()
-        for k, (i, f) in enumerate(zip(order, futures)):
-            out[i] = f.result()
+        for j, f in futures.items():
+            out[jobs[j][0]][jobs[j][1]] = f.result()
     else:
         from distributed import as_completed as dask_completed
 
         # at most one chunk in flight per worker thread, the next submitted as one completes: the
         # scheduler would otherwise queue a second chunk on each worker (worker-saturation), where
         # it can wait behind a long chunk while another worker idles
-        where, futures = {}, []
+        where: dict = {}
+        futures: list = []
 
-        def submit_more(done: int) -> list:
+        def submit_more(n_done: int) -> list:
             new = []
-            while len(futures) < len(order) and len(futures) - done < worker_slots(client):
-                k = len(futures)
-                f = client.submit(_run_chunk, fn, arglists[order[k]], pure=False, priority=len(order) - k)
-                where[f.key] = k
-                rec["chunks"][k]["submitted"] = time.time()
+            while len(futures) < len(order) and len(futures) - n_done < worker_slots(client):
+                j = order[len(futures)]
+                p, _, a = jobs[j]
+                f = client.submit(_run_chunk, phases[p].fn, a, pure=False, priority=len(order) - len(futures))
+                where[f.key] = j
+                entry[j]["submitted"] = time.time()
                 futures.append(f)
                 new.append(f)
             return new
 
         try:
-            bar = tqdm(total=len(order), desc=desc, disable=not progress, file=sys.stderr, leave=False)
             pending = dask_completed(submit_more(0), loop=client.loop)
-            for done, f in enumerate(pending, start=1):
-                k = where[f.key]
-                out[order[k]], meta = f.result()
-                rec["chunks"][k].update(meta, received=time.time())
-                pending.update(submit_more(done))
+            for n_done, f in enumerate(pending, start=1):
+                value, meta = f.result()
+                done(where[f.key], value, meta)
+                pending.update(submit_more(n_done))
                 bar.update(1)
-            bar.close()
         except BaseException:
             client.cancel(futures)
             raise
-    rec["end"] = time.time()
+    bar.close()
     if _LOG is not None:
-        _LOG.append(rec)
+        _LOG.extend(recs)
     return out
 
 

@@ -192,9 +192,7 @@ def plan_batches(warehouse: str, content_hash: str, ids: list[int], hours: dict[
     costs = [sum(scaleout.stay_cost([hours[s] for s in b], per_unit)) for b in batches]
     return batches, [out["columns"]], {
         **how, "chunks": len(batches), "stays_per_chunk_median": sizes[len(sizes) // 2], "costs": costs,
-        "sizing": f"measured: {scaleout.PILOT_STAYS}-stay pilot in the flow's process, then chunks of about "
-                  f"{scaleout.TARGET_TASK_SECONDS:g} s of estimated work (hours^{scaleout.COST_EXPONENT}; "
-                  f">= {scaleout.MIN_WAVES} per worker slot), the most expensive submitted first"}
+        "sizing": f"measured: {scaleout.sizing_text()}"}
 
 
 def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]], args: tuple):
@@ -202,6 +200,7 @@ def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]],
     task cache (recomputed through ``con`` if an entry is gone): the blobs serialised by the chunk
     that built and validated the gates, each checked against its SHA-256
     (:func:`gate_store.staged_state`), stored as they are."""
+
     def contexts(con):
         for b in batches:
             hit, full = retention_batch_full.lookup(warehouse, content_hash, b, *args)
@@ -209,7 +208,6 @@ def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]],
                 label, drop, nu, sigma, policies, build_gate = args
                 full = batch_results(warehouse, b, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
                                      build_gate=build_gate, con=con)
-            out = []
             yield [gate_store.staged_state(gs["staged"], gs["subject_id"], gs["stay_id"], gs["hours"])
                    for gs in sorted(full["gates"], key=lambda x: x["stay_id"])]
     return contexts
