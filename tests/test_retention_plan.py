@@ -106,3 +106,13 @@ def test_a_wrong_look_ahead_is_recomputed_and_changes_nothing(prefect_harness, b
     for k in ("retention", "refit_audit", "sensitivity"):
         assert again["metrics"][k] == ref["metrics"][k]
     assert ref["metrics"]["refit_audit"]["stays_audited"] == 3 and ref["metrics"]["sensitivity"]["stays"] == 5
+
+
+def test_the_table_says_when_the_longest_stay_dominates():
+    from pipelines.bench_dask import dominance
+
+    big = {"stays": 1, "hours_max": 8410, "seconds": 31.0, "share_of_chunk_work": 0.62}
+    text = dominance(big)
+    assert "dominates" in text and "8,410-hour" in text and "62 %" in text and "1.61×" in text
+    assert dominance({**big, "share_of_chunk_work": 0.45}) == ""  # the others' work can fill 2 workers
+    assert dominance({**big, "stays": 3}) == "" and dominance(None) == "" and dominance({**big, "share_of_chunk_work": None}) == ""
