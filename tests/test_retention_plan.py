@@ -24,7 +24,8 @@ def test_map_phases_one_pool_longest_first_results_per_phase_in_order():
         return [k * s for s in stay_ids]
 
     phases = [scaleout.Phase(f, [("w", "h", [1, 2]), ("w", "h", [3])], desc="a (stay batches)", costs=[0.5, 3.0]),
-              scaleout.Phase(g, [("w", "h", [4], 10), ("w", "h", [5, 6], 10)], desc="a (refit audit)", costs=[2.0, 0.1]),
+              scaleout.Phase(g, [("w", "h", [4], 10), ("w", "h", [5, 6], 10)], desc="a (refit audit)",
+                             costs=[2.0, 0.1]),
               scaleout.Phase(g, [], desc="a (sensitivity)", costs=[])]
     with scaleout.chunk_log() as log:
         out = scaleout.map_phases(phases, progress=False)
@@ -42,7 +43,8 @@ def test_bench_flow_seconds_count_overlapping_phases_once():
     def chunk(ids, start, secs):
         return {"stay_ids": ids, "predicted_s": secs, "seconds": secs, "worker": "0", "start": start,
                 "end": start + secs, "received": start + secs}
-    log = [{"desc": "x (stay batches)", "executor": "dask", "start": 2.0, "end": 10.0, "chunks": [chunk([1], 2.0, 8.0)]},
+    log = [{"desc": "x (stay batches)", "executor": "dask", "start": 2.0, "end": 10.0,
+            "chunks": [chunk([1], 2.0, 8.0)]},
            {"desc": "x (refit audit)", "executor": "dask", "start": 2.0, "end": 11.0, "chunks": [chunk([2], 2.0, 9.0)]}]
     tl = timeline(log, 0.0, 20.0, {1: 10, 2: 20})
     assert tl["pool_s"] == pytest.approx(9.0) and tl["flow_s"] == pytest.approx(11.0)
@@ -115,4 +117,5 @@ def test_the_table_says_when_the_longest_stay_dominates():
     text = dominance(big)
     assert "dominates" in text and "8,410-hour" in text and "62 %" in text and "1.61×" in text
     assert dominance({**big, "share_of_chunk_work": 0.45}) == ""  # the others' work can fill 2 workers
-    assert dominance({**big, "stays": 3}) == "" and dominance(None) == "" and dominance({**big, "share_of_chunk_work": None}) == ""
+    assert dominance({**big, "stays": 3}) == "" and dominance(None) == ""
+    assert dominance({**big, "share_of_chunk_work": None}) == ""
