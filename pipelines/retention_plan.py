@@ -20,11 +20,12 @@ import numpy as np
 from . import runner, scaleout
 from .errors import StudyInputError
 
-#: a stay's refit-audit cost over its retention cost (measured per stay, one BLAS thread: 1.1-2.9×,
-#: growing with the stay's length; stays over the audit's limit are not audited)
-AUDIT_COST_FACTOR = 2.0
-#: a stay's ν × σ sensitivity cost over its retention cost (measured: 0.9-2.8×)
-SENSITIVITY_COST_FACTOR = 2.0
+#: a stay's refit-audit cost over its retention cost in the chunks, per cost unit: measured from the
+#: 1-worker chunk logs of 1,000-stay runs (``python -m pipelines.bench_dask``, seed-1 set: each phase's
+#: measured seconds over its stays' units, relative to the stay batches'): 4.1-8.8× (load-dependent)
+AUDIT_COST_FACTOR = 6.0
+#: the same for a stay's ν × σ sensitivity row (16 solves and peers a stay): 2.6-5.1×
+SENSITIVITY_COST_FACTOR = 3.5
 EVENT_COLUMNS = ("event_composite", "event_spo2")
 
 
