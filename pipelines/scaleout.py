@@ -150,8 +150,8 @@ COST_MODEL = f"{COST_FIXED_UNITS ** 0.5:.0f}² + n² + n³/{COST_CUBIC_HOURS:,.0
 def sizing_text() -> str:
     """How chunks are sized, in one line, from this module's constants (for help texts and result
     files: no number restated elsewhere)."""
-    return (f"a {PILOT_STAYS}-stay pilot timed in the flow's process sets the seconds per cost unit (a stay of "
-            f"n hours costs {COST_MODEL} units), then chunks of at most {TARGET_TASK_SECONDS:g} s of estimated "
+    return (f"a pilot of {PILOT_STAYS} stays timed in the flow's process sets the seconds per cost unit (a "
+            f"stay's units: {COST_MODEL}), then chunks of at most {TARGET_TASK_SECONDS:g} s of estimated "
             f"work, shrinking towards the end (at least {MIN_TASK_SECONDS:g} s; at least {MIN_WAVES} per worker "
             "slot when the work allows), the most expensive submitted first")
 
