@@ -24,12 +24,11 @@ the work still to be cut (guided self-scheduling: about ``remaining / (GUIDED_WA
 between :data:`MIN_TASK_SECONDS` and :data:`TARGET_TASK_SECONDS`), so the last chunks are small;
 a stay above the cap is a chunk of its own. :func:`map_chunks` submits the chunks most expensive
 first (longest-processing-time order: the long stays start at once, the small chunks fill the
-end). Per-stay results do not depend on the chunking (each stay is computed alone, chunks are
-contiguous and results come back in chunk order), so the local and the Dask run are bit-identical.
-
-:func:`chunk_log` records, per :func:`map_chunks` call, each chunk's stays, estimated and measured
-seconds, worker and start/end (``python -m pipelines.bench_dask`` reads it); :func:`lpt_makespan`
-is the schedule of measured chunk times on ``m`` workers that the benchmark compares against.
+end); :func:`map_phases` does so over several kinds of chunk in one pool (a study's stay batches,
+audit and sensitivity). Per-stay results do not depend on the chunking (each stay is computed
+alone, chunks are contiguous, results come back in chunk order): local and Dask are bit-identical.
+:func:`chunk_log` records each chunk's stays, estimated and measured seconds, worker and start/end
+(``python -m pipelines.bench_dask`` reads it); :func:`lpt_makespan` is the benchmark's schedule.
 """
 from __future__ import annotations
 
@@ -229,8 +228,25 @@ def _worker_name() -> str:
         return f"pid {os.getpid()}"
 
 
-def _run_chunk(fn: Callable, args: tuple) -> tuple[Any, dict]:
-    """On a Dask worker: the chunk function under one BLAS thread, and when/where it ran."""
+#: on a worker process: what :func:`_run_chunk` holds open between chunks (``hold`` of :func:`map_phases`)
+_HELD: dict = {}
+
+
+def _release_held() -> int:
+    """On a worker: close what :func:`_run_chunk` held open; returns how many."""
+    n = len(_HELD)
+    while _HELD:
+        _HELD.popitem()[1].close()
+    return n
+
+
+def _run_chunk(fn: Callable, args: tuple, hold: tuple | None = None) -> tuple[Any, dict]:
+    """On a Dask worker: the chunk function under one BLAS thread, and when/where it ran. With
+    ``hold = (opener, key)``, ``opener(key)`` is opened once per worker process and held until
+    :func:`_release_held` (a read-only warehouse connection: later ones in the process share its
+    database instance instead of opening the file again for every chunk)."""
+    if hold is not None and hold[1] not in _HELD:
+        _HELD[hold[1]] = hold[0](hold[1])
     start, t0 = time.time(), time.perf_counter()
     with one_blas_thread():
         out = fn(*args)
@@ -262,7 +278,7 @@ def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc
     return map_phases([Phase(fn, arglists, local_task, desc, costs)], progress=progress)[0]
 
 
-def map_phases(phases: Sequence[Phase], *, progress: bool = True) -> list[list]:
+def map_phases(phases: Sequence[Phase], *, progress: bool = True, hold: tuple | None = None) -> list[list]:
     """Every phase's ``[fn(*a) for a in arglists]`` in one pool: independent kinds of work (a
     study's stay batches, its refit audit, its sensitivity chunks) fill each other's gaps instead
     of each waiting for the previous one's last chunk. Returns one result list per phase, each in
@@ -276,7 +292,12 @@ def map_phases(phases: Sequence[Phase], *, progress: bool = True) -> list[list]:
     cancelled if the flow is interrupted. Locally: ``local_task.submit(*a)`` (a Prefect task whose
     body calls ``fn``) on the flow's thread pool (first in, first run), or ``fn`` in this thread
     when a phase has no task. While :func:`chunk_log` is active each phase is recorded as one call
-    (its ``start`` the pool's, its ``end`` its last chunk's completion)."""
+    (its ``start`` the pool's, its ``end`` its last chunk's completion).
+
+    hold : ``(opener, key)`` (importable ``opener``): on Dask, each worker process opens
+        ``opener(key)`` once, before its first chunk, and closes it when the pool is done, also
+        after a failure (a read-only warehouse connection: opening the file costs ~30-80 ms, once per
+        chunk otherwise; closed before the command writes the warehouse)."""
     from tqdm.auto import tqdm
 
     jobs = [(p, i, tuple(a)) for p, ph in enumerate(phases) for i, a in enumerate(ph.arglists)]
@@ -334,7 +355,7 @@ def map_phases(phases: Sequence[Phase], *, progress: bool = True) -> list[list]:
             while len(futures) < len(order) and len(futures) - n_done < worker_slots(client):
                 j = order[len(futures)]
                 p, _, a = jobs[j]
-                f = client.submit(_run_chunk, phases[p].fn, a, pure=False, priority=len(order) - len(futures))
+                f = client.submit(_run_chunk, phases[p].fn, a, hold, pure=False, priority=len(order) - len(futures))
                 where[f.key] = j
                 entry[j]["submitted"] = time.time()
                 futures.append(f)
@@ -351,6 +372,9 @@ def map_phases(phases: Sequence[Phase], *, progress: bool = True) -> list[list]:
         except BaseException:
             client.cancel(futures)
             raise
+        finally:
+            if hold is not None:
+                client.run(_release_held)
     bar.close()
     if _LOG is not None:
         _LOG.extend(recs)

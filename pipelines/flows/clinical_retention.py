@@ -52,6 +52,7 @@ from .retention_chunks import (  # noqa: F401  (re-exported: the chunk functions
     held_open,
     pilot_batch,
     plan_batches,
+    read_only,
     read_stays,
     retention_batch,
     retention_batch_full,
@@ -101,7 +102,8 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
             stays_per_task=stays_per_task, slots=chunking["slots"])
         done = scaleout.map_phases([scaleout.Phase(batch_columns, [(warehouse, h, b, *args) for b in todo],
                                                    retention_batch, f"{study_name} (stay batches)",
-                                                   costs[len(parts):]), *side.phases(study_name)], progress=progress)
+                                                   costs[len(parts):]), *side.phases(study_name)], progress=progress,
+                                   hold=(read_only, warehouse))
         parts += done[0]
         cols = study.concat_columns(parts)
         del parts
