@@ -4,6 +4,7 @@ tested against it — chunk by chunk over the visible keys (`hybrid_attend_chunk
 score matrix at once (`hybrid_attend_dense`); `hybrid_attend` picks one."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -148,6 +149,18 @@ def hybrid_attend_chunked(q, k, v, gate, chunk) -> torch.Tensor:
     return _ChunkedHybridReadout.apply(q, k, v, gate, int(chunk))
 
 
+@functools.lru_cache(maxsize=64)
+def dense_masks(T: int, chunk: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The (T, T) position masks of the dense readout, built once per (T, chunk, device): the chunk
+    index of each position (T,), the current-chunk keys ``local`` (``s_c(t) <= j <= t``), the
+    ``future`` keys (``j > t``) and ``outside`` the prefix (``local | future``). Read-only."""
+    idx = torch.arange(T, device=device)
+    cid = idx // chunk
+    local = (idx.unsqueeze(0) >= (cid * chunk).unsqueeze(1)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))
+    future = idx.unsqueeze(0) > idx.unsqueeze(1)
+    return cid, local, future, local | future
+
+
 class _DenseHybridReadout(torch.autograd.Function):
     """Whole-sequence hybrid readout with a hand-written backward (see `hybrid_attend_dense`):
     the T x T scores at once, the chunk gates gathered into a (B, H, T, T) multiplier; the same
@@ -160,22 +173,19 @@ class _DenseHybridReadout(torch.autograd.Function):
         B, H, T, d = q.shape
         scale = 1.0 / math.sqrt(d)
         nc = gate.shape[2]
-        idx = torch.arange(T, device=q.device)
-        cid = idx // chunk
-        local = (idx.unsqueeze(0) >= (cid * chunk).unsqueeze(1)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))
-        future = idx.unsqueeze(0) > idx.unsqueeze(1)
+        cid, local, future, outside = dense_masks(T, chunk, q.device)
         sc = (q * scale) @ k.transpose(-1, -2)  # (B, H, T, T)
         sc.masked_fill_(future, float("-inf"))
         sc.sub_(sc.amax(-1, keepdim=True)).exp_()  # p
         mult = gate.index_select(2, cid)  # zero outside each chunk's prefix, by contract
         mult.masked_fill_(local, 1.0)
         need_gate = ctx.needs_input_grad[3]
-        pz = sc.clone() if need_gate else None
+        pz = sc.masked_fill(outside, 0.0) if need_gate else None  # p on the prefix columns only
         sc.mul_(mult)
         Z = sc.sum(-1, keepdim=True).clamp_min_(torch.finfo(sc.dtype).tiny)
         sc.div_(Z)  # w
         if need_gate:
-            pz.div_(Z).masked_fill_(local | future, 0.0)  # p / Z on the prefix columns only
+            pz.div_(Z)  # p / Z on the prefix columns (0 / Z = 0 elsewhere)
         ctx.chunk, ctx.scale, ctx.nc = chunk, scale, nc
         ctx.save_for_backward(q, k, v, sc, pz if need_gate else torch.empty(0))
         return sc @ v

@@ -69,9 +69,11 @@ def timeline(log: list[dict], t0: float, t1: float, hours: dict[int, int]) -> di
     """One run's :func:`pipelines.scaleout.chunk_log` as seconds from the run's start: the pilot,
     each chunk phase (wall, chunks, measured work, its LPT makespan on 1 and 2 workers) and the
     flow's own seconds outside the chunk phases (``flow_s``: start-up, planning, the comparison,
-    staging the gates, the result). Per chunk: stays, hours (sum, max), estimated and measured
+    staging the gates, the result; the run less ``pool_s``, the union of the chunk phases' spans,
+    which overlap when they share one pool). Per chunk: stays, hours (sum, max), estimated and measured
     seconds, worker, start/end/received; aggregates only (no stay ids)."""
     from .scaleout import lpt_makespan, makespan_bound
+    from .task_cache import covered
 
     phases = []
     for rec in log:
@@ -91,8 +93,10 @@ def timeline(log: list[dict], t0: float, t1: float, hours: dict[int, int]) -> di
                        "lpt_2_s": lpt_makespan(secs, 2) if measured else None,
                        "bound_2_s": makespan_bound(secs, 2) if measured else None})
     total = t1 - t0
-    flow_s = total - sum(p["wall_s"] for p in phases if p["phase"] != "pilot")
-    out = {"seconds": total, "flow_s": flow_s, "phases": phases}
+    # the chunk phases may share one pool (pipelines.scaleout.map_phases): their union is the pool's wall
+    pool_s = covered([(p["start"], p["start"] + p["wall_s"]) for p in phases if p["phase"] != "pilot"])
+    flow_s = total - pool_s
+    out = {"seconds": total, "flow_s": flow_s, "pool_s": pool_s, "phases": phases}
     maps = [p for p in phases if p["phase"] != "pilot"]
     if maps and all(p["lpt_2_s"] is not None for p in maps):
         out["ideal_2_s"] = flow_s + sum(p["lpt_2_s"] for p in maps)
@@ -146,9 +150,22 @@ def _largest(runs: list[dict]) -> dict | None:
     if ph is None:
         return None
     big = max(ph["chunks"], key=lambda c: c["seconds"])
+    work = sum(p["work_s"] or 0.0 for p in run["phases"] if p["phase"] != "pilot")
     return {"stays": big["stays"], "hours_max": big["hours_max"], "seconds": big["seconds"],
             "share_of_batches_work": big["seconds"] / ph["work_s"], "batches_work_s": ph["work_s"],
+            "share_of_chunk_work": big["seconds"] / work if work else None, "chunk_work_s": work,
             "share_of_command": big["seconds"] / run["seconds"]}
+
+
+def dominance(big: dict | None) -> str:
+    """A sentence when one stay is at least half of all chunk work (batches, audit, sensitivity):
+    then it alone sets the 2-worker time of the chunk phases, whatever the scheduler does."""
+    share = (big or {}).get("share_of_chunk_work")
+    if big is None or share is None or big["stays"] != 1 or share < 0.5:
+        return ""
+    return (f"; **the longest stay dominates this set**: one {big['hours_max']:,}-hour stay is "
+            f"{100 * share:.0f} % of all chunk work (median dask-1 run), so the chunk phases on 2 workers can be "
+            f"at most {1 / share:.2f}× faster than on 1, not 2×")
 
 
 def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stays: int = 200,
@@ -257,7 +274,8 @@ def table(result: dict) -> str:
     s, sp, ph = result["seconds"], result["speedup"], result["phases"]
     hd = result["sample_hours"]
     lines = [f"**{result['stays']} stays** (synthetic warehouse seed {result.get('warehouse_seed')}; stay hours median "
-             f"{hd['median']}, 90th percentile {hd['p90']}, largest {hd['max']:,}):", "",
+             f"{hd['median']}, 90th percentile {hd['p90']}, largest {hd['max']:,})"
+             + dominance(result.get("largest_chunk")) + ":", "",
              "| mode | command s | stay-batch phase s | vs dask-1 (command) | vs dask-1 (stay batches) | vs local |",
              "|---|---|---|---|---|---|"]
     for m in MODES:

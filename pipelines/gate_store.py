@@ -17,6 +17,13 @@ them. Writers run inside the caller's transaction. A study written in batches st
 under another name (:func:`append_contexts` with ``promote_to``, which also computes each
 context's MAC under the final name) and publishes them in one short transaction
 (:func:`promote_study`: no blob is re-read).
+
+A gate built and validated where the study's work runs (a worker process) can travel to the
+writer already serialised: :func:`staged_record` (the npz blob, its SHA-256, ``C``, ``sigma`` and
+the live token ids; JSON-cacheable, no pickle) and :func:`staged_state` on the writer's side, which
+checks the digest and the fields (a corrupt record is :class:`GateStoreError`) without building a
+:class:`sv_core.Gate` — the writer stores the bytes the worker validated instead of re-validating
+every gate serially. :func:`load_gate` still validates a stored blob in full when it is used.
 """
 from __future__ import annotations
 
@@ -57,6 +64,59 @@ class StoredContext:
     token_subject: np.ndarray
     token_stay: np.ndarray
     token_hour: np.ndarray
+
+
+@dataclass
+class StagedState:
+    """A gate already serialised and validated where it was built (:func:`staged_state`), to store
+    as it is: the npz ``blob`` (:func:`gate_to_blob`), its SHA-256 ``digest``, ``C``, ``sigma``,
+    the live token ``ids`` (n,) and per token its origin (token_subject, token_stay, token_hour:
+    (n,) int arrays aligned with ``ids``)."""
+
+    blob: bytes
+    digest: bytes
+    C: float
+    sigma: float
+    ids: np.ndarray
+    token_subject: np.ndarray
+    token_stay: np.ndarray
+    token_hour: np.ndarray
+
+
+def staged_record(g: Gate) -> dict:
+    """``g`` serialised for :func:`staged_state` (on the worker that built and validated it):
+    ``{"blob": (b,) uint8, "sha256": hex, "C", "sigma", "ids": (n,) int64}`` — arrays and
+    numbers only (the task cache's JSON, no pickle)."""
+    blob = gate_to_blob(g)
+    return {"blob": np.frombuffer(blob, dtype=np.uint8), "sha256": hashlib.sha256(blob).hexdigest(),
+            "C": float(g.C), "sigma": float(g.sigma), "ids": np.asarray(g.ids, dtype=np.int64)}
+
+
+def staged_state(rec: dict, subject_id: int, stay_id: int, hours) -> StagedState:
+    """A :func:`staged_record` read back by the writer: the blob's SHA-256 must equal the recorded
+    one, ``C``/``sigma`` be finite and positive, ``ids`` and ``hours`` be (n,) integer arrays of one
+    length (n >= 1) — else :class:`GateStoreError` (nothing is written). Cheap: no gate is built;
+    the record's source (the authenticated task cache) vouches for who wrote it."""
+    try:
+        blob = np.asarray(rec["blob"])
+        if blob.dtype != np.uint8 or blob.ndim != 1:
+            raise ValueError("the blob is not a byte array")
+        data = blob.tobytes()
+        digest = hashlib.sha256(data).digest()
+        if digest.hex() != str(rec["sha256"]):
+            raise ValueError("the blob does not match its SHA-256")
+        C, sigma = float(rec["C"]), float(rec["sigma"])
+        if not (np.isfinite(C) and np.isfinite(sigma) and C > 0 and sigma > 0):
+            raise ValueError("C and sigma must be finite and positive")
+        ids, hour = np.asarray(rec["ids"]), np.asarray(hours)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or hour.dtype.kind not in "iu" or hour.shape != ids.shape \
+                or ids.size == 0:
+            raise ValueError("ids and hours must be one non-empty integer array each, of one length")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GateStoreError(f"staged gate state of a stay is invalid ({exc})") from None
+    n = ids.size
+    return StagedState(data, digest, C, sigma, ids.astype(np.int64), np.full(n, int(subject_id), dtype=np.int64),
+                       np.full(n, int(stay_id), dtype=np.int64), hour.astype(np.int64))
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
@@ -132,9 +192,10 @@ def drop_study(con: duckdb.DuckDBPyConnection, study: str) -> int:
     return len(old)
 
 
-def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: Iterable[StoredContext], keys=None, *,
-                    promote_to: str | None = None) -> list[tuple[int, str | None]]:
-    """Store ``contexts`` (any iterable of :class:`StoredContext`, consumed one at a time) under
+def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: Iterable[StoredContext | StagedState],
+                    keys=None, *, promote_to: str | None = None) -> list[tuple[int, str | None]]:
+    """Store ``contexts`` (any iterable of :class:`StoredContext`, or of :class:`StagedState`: its
+    blob stored as it is, consumed one at a time) under
     ``study`` beside the ones already there (inside the caller's transaction), with new opaque
     context ids above every existing one. The call's rows are inserted together, so its memory is
     that of the call's serialised states: pass a batch at a time.
@@ -154,17 +215,19 @@ def append_contexts(con: duckdb.DuckDBPyConnection, study: str, contexts: Iterab
     ids: list[tuple[int, str | None]] = []
     for j, ctx in enumerate(contexts):
         cid = start + j
-        g = ctx.gate
-        tok = np.asarray(g.ids, dtype=np.int64)
+        staged = isinstance(ctx, StagedState)
+        tok = np.asarray(ctx.ids if staged else ctx.gate.ids, dtype=np.int64)
+        C, sigma = (ctx.C, ctx.sigma) if staged else (ctx.gate.C, ctx.gate.sigma)
         n = tok.size
         for name, arr in (("token_subject", ctx.token_subject), ("token_stay", ctx.token_stay),
                           ("token_hour", ctx.token_hour)):
             if np.asarray(arr).shape != (n,):
                 raise GateStoreError(f"{name} has shape {np.shape(arr)}, expected ({n},) (one per live token)")
         subj, stay, hour = (np.asarray(a, dtype=np.int64) for a in (ctx.token_subject, ctx.token_stay, ctx.token_hour))
-        blob = gate_to_blob(g)
-        bd, td = hashlib.sha256(blob).digest(), token_digest_arrays(tok, subj, stay, hour)
-        for c, v in (("context_id", cid), ("C", g.C), ("sigma", g.sigma), ("n_tokens", int(n)), ("state_npz", blob),
+        blob = ctx.blob if staged else gate_to_blob(ctx.gate)
+        bd = ctx.digest if staged else hashlib.sha256(blob).digest()
+        td = token_digest_arrays(tok, subj, stay, hour)
+        for c, v in (("context_id", cid), ("C", C), ("sigma", sigma), ("n_tokens", int(n)), ("state_npz", blob),
                      ("state_mac", _mac(keys, cid, study, bd, td))):
             states[c].append(v)
         for c, v in (("context_id", np.full(n, cid, dtype=np.int64)), ("token_id", tok), ("subject_id", subj),

@@ -237,14 +237,14 @@ def run_cli_flow(flow_obj, args, *, must_exist: bool = True, **params) -> Any:
 def dask_hygiene(dask_address: str | None):
     """Around a command that runs on the Dask scheduler at ``dask_address``: when it ends (also
     on an error), Prefect's event and API-log services on every worker are flushed to this
-    command's API and stopped (:func:`pipelines.scaleout.drain_workers`), so the next command's
+    command's API and stopped (:func:`pipelines.dask_hygiene.drain_workers`), so the next command's
     tasks on the same long-lived workers report to *its* API, not to this command's private
     server after it has exited. No-op without an address."""
     try:
         yield
     finally:
         if dask_address:
-            from .scaleout import drain_workers
+            from .dask_hygiene import drain_workers
 
             try:
                 drain_workers(dask_address)

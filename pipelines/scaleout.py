@@ -24,12 +24,15 @@ the work still to be cut (guided self-scheduling: about ``remaining / (GUIDED_WA
 between :data:`MIN_TASK_SECONDS` and :data:`TARGET_TASK_SECONDS`), so the last chunks are small;
 a stay above the cap is a chunk of its own. :func:`map_chunks` submits the chunks most expensive
 first (longest-processing-time order: the long stays start at once, the small chunks fill the
-end). Per-stay results do not depend on the chunking (each stay is computed alone, chunks are
-contiguous and results come back in chunk order), so the local and the Dask run are bit-identical.
-
-:func:`chunk_log` records, per :func:`map_chunks` call, each chunk's stays, estimated and measured
+end); :func:`map_phases` does so over several kinds of chunk in one pool (a study's stay batches,
+audit and sensitivity). On the local thread pool the chunks share this process's memory, so they
+also go by their estimated peak (:func:`chunk_memory`: the longest stay's n x n matrices): a chunk
+does not start beside running ones when their estimates together would pass
+:data:`MEMORY_BUDGET_BYTES` (:func:`next_chunk`). Per-stay results do not depend on the chunking
+(each stay is computed alone, chunks are contiguous, results come back in chunk order): local and
+Dask are bit-identical. :func:`chunk_log` records each chunk's stays, estimated and measured
 seconds, worker and start/end (``python -m pipelines.bench_dask`` reads it); :func:`lpt_makespan`
-is the schedule of measured chunk times on ``m`` workers that the benchmark compares against.
+is the benchmark's schedule.
 """
 from __future__ import annotations
 
@@ -39,9 +42,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-#: the largest chunk, in seconds of estimated work (a Dask task costs a few ms of scheduling; a local Prefect task ~20-50 ms)
+from .chunk_memory import MEMORY_BUDGET_BYTES, STAY_BYTES_PER_HOUR2, chunk_memory, next_chunk  # noqa: F401 (re-exported)
+
+#: the largest chunk, in seconds of estimated work (a Dask task costs a few ms of scheduling; a
+#: local Prefect task ~20-50 ms)
 TARGET_TASK_SECONDS = 3.0
 #: the smallest cap (a chunk also opens a read-only connection: ~0.03-0.1 s)
 MIN_TASK_SECONDS = 0.25
@@ -60,9 +67,10 @@ def chunk_log():
     """Record every :func:`map_chunks` call (and the pilot's :func:`timed`) in this process while
     active. Yields a list that receives one dict per call: ``{"desc", "executor", "start", "end",
     "chunks"}`` (wall clock, :func:`time.time`); each chunk ``{"stay_ids", "predicted_s", "seconds",
-    "worker", "start", "end", "received"}`` (and ``"submitted"`` on Dask) in submission order. On Dask ``seconds``/``start``/``end``
-    are measured on the worker; on the local thread pool only ``received`` (completion seen by the
-    flow) is known. Stay ids are kept in memory for the caller (write aggregates only)."""
+    "worker", "start", "end", "received"}`` (and ``"submitted"``) in submission order. On Dask
+    ``seconds``/``start``/``end`` are measured on the worker; on the local thread pool only
+    ``submitted`` and ``received`` (completion seen by the flow) are known. Stay ids are kept in
+    memory for the caller (write aggregates only)."""
     global _LOG
     prev, _LOG = _LOG, []
     try:
@@ -144,8 +152,15 @@ def local_slots() -> int:
 COST_FIXED_UNITS = 150.0 ** 2
 COST_CUBIC_HOURS = 35_000.0
 COST_MODEL = f"{COST_FIXED_UNITS ** 0.5:.0f}² + n² + n³/{COST_CUBIC_HOURS:,.0f} for n hours"
-#: the dominant exponent (for descriptions; :func:`stay_units` is the model)
-COST_EXPONENT = 2
+
+
+def sizing_text() -> str:
+    """How chunks are sized, in one line, from this module's constants (for help texts and result
+    files: no number restated elsewhere)."""
+    return (f"a pilot of {PILOT_STAYS} stays timed in the flow's process sets the seconds per cost unit (a "
+            f"stay's units: {COST_MODEL}), then chunks of at most {TARGET_TASK_SECONDS:g} s of estimated "
+            f"work, shrinking towards the end (at least {MIN_TASK_SECONDS:g} s; at least {MIN_WAVES} per worker "
+            "slot when the work allows), the most expensive submitted first")
 
 
 def stay_units(hours: Sequence[int]) -> list[float]:
@@ -212,6 +227,8 @@ def plan_chunks(stay_ids: Sequence[int], hours: Sequence[int], seconds_per_hour:
     return out
 
 
+
+
 def _worker_name() -> str:
     try:
         from distributed import get_worker
@@ -221,8 +238,25 @@ def _worker_name() -> str:
         return f"pid {os.getpid()}"
 
 
-def _run_chunk(fn: Callable, args: tuple) -> tuple[Any, dict]:
-    """On a Dask worker: the chunk function under one BLAS thread, and when/where it ran."""
+#: on a worker process: what :func:`_run_chunk` holds open between chunks (``hold`` of :func:`map_phases`)
+_HELD: dict = {}
+
+
+def _release_held() -> int:
+    """On a worker: close what :func:`_run_chunk` held open; returns how many."""
+    n = len(_HELD)
+    while _HELD:
+        _HELD.popitem()[1].close()
+    return n
+
+
+def _run_chunk(fn: Callable, args: tuple, hold: tuple | None = None) -> tuple[Any, dict]:
+    """On a Dask worker: the chunk function under one BLAS thread, and when/where it ran. With
+    ``hold = (opener, key)``, ``opener(key)`` is opened once per worker process and held until
+    :func:`_release_held` (a read-only warehouse connection: later ones in the process share its
+    database instance instead of opening the file again for every chunk)."""
+    if hold is not None and hold[1] not in _HELD:
+        _HELD[hold[1]] = hold[0](hold[1])
     start, t0 = time.time(), time.perf_counter()
     with one_blas_thread():
         out = fn(*args)
@@ -234,86 +268,149 @@ def _stays_of(args: tuple) -> list:
     return list(args[2]) if len(args) > 2 and isinstance(args[2], (list, tuple)) else []
 
 
+@dataclass
+class Phase:
+    """One kind of chunk in a :func:`map_phases` call: ``fn`` over ``arglists``, its Prefect task
+    for the local thread pool (``local_task``), a description for the log, and each chunk's
+    estimated seconds (``costs``, same scale across the call's phases; None: unknown, 0) and peak
+    bytes (``memory``, :func:`chunk_memory`; None: 0)."""
+
+    fn: Callable
+    arglists: Sequence[tuple]
+    local_task: Any = None
+    desc: str = "chunks"
+    costs: Sequence[float] | None = None
+    memory: Sequence[float] | None = None
+
+
 def map_chunks(fn: Callable, arglists: Sequence[tuple], *, local_task=None, desc: str = "chunks",
-               progress: bool = True, costs: Sequence[float] | None = None) -> list:
-    """``[fn(*a) for a in arglists]``, run side by side; results in the order of ``arglists``.
+               progress: bool = True, costs: Sequence[float] | None = None, memory: Sequence[float] | None = None,
+               memory_budget: float | None = None) -> list:
+    """``[fn(*a) for a in arglists]``, run side by side; results in the order of ``arglists``
+    (one :class:`Phase` of :func:`map_phases`: ``costs`` and ``memory`` as there)."""
+    return map_phases([Phase(fn, arglists, local_task, desc, costs, memory)], progress=progress,
+                      memory_budget=memory_budget)[0]
 
-    costs : estimated seconds of each chunk; the most expensive are submitted first (a long
-        chunk started last would leave the other workers idle at the end), the results are put
-        back in ``arglists`` order.
 
+def map_phases(phases: Sequence[Phase], *, progress: bool = True, hold: tuple | None = None,
+               memory_budget: float | None = None) -> list[list]:
+    """Every phase's ``[fn(*a) for a in arglists]`` in one pool: independent kinds of work (a
+    study's stay batches, its refit audit, its sensitivity chunks) fill each other's gaps instead
+    of each waiting for the previous one's last chunk. Returns one result list per phase, each in
+    the order of its ``arglists``.
+
+    The chunks of all phases are submitted most expensive first (``costs``; a long chunk started
+    last would leave the other workers idle at the end; equal costs keep phase, then chunk order).
     On Dask (:func:`dask_client`): plain futures of ``fn`` (importable by module path on the
-    workers) under one BLAS thread each, in that order, one per worker thread at a time (the next
-    is submitted as one completes: the list schedule, with no chunk queued behind a long one);
-    submitted ones are cancelled if the flow is interrupted. Locally: ``local_task.submit(*a)`` (a Prefect task whose
-    body calls ``fn``) on the flow's thread pool, or ``fn`` in this thread when no task is given.
-    While :func:`chunk_log` is active the call and its chunks are recorded."""
+    workers) under one BLAS thread each, one per worker thread at a time (the next is submitted as
+    one completes: the list schedule, with no chunk queued behind a long one); submitted ones are
+    cancelled if the flow is interrupted. Locally: ``local_task.submit(*a)`` (a Prefect task whose
+    body calls ``fn``) on the flow's thread pool, as a list schedule too (one chunk per pool thread,
+    the next in cost order as one completes) that also goes by memory: the chunks share this
+    process, so one does not start beside running ones when their ``memory`` together would pass
+    ``memory_budget`` (default :data:`MEMORY_BUDGET_BYTES`; :func:`next_chunk` picks what starts
+    next, shorter chunks fill the free thread meanwhile; not applied on Dask, where each worker is
+    its own process); or ``fn`` in this thread when a phase has no task. While :func:`chunk_log`
+    is active each phase is recorded as one call
+    (its ``start`` the pool's, its ``end`` its last chunk's completion).
+
+    hold : ``(opener, key)`` (importable ``opener``): on Dask, each worker process opens
+        ``opener(key)`` once, before its first chunk, and closes it when the pool is done, also
+        after a failure (a read-only warehouse connection: opening the file costs ~30-80 ms, once per
+        chunk otherwise; closed before the command writes the warehouse)."""
     from tqdm.auto import tqdm
 
-    arglists = [tuple(a) for a in arglists]
-    order = list(range(len(arglists)))
-    if costs is not None:
-        order.sort(key=lambda i: -float(costs[i]))  # stable: equal costs keep their order
+    jobs = [(p, i, tuple(a)) for p, ph in enumerate(phases) for i, a in enumerate(ph.arglists)]
+    cost = [0.0 if phases[p].costs is None else float(phases[p].costs[i]) for p, i, _ in jobs]
+    order = sorted(range(len(jobs)), key=lambda j: -cost[j])  # stable
     client = dask_client()
-    rec = {"desc": desc, "executor": "dask" if client is not None else "threads", "start": time.time(),
-           "chunks": [{"stay_ids": _stays_of(arglists[i]), "predicted_s": None if costs is None else float(costs[i])}
-                      for i in order]}
-    out: list = [None] * len(arglists)
-    if client is None and local_task is None:
-        with one_blas_thread():
-            for k, i in enumerate(order):
-                t0, p0 = time.time(), time.perf_counter()
-                out[i] = fn(*arglists[i])
-                rec["chunks"][k].update(seconds=time.perf_counter() - p0, worker="flow", start=t0, end=time.time(),
-                                        received=time.time())
-    elif client is None:
-        from prefect.futures import as_completed
+    t_start = time.time()
+    recs = [{"desc": ph.desc, "executor": "dask" if client is not None else "threads", "start": t_start,
+             "end": t_start, "chunks": []} for ph in phases]
+    entry = {}  # job -> its log entry
+    for j in order:
+        p, i, a = jobs[j]
+        entry[j] = {"stay_ids": _stays_of(a), "predicted_s": None if phases[p].costs is None else cost[j]}
+        recs[p]["chunks"].append(entry[j])
+    out: list[list] = [[None] * len(ph.arglists) for ph in phases]
 
-        futures = [local_task.submit(*arglists[i]) for i in order]
-        where = {id(f): k for k, f in enumerate(futures)}
-        bar = tqdm(total=len(futures), desc=desc, disable=not progress, file=sys.stderr, leave=False)
-        for f in as_completed(futures):
-            if id(f) in where:
-                rec["chunks"][where[id(f)]]["received"] = time.time()
+    def done(j: int, value, meta: dict | None = None) -> None:
+        p, i, _ = jobs[j]
+        out[p][i] = value
+        now = time.time()
+        entry[j].update(meta or {}, received=now)
+        recs[p]["end"] = max(recs[p]["end"], now)
+
+    bar = tqdm(total=len(jobs), desc=", ".join(ph.desc for ph in phases), disable=not progress, file=sys.stderr,
+               leave=False)
+    if client is None and any(phases[p].local_task is None for p, _, _ in jobs):
+        with one_blas_thread():
+            for j in order:
+                p, i, a = jobs[j]
+                t0, p0 = time.time(), time.perf_counter()
+                value = phases[p].fn(*a)
+                done(j, value, {"seconds": time.perf_counter() - p0, "worker": "flow", "start": t0, "end": time.time()})
+                bar.update(1)
+    elif client is None:
+        import queue
+
+        mem = [0.0 if phases[p].memory is None else float(phases[p].memory[i]) for p, i, _ in jobs]
+        cap = MEMORY_BUDGET_BYTES if memory_budget is None else float(memory_budget)
+        slots, waiting, running, futures = local_slots(), list(order), {}, {}
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(len(order)):
+            while waiting and len(running) < slots:
+                j = next_chunk(waiting, mem, list(running.values()), cap)
+                if j is None:
+                    break
+                waiting.remove(j)
+                running[j] = mem[j]
+                entry[j]["submitted"] = time.time()
+                futures[j] = phases[jobs[j][0]].local_task.submit(*jobs[j][2])
+                futures[j].add_done_callback(lambda _f, j=j: finished.put(j))
+            j = finished.get()
+            running.pop(j)
+            done(j, None)
             bar.update(1)
-        bar.close()
-        for k, (i, f) in enumerate(zip(order, futures)):
-            out[i] = f.result()
+        for j, f in futures.items():
+            out[jobs[j][0]][jobs[j][1]] = f.result()
     else:
         from distributed import as_completed as dask_completed
 
         # at most one chunk in flight per worker thread, the next submitted as one completes: the
         # scheduler would otherwise queue a second chunk on each worker (worker-saturation), where
         # it can wait behind a long chunk while another worker idles
-        where, futures = {}, []
+        where: dict = {}
+        futures: list = []
 
-        def submit_more(done: int) -> list:
+        def submit_more(n_done: int) -> list:
             new = []
-            while len(futures) < len(order) and len(futures) - done < worker_slots(client):
-                k = len(futures)
-                f = client.submit(_run_chunk, fn, arglists[order[k]], pure=False, priority=len(order) - k)
-                where[f.key] = k
-                rec["chunks"][k]["submitted"] = time.time()
+            while len(futures) < len(order) and len(futures) - n_done < worker_slots(client):
+                j = order[len(futures)]
+                p, _, a = jobs[j]
+                f = client.submit(_run_chunk, phases[p].fn, a, hold, pure=False, priority=len(order) - len(futures))
+                where[f.key] = j
+                entry[j]["submitted"] = time.time()
                 futures.append(f)
                 new.append(f)
             return new
 
         try:
-            bar = tqdm(total=len(order), desc=desc, disable=not progress, file=sys.stderr, leave=False)
             pending = dask_completed(submit_more(0), loop=client.loop)
-            for done, f in enumerate(pending, start=1):
-                k = where[f.key]
-                out[order[k]], meta = f.result()
-                rec["chunks"][k].update(meta, received=time.time())
-                pending.update(submit_more(done))
+            for n_done, f in enumerate(pending, start=1):
+                value, meta = f.result()
+                done(where[f.key], value, meta)
+                pending.update(submit_more(n_done))
                 bar.update(1)
-            bar.close()
         except BaseException:
             client.cancel(futures)
             raise
-    rec["end"] = time.time()
+        finally:
+            if hold is not None:
+                client.run(_release_held)
+    bar.close()
     if _LOG is not None:
-        _LOG.append(rec)
+        _LOG.extend(recs)
     return out
 
 
@@ -329,56 +426,3 @@ def timed(fn: Callable, *args) -> tuple[Any, float]:
                      "chunks": [{"stay_ids": _stays_of(args), "predicted_s": None, "seconds": secs, "worker": "flow",
                                  "start": start, "end": start + secs, "received": start + secs}]})
     return out, secs
-
-
-# ------------------------------------------------------------------------------ worker hygiene
-async def _drain_prefect_services() -> int:
-    """On a Dask worker: flush and stop Prefect's event and API-log services, if Prefect ran
-    there. Their instances are process-wide and keep the API URL they were created with (the
-    events worker is keyed on its client type only), so a long-lived worker would send every
-    later command's task events to the first command's API — a private server that has exited.
-    Drained while the command's API is still up, the next command's tasks start fresh ones
-    pointed at its own API. Returns the number of services drained."""
-    import asyncio
-    import logging
-
-    if "prefect" not in sys.modules:
-        return 0
-    n = 0
-    # "Still processing items: N remaining" while draining is progress, not news (as in the command)
-    for name in ("EventsWorker", "APILogWorker"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for svc in (EventsWorker, APILogWorker):
-        n += len(svc._instances)  # noqa: SLF001 - count only, for the caller's message
-        waiter = svc.drain_all(timeout=15)
-        if asyncio.iscoroutine(waiter) or isinstance(waiter, asyncio.Future):
-            await waiter
-    return n
-
-
-def prefect_services() -> dict:
-    """On a Dask worker: Prefect's live event and API-log services in this process — ``{"events":
-    [API URL of each events client], "logs": count}`` (``{}`` when Prefect was never imported).
-    After :func:`drain_workers` both are empty; a live one is what would carry the next command's
-    task events to a finished command's API."""
-    if "prefect" not in sys.modules:
-        return {}
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    live = [i for i in EventsWorker._instances.values() if not i._stopped]  # noqa: SLF001
-    return {"events": [str(getattr(getattr(i, "_client", None), "_api_url", None)) for i in live],
-            "logs": sum(1 for i in APILogWorker._instances.values() if not i._stopped)}  # noqa: SLF001
-
-
-def drain_workers(address: str) -> dict:
-    """Run :func:`_drain_prefect_services` on every worker of the scheduler at ``address``
-    (``{worker: services drained}``); called by :func:`pipelines.runner.run_cli_flow` when a
-    command used ``--dask``, before the command (and its private API) exits."""
-    from distributed import Client
-
-    with Client(address, timeout=30, set_as_default=False) as c:
-        return c.run(_drain_prefect_services)

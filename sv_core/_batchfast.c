@@ -18,7 +18,10 @@
  * in the element order and precision of the torch reference (sums: see _batchfast_body.h). What
  * the reference cannot skip: each problem works on its own valid keys only (a prefix mask reads
  * its block of K in place, any other is copied once), so an iteration costs O(m^2) instead of
- * O(n^2) per problem; K a' is accumulated in registers (see kmul in _batchfast_body.h). The
+ * O(n^2) per problem; K a' is accumulated in registers over the non-zero entries of a' only when the
+ * block is finite (O(m nnz); see kmul in _batchfast_body.h); the projection's passes and the
+ * min / max run in explicit 8-lane vectors, lane by lane the scalar loop; the momentum schedule
+ * (the same for every problem) is computed once per call. The
  * step 1/L is the caller's, or L comes from the reference's bound computed here per problem
  * (one power step, Collatz-Wielandt ratio; only for an entry-wise non-negative K, checked
  * first). The projection is the reference's safeguarded
@@ -74,28 +77,35 @@
  * bits as the scalar loop they replace (lowered to two 16-byte halves without AVX) */
 typedef float vec_f32 __attribute__((vector_size(32)));
 typedef double vec_f64 __attribute__((vector_size(32)));
+/* their comparison results: all-ones / zero lanes of the same width */
+typedef int vec_i32 __attribute__((vector_size(32)));
+typedef long long vec_i64 __attribute__((vector_size(32)));
 
 #define T float
 #define NAME(x) x##_f32
 #define EPS FLT_EPSILON
 #define VT vec_f32
+#define VIT vec_i32
 #define VL 8
 #include "_batchfast_body.h"
 #undef T
 #undef NAME
 #undef EPS
 #undef VT
+#undef VIT
 #undef VL
 #define T double
 #define NAME(x) x##_f64
 #define EPS DBL_EPSILON
 #define VT vec_f64
+#define VIT vec_i64
 #define VL 4
 #include "_batchfast_body.h"
 #undef T
 #undef NAME
 #undef EPS
 #undef VT
+#undef VIT
 #undef VL
 
 /* ---- splitting a batch over threads -------------------------------------------------------
@@ -302,7 +312,7 @@ typedef struct {
     Py_ssize_t J, n;
     double C;
     long iters;
-    int dbl, stop;
+    int dbl, stop, sparse;
     char *work;      /* (n * n + 8 n + 1) entries per thread */
     Py_ssize_t *idx; /* (2 n + 1) per thread */
 } fista_ctx;
@@ -314,10 +324,10 @@ static int fista_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
     Py_ssize_t *idx = f->idx + (size_t)tid * (size_t)(2 * f->n + 1);
     if (f->dbl)
         fista_run_f64(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, f->C, f->iters, f->stop,
-                      (double *)f->work + (size_t)tid * wn, idx);
+                      f->sparse, (double *)f->work + (size_t)tid * wn, idx);
     else
         fista_run_f32(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, (float)f->C, f->iters, f->stop,
-                      (float *)f->work + (size_t)tid * wn, idx);
+                      f->sparse, (float *)f->work + (size_t)tid * wn, idx);
     return 0;
 }
 
@@ -335,10 +345,10 @@ static PyObject *fista(PyObject *self, PyObject *args)
     double C;
     long iters, nthreads;
     int dbl, stop;
-    int own_L;
+    int own_L, sparse = 1;
     Py_buffer bK, bm, bL, bo;
-    if (!PyArg_ParseTuple(args, "y*y*w*w*nnndlpplp", &bK, &bm, &bL, &bo, &P, &J, &n, &C, &iters, &dbl, &stop,
-                          &nthreads, &own_L))
+    if (!PyArg_ParseTuple(args, "y*y*w*w*nnndlpplp|p", &bK, &bm, &bL, &bo, &P, &J, &n, &C, &iters, &dbl, &stop,
+                          &nthreads, &own_L, &sparse))
         return NULL;
     PyObject *res = NULL;
     fista_ctx f = {0};
@@ -350,7 +360,7 @@ static PyObject *fista(PyObject *self, PyObject *args)
     }
     const int nt = clamp_threads(nthreads, P);
     f = (fista_ctx){bK.buf, bm.buf, own_L ? NULL : bL.buf, own_L ? bL.buf : NULL, bo.buf, J, n, C, iters, dbl, stop,
-                    NULL, NULL};
+                    sparse, NULL, NULL};
     f.work = PyMem_RawMalloc((size_t)nt * (size_t)(n * n + 8 * n + 1) * (size_t)sz);
     f.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
     if (!f.work || !f.idx) { PyErr_NoMemory(); goto done; }
@@ -369,12 +379,14 @@ done:
 
 static PyMethodDef methods[] = {
     {"fista", fista, METH_VARARGS,
-     "fista(K, mask, lip, out, P, J, n, C, iters, is_double, stop_when_fixed, nthreads, own_lipschitz) -> 0 or 1. "
+     "fista(K, mask, lip, out, P, J, n, C, iters, is_double, stop_when_fixed, nthreads, own_lipschitz[, sparse]) -> 0 or 1. "
      "K (P, n, n), lip (P, J) and out (P, J, n) float32 or float64 (is_double), mask (P, J, n) uint8, all "
      "C-contiguous; out is overwritten with the FISTA estimate; lip: the steps 1/L (in), or with own_lipschitz "
      "the bounds L computed here (out; returns 1 and does nothing when K has a negative entry); "
      "stop_when_fixed: leave a problem once its iterate is a fixed point bit for bit (the result is the same); "
-     "nthreads: Grams split over this many threads (the same result). See sv_core/batched_fista.py."},
+     "nthreads: Grams split over this many threads (the same result); sparse (default true): K a' over the "
+     "non-zero entries of the iterate only when the block is finite (the same result). "
+     "See sv_core/batched_fista.py."},
     {"kkt_forward", kkt_forward, METH_VARARGS,
      "kkt_forward(K, S, E, C, h, c0, alpha, rho, Lstore, x1store, dstore, offsets, P, J, n, ridge, is_double, "
      "nthreads) -> 0 or 1 (a factorisation failed). E empty: h and c0 given; E (P, J, n) uint8: h, c0 and alpha_E "
@@ -391,7 +403,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batchfast",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 /* bumped whenever a function's arguments or return value change: a stale build is not used */
-#define BATCHFAST_ABI 2
+#define BATCHFAST_ABI 3
 
 PyMODINIT_FUNC PyInit__batchfast(void)
 {

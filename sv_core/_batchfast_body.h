@@ -36,17 +36,33 @@ static ALWAYS_INLINE T NAME(dot8)(const T *restrict a, const T *restrict b, Py_s
  *   - sums in the 8 fixed accumulators of sum8;
  *   - K a' accumulated per entry over the non-zero a'_j in ascending j, from 0. */
 
-/* minimum and maximum of z[0:m], m >= 1 */
+/* lane-wise select of GCC's vector extension (C has no vector ?:): mask lanes all ones -> x, else y */
+#define VSEL(mask, x, y) ((VT)(((VIT)(x) & (mask)) | ((VIT)(y) & ~(mask))))
+#define NVL (8 / VL) /* vectors per 8 lanes */
+
+/* minimum and maximum of z[0:m], m >= 1: lane l (< 8) holds entries i = l mod 8 of the first
+ * floor(m / 8) * 8, lane 0 the rest, lanes combined in order 1..7 (the 8 lanes held in 8 / VL
+ * vectors; the comparisons and selects are those of the scalar loop, lane by lane) */
 static ALWAYS_INLINE void NAME(minmax)(const T *restrict z, Py_ssize_t m, T *zmin, T *zmax)
 {
     T mx[8], mn[8];
-    for (int l = 0; l < 8; l++) mx[l] = mn[l] = z[0];
     Py_ssize_t i = 0;
-    for (; i + 8 <= m; i += 8)
-        for (int l = 0; l < 8; l++) {
-            mx[l] = z[i + l] > mx[l] ? z[i + l] : mx[l];
-            mn[l] = z[i + l] < mn[l] ? z[i + l] : mn[l];
-        }
+    if (m >= 8) {
+        VT vx[NVL], vn[NVL];
+        for (int b = 0; b < NVL; b++)
+            for (int l = 0; l < VL; l++) vx[b][l] = vn[b][l] = z[0];
+        for (; i + 8 <= m; i += 8)
+            for (int b = 0; b < NVL; b++) {
+                VT c;
+                memcpy(&c, z + i + b * VL, sizeof c);
+                vx[b] = VSEL(c > vx[b], c, vx[b]);
+                vn[b] = VSEL(c < vn[b], c, vn[b]);
+            }
+        memcpy(mx, vx, sizeof mx);
+        memcpy(mn, vn, sizeof mn);
+    } else {
+        for (int l = 0; l < 8; l++) mx[l] = mn[l] = z[0];
+    }
     for (; i < m; i++) {
         mx[0] = z[i] > mx[0] ? z[i] : mx[0];
         mn[0] = z[i] < mn[0] ? z[i] : mn[0];
@@ -61,28 +77,48 @@ static ALWAYS_INLINE void NAME(minmax)(const T *restrict z, Py_ssize_t m, T *zmi
 }
 
 /* one pass of the projection at shift tau: a = clip(z - tau, 0, C); returns sum(a) - 1 (sum8's
- * order) and the number of free entries (0 < z - tau < C) in *nf */
+ * order: lane l accumulates the entries i = l mod 8 of the first floor(m / 8) * 8, then the rest go
+ * to lanes 0, 1, ... in turn) and the number of free entries (0 < z - tau < C) in *nf; the 8 lanes
+ * in 8 / VL vectors, lane by lane the operations of the scalar loop */
 static ALWAYS_INLINE T NAME(proj_pass)(const T *restrict z, Py_ssize_t m, T C, T tau, T *restrict a, Py_ssize_t *nf)
 {
-    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    T acc[8];
+    VIT vc[NVL];
+    VT va[NVL];
+    VT vtau, vC;
+    const VT vzero = (VT){0};
+    for (int l = 0; l < VL; l++) {
+        vtau[l] = tau; /* lane by lane: a sum with 0 would turn -0 into +0 */
+        vC[l] = C;
+    }
+    for (int b = 0; b < NVL; b++) {
+        va[b] = vzero;
+        vc[b] = (VIT){0};
+    }
     Py_ssize_t i = 0;
     for (; i + 8 <= m; i += 8)
-        for (int l = 0; l < 8; l++) {
-            const T d = z[i + l] - tau;
-            const T v = d < (T)0 ? (T)0 : (d > C ? C : d);
-            a[i + l] = v;
-            acc[l] += v;
-            cnt[l] += (d > (T)0) & (d < C);
+        for (int b = 0; b < NVL; b++) {
+            VT d;
+            memcpy(&d, z + i + b * VL, sizeof d);
+            d = d - vtau;
+            const VIT neg = d < vzero, over = d > vC;
+            const VT v = VSEL(neg, vzero, VSEL(over, vC, d));
+            memcpy(a + i + b * VL, &v, sizeof v);
+            va[b] += v;
+            vc[b] -= (d > vzero) & (d < vC); /* a true comparison is -1: +1 per free lane */
         }
+    memcpy(acc, va, sizeof acc);
+    Py_ssize_t cnt = 0;
+    for (int b = 0; b < NVL; b++)
+        for (int l = 0; l < VL; l++) cnt += (Py_ssize_t)vc[b][l];
     for (int l = 0; i < m; i++, l++) {
         const T d = z[i] - tau;
         const T v = d < (T)0 ? (T)0 : (d > C ? C : d);
         a[i] = v;
         acc[l] += v;
-        cnt[l] += (d > (T)0) & (d < C);
+        cnt += (d > (T)0) & (d < C);
     }
-    *nf = (Py_ssize_t)cnt[0] + cnt[1] + cnt[2] + cnt[3] + cnt[4] + cnt[5] + cnt[6] + cnt[7];
+    *nf = cnt;
     return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) - (T)1;
 }
 
@@ -116,7 +152,8 @@ static ALWAYS_INLINE void NAME(project)(const T *restrict z, Py_ssize_t m, T C, 
     do {                                                                                                \
         VT s[NB];                                                                                       \
         for (int b = 0; b < NB; b++) s[b] = (VT){0};                                                    \
-        for (Py_ssize_t j = 0; j < m; j++) {                                                            \
+        for (Py_ssize_t t = 0; t < nnz; t++) {                                                          \
+            const Py_ssize_t j = nz ? nz[t] : t;                                                        \
             const T aj = a[j];                                                                          \
             const T *col = Kb + j * ld;                                                                 \
             for (int b = 0; b < NB; b++) {                                                              \
@@ -131,15 +168,18 @@ static ALWAYS_INLINE void NAME(project)(const T *restrict z, Py_ssize_t m, T C, 
 /* Ka = Kb a (Kb: m x m, symmetric, rows ld apart): Ka[i] accumulated from 0 over the columns j in
  * ascending order, in VL-lane vectors held in registers, up to 8 at a time (when m is not a
  * multiple of VL, the last vector is the one ending at m, its first lanes recomputed to the same
- * values). Every column is read, zero a_j included: a non-negative product +0 leaves a sum as it
- * is, so for finite K the result equals the sum over the non-zero a_j only (an SVDD iterate is
- * sparse, but listing its non-zeros costs more than the products it saves at these sizes) */
+ * values). nz == NULL: every column j < m is read; else only the nnz columns nz[0..nnz) (ascending),
+ * which gives the same bits when every other a_j is +-0 and Kb is finite: a product c * (+-0) is
+ * +-0, and adding +-0 leaves a sum that starts at +0 as it is (a sum of finite terms from +0 is
+ * never -0) - the FISTA iterate is sparse (about a third of its entries are 0 on the demo). */
 static ALWAYS_INLINE void NAME(kmul)(const T *restrict Kb, Py_ssize_t ld, const T *restrict a, Py_ssize_t m,
-                                     T *restrict Ka)
+                                     T *restrict Ka, const Py_ssize_t *restrict nz, Py_ssize_t nnz)
 {
+    if (!nz) nnz = m;
     if (m < VL) {
         for (Py_ssize_t i = 0; i < m; i++) Ka[i] = (T)0;
-        for (Py_ssize_t j = 0; j < m; j++) {
+        for (Py_ssize_t t = 0; t < nnz; t++) {
+            const Py_ssize_t j = nz ? nz[t] : t;
             const T aj = a[j];
             for (Py_ssize_t i = 0; i < m; i++) Ka[i] += Kb[j * ld + i] * aj;
         }
@@ -181,11 +221,11 @@ static ALWAYS_INLINE T NAME(lipschitz)(const T *restrict Kb, Py_ssize_t ld, Py_s
                                        T *restrict w)
 {
     for (Py_ssize_t i = 0; i < m; i++) v[i] = (T)1;
-    NAME(kmul)(Kb, ld, v, m, w);
+    NAME(kmul)(Kb, ld, v, m, w, NULL, 0);
     T nrm = (T)sqrt((double)NAME(dot8)(w, w, m));
     if (!(nrm > (T)1e-30)) nrm = (T)1e-30;
     for (Py_ssize_t i = 0; i < m; i++) v[i] = w[i] / nrm;
-    NAME(kmul)(Kb, ld, v, m, w);
+    NAME(kmul)(Kb, ld, v, m, w, NULL, 0);
     T lam = (T)0;
     for (Py_ssize_t i = 0; i < m; i++)
         if (v[i] > (T)1e-12) {
@@ -195,12 +235,35 @@ static ALWAYS_INLINE T NAME(lipschitz)(const T *restrict Kb, Py_ssize_t ld, Py_s
     return (T)2 * (lam > (T)1e-12 ? lam : (T)1e-12);
 }
 
+/* the momentum beta_k = (t_k - 1) / t_{k+1} of iteration k (t_0 = 1, t_{k+1} = (1 + sqrt(1 + 4 t_k^2)) / 2
+ * in double): the same for every problem, so fista_run computes the schedule once per call */
+static T NAME(momentum)(long k)
+{
+    double t = 1.0, tn = 1.0;
+    for (long i = 0; i <= k; i++) {
+        tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
+        if (i < k) t = tn;
+    }
+    return (T)((t - 1.0) / tn);
+}
+
 /* problems of the Grams [p0, p1); with Lout, the step 1/L comes from NAME(lipschitz) and L is
  * written to Lout (P, J), else from invL (P, J) */
 MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL, T *Lout, T *out,
                                          Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n, T C, long iters,
-                                         int stop_when_fixed, T *work, Py_ssize_t *idx)
+                                         int stop_when_fixed, int sparse, T *work, Py_ssize_t *idx)
 {
+    Py_ssize_t *nz = idx + n; /* the non-zero entries of the iterate */
+    /* the momentum schedule, the same double recurrence for every problem (NULL: per step) */
+    T *mom = iters > 0 ? (T *)malloc((size_t)iters * sizeof(T)) : NULL;
+    if (mom) {
+        double t = 1.0;
+        for (long k = 0; k < iters; k++) {
+            const double tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
+            mom[k] = (T)((t - 1.0) / tn);
+            t = tn;
+        }
+    }
     T *Ks = work, *a = Ks + n * n, *an = a + n, *Ka = an + n, *Kan = Ka + n, *z = Kan + n, *dg = z + n;
     for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
@@ -228,6 +291,11 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 ld = m;
             }
             for (Py_ssize_t r = 0; r < m; r++) dg[r] = Kb[r * ld + r];
+            int finite = sparse; /* the sparse product K a' is exact for a finite block (see kmul) */
+            for (Py_ssize_t r = 0; r < m; r++) {
+                const T *row = Kb + r * ld;
+                for (Py_ssize_t c = 0; c < m; c++) finite &= (row[c] - row[c]) == (T)0; /* inf, NaN: no */
+            }
             T il;
             if (Lout) {
                 const T L = NAME(lipschitz)(Kb, ld, m, a, Ka);
@@ -238,10 +306,9 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
             }
             const T a0 = (T)1 / (T)m;
             for (Py_ssize_t i = 0; i < m; i++) a[i] = a0;
-            NAME(kmul)(Kb, ld, a, m, Ka);
+            NAME(kmul)(Kb, ld, a, m, Ka, NULL, 0);
             /* y = a, K y = K a at the start */
             for (Py_ssize_t i = 0; i < m; i++) z[i] = a[i] - (((T)2 * Ka[i]) - dg[i]) * il;
-            double t = 1.0;
             T tau = (T)NAN;
             int still = 0; /* consecutive iterations that left a and tau bit-for-bit unchanged */
             for (long k = 0; k < iters; k++) {
@@ -252,9 +319,17 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 still = (memcmp(an, a, (size_t)m * sizeof(T)) == 0 && memcmp(&tau, &tau_before, sizeof(T)) == 0)
                         ? still + 1 : 0;
                 if (stop_when_fixed && still >= 2) break;
-                NAME(kmul)(Kb, ld, an, m, Kan);
-                const double tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
-                const T beta = (T)((t - 1.0) / tn);
+                if (finite) {
+                    Py_ssize_t nnz = 0;
+                    for (Py_ssize_t i = 0; i < m; i++) {
+                        nz[nnz] = i;
+                        nnz += an[i] != (T)0;
+                    }
+                    NAME(kmul)(Kb, ld, an, m, Kan, nz, nnz);
+                } else {
+                    NAME(kmul)(Kb, ld, an, m, Kan, NULL, 0);
+                }
+                const T beta = mom ? mom[k] : NAME(momentum)(k);
                 /* y = a' + beta (a' - a), K y = K a' + beta (K a' - K a), and the next step's
                  * z = y - (2 K y - diag K) / L, fused (y and K y are not kept) */
                 for (Py_ssize_t i = 0; i < m; i++) {
@@ -264,11 +339,11 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 }
                 T *sw = a; a = an; an = sw;
                 sw = Ka; Ka = Kan; Kan = sw;
-                t = tn;
             }
             for (Py_ssize_t r = 0; r < m; r++) o[idx[r]] = a[r];
         }
     }
+    free(mom);
 }
 
 /* solve L L^T x = b in place (L: m x m lower triangle, row-major): forward substitution by row
@@ -423,3 +498,5 @@ MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const unsigned ch
         }
     }
 }
+#undef VSEL
+#undef NVL

@@ -292,12 +292,13 @@ def fista_svdd(
 
 
 def _fista_compiled(K: torch.Tensor, m3: torch.Tensor, L: torch.Tensor | None, C: float, iters: int,
-                    stop_when_fixed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                    stop_when_fixed: bool = True, sparse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the compiled loop on CPU tensors K (P, n, n), mask (P, J, n) bool; returns the estimate
     (P, J, n) and L (P, J). ``L`` (P, J): the Lipschitz bounds (step 1/L); None: computed in the loop by the
     bound of `fista_lipschitz` (one power step, for entry-wise non-negative K; K with a negative
     entry gets the torch bound). ``stop_when_fixed``: leave a problem at a bit-for-bit fixed
-    point (same result, see the C)."""
+    point (same result, see the C). ``sparse``: form ``K a'`` over the non-zero entries of the
+    iterate only, for a finite block (same result, see ``kmul`` in the C); False: every column."""
     P, J, n = m3.shape
     Kc = K.contiguous()
     mk = m3.to(torch.uint8).contiguous()
@@ -309,11 +310,11 @@ def _fista_compiled(K: torch.Tensor, m3: torch.Tensor, L: torch.Tensor | None, C
             batched_common.compiled_threads())
     if L is None:
         L = torch.empty(P, J, dtype=K.dtype)
-        if ext.fista(*args, L.numpy(), out.numpy(), *rest, True) == 0:
+        if ext.fista(*args, L.numpy(), out.numpy(), *rest, True, bool(sparse)) == 0:
             return out, L
         L = fista_lipschitz(K, m3, 4)  # a negative entry: the Rayleigh bound (power_iters' default then)
     il = (1.0 / L).to(K.dtype).contiguous()
-    ext.fista(*args, il.numpy(), out.numpy(), *rest, False)
+    ext.fista(*args, il.numpy(), out.numpy(), *rest, False, bool(sparse))
     return out, L
 
 

@@ -428,6 +428,12 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
             for iters in (3, 60, 300):
                 assert torch.equal(_fista_compiled(K, mask, L_ref, C, iters, stop_when_fixed=True)[0],
                                    _fista_compiled(K, mask, L_ref, C, iters, stop_when_fixed=False)[0])
+            # nor does forming K a' over the iterate's non-zero entries only (the vectorised
+            # projection and min / max are lane by lane those of the scalar loops: the sparse and
+            # dense products are compared bit for bit, and both with the torch reference above)
+            for iters in (1, 7, 60):
+                assert torch.equal(_fista_compiled(K, mask, L_ref, C, iters, sparse=True)[0],
+                                   _fista_compiled(K, mask, L_ref, C, iters, sparse=False)[0])
             # nor does splitting the batch over threads (problems of different Grams are independent)
             with _threads(3):
                 assert torch.equal(fista_svdd(K, C, mask, iters=60, backend="compiled"), fast)
@@ -437,6 +443,14 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
     a_n, L_n = _fista_compiled(Kn, mask, None, 0.25, 20)
     assert torch.equal(L_n, fista_lipschitz(Kn, mask))
     assert torch.allclose(a_n, fista_svdd(Kn, 0.25, mask, iters=20, backend="torch"), atol=atol, rtol=0)
+    # a non-finite Gram entry: the sparse product would drop inf * 0 = nan, so that block is
+    # multiplied in full and the NaN reaches the estimate as in the torch reference
+    Ki = K.clone()
+    Ki[0, 1, 2] = Ki[0, 2, 1] = float("inf")
+    L_fin = fista_lipschitz(K, mask)
+    a_i = _fista_compiled(Ki, mask, L_fin, 0.25, 5)[0]
+    assert torch.equal(a_i.isnan(), _fista_compiled(Ki, mask, L_fin, 0.25, 5, sparse=False)[0].isnan())
+    assert bool(a_i[0].isnan().any()) and not bool(a_i[1:].isnan().any())
     with pytest.raises(BatchedGateError):
         fista_svdd(K, 0.1, mask, iters=5, tol=1e-6, backend="compiled")
     with pytest.raises(BatchedGateError):

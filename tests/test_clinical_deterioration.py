@@ -343,3 +343,16 @@ def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path
                        "--threads", "1", "--json", str(tmp_path / "b.json")]) == 0
     b = json.loads((tmp_path / "b.json").read_text())
     assert b["rounds"] == 1 and b["threads"] == [1] and list(b["summary"]) == ["1"]
+
+
+def test_sv_attention_training_repeats_exactly_at_each_thread_count(small_wh):
+    """Same seed, same data, same thread count: the same test predictions bit for bit for the SV
+    attention model (its gate's compiled FISTA / KKT loops split problems over threads, each
+    computed by the same loop), and the gate really ran (prefixes above the warm-up size)."""
+    data = dtr.study_data(small_wh, "sliding", 24, 12, "filled", val_windows=5, test_stays=2)
+    assert data.max_len > 2 * dtr.DEFAULT_SIZE["chunk"]
+    for t in (1, 2):
+        runs = [dtr.train_and_test(data, "sv_attention", 0, max_epochs=1, n_boot=20, train_windows=8, threads=t,
+                                   return_predictions=True) for _ in range(2)]
+        assert np.array_equal(runs[0]["p_test"], runs[1]["p_test"]), t
+        assert runs[0]["auroc"] == runs[1]["auroc"] and runs[0]["auprc"] == runs[1]["auprc"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cohort.synthetic import make_small_warehouse
-from pipelines import runner, scaleout, stay_results
+from pipelines import dask_hygiene, runner, scaleout, stay_results
 
 
 # ------------------------------------------------------------------------------ planning (pure)
@@ -189,9 +189,13 @@ def test_localcluster_of_processes_matches_local_bit_for_bit(prefect_harness, ba
     pred = [c["predicted_s"] for c in batches]
     assert pred == sorted(pred, reverse=True)  # longest first
     assert {c["worker"] for c in batches} == {"0", "1"} and all(c["seconds"] > 0 for c in batches)
-    for r in log[1:]:  # at most one chunk in flight per worker: chunk k waits for k - 1 completions
-        got_back = sorted(c["received"] for c in r["chunks"])
-        assert all(c["submitted"] >= got_back[k - 2] for k, c in enumerate(r["chunks"]) if k >= 2), r["desc"]
+    # one pool for the stay batches, the audit and the sensitivity chunks (map_phases), at most one
+    # chunk in flight per worker: the pool's chunk k waits for k - 1 completions
+    assert [r["desc"].split("(")[1] for r in log[1:]] == ["stay batches)", "refit audit)", "sensitivity)"]
+    pool = sorted((c for r in log[1:] for c in r["chunks"]), key=lambda c: c["submitted"])
+    got_back = sorted(c["received"] for c in pool)
+    assert all(c["submitted"] >= got_back[k - 2] for k, c in enumerate(pool) if k >= 2)
+    assert log[1]["start"] == log[2]["start"] == log[3]["start"]  # one pool, not three in a row
     (v1, g1), (v2, g2) = _stored(w1), _stored(w2)
     assert sorted(v1) == sorted(v2) and v1["stay_id"].size == got["metrics"]["n_stays"] > 20
     for c in v1:  # bit for bit, NaN where excluded included
@@ -252,7 +256,7 @@ def test_three_commands_against_one_long_lived_cluster_leave_clean_worker_logs(b
             with Client(address, timeout=60) as c:
                 # Prefect ran on the workers (audit) but no events/log service outlives the command that
                 # made it: the next command's task events cannot go to this command's (exited) API
-                live = c.run(scaleout.prefect_services)
+                live = c.run(dask_hygiene.prefect_services)
             assert len(live) == 2 and all(not v or (v["events"] == [] and v["logs"] == 0) for v in live.values()), live
         time.sleep(3)  # anything the workers still had to say
         log = wlog.read_text()  # the workers' log over the three commands (not their shutdown)

@@ -14,8 +14,12 @@ input (5-d keys).
 Streaming, in flat memory: stays go in chunks to tasks that read their own stays from the
 warehouse (read-only, given stay ids) and return a few numbers per stay — Prefect tasks on the
 local thread pool, plain futures on a Dask cluster (``--dask``), the same chunk function
-(:mod:`pipelines.scaleout`); chunks hold about 3 s of work each, sized from the measured cost of
-a pilot chunk (``--stays-per-task N`` fixes the size instead);
+(:mod:`pipelines.scaleout`); chunks are sized from the measured cost of a pilot chunk (see
+``--stays-per-task``, which fixes the size instead), the refit audit and sensitivity chunks
+share the stay batches' pool (:mod:`pipelines.retention_plan`), and on the thread pool two long
+stays' chunks never run side by side when their n x n matrices together would pass a memory
+budget (:func:`pipelines.scaleout.next_chunk`: peak memory follows the longest stays, not their
+number);
 each batch's full result (those numbers and the stay's gate state) goes to the authenticated
 task cache beside the warehouse, so a rerun after a crash resumes there. Then the gates are
 staged into the warehouse batch by batch (each batch its own committed transaction, under a
@@ -36,7 +40,7 @@ import numpy as np
 from prefect import flow
 
 from evaluation.clinical import retention as study
-from pipelines import jsonout, runner, scaleout, stay_results, study_inputs
+from pipelines import jsonout, retention_plan, runner, scaleout, stay_results, study_inputs
 from pipelines import warehouse as wh
 from pipelines.errors import StudyInputError
 from pipelines.scaleout import one_blas_thread
@@ -51,6 +55,7 @@ from .retention_chunks import (  # noqa: F401  (re-exported: the chunk functions
     held_open,
     pilot_batch,
     plan_batches,
+    read_only,
     read_stays,
     retention_batch,
     retention_batch_full,
@@ -69,24 +74,10 @@ POLICIES = list(study.DEFAULT_POLICIES)
 STAYS_PER_TASK = None
 
 
-def _first_included(cols: dict, m: int, seed: int, max_hours: int | None = None) -> tuple[list[int], int]:
-    """The first ``m`` stays with an event in the seeded order (shorter than ``max_hours``), and
-    how many were passed over for their length."""
-    from evaluation.clinical.sampling import seeded_order
-
-    inc = cols["included"]
-    order = seeded_order(cols["stay_id"][inc], seed)[:m]
-    if max_hours is None:
-        return sorted(order.tolist()), 0
-    n_of = dict(zip(cols["stay_id"][inc].tolist(), cols["n"][inc].tolist()))
-    keep = [int(s) for s in order if n_of[int(s)] <= max_hours]
-    return sorted(keep), len(order) - len(keep)
-
-
 def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str, drop: list[str], nu: float,
                   sigma: float, seed: int, n_boot: int, stays_per_task: int | None, persist_gates: bool, progress: bool,
                   stays: int | None = None, audit_stays: int = 50, sensitivity_stays: int = 200) -> dict:
-    from evaluation.clinical.retention_audit import AUDIT_MAX_HOURS, audit_summary
+    from evaluation.clinical.retention_audit import audit_summary
     from evaluation.clinical.retention_sensitivity import NUS, sensitivity_table, settings
     from evaluation.clinical.sampling import sample_stays
 
@@ -107,25 +98,23 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
     with one_blas_thread(), held_open(warehouse):
         batches, parts, chunking = plan_batches(warehouse, h, ids, hours, args, stays_per_task)
         todo = batches[len(parts):]
-        costs = chunking.pop("costs", None)
-        parts += scaleout.map_chunks(batch_columns, [(warehouse, h, b, *args) for b in todo],
-                                     local_task=retention_batch, desc=f"{study_name} (stay batches)",
-                                     progress=progress, costs=costs[len(parts):] if costs else None)
+        # the refit audit and the sensitivity chunks join the stay batches' pool (retention_plan)
+        side, costs = retention_plan.plan_side(
+            warehouse, h, ids, hours, batches, chunking.pop("costs", None), label=label, drop=drop, nu=nu,
+            sigma=sigma, seed=seed, audit_stays=audit_stays, sensitivity_stays=sensitivity_stays,
+            stays_per_task=stays_per_task, slots=chunking["slots"])
+        done = scaleout.map_phases([scaleout.Phase(batch_columns, [(warehouse, h, b, *args) for b in todo],
+                                                   retention_batch, f"{study_name} (stay batches)",
+                                                   costs[len(parts):],
+                                                   [scaleout.chunk_memory([hours[s] for s in b]) for b in todo]),
+                                    *side.phases(study_name)], progress=progress,
+                                   hold=(read_only, warehouse))
+        parts += done[0]
         cols = study.concat_columns(parts)
         del parts
         comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
-        audit_ids, too_long = _first_included(cols, audit_stays, seed, AUDIT_MAX_HOURS)
-        audit_out = [r for b in scaleout.map_chunks(
-            audit_rows, [(warehouse, h, b, label, drop, nu, sigma) for b in runner.chunks(audit_ids, 8)],
-            local_task=audit_batch, desc=f"{study_name} (refit audit)", progress=progress) for r in b]
-        sens_ids, _ = _first_included(cols, sensitivity_stays, seed)
-        sens_size = (max(1, stays_per_task // 8) if stays_per_task is not None else
-                     max(1, -(-len(sens_ids) // (chunking["slots"] * scaleout.MIN_WAVES))))
-        sens_args = [(warehouse, h, b, label, drop, sigma, list(NUS)) for b in runner.chunks(sens_ids, sens_size)]
-        sens_rows = [r for b in scaleout.map_chunks(
-            sensitivity_rows, sens_args,
-            local_task=sensitivity_batch, desc=f"{study_name} (sensitivity)", progress=progress) for r in b]
-    with one_blas_thread():  # each staged gate is validated (Gate.from_state) before it is written
+        audit_out, sens_rows, too_long = side.finish(cols, done[1:], study_name, progress)
+    with one_blas_thread():  # the gates as the chunks serialised them (digest-checked, gate_store.staged_state)
         n_persisted = stay_results.write_study(
             warehouse, study_name, cols, staged_contexts(warehouse, h, batches, args) if persist_gates else None,
             memory_limit=DUCKDB_MEMORY)
@@ -268,8 +257,7 @@ def _common(p) -> None:
                    help="run on a deterministic sample of N eligible stays (seeded hash order, stable under "
                         "rebuilds; default: every eligible stay)")
     p.add_argument("--stays-per-task", type=_count(1), default=STAYS_PER_TASK,
-                   help="stays per task (default: sized from the measured per-stay cost, about 3 s of work "
-                        "per task)")
+                   help=f"stays per task (default: sized from the measured cost: {scaleout.sizing_text()})")
     p.add_argument("--audit-stays", type=_count(0), default=50, metavar="N",
                    help="independent refit audit of the certified solve on the first N stays with an event in the "
                         "seeded order (default %(default)s; 0: off)")

@@ -26,7 +26,8 @@ LABELS = ("event_composite", "event_spo2")
 
 #: DuckDB memory cap of the study's own connections (reads of a batch, staged gate writes): the buffer pool
 #: keeps written gate blocks up to the cap (in isolation, 10k-20k 20 KB blobs: +290 MB at 256MB, flat at 64MB).
-#: Not the whole story: retention alone still grows +0.5 GB from 2,250 to 9,011 stays (issue 20, open)
+#: With it, retention's peak RSS on the 42,721-stay warehouse is 737 / 704 / 757 MB at 1,500 / 6,000 / 9,011
+#: sampled stays (same longest stay, 3,222 h; peak in the capped refit audit): flat in the number of stays
 DUCKDB_MEMORY = "64MB"
 
 
@@ -72,8 +73,9 @@ def keys_events(s, label: str, drop: list[str]):
 def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list[str], nu: float, sigma: float,
                   policies: list[str], build_gate: bool, con=None) -> dict:
     """Map step over a batch of stays: ``{"columns": per-stay columns (with stay_id, subject_id),
-    "gates": [{stay_id, subject_id, state, hours}]}`` (gates only with ``build_gate``); read
-    through ``con`` when given."""
+    "gates": [{stay_id, subject_id, staged, hours}]}`` (gates only with ``build_gate``; ``staged``:
+    :func:`pipelines.gate_store.staged_record`, serialised here, where the gate was built and
+    validated); read through ``con`` when given."""
     if label not in LABELS:
         raise StudyInputError(f"label must be one of {LABELS}, got {label!r}")
     built = study.build_policies(policies, nu=nu, sigma=sigma)
@@ -85,8 +87,8 @@ def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list
             r = study.stay_retention(X, ev, built, build_gate=build_gate)
             g = None if r is None else r.pop("gate", None)
             if g is not None:
-                gates.append({"stay_id": s.stay_id, "subject_id": s.subject_id, "state": g.to_state(),
-                              "hours": s.hours.copy()})
+                gates.append({"stay_id": s.stay_id, "subject_id": s.subject_id,
+                              "staged": gate_store.staged_record(g), "hours": s.hours.copy()})
             rows.append(r)
             ids.append(s.stay_id)
             subj.append(s.subject_id)
@@ -99,6 +101,7 @@ def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list
 @task_cache.cached
 def retention_batch_full(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
                          nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+    """:func:`batch_results`, cached (gates as staged records)."""
     return batch_results(warehouse, stay_ids, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
                          build_gate=build_gate)
 
@@ -190,16 +193,14 @@ def plan_batches(warehouse: str, content_hash: str, ids: list[int], hours: dict[
     costs = [sum(scaleout.stay_cost([hours[s] for s in b], per_unit)) for b in batches]
     return batches, [out["columns"]], {
         **how, "chunks": len(batches), "stays_per_chunk_median": sizes[len(sizes) // 2], "costs": costs,
-        "sizing": f"measured: {scaleout.PILOT_STAYS}-stay pilot in the flow's process, then chunks of about "
-                  f"{scaleout.TARGET_TASK_SECONDS:g} s of estimated work (hours^{scaleout.COST_EXPONENT}; "
-                  f">= {scaleout.MIN_WAVES} per worker slot), the most expensive submitted first"}
+        "sizing": f"measured: {scaleout.sizing_text()}"}
 
 
 def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]], args: tuple):
-    """``f(con)`` yielding each batch's gates as :class:`gate_store.StoredContext` lists, from the
-    task cache (recomputed through ``con`` if an entry is gone), each validated by
-    :meth:`sv_core.Gate.from_state` before it is written."""
-    from sv_core import Gate
+    """``f(con)`` yielding each batch's gates as :class:`gate_store.StagedState` lists, from the
+    task cache (recomputed through ``con`` if an entry is gone): the blobs serialised by the chunk
+    that built and validated the gates, each checked against its SHA-256
+    (:func:`gate_store.staged_state`), stored as they are."""
 
     def contexts(con):
         for b in batches:
@@ -208,10 +209,6 @@ def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]],
                 label, drop, nu, sigma, policies, build_gate = args
                 full = batch_results(warehouse, b, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
                                      build_gate=build_gate, con=con)
-            out = []
-            for gs in sorted(full["gates"], key=lambda x: x["stay_id"]):
-                g = Gate.from_state(gs["state"])
-                out.append(gate_store.StoredContext(g, np.full(g.n, gs["subject_id"]), np.full(g.n, gs["stay_id"]),
-                                                    np.asarray(gs["hours"])))
-            yield out
+            yield [gate_store.staged_state(gs["staged"], gs["subject_id"], gs["stay_id"], gs["hours"])
+                   for gs in sorted(full["gates"], key=lambda x: x["stay_id"])]
     return contexts

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from pipelines import jsonout, preflight, runner
+from pipelines import heap, jsonout, preflight, runner
 from pipelines.errors import MODELS_EXTRA_HINT
 from pipelines.step_meter import StepMeter
 
@@ -163,6 +163,9 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
         with meter.step(step):
             ran = _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
                             det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
+        # what the step freed goes back to the kernel before the next step starts (its worker threads'
+        # malloc arenas keep freed pages resident otherwise: pipelines.heap)
+        heap.release()
         if not ran:
             meter.drop(step)
     bar.close()
