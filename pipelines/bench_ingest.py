@@ -172,14 +172,27 @@ def hwm_mb():
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 from pipelines.ingest import ingest
+def runq_wait_s():  # seconds runnable but waiting for a CPU (inline: the other checkout may lack the helper)
+    try:
+        return int(open("/proc/self/schedstat").read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 t_imp = time.perf_counter() - t_start
 a = json.loads(sys.argv[1])
-c0 = os.times(); t0 = time.perf_counter()
+c0 = os.times(); t0 = time.perf_counter(); q0 = runq_wait_s()
 r = ingest(a["warehouse"], "mimic", a["root"], init=a["init"], frozen=a["frozen"], **a["extra"])
-wall = time.perf_counter() - t0; c1 = os.times()
+wall = time.perf_counter() - t0; c1 = os.times(); runq = runq_wait_s() - q0
 steps = r["steps"]
+cpu = (c1.user - c0.user) + (c1.system - c0.system)
+tm = [s.get("timing") or {} for s in steps]
 out = {"wall_s": wall, "import_s": t_imp,
-       "cpu_s": (c1.user - c0.user) + (c1.system - c0.system),
+       "cpu_s": cpu,
+       # where the main process's wall went: its CPU (all its threads), waiting for a CPU (other
+       # load), waiting on the workers' results, and the rest (blocked: I/O, fsync, locks)
+       "runq_s": runq, "wait_workers_s": sum(t.get("gates_s", 0.0) for t in tm),
+       "commit_checkpoint_s": sum(t.get("commit_s", 0.0) + t.get("finish_s", 0.0) for t in tm)
+       + r.get("phases", {}).get("checkpoint_s", 0.0),
+       "worker_runq_s": sum(t.get("worker_runq_s", 0.0) for t in tm),
        "cpu_children_s": (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system),
        "peak_rss_mb": hwm_mb(),
        "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
@@ -406,6 +419,9 @@ def main(argv=None) -> int:
               f"stays {r['stays_touched']:>6}  "
               f"tokens {r['new_tokens']:>8}  late {r['late_rows']:>5}  readm {r['readmissions_run']:>4}  "
               f"import {r['import_s']:.2f} s  load {r['load_after'][0]}", flush=True)
+        print(f"{'':>12}  main: cpu {r['cpu_s']:.1f} s, waiting for a CPU {r.get('runq_s', 0.0):.1f} s, on workers "
+              f"{r.get('wait_workers_s', 0.0):.1f} s, commits + checkpoint {r.get('commit_checkpoint_s', 0.0):.1f} s; "
+              f"workers waiting for a CPU {r.get('worker_runq_s', 0.0):.1f} s", flush=True)
         return r
 
     shutil.copy(parts[0], root / "icu" / parts[0].name)

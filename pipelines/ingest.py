@@ -59,6 +59,7 @@ from .ingest_steps import (
     KILL_ENV,
     MEMORY_LIMIT,
     PENDING_KEY,
+    configure_run,
     finish_step,
     now_utc,
     process_step,
@@ -167,11 +168,7 @@ def ingest(warehouse: str | os.PathLike, source: str, root: str | os.PathLike, *
         con = w.connect()
         steps: list[dict] = []
         try:
-            con.execute(f"SET memory_limit = '{str(memory_limit).strip().upper()}'")
-            # DuckDB answers a selective range filter on an indexed column (ingest_gates' key) with
-            # per-row index fetches; over a gate table rewritten every night that costs ~40 ms a row
-            # (80 s for one batch of 2,000 stays, measured), where the zone-mapped scan costs 0.2 s
-            con.execute("SET index_scan_max_count = 0")
+            configure_run(con, memory_limit)
             t = time.perf_counter()
             recorded = {r[0]: (int(r[1]), r[2], r[3]) for r in
                         con.execute(f"SELECT name, size, sha256, mtime_ns FROM {st.FILES}").fetchall()}
@@ -202,6 +199,9 @@ def ingest(warehouse: str | os.PathLike, source: str, root: str | os.PathLike, *
                         steps.append(dict(finish_step(con, pend, set_hash=True), seconds=time.perf_counter() - t))
                 finally:
                     pool.close()
+                t = time.perf_counter()
+                con.execute("CHECKPOINT")  # the run's one rewrite of the updated tables
+                phases["checkpoint_s"] = time.perf_counter() - t
             t = time.perf_counter()
             summary = _summary(con)
             phases["summary_s"] = time.perf_counter() - t

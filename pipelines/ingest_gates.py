@@ -54,15 +54,28 @@ def update_stay(C: float, sigma: float, blob: bytes | None, tok_old: np.ndarray,
     return st.encode_state(sg.to_state()), tok, hot, counts
 
 
-def update_chunk(C: float, sigma: float, items: list) -> tuple[list, float, float]:
+def runq_wait_s() -> float:
+    """Seconds this process has spent runnable but waiting for a CPU (Linux
+    ``/proc/self/schedstat``; 0.0 where it is not available): wall time lost to other
+    processes on the machine, as opposed to CPU time or time blocked on I/O."""
+    try:
+        with open("/proc/self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def update_chunk(C: float, sigma: float, items: list) -> tuple[list, float, float, float]:
     """:func:`update_stay` over a list of ``(blob, tok_old, r0, z, old_z)`` (a worker task);
-    returns the results, the CPU seconds they took and the process's peak RSS (MB)."""
+    returns the results, the CPU seconds they took, the process's peak RSS (MB) and the
+    seconds it waited for a CPU meanwhile (:func:`runq_wait_s`)."""
     import resource
     import time
 
-    c0 = time.process_time()
+    c0, q0 = time.process_time(), runq_wait_s()
     out = [update_stay(C, sigma, *it) for it in items]
-    return out, time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return (out, time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            runq_wait_s() - q0)
 
 
 def _worker_init(parent: int) -> None:
@@ -117,9 +130,10 @@ class Pool:
         self._ex = None
         self.worker_cpu_s = 0.0  # CPU seconds of the worker processes (not children of this one)
         self.worker_peak_rss_mb = 0.0
+        self.worker_runq_s = 0.0  # seconds the workers waited for a CPU (other load)
 
     def _inline(self, C: float, sigma: float, items: list):
-        res, _, _ = update_chunk(C, sigma, items)
+        res = update_chunk(C, sigma, items)[0]
         return lambda: res
 
     def _broken(self, exc) -> None:
@@ -157,9 +171,10 @@ class Pool:
             except BrokenProcessPool as exc:
                 self._broken(exc)
                 return self._inline(C, sigma, items)()
-            self.worker_cpu_s += sum(c for _, c, _ in done)
-            self.worker_peak_rss_mb = max([self.worker_peak_rss_mb] + [m for _, _, m in done])
-            return [r for res, _, _ in done for r in res]
+            self.worker_cpu_s += sum(d[1] for d in done)
+            self.worker_peak_rss_mb = max([self.worker_peak_rss_mb] + [d[2] for d in done])
+            self.worker_runq_s += sum(d[3] for d in done)
+            return [r for d in done for r in d[0]]
 
         return get
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ def set_state(con, key: str, value) -> None:
 # ------------------------------------------------------------------------ per-stay gates
 STATE_MAGIC = b"FGSG\x01"
 _KINDS = frozenset("biuf")  # bool, signed/unsigned ints, floats (plus fixed-width unicode, "U")
+_DTYPES: dict[str, np.dtype] = {}  # dtype strings already accepted (decoding is per stay, per night)
 
 
 def encode_state(state: dict) -> bytes:
@@ -94,20 +96,28 @@ def encode_state(state: dict) -> bytes:
 def decode_state(blob: bytes) -> dict:
     """Inverse of :func:`encode_state`; an npz blob (older warehouses) is read by
     :func:`pipelines.gate_store.npz_to_state`. A malformed blob is :class:`IngestError`."""
-    blob = bytes(blob)
+    if not isinstance(blob, bytes):
+        blob = bytes(blob)
     if not blob.startswith(STATE_MAGIC):
         return npz_to_state(blob)
     try:
         n = int.from_bytes(blob[5:9], "little")
         head = json.loads(blob[9:9 + n])
         data = memoryview(blob)[9 + n:]
+        size = len(data)
         out = {}
         for name, dt, shape, off in head:
-            d = np.dtype(str(dt))
-            if d.kind not in _KINDS and d.kind != "U":
-                raise ValueError(f"dtype {dt}")
-            cnt = int(np.prod(shape, dtype=np.int64))
-            if off < 0 or off + cnt * d.itemsize > len(data):
+            d = _DTYPES.get(dt) if isinstance(dt, str) else None
+            if d is None:
+                d = np.dtype(str(dt))
+                if d.kind not in _KINDS and d.kind != "U":
+                    raise ValueError(f"dtype {dt}")
+                if isinstance(dt, str) and len(_DTYPES) < 64:
+                    _DTYPES[dt] = d
+            if not all(isinstance(x, int) and x >= 0 for x in shape):
+                raise ValueError("shape")
+            cnt = math.prod(shape)
+            if not isinstance(off, int) or off < 0 or off + cnt * d.itemsize > size:
                 raise ValueError("entry outside the blob")
             out[str(name)] = np.frombuffer(data, d, cnt, off).reshape(shape).copy()
         return out

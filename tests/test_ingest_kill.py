@@ -99,6 +99,8 @@ def test_kill_at_fixed_points_then_rerun(parts, reference, tmp_path, kill):
     assert p.stdout.readline().strip() == "ready"
     p.wait(timeout=300)
     assert p.returncode == -signal.SIGKILL, _err(wh)
+    if kill in ("2:batch2", "2:before_commit"):  # committed stages live in the WAL until the run's checkpoint
+        assert Path(str(wh) + ".wal").stat().st_size > 0
     mid = _state(wh)  # every committed stage is consistent: one live token per emitted hour
     n_files, resumes = KILLS[kill]
     assert mid[3] == n_files, (mid, _err(wh))

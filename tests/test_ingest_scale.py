@@ -85,6 +85,12 @@ def test_state_codec_round_trip_and_refusals():
         st.decode_state(bad)
     with pytest.raises(st.IngestError):
         st.decode_state(blob[:40])
+    small = st.encode_state({"x": np.arange(3.0)})
+    assert b'[3],0]' in small
+    for edit in (b'[-1],0]', b'[3],-8]', b'[4],0]', b'[1.5],0]', b'["3"],0]'):  # a count of -1 would read "all"
+        with pytest.raises(st.IngestError):
+            st.decode_state(small.replace(b'[3],0]', edit).replace(small[5:9], (len(small[9:small.index(b']]') + 2])
+                                                                              + len(edit) - 6).to_bytes(4, "little")))
 
 
 def test_token_digest_arrays_equals_the_reference():
