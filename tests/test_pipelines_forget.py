@@ -69,7 +69,7 @@ def base_site(src, tmp_path_factory):
                                      r["token_hour"])]
     gates = _retention_batch(str(p), group[:3])["gates"]
     ret_ctx = [gate_store.StoredContext(g, np.full(g.n, x["subject_id"]), np.full(g.n, x["stay_id"]), x["hours"])
-               for x in gates for g in [Gate.from_state(x["state"])]]
+               for x in gates for g in [gate_store.blob_to_gate(np.asarray(x["staged"]["blob"]).tobytes())]]
     con = duckdb.connect(str(p))
     gate_store.replace_study(con, "patient_deletion", ctxs)
     gate_store.replace_study(con, "icu_retention", ret_ctx)
