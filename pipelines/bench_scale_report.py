@@ -381,7 +381,10 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
           "*marginal*: the largest size's CPU + the CPU per unit of x between the two largest sizes × the "
           "rest (a constant start-up cost is not multiplied up). Synthetic rows are narrower than real ones "
           "(no free text in most non-vital rows) and a real csv.gz must be decompressed and parsed, so a "
-          "real file costs the scan more per row.", "",
+          "real file costs the scan more per row."
+          + (" The studies' peak RSS follows their longest stay's n × n matrices, not their number, so its "
+             "extrapolation overstates; the full-size run-all below measures it." if result.get("full_run") else ""),
+          "",
           "| step | measured at x | CPU, power law | CPU, marginal | wall, power law (this load) | "
           "peak RSS MB, power law | peak RSS MB, marginal |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in ex.items():
