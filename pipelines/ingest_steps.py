@@ -8,6 +8,7 @@ already carries the step).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -21,6 +22,7 @@ from cohort.constants import VITALS
 from cohort.incremental import SCAN_TABLE, STAYS_TABLE, scan_file
 
 from . import ingest_state as st
+from .errors import IngestError
 
 KILL_ENV = "FORGETFUL_INGEST_KILL"  # test hook: "<step>:<phase>" -> SIGKILL self there
 HOUR_MS = 3_600_000
@@ -50,18 +52,35 @@ def configure_run(con, memory_limit: str = MEMORY_LIMIT) -> None:
       (``ingest_gates``' key) with per-row index fetches; over a gate table rewritten every night
       that costs ~40 ms a row (80 s for one batch of 2,000 stays, measured), where the
       zone-mapped scan costs 0.2 s.
-    * ``wal_autocheckpoint = memory_limit``: DuckDB checkpoints when the WAL passes this size
-      (16 MB by default), and a checkpoint rewrites every updated column of a touched row group
-      whole; one batch of 2,000 gate blobs is about 16 MB, so every batch's commit rewrote the
-      whole gate table (521 s of a 967 s day 2 at 42,000 stays, measured). Each commit stays
-      durable (WAL, one fsync per commit; a killed run's committed batches are replayed when
-      the warehouse is next opened); the tables are rewritten once per run, by the ``CHECKPOINT``
-      after its steps, or whenever the WAL reaches the memory limit (WAL and memory bounded).
+    * ``wal_autocheckpoint`` = a quarter of ``memory_limit`` (:data:`WAL_SHARE`): DuckDB
+      checkpoints when the WAL passes this size (16 MB by default), and a checkpoint rewrites
+      every updated column of a touched row group whole; one batch of 2,000 gate blobs is about
+      16 MB, so every batch's commit rewrote the whole gate table (521 s of a 967 s day 2 at
+      42,000 stays, measured). Each commit stays durable (WAL, one fsync per commit; a killed
+      run's committed batches are replayed when the warehouse is next opened); the tables are
+      rewritten every quarter of the memory limit of WAL (a few times a night at 42,000 stays)
+      and by the ``CHECKPOINT`` after the steps. Not the whole limit: updates not yet
+      checkpointed stay in the buffer pool, and at the full limit a day 2 at 42,000 stays left
+      the content hash's sort no memory (OutOfMemoryException, measured).
     """
     mem = str(memory_limit).strip().upper()
     con.execute(f"SET memory_limit = '{mem}'")
     con.execute("SET index_scan_max_count = 0")
-    con.execute(f"SET wal_autocheckpoint = '{mem}'")
+    con.execute(f"SET wal_autocheckpoint = '{max(16, int(memory_megabytes(mem) * WAL_SHARE))}MB'")
+
+
+#: the share of the run's memory limit the WAL may reach before DuckDB checkpoints
+WAL_SHARE = 0.25
+_UNITS = {"B": 1e-6, "KB": 1e-3, "MB": 1.0, "GB": 1e3, "TB": 1e6,
+          "KIB": 1.024e-3, "MIB": 1.048576, "GIB": 1073.741824, "TIB": 1099511.627776}
+
+
+def memory_megabytes(mem: str) -> float:
+    """``"1GB"`` -> 1000.0: a DuckDB memory size in MB (IngestError when it is not one)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]I?B|B)\s*", str(mem).upper())
+    if not m:
+        raise IngestError(f"not a memory size: {mem!r} (e.g. 1GB, 512MB)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def _update_splits(con, seed: int) -> None:
