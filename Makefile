@@ -31,7 +31,9 @@ EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 STEP = @t0=$$(date +%s); echo
 DONE = echo "    done in $$(( $$(date +%s) - t0 )) s"
 
-$(VENV)/.installed: pyproject.toml setup.py sv_core/_cpfast.c
+# every compiled source is a prerequisite: after a pull that changes one (its ABI), `make install`
+# rebuilds it instead of leaving a stale build that the fast path would refuse
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard sv_core/*.c sv_core/*.h)
 	$(STEP) "[1/4] virtual environment $(VENV) ($(PY) -m venv; seconds)"; \
 	  $(PY) -m venv $(VENV) && $(DONE)
 	$(STEP) "[2/4] upgrading pip in $(VENV) (seconds)"; \
