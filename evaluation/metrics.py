@@ -27,6 +27,7 @@ __all__ = [
     "paired_differences",
     "BootstrapCI",
     "paired_bootstrap_ci",
+    "paired_bootstrap_cis",
     "paired_bootstrap_ci_reference",
     "bootstrap_indices",
     "check_boot_args",
@@ -238,20 +239,52 @@ def paired_bootstrap_ci(
     -------
     BootstrapCI
     """
-    d = paired_differences(a, b)
+    return paired_bootstrap_cis([(a, b)], n_boot, seed, level, chunk_elems=chunk_elems)[0]
+
+
+def paired_bootstrap_cis(
+    pairs: Sequence[tuple[Any, Any]], n_boot: int = 10_000, seed: int = 0, level: float = 0.95, *,
+    chunk_elems: int = 2_000_000,
+) -> list[BootstrapCI]:
+    """:func:`paired_bootstrap_ci` of several pairs over the same units, in one pass.
+
+    Every call of :func:`paired_bootstrap_ci` with one seed and one number of units draws the same
+    resamples; here they are drawn once and each pair is averaged over them, so result ``i``
+    equals ``paired_bootstrap_ci(*pairs[i], n_boot, seed, level)`` bit for bit (drawing the
+    indices is about 8× the cost of averaging one pair over them).
+
+    Parameters
+    ----------
+    pairs : sequence of (a, b), each of shape (n_units,), the same n_units for all.
+    n_boot, seed, level, chunk_elems : as :func:`paired_bootstrap_ci`.
+
+    Returns
+    -------
+    list of BootstrapCI, one per pair.
+    """
+    ds = [paired_differences(a, b) for a, b in pairs]
     n_boot, level = check_boot_args(n_boot, level)
+    if not ds:
+        return []
+    n = ds[0].shape[0]
+    if any(d.shape[0] != n for d in ds):
+        raise MetricError(f"every pair must have the same number of units; got {sorted({d.shape[0] for d in ds})}")
     rng = np.random.default_rng(seed)
-    n = d.shape[0]
     rows = max(1, int(chunk_elems) // n)
-    means = np.empty(n_boot)
+    means = np.empty((len(ds), n_boot))
     start = 0
     while start < n_boot:
         r = min(rows, n_boot - start)
-        means[start : start + r] = d[bootstrap_indices(rng, r, n)].mean(axis=1)
+        idx = bootstrap_indices(rng, r, n)
+        for i, d in enumerate(ds):
+            means[i, start : start + r] = d[idx].mean(axis=1)
         start += r
     tail = (1.0 - level) / 2.0 * 100.0
-    low, high = np.percentile(means, [tail, 100.0 - tail])
-    return BootstrapCI(float(d.mean()), float(low), float(high), level, n, n_boot, int(seed))
+    out = []
+    for i, d in enumerate(ds):
+        low, high = np.percentile(means[i], [tail, 100.0 - tail])
+        out.append(BootstrapCI(float(d.mean()), float(low), float(high), level, n, n_boot, int(seed)))
+    return out
 
 
 def paired_bootstrap_ci_reference(a: Any, b: Any, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> BootstrapCI:

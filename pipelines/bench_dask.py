@@ -82,7 +82,7 @@ def timeline(log: list[dict], t0: float, t1: float, hours: dict[int, int]) -> di
             h = [hours.get(int(s), 0) for s in c["stay_ids"]]
             rel = {k: (None if c.get(k) is None else round(c[k] - t0, 3)) for k in ("submitted", "start", "end", "received")}
             chunks.append({"stays": len(h), "hours_sum": sum(h), "hours_max": max(h, default=0),
-                           "predicted_s": c.get("predicted_s"), "seconds": c.get("seconds"),
+                           "predicted_s": c.get("predicted_s"), "seconds": c.get("seconds"), "cpu_s": c.get("cpu_s"),
                            "worker": c.get("worker"), **rel})
         secs = [c["seconds"] for c in chunks if c["seconds"] is not None]
         measured = len(secs) == len(chunks) and bool(chunks)
@@ -197,11 +197,12 @@ def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stay
             tr = (runner.make_task_runner(None, 2) if mode == "local"
                   else DaskTaskRunner(address=clusters[mode].scheduler_address))
             with runner.results_context(site), scaleout.chunk_log() as log:
-                t0 = time.time()
+                t0, c0 = time.time(), time.process_time()
                 res = retention_flow.with_options(task_runner=tr)(
                     warehouse=str(wcopy), runs_dir=str(site), stays=n, progress=False,
                     sensitivity_stays=sensitivity_stays)
-                return res, timeline(log, t0, time.time(), hours)
+                lead_cpu = time.process_time() - c0
+                return res, {**timeline(log, t0, time.time(), hours), "lead_cpu_s": lead_cpu}
 
         try:
             for mode in MODES:  # warm-up, not timed: the API server, the workers' imports

@@ -50,73 +50,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .bench_proc import last_json, measure
 from .bench_scale_report import merge_results, render_markdown
+from .bench_scale_steps import (  # noqa: F401  (re-exported: the step table and its helpers)
+    PEERS,
+    STEPS,
+    StepSpec,
+    command_options,
+    longest_stay,
+    needs_sample,
+    stays_cap,
+    study_argv,
+)
 
 PROJECT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    """One study step: its command, fixed arguments, and the options that cap the stays it
-    processes (the first one the command's parser knows is given ``--study-stays``)."""
-
-    command: str
-    args: tuple[str, ...] = ()
-    stays_options: tuple[str, ...] = ()
-
-
-#: the one table to update when a command gains an option
-STEPS: dict[str, StepSpec] = {
-    "build": StepSpec("build-cohort"),
-    "retention": StepSpec("retention", (), ("--stays",)),
-    "heldout": StepSpec("heldout-spo2", (), ("--stays",)),
-    # documented caps of a CPU run (issue 20's measurements): one seed, two epochs
-    "deterioration": StepSpec("deterioration", ("--seeds", "1", "--max-epochs", "2"), ("--stays", "--max-stays")),
-}
-PEERS = ("duckdb", "polars")
-
-
-def command_options(command: str) -> set[str]:
-    """Every option string of ``forgetful <command>``, read from the command's own parser."""
-    from .cli import build_parser
-
-    parser = build_parser([command])
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            return set(action.choices[command]._option_string_actions)
-    return set()
-
-
-def stays_cap(name: str, options: set[str]) -> str | None:
-    """The option of a study command that caps its stays (the first of :data:`STEPS` it has)."""
-    return next((o for o in STEPS[name].stays_options if o in options), None)
-
-
-def needs_sample(name: str, options: set[str], eligible: int | None, study_stays: int | None) -> bool:
-    """True when a study must run on a sampled warehouse: a cap is asked for, the command has no
-    stays option and the warehouse holds more eligible stays than the cap."""
-    return bool(study_stays) and stays_cap(name, options) is None and (eligible is None or eligible > study_stays)
-
-
-def study_argv(name: str, options: set[str], eligible: int | None, study_stays: int | None,
-               full_study_max: int) -> tuple[list[str] | None, int | None, str]:
-    """(extra arguments, stays it will process, reason) of a study step; arguments None = skip."""
-    spec = STEPS[name]
-    cap = stays_cap(name, options)
-    args = list(spec.args)
-    if study_stays and cap:
-        return args + [cap, str(study_stays)], min(study_stays, eligible or study_stays), f"{cap} {study_stays}"
-    if needs_sample(name, options, eligible, study_stays):
-        return args, study_stays, f"a warehouse sampled by build-cohort --sample {study_stays}"
-    if not study_stays and eligible is not None and eligible > full_study_max:
-        why = (f"{spec.command} has no stays option ({', '.join(spec.stays_options)}) and no --study-stays given; "
-               if not cap else "no --study-stays given; ")
-        return None, None, why + f"{eligible:,} eligible stays > --full-study-max {full_study_max:,}"
-    return args, eligible, "every eligible stay"
 
 
 def _env(api_url: str | None) -> dict:
@@ -272,6 +221,8 @@ def run_size(root: Path, work: Path, a, env: dict, options: dict[str, set[str]],
         cmd = " ".join([spec.command, *extra]) + (f" (warehouse: build-cohort --sample {study_stays})"
                                                    if study_wh != wh else "")
         size["steps"][name] = _step_record(status, reason, stays, [run], cmd)
+        if status == "ok":  # the studies' peak RSS follows their longest stay (its n x n matrices)
+            size["steps"][name]["longest_stay_h"] = longest_stay(study_wh, extra)
         print(f"[bench_scale] {size['label']} {name}: {status}, wall {run['wall_s']} s, CPU {run['cpu_s']} s, "
               f"peak RSS {run['peak_rss_mb']} MB", file=sys.stderr, flush=True)
     return size

@@ -79,7 +79,8 @@ def step_summary(step: dict) -> dict[str, Any] | None:
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
             "tree_rss_mb": max(tree) if tree else None,
             "load_start": runs[0].get("load_start"), "load_end": runs[-1].get("load_end"),
-            "stays": step.get("stays"), "cpu_phases": {k: statistics.median(v) for k, v in phases.items()}}
+            "stays": step.get("stays"), "longest_stay_h": step.get("longest_stay_h"),
+            "cpu_phases": {k: statistics.median(v) for k, v in phases.items()}}
 
 
 def x_of(size: dict, step_name: str, step: dict) -> float | None:
@@ -179,7 +180,8 @@ def memory_growth(result: dict) -> dict[str, dict]:
         if len(ser) >= 2:
             (xa, sa), (xb, sb) = ser[0], ser[-1]
             out[name] = {"x_from": xa, "x_to": xb, "ratio": xb / xa, "rss_from": sa["peak_rss_mb"],
-                         "rss_to": sb["peak_rss_mb"], "growth_mb": sb["peak_rss_mb"] - sa["peak_rss_mb"]}
+                         "rss_to": sb["peak_rss_mb"], "growth_mb": sb["peak_rss_mb"] - sa["peak_rss_mb"],
+                         "longest_from": sa.get("longest_stay_h"), "longest_to": sb.get("longest_stay_h")}
     return out
 
 
@@ -366,11 +368,16 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
     g = memory_growth(result)
     if g:
         L += ["", "## Peak RSS growth", "",
-              "Smallest → largest measured size (issue 20 asks the studies for ≤ 150 MB growth from 1× to 4× stays).",
-              "", "| step | x from → to | × | peak RSS MB from → to | growth MB |", "|---|---|---:|---|---:|"]
+              "Smallest → largest measured size (issue 20 asks the studies for ≤ 150 MB growth from 1× to 4× stays). "
+              "A study's peak is set by its longest stay (n × n matrices), so that column says whether two sizes "
+              "are alike in what sets the peak: a larger sample of a larger root holds longer stays.",
+              "", "| step | x from → to | × | longest stay h from → to | peak RSS MB from → to | growth MB |",
+              "|---|---|---:|---|---|---:|"]
         for name, r in g.items():
+            lf, lt = r.get("longest_from"), r.get("longest_to")
+            longest = "–" if name in ROW_STEPS or lf is None or lt is None else f"{fmt(lf)} → {fmt(lt)}"
             L.append(f"| {STEP_TITLES.get(name, name)} | {fmt(int(r['x_from']))} → {fmt(int(r['x_to']))} | "
-                     f"{fmt(r['ratio'])} | {fmt(r['rss_from'], 0)} → {fmt(r['rss_to'], 0)} | "
+                     f"{fmt(r['ratio'])} | {longest} | {fmt(r['rss_from'], 0)} → {fmt(r['rss_to'], 0)} | "
                      f"{fmt(r['growth_mb'], 0)} |")
     tgt = FULL_MIMIC
     ex = extrapolate(result)

@@ -257,10 +257,11 @@ def _run_chunk(fn: Callable, args: tuple, hold: tuple | None = None) -> tuple[An
     database instance instead of opening the file again for every chunk)."""
     if hold is not None and hold[1] not in _HELD:
         _HELD[hold[1]] = hold[0](hold[1])
-    start, t0 = time.time(), time.perf_counter()
+    start, t0, c0 = time.time(), time.perf_counter(), time.process_time()
     with one_blas_thread():
         out = fn(*args)
-    return out, {"seconds": time.perf_counter() - t0, "worker": _worker_name(), "start": start, "end": time.time()}
+    return out, {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "worker": _worker_name(),
+                 "start": start, "end": time.time()}
 
 
 def _stays_of(args: tuple) -> list:

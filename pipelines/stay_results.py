@@ -9,9 +9,10 @@ warehouse (result files hold aggregates only). :func:`replace` runs inside the c
 transaction.
 
 :func:`write_study` stores a study's output at the end of a run, in memory that does not grow
-with the number of stays: the gates batch by batch under a staging study name (each batch its own
-committed transaction — one transaction holding every gate would keep them all in memory until
-its commit), then one short transaction promotes them (:func:`pipelines.gate_store.promote_study`:
+with the number of stays: the gates batch by batch under a staging study name (the chunks' batches
+joined up to :data:`GROUP_BYTES` of blobs per committed transaction — one transaction holding every
+gate would keep them all in memory until its commit), then one short transaction promotes them
+(:func:`pipelines.gate_store.promote_study`:
 old contexts removed, staged ones renamed with MACs computed at staging time) and replaces the
 per-stay values. A crash before that commit leaves the study's previous gates and values whole;
 the staged contexts it leaves are authentic (a forget decrements them like any other) and the
@@ -94,6 +95,29 @@ def staging_name(study: str) -> str:
     return f"{study}.staging"
 
 
+#: staged gate blobs written per transaction (the chunks' batches are joined up to this size): every
+#: commit costs 5-10 ms, and one chunk of small stays holds only ~1 MB of blobs
+GROUP_BYTES = 32 * 2**20
+
+
+def grouped(batches: Iterable[list], limit: int = GROUP_BYTES) -> Iterable[list]:
+    """The lists of ``batches`` joined in order into lists of at most ``limit`` bytes of staged
+    ``.blob`` (a list that alone passes the limit is kept whole; a list with an object that has no
+    blob yet, a :class:`gate_store.StoredContext`, is never joined: its size is not known)."""
+    group: list = []
+    size = 0
+    for batch in batches:
+        staged = all(isinstance(x, gate_store.StagedState) for x in batch)
+        b = sum(len(x.blob) for x in batch) if staged else limit + 1
+        if group and size + b > limit:
+            yield group
+            group, size = [], 0
+        group.extend(batch)
+        size += b
+    if group:
+        yield group
+
+
 def write_study(warehouse, study: str, columns: Mapping[str, np.ndarray],
                 context_batches: Callable[[duckdb.DuckDBPyConnection], Iterable[list]] | None = None, *,
                 memory_limit: str = "256MB", keys=None) -> int:
@@ -119,7 +143,7 @@ def write_study(warehouse, study: str, columns: Mapping[str, np.ndarray],
         if context_batches is not None:
             with transaction(con):
                 gate_store.drop_study(con, staged)  # a crashed run's staging, if any
-            for ctxs in context_batches(con):
+            for ctxs in grouped(context_batches(con)):
                 with transaction(con):
                     macs.update(gate_store.append_contexts(con, staged, ctxs, keys, promote_to=study))
         with transaction(con):

@@ -210,3 +210,22 @@ def test_one_blas_thread_also_limits_scipys_own_blas():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}).stdout.split()
     assert int(out[0]) >= 1 and out[1] == "1"
+
+
+def test_staged_gate_batches_are_joined_up_to_a_byte_budget():
+    """write_study commits the chunks' gate batches in groups of at most GROUP_BYTES of blobs, in order;
+    a batch holding a gate not yet serialised (size unknown) is never joined."""
+    from pipelines.gate_store import StagedState
+    from pipelines.stay_results import grouped
+
+    def st(nbytes, tag):
+        z = np.zeros(1, dtype=np.int64)
+        return StagedState(b"x" * nbytes, bytes(32), 0.1, 1.0, z + tag, z, z, z)
+
+    batches = [[st(40, 0), st(30, 1)], [st(20, 2)], [st(50, 3)], [st(200, 4)], [st(10, 5)]]
+    out = list(grouped(batches, limit=100))
+    assert [[int(x.ids[0]) for x in g] for g in out] == [[0, 1, 2], [3], [4], [5]]
+    assert all(sum(len(x.blob) for x in g) <= 100 for g in out if len(g) > 1)
+    unsized = [object()]
+    mixed = list(grouped([[st(10, 0)], unsized, [st(10, 1)], [st(10, 2)]], limit=100))
+    assert [len(g) for g in mixed] == [1, 1, 2] and mixed[1] is not unsized and mixed[1][0] is unsized[0]

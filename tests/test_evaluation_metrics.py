@@ -9,9 +9,11 @@ import pytest
 from evaluation.classification import auroc_auprc_with_ci, roc_curve_points
 from evaluation.errors import MetricError
 from evaluation.metrics import (
+    bootstrap_indices,
     event_hour_retention,
     paired_bootstrap_ci,
     paired_bootstrap_ci_reference,
+    paired_bootstrap_cis,
     paired_differences,
     paired_t_test,
     retention_over_stays,
@@ -89,6 +91,34 @@ def test_bootstrap_matches_slow_loop_and_is_chunk_invariant():
     assert (tiny_chunks.low, tiny_chunks.high) == (fast.low, fast.high)
     other_seed = paired_bootstrap_ci(a, b, n_boot=700, seed=5, level=0.9)
     assert (other_seed.low, other_seed.high) != (fast.low, fast.high)
+
+
+def _one_ci_at_a_time(a, b, n_boot, seed, level, chunk_elems=2_000_000):
+    """The per-pair loop the shared draw replaced: each interval draws its own resamples."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    rng, n = np.random.default_rng(seed), d.size
+    rows, means, start = max(1, chunk_elems // n), np.empty(n_boot), 0
+    while start < n_boot:
+        r = min(rows, n_boot - start)
+        means[start:start + r] = d[bootstrap_indices(rng, r, n)].mean(axis=1)
+        start += r
+    t = (1 - level) / 2 * 100
+    return (float(d.mean()), *map(float, np.percentile(means, [t, 100 - t])))
+
+
+def test_shared_draw_equals_one_bootstrap_per_pair_bit_for_bit():
+    rng = np.random.default_rng(3)
+    a = rng.random(211)
+    pairs = [(a, rng.random(211) * s) for s in (0.5, 0.9, 1.1)] + [(a, np.zeros(211))]
+    for chunk in (2_000_000, 1_000):  # several chunks: the draw order must not depend on the pairs
+        got = paired_bootstrap_cis(pairs, n_boot=3_001, seed=7, level=0.9, chunk_elems=chunk)
+        for (x, y), ci in zip(pairs, got):
+            assert (ci.mean_diff, ci.low, ci.high) == _one_ci_at_a_time(x, y, 3_001, 7, 0.9, chunk)
+            slow = paired_bootstrap_ci_reference(x, y, n_boot=3_001, seed=7, level=0.9)
+            assert ci.low == pytest.approx(slow.low, abs=1e-12) and ci.high == pytest.approx(slow.high, abs=1e-12)
+    assert paired_bootstrap_cis([], n_boot=10) == []
+    with pytest.raises(MetricError, match="same number of units"):
+        paired_bootstrap_cis([(a, a), (a[:5], a[:5])])
 
 
 def test_bootstrap_interval_covers_normal_theory_width():

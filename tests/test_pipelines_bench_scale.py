@@ -41,7 +41,8 @@ def _result():
                                    _run(b + 3, rss=310, comp=b / 2, ccpu=b),
                                    _run(b * 0.9 + 3, rss=305, comp=b / 2, ccpu=b * 0.9)]},
                 "peer_duckdb": {"status": "ok", "stays": stays, "runs": [_run(b / 2, rss=200, comp=b / 4)]},
-                "retention": {"status": "ok", "stays": stays, "runs": [_run(0.05 * stays + 3, rss=100 + stays / 10)]},
+                "retention": {"status": "ok", "stays": stays, "runs": [_run(0.05 * stays + 3, rss=100 + stays / 10)],
+                              "longest_stay_h": 300 + stays},
                 "deterioration": {"status": "skipped", "reason": "no stays option; too many", "stays": None,
                                   "runs": []},
             }})
@@ -94,10 +95,12 @@ def test_fits_marginals_and_extrapolation():
     assert ex["retention"]["peak_rss_mb_marginal"] == pytest.approx(100 + tgt["eligible_stays"] / 10)
     g = rep.memory_growth(r)
     assert g["retention"] == pytest.approx({"x_from": 100, "x_to": 1600, "ratio": 16.0, "rss_from": 110.0,
-                                            "rss_to": 260.0, "growth_mb": 150.0})
+                                            "rss_to": 260.0, "growth_mb": 150.0, "longest_from": 400,
+                                            "longest_to": 1900})
     assert g["build"]["growth_mb"] == 0 and "deterioration" not in g
     doc = rep.render_markdown(r)
-    assert "| retention | 100 → 1,600 | 16.0 | 110 → 260 | 150 |" in doc
+    assert "| retention | 100 → 1,600 | 16.0 | 400 → 1,900 | 110 → 260 | 150 |" in doc
+    assert "| build-cohort --source mimic | 1,000,000 → 16,000,000 | 16.0 | – | 310 → 310 | 0 |" in doc
     assert f"| {rep.fmt(100 + tgt['eligible_stays'] / 10, 0)} |" in doc
 
 
@@ -345,6 +348,16 @@ def test_harness_builds_a_small_root_through_the_cli(small_root, tmp_path, prefe
     assert [row[0] for row in rows[1:]] == [rep.STEP_TITLES[k] for k in ("build", "peer_duckdb", "peer_polars")]
     assert all(c not in ("", "–") for row in rows[1:2] for c in row)  # the build fills every column
     assert doc.read_text() == rep.render_markdown(r, "r.json")
+    # the longest stay a study step processes: of its seeded --stays sample, or of every eligible stay
+    from evaluation.clinical.sampling import sample_stays
+    from pipelines import warehouse as whs
+
+    (wpath,) = (tmp_path / "w").glob("size_*/warehouse.duckdb")
+    hours = {int(x[0]): int(x[3]) for x in whs.stays(str(wpath))}
+    assert bs.longest_stay(wpath, []) == max(hours.values())
+    five = [hours[int(i)] for i in sample_stays(list(hours), 5, 0)]
+    assert bs.longest_stay(wpath, ["--stays", "5"]) == max(five) <= max(hours.values())
+    assert bs.longest_stay(tmp_path / "missing.duckdb", []) is None
 
 
 def rep_rows(root: Path) -> int:

@@ -45,7 +45,7 @@ from evaluation.metrics import (
     BootstrapCI,
     PairedTest,
     event_hour_retention,
-    paired_bootstrap_ci,
+    paired_bootstrap_cis,
     paired_t_test,
     wilcoxon_test,
 )
@@ -275,13 +275,14 @@ def comparison_from_columns(cols: Mapping[str, np.ndarray], *, policies: Sequenc
     per_stay = {p: np.asarray(cols[f"ret_{p}"], dtype=np.float64)[inc] for p in policies}
     n_inc = int(inc.sum())
     means = {p: float(per_stay[p].mean()) for p in policies}
-    mean_ci = {p: paired_bootstrap_ci(per_stay[p], np.zeros(n_inc), n_boot, seed, level) for p in policies}
-    diffs: dict[str, BootstrapCI] = {}
+    others = [p for p in policies if p != "sv"]
+    # every interval resamples the same stays: one shared draw (bit-identical to one call per interval)
+    cis = paired_bootstrap_cis([(per_stay[p], np.zeros(n_inc)) for p in policies]
+                               + [(per_stay["sv"], per_stay[p]) for p in others], n_boot, seed, level)
+    mean_ci = dict(zip(policies, cis[:len(policies)]))
+    diffs: dict[str, BootstrapCI] = dict(zip(others, cis[len(policies):]))
     tests: dict[str, dict[str, PairedTest | None]] = {}
-    for name in policies:
-        if name == "sv":
-            continue
-        diffs[name] = paired_bootstrap_ci(per_stay["sv"], per_stay[name], n_boot, seed, level)
+    for name in others:
         tests[name] = {"t": _maybe(paired_t_test, per_stay["sv"], per_stay[name]),
                        "wilcoxon": _maybe(wilcoxon_test, per_stay["sv"], per_stay[name])}
     n, k, ev = (np.asarray(cols[c])[inc] for c in ("n", "k", "n_events"))

@@ -20,7 +20,7 @@ import numpy as np
 
 from evaluation.clinical.retention import stay_arrays
 from evaluation.errors import MetricError
-from evaluation.metrics import event_hour_retention, paired_bootstrap_ci
+from evaluation.metrics import event_hour_retention, paired_bootstrap_cis
 
 __all__ = ["NUS", "SIGMA_RULES", "MEDIAN_MAX_ROWS", "SENSITIVITY_STAYS", "PEERS", "settings", "median_distance_sigma",
            "stay_sensitivity", "sensitivity_table"]
@@ -111,13 +111,16 @@ def sensitivity_table(grid: Sequence[tuple[float, str, tuple[str, float | None]]
     n = np.array([float(np.asarray(r["n"]).reshape(-1)[0]) for r in per_stay])
     rows, beats, loses = [], {p: 0 for p in PEERS}, {p: 0 for p in PEERS}
     pct = int(round(level * 100))
+    # every (setting, peer) interval resamples the same stays: one shared draw (bit-identical to one call each)
+    cis = iter(paired_bootstrap_cis([(st["ret_sv"][:, j], st[f"ret_{p}"][:, j]) for j in range(S) for p in PEERS],
+                                    n_boot, seed, level))
     for j, (nu, name, (kind, v)) in enumerate(grid):
         sig = f"{v:g}" if kind == "fixed" else f"per stay, median {np.median(st['sigma'][:, j]):.3g}"
         row: list[Any] = [nu, name, sig, len(per_stay), float(np.mean(st["k"][:, j] / n)),
                           float(st["ret_sv"][:, j].mean()), float(st["ret_leverage"][:, j].mean()),
                           float(st["ret_kernel_leverage"][:, j].mean())]
         for p in PEERS:
-            ci = paired_bootstrap_ci(st["ret_sv"][:, j], st[f"ret_{p}"][:, j], n_boot, seed, level)
+            ci = next(cis)
             row += [ci.mean_diff, f"[{ci.low:.3f}, {ci.high:.3f}]"]
             beats[p] += int(ci.low > 0)
             loses[p] += int(ci.high < 0)

@@ -35,6 +35,7 @@ leverage) is computed on a capped sample (``--sensitivity-stays``; 0 turns eithe
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from prefect import flow
@@ -112,12 +113,24 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
         parts += done[0]
         cols = study.concat_columns(parts)
         del parts
-        comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
         audit_out, sens_rows, too_long = side.finish(cols, done[1:], study_name, progress)
-    with one_blas_thread():  # the gates as the chunks serialised them (digest-checked, gate_store.staged_state)
-        n_persisted = stay_results.write_study(
-            warehouse, study_name, cols, staged_contexts(warehouse, h, batches, args) if persist_gates else None,
-            memory_limit=DUCKDB_MEMORY)
+    if not np.asarray(cols["included"], dtype=bool).any():  # what the comparison would refuse, before any write
+        raise StudyInputError(f"{study_name}: no sampled stay has an event hour; nothing to compare")
+    # the writes (DuckDB, outside the GIL) overlap the bootstrap statistics: the lead's serial tail after
+    # the chunks is the longer of the two, not their sum (pipelines.bench_dask measures it as flow_s)
+    with one_blas_thread(), ThreadPoolExecutor(1, thread_name_prefix="forgetful-write") as writer:
+        writing = writer.submit(  # the gates as the chunks serialised them (digest-checked, gate_store.staged_state)
+            stay_results.write_study, warehouse, study_name, cols,
+            staged_contexts(warehouse, h, batches, args) if persist_gates else None, memory_limit=DUCKDB_MEMORY)
+        comp = study.comparison_from_columns(cols, policies=POLICIES, nu=nu, sigma=sigma, seed=seed, n_boot=n_boot)
+        sens = None
+        if sens_rows:
+            sens_rows.sort(key=lambda r: r["stay_id"])
+            note = (f"all {len(sens_rows)} stays with an event" if len(sens_rows) == int(cols["included"].sum())
+                    else f"the first {len(sens_rows)} of {int(cols['included'].sum())} stays with an event in the "
+                         "seeded order (capped)")
+            sens = sensitivity_table(settings(sigma, NUS), sens_rows, seed=seed, n_boot=n_boot, sample_note=note)
+        n_persisted = writing.result()
     fields = comp.to_result_fields()
     m = fields["metrics"]
     dims = sorted(set(cols["d"].tolist()))
@@ -140,12 +153,8 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
             m["gate_vs_solve_alpha_dev_max"] = float(cols["gate_alpha_dev"][built].max())
     if audit_stays:
         m["refit_audit"] = audit_summary(audit_out, candidates=audit_stays, skipped_long=too_long)
-    if sens_rows:
-        sens_rows.sort(key=lambda r: r["stay_id"])
-        note = (f"all {len(sens_rows)} stays with an event" if len(sens_rows) == int(inc.sum()) else
-                f"the first {len(sens_rows)} of {int(inc.sum())} stays with an event in the seeded order (capped)")
-        table, summary = sensitivity_table(settings(sigma, NUS), sens_rows, seed=seed, n_boot=n_boot,
-                                           sample_note=note)
+    if sens is not None:
+        table, summary = sens
         fields["tables"].append(table)
         m["sensitivity"] = summary
     fields["config"].update({
