@@ -84,22 +84,23 @@ def paired_vs_sv(per_unit: dict, *, metric: str, unit: str = "trial", ref: str =
     Returns ``{"metric", "unit", "level", "n_boot", "diffs": {policy: {"mean", "low", "high",
     "n_units"}}, "peer_beats_sv": [policies whose interval lies entirely above SV]}``.
     """
-    from evaluation.metrics import paired_bootstrap_ci
+    from evaluation.metrics import paired_bootstrap_cis
 
     a_all = np.asarray(per_unit[ref], dtype=np.float64)
-    diffs, beats = {}, []
+    diffs: dict[str, dict[str, Any]] = {}
+    pairs: dict[int, list] = {}
     for pol, vals in per_unit.items():
         if pol == ref:
             continue
         b_all = np.asarray(vals, dtype=np.float64)
         ok = np.isfinite(a_all) & np.isfinite(b_all)
-        if not ok.any():
-            diffs[pol] = {"mean": None, "low": None, "high": None, "n_units": 0}
-            continue
-        ci = paired_bootstrap_ci(a_all[ok], b_all[ok], n_boot, seed, level)
-        diffs[pol] = {"mean": ci.mean_diff, "low": ci.low, "high": ci.high, "n_units": int(ok.sum())}
-        if ci.high < 0:
-            beats.append(pol)
+        diffs[pol] = {"mean": None, "low": None, "high": None, "n_units": int(ok.sum())}
+        if ok.any():  # pairs over the same number of units share one resample draw (bit-identical)
+            pairs.setdefault(int(ok.sum()), []).append((pol, a_all[ok], b_all[ok]))
+    for group in pairs.values():
+        for (pol, _, _), ci in zip(group, paired_bootstrap_cis([(a, b) for _, a, b in group], n_boot, seed, level)):
+            diffs[pol].update(mean=ci.mean_diff, low=ci.low, high=ci.high)
+    beats = [pol for pol, d in diffs.items() if d["high"] is not None and d["high"] < 0]
     return {"metric": metric, "unit": unit, "level": level, "n_boot": n_boot, "diffs": diffs, "peer_beats_sv": beats}
 
 
