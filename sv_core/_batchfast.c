@@ -44,11 +44,22 @@
  * fails (A not numerically positive definite) is reported and the caller falls back to the
  * reference solve for the whole batch.
  *
+ * Readout. The hybrid readout of the causal SV layer without a deletion mask (reference:
+ * models.sv_hybrid_readout.hybrid_weights(q, k, gate, chunk) @ v), forward and backward, one
+ * problem per (batch, head): query t of chunk c = t / chunk (start s = c chunk) forms its scores
+ * (q_t / sqrt(d)) . k_j for the visible keys j <= t only (the future is never formed), p_j =
+ * exp(score_j - max), the multiplier m_j = gate[c, j] on the prefix j < s and 1 on the chunk,
+ * Z = max(sum p m, tiny), w = p m / Z, y_t = sum_j w_j v_j. The backward, with g_j = gy_t . v_j and
+ * r = sum_j w_j g_j: dscore_j = w_j (g_j - r), dgate[c, j] = sum over the chunk's queries of
+ * (p_j / Z)(g_j - r) on the prefix, dq, dk, dv from dscore and w (_readout_body.h). The forward
+ * stores w (and p / Z on the prefix when the gate needs a gradient) for the backward.
+ *
  * Threads. Problems of different Grams are independent: a batch's Grams are split into
  * contiguous ranges over the caller's thread count (torch's), each problem computed by the same
  * loop, so the result does not depend on the count.
  *
- * The loops for float and double are _batchfast_body.h, included twice. Only the buffer protocol
+ * The loops for float and double are _batchfast_body.h and _readout_body.h, included twice
+ * (exp: expf / exp of libm). Only the buffer protocol
  * is used (no NumPy C API); the GIL is released during the loops. Built with -ffp-contract=off
  * like _cpfast.c.
  */
@@ -87,7 +98,12 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #define VT vec_f32
 #define VIT vec_i32
 #define VL 8
+#define EXP expf
+#define TINY FLT_MIN
 #include "_batchfast_body.h"
+#include "_readout_body.h"
+#undef EXP
+#undef TINY
 #undef T
 #undef NAME
 #undef EPS
@@ -100,7 +116,12 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #define VT vec_f64
 #define VIT vec_i64
 #define VL 4
+#define EXP exp
+#define TINY DBL_MIN
 #include "_batchfast_body.h"
+#include "_readout_body.h"
+#undef EXP
+#undef TINY
 #undef T
 #undef NAME
 #undef EPS
@@ -109,7 +130,7 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #undef VL
 
 /* ---- splitting a batch over threads -------------------------------------------------------
- * Problems of different Grams are independent, so the Grams [0, P) are cut into nthreads
+ * Problems of different Grams (readout: of different (batch, head)) are independent, so the Grams [0, P) are cut into nthreads
  * contiguous ranges, each run by one thread with its own scratch; every problem is computed by
  * the same loop whatever the split (the same bits with 1 or 16 threads). POSIX threads; elsewhere
  * (or when a thread cannot be started) the ranges run in the calling thread. */
@@ -377,6 +398,133 @@ done:
     return res;
 }
 
+/* ---- readout_forward / readout_backward ------------------------------------------------ */
+typedef struct {
+    const void *q, *k, *v, *gate, *w, *pz, *gy;
+    void *y, *wout, *pzout, *dq, *dk, *dv, *dgate;
+    Py_ssize_t nt, d, dv_, nc, chunk, wn;
+    double scale;
+    int dbl;
+    char *work; /* wn entries per thread */
+} rd_ctx;
+
+static int rfwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    rd_ctx *r = (rd_ctx *)c;
+    if (r->dbl)
+        readout_fwd_f64(r->q, r->k, r->v, r->gate, r->y, r->wout, r->pzout, p0, p1, r->nt, r->d, r->dv_, r->nc,
+                        r->chunk, r->scale, (double *)r->work + (size_t)tid * (size_t)r->wn);
+    else
+        readout_fwd_f32(r->q, r->k, r->v, r->gate, r->y, r->wout, r->pzout, p0, p1, r->nt, r->d, r->dv_, r->nc,
+                        r->chunk, (float)r->scale, (float *)r->work + (size_t)tid * (size_t)r->wn);
+    return 0;
+}
+
+static int rbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    rd_ctx *r = (rd_ctx *)c;
+    if (r->dbl)
+        readout_bwd_f64(r->q, r->k, r->v, r->w, r->pz, r->gy, r->dq, r->dk, r->dv, r->dgate, p0, p1, r->nt, r->d,
+                        r->dv_, r->nc, r->chunk, r->scale, (double *)r->work + (size_t)tid * (size_t)r->wn);
+    else
+        readout_bwd_f32(r->q, r->k, r->v, r->w, r->pz, r->gy, r->dq, r->dk, r->dv, r->dgate, p0, p1, r->nt, r->d,
+                        r->dv_, r->nc, r->chunk, (float)r->scale, (float *)r->work + (size_t)tid * (size_t)r->wn);
+    return 0;
+}
+
+/* shapes shared by both directions; 0 when consistent */
+static int readout_sizes_bad(Py_ssize_t P, Py_ssize_t nt, Py_ssize_t d, Py_ssize_t dv, Py_ssize_t nc,
+                             Py_ssize_t chunk, double scale)
+{
+    return P < 0 || nt < 0 || d < 1 || dv < 1 || chunk < 1 || nc != (nt + chunk - 1) / chunk || !(scale > 0.0);
+}
+
+static PyObject *readout_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t P, nt, d, dv, nc, chunk;
+    double scale;
+    int dbl;
+    long nthreads;
+    Py_buffer bq, bk, bv, bg, by, bw, bz;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*nnnnnndpl", &bq, &bk, &bv, &bg, &by, &bw, &bz, &P, &nt, &d, &dv,
+                          &nc, &chunk, &scale, &dbl, &nthreads))
+        return NULL;
+    PyObject *res = NULL;
+    rd_ctx r = {0};
+    const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
+    const int gz = bz.len > 0; /* pz wanted (the gate needs a gradient) */
+    if (readout_sizes_bad(P, nt, d, dv, nc, chunk, scale) || bq.len < P * nt * d * sz || bk.len < P * nt * d * sz
+        || bv.len < P * nt * dv * sz || bg.len < P * nc * nt * sz || by.len < P * nt * dv * sz
+        || bw.len < P * nt * nt * sz || (gz && bz.len < P * nt * nt * sz)) {
+        PyErr_SetString(PyExc_ValueError, "_batchfast.readout_forward: inconsistent sizes");
+        goto done;
+    }
+    const int nt_ = clamp_threads(nthreads, P);
+    r.q = bq.buf; r.k = bk.buf; r.v = bv.buf; r.gate = bg.buf; r.y = by.buf; r.wout = bw.buf;
+    r.pzout = gz ? bz.buf : NULL;
+    r.nt = nt; r.d = d; r.dv_ = dv; r.nc = nc; r.chunk = chunk; r.scale = scale; r.dbl = dbl;
+    r.wn = d * nt + nt + d;
+    if (P > 0) {
+        r.work = PyMem_RawMalloc((size_t)nt_ * (size_t)r.wn * (size_t)sz);
+        if (!r.work) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        run_split(rfwd_range, &r, P, nt_);
+        Py_END_ALLOW_THREADS
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyMem_RawFree(r.work);
+    PyBuffer_Release(&bq); PyBuffer_Release(&bk); PyBuffer_Release(&bv); PyBuffer_Release(&bg);
+    PyBuffer_Release(&by); PyBuffer_Release(&bw); PyBuffer_Release(&bz);
+    return res;
+}
+
+static PyObject *readout_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t P, nt, d, dv, nc, chunk;
+    double scale;
+    int dbl;
+    long nthreads;
+    Py_buffer bq, bk, bv, bw, bz, bgy, bdq, bdk, bdv, bdg;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*w*w*w*w*nnnnnndpl", &bq, &bk, &bv, &bw, &bz, &bgy, &bdq, &bdk, &bdv,
+                          &bdg, &P, &nt, &d, &dv, &nc, &chunk, &scale, &dbl, &nthreads))
+        return NULL;
+    PyObject *res = NULL;
+    rd_ctx r = {0};
+    const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
+    const int gz = bdg.len > 0; /* dgate wanted: pz given */
+    if (readout_sizes_bad(P, nt, d, dv, nc, chunk, scale) || bq.len < P * nt * d * sz || bk.len < P * nt * d * sz
+        || bv.len < P * nt * dv * sz || bw.len < P * nt * nt * sz || bgy.len < P * nt * dv * sz
+        || bdq.len < P * nt * d * sz || bdk.len < P * nt * d * sz || bdv.len < P * nt * dv * sz
+        || (gz && (bz.len < P * nt * nt * sz || bdg.len < P * nc * nt * sz))) {
+        PyErr_SetString(PyExc_ValueError, "_batchfast.readout_backward: inconsistent sizes");
+        goto done;
+    }
+    const int nt_ = clamp_threads(nthreads, P);
+    r.q = bq.buf; r.k = bk.buf; r.v = bv.buf; r.w = bw.buf; r.pz = gz ? bz.buf : NULL; r.gy = bgy.buf;
+    r.dq = bdq.buf; r.dk = bdk.buf; r.dv = bdv.buf; r.dgate = gz ? bdg.buf : NULL;
+    r.nt = nt; r.d = d; r.dv_ = dv; r.nc = nc; r.chunk = chunk; r.scale = scale; r.dbl = dbl;
+    r.wn = dv * nt + nt + d;
+    if (P > 0) {
+        r.work = PyMem_RawMalloc((size_t)nt_ * (size_t)r.wn * (size_t)sz);
+        if (!r.work) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        run_split(rbwd_range, &r, P, nt_);
+        Py_END_ALLOW_THREADS
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyMem_RawFree(r.work);
+    PyBuffer_Release(&bq); PyBuffer_Release(&bk); PyBuffer_Release(&bv); PyBuffer_Release(&bw);
+    PyBuffer_Release(&bz); PyBuffer_Release(&bgy); PyBuffer_Release(&bdq); PyBuffer_Release(&bdk);
+    PyBuffer_Release(&bdv); PyBuffer_Release(&bdg);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"fista", fista, METH_VARARGS,
      "fista(K, mask, lip, out, P, J, n, C, iters, is_double, stop_when_fixed, nthreads, own_lipschitz[, sparse]) -> 0 or 1. "
@@ -395,15 +543,23 @@ static PyMethodDef methods[] = {
      "kkt_backward(S, E, C, alpha, g_alpha, g_rho, Lstore, x1store, dstore, offsets, g_h, g_c0, g_K_or_None, P, J, "
      "n, is_double, nthreads) -> None. E as in kkt_forward (then g_K is required, g_h and g_c0 are not written). "
      "See sv_core/batched_kkt.py."},
+    {"readout_forward", readout_forward, METH_VARARGS,
+     "readout_forward(q, k, v, gate, y, w, pz, P, T, d, dv, n_chunks, chunk, scale, is_double, nthreads) -> None. "
+     "q, k (P, T, d), v (P, T, dv), gate (P, n_chunks, T) in; y (P, T, dv), w (P, T, T) (rows on j <= t) and pz "
+     "(P, T, T) (prefix columns; empty: not formed) out; all C-contiguous. See sv_core/batched_readout.py."},
+    {"readout_backward", readout_backward, METH_VARARGS,
+     "readout_backward(q, k, v, w, pz, g_y, g_q, g_k, g_v, g_gate, P, T, d, dv, n_chunks, chunk, scale, is_double, "
+     "nthreads) -> None. g_q, g_k, g_v and g_gate (P, n_chunks, T; empty: not formed, pz then unused) overwritten. "
+     "See sv_core/batched_readout.py."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batchfast",
-                                    "Compiled loops of the batched SVDD gate (FISTA, ridged KKT solve).",
+                                    "Compiled loops of the batched SVDD gate (FISTA, ridged KKT solve) and the hybrid readout.",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 /* bumped whenever a function's arguments or return value change: a stale build is not used */
-#define BATCHFAST_ABI 3
+#define BATCHFAST_ABI 4
 
 PyMODINIT_FUNC PyInit__batchfast(void)
 {

@@ -19,7 +19,7 @@ try:
 except ImportError:  # pragma: no cover - optional, built by setup.py
     batchfast = None
 #: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
-ABI = 3
+ABI = 4
 if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: no cover
     batchfast = None
 
