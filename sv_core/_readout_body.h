@@ -6,10 +6,10 @@
  * One problem (b, h) of length n_t, query t in chunk c = t / chunk starting at s = c * chunk:
  *   score_j = (q_t * scale) . k_j over the visible keys j <= t only (the future is never formed),
  *   p_j = exp(score_j - max), m_j = gate[c, j] (j < s) or 1 (s <= j <= t),
- *   Z = max(sum_j p_j m_j, TINY), pz_j = p_j * (1 / Z), w_j = pz_j * m_j, y_t = sum_j w_j v_j.
+ *   Z = max(sum_j p_j m_j, TINY), pz_j = p_j * (1 / Z), w_j = pz_j * m_j, y_t = sum_j w_j v_j (wsum_rows).
  * Backward with g_j = gy_t . v_j, r = sum_j w_j g_j, u_j = g_j - r:
  *   dgate[c, j] += pz_j u_j (j < s; queries of a chunk in ascending t), ds_j = w_j u_j,
- *   dq_t = scale sum_j ds_j k_j, dk_j += ds_j (q_t * scale), dv_j += w_j gy_t (ascending t).
+ *   dq_t = scale sum_j ds_j k_j (wsum_rows), dk_j += ds_j (q_t * scale), dv_j += w_j gy_t (ascending t).
  * Sums over keys use sum8 / dot8 (8 fixed partial accumulators); the score and g products run over
  * keys with k and v transposed once per problem (element-wise over j, vectorisable); the d-long
  * updates are element-wise (explicit vectors when the length is a multiple of the lanes). A problem's loop is the same whatever the thread split. */
@@ -60,6 +60,43 @@ static ALWAYS_INLINE void NAME(axpy)(T a, const T *restrict x, T *restrict y, Py
     }
 }
 
+/* out[0:D] = sum_j a[j] x[j, 0:D] over j < n (rows of length D): for D = 16 in registers, two
+ * sets of vector partial sums (even and odd j, each in ascending j) added at the end; otherwise
+ * accumulated in out over ascending j. Fixed order either way. */
+static ALWAYS_INLINE void NAME(wsum_rows)(const T *restrict a, const T *restrict x, Py_ssize_t n, Py_ssize_t D,
+                                          T *restrict out)
+{
+    if (D == 16) {
+        enum { NV = 16 / VL };
+        VT e[NV], o[NV];
+        for (int b = 0; b < NV; b++) e[b] = o[b] = (VT){0};
+        Py_ssize_t j = 0;
+        for (; j + 2 <= n; j += 2) {
+            const T a0 = a[j], a1 = a[j + 1];
+            for (int b = 0; b < NV; b++) {
+                VT x0, x1;
+                memcpy(&x0, x + j * 16 + b * VL, sizeof x0);
+                memcpy(&x1, x + (j + 1) * 16 + b * VL, sizeof x1);
+                e[b] += a0 * x0;
+                o[b] += a1 * x1;
+            }
+        }
+        if (j < n)
+            for (int b = 0; b < NV; b++) {
+                VT x0;
+                memcpy(&x0, x + j * 16 + b * VL, sizeof x0);
+                e[b] += a[j] * x0;
+            }
+        for (int b = 0; b < NV; b++) {
+            const VT r = e[b] + o[b];
+            memcpy(out + b * VL, &r, sizeof r);
+        }
+    } else {
+        for (Py_ssize_t l = 0; l < D; l++) out[l] = 0;
+        for (Py_ssize_t j = 0; j < n; j++) NAME(axpy)(a[j], x + j * D, out, D);
+    }
+}
+
 static void NAME(transpose)(const T *restrict a, Py_ssize_t rows, Py_ssize_t cols, T *restrict aT)
 {
     for (Py_ssize_t j = 0; j < rows; j++)
@@ -88,8 +125,7 @@ static ALWAYS_INLINE void NAME(fwd_row)(const T *restrict qs, const T *restrict 
         for (Py_ssize_t j = 0; j < s; j++) wr[j] = (sc[j] * iz) * g[j];
     }
     for (Py_ssize_t j = s; j < n; j++) wr[j] = sc[j] * iz;
-    for (Py_ssize_t l = 0; l < dv; l++) yr[l] = 0;
-    for (Py_ssize_t j = 0; j < n; j++) NAME(axpy)(wr[j], v + j * dv, yr, dv);
+    NAME(wsum_rows)(wr, v, n, dv, yr);
 }
 
 /* problems [p0, p1): q, k (P, nt, d), v (P, nt, dv), gate (P, nc, nt) -> y (P, nt, dv), w (P, nt, nt)
@@ -131,14 +167,12 @@ static ALWAYS_INLINE void NAME(bwd_row)(const T *restrict qs, const T *restrict 
     if (dg)
         for (Py_ssize_t j = 0; j < s; j++) dg[j] += zr[j] * gg[j];
     for (Py_ssize_t j = 0; j < n; j++) gg[j] *= wr[j];
-    for (Py_ssize_t l = 0; l < d; l++) dqr[l] = 0;
+    NAME(wsum_rows)(gg, k, n, d, dqr);
+    for (Py_ssize_t l = 0; l < d; l++) dqr[l] *= scale;
     for (Py_ssize_t j = 0; j < n; j++) {
-        const T a = gg[j];
-        NAME(axpy)(a, k + j * d, dqr, d);
-        NAME(axpy)(a, qs, dkp + j * d, d);
+        NAME(axpy)(gg[j], qs, dkp + j * d, d);
         NAME(axpy)(wr[j], gyr, dvp + j * dv, dv);
     }
-    for (Py_ssize_t l = 0; l < d; l++) dqr[l] *= scale;
 }
 
 /* problems [p0, p1): gy (P, nt, dv), the forward's w and pz (NULL: no gate gradient) ->
