@@ -17,7 +17,8 @@ SPEC §1 "Causal hybrid layer" (preprint 000 §3.5, 001 §3.4):
 LM configuration: chunk 64, C = 0.25, sigma = 2.
 
 Fast paths (each tested against its reference): the shared Gram of the prefixes is
-`sv_core.batched.rbf_gram` (reference `sv_core.torch_kernel`; hand-written backward); the FISTA
+`sv_core.batched.rbf_gram` (reference `sv_core.torch_kernel`; hand-written backward, compiled
+loops on CPU tensors when ``sv_core._batchfast`` is built); the FISTA
 partition finder (with its step bound) and the ridged KKT solve (with its right-hand side and
 its backward) run as compiled loops on CPU tensors when ``sv_core._batchfast`` is built
 (``fista_backend="auto"``, ``kkt_solver="auto"``; references ``"torch"`` and ``"cholesky"`` /
@@ -49,8 +50,8 @@ from models.sv_hybrid_readout import (
 from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, rbf_gram, warmup_threshold
 
 __all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "HybridDeletionError", "SVHybridAttention",
-           "chunk_starts", "hybrid_attend", "hybrid_attend_chunked", "hybrid_attend_compiled", "hybrid_attend_dense", "hybrid_weights",
-           "prefix_gate_batched", "prefix_gate_exact"]
+           "chunk_starts", "hybrid_attend", "hybrid_attend_chunked", "hybrid_attend_compiled", "hybrid_attend_dense",
+           "hybrid_weights", "prefix_gate_batched", "prefix_gate_exact"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -54,11 +54,16 @@
  * (p_j / Z)(g_j - r) on the prefix, dq, dk, dv from dscore and w (_readout_body.h). The forward
  * stores w (and p / Z on the prefix when the gate needs a gradient) for the backward.
  *
+ * Gram backward. The gradient of the batch's RBF Gram matrices K = exp(-max(D, 0) / sigma^2)
+ * (reference: the torch backward of sv_core.batched_common.rbf_gram; the forward stays torch's):
+ * G = a + a^T with a = dL/dK K (-1 / sigma^2) where D >= 0, dL/dX = 2 (rowsum(G) X - G X), one
+ * pass over each row (_gram_body.h).
+ *
  * Threads. Problems of different Grams are independent: a batch's Grams are split into
  * contiguous ranges over the caller's thread count (torch's), each problem computed by the same
  * loop, so the result does not depend on the count.
  *
- * The loops for float and double are _batchfast_body.h and _readout_body.h, included twice
+ * The loops for float and double are _batchfast_body.h, _readout_body.h and _gram_body.h, included twice
  * (exp: expf / exp of libm). Only the buffer protocol
  * is used (no NumPy C API); the GIL is released during the loops. Built with -ffp-contract=off
  * like _cpfast.c.
@@ -102,6 +107,7 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #define TINY FLT_MIN
 #include "_batchfast_body.h"
 #include "_readout_body.h"
+#include "_gram_body.h"
 #undef EXP
 #undef TINY
 #undef T
@@ -120,6 +126,7 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #define TINY DBL_MIN
 #include "_batchfast_body.h"
 #include "_readout_body.h"
+#include "_gram_body.h"
 #undef EXP
 #undef TINY
 #undef T
@@ -525,6 +532,65 @@ done:
     return res;
 }
 
+/* ---- gram_backward ------------------------------------------------------------------------ */
+typedef struct {
+    const void *X, *K, *keep, *gK;
+    void *dX;
+    Py_ssize_t n, d, wn;
+    double nis2;
+    int dbl;
+    char *work;
+} gr_ctx;
+
+static int gbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    gr_ctx *g = (gr_ctx *)c;
+    if (g->dbl)
+        gram_bwd_f64(g->X, g->K, g->keep, g->gK, g->dX, p0, p1, g->n, g->d, g->nis2,
+                     (double *)g->work + (size_t)tid * (size_t)g->wn);
+    else
+        gram_bwd_f32(g->X, g->K, g->keep, g->gK, g->dX, p0, p1, g->n, g->d, (float)g->nis2,
+                     (float *)g->work + (size_t)tid * (size_t)g->wn);
+    return 0;
+}
+
+static PyObject *gram_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t P, n, d;
+    double sigma;
+    int dbl;
+    long nthreads;
+    Py_buffer bX, bK, bk, bg, bd;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nnndpl", &bX, &bK, &bk, &bg, &bd, &P, &n, &d, &sigma, &dbl, &nthreads))
+        return NULL;
+    PyObject *res = NULL;
+    gr_ctx g = {0};
+    const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
+    if (P < 0 || n < 0 || d < 1 || !(sigma > 0.0) || bX.len < P * n * d * sz || bK.len < P * n * n * sz
+        || bk.len < P * n * n || bg.len < P * n * n * sz || bd.len < P * n * d * sz) {
+        PyErr_SetString(PyExc_ValueError, "_batchfast.gram_backward: inconsistent sizes");
+        goto done;
+    }
+    const int nt = clamp_threads(nthreads, P);
+    g.X = bX.buf; g.K = bK.buf; g.keep = bk.buf; g.gK = bg.buf; g.dX = bd.buf; g.n = n; g.d = d;
+    g.nis2 = -1.0 / (sigma * sigma); g.dbl = dbl;
+    g.wn = n * n + n + d;
+    if (P > 0 && n > 0) {
+        g.work = PyMem_RawMalloc((size_t)nt * (size_t)g.wn * (size_t)sz);
+        if (!g.work) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        run_split(gbwd_range, &g, P, nt);
+        Py_END_ALLOW_THREADS
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyMem_RawFree(g.work);
+    PyBuffer_Release(&bX); PyBuffer_Release(&bK); PyBuffer_Release(&bk); PyBuffer_Release(&bg); PyBuffer_Release(&bd);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"fista", fista, METH_VARARGS,
      "fista(K, mask, lip, out, P, J, n, C, iters, is_double, stop_when_fixed, nthreads, own_lipschitz[, sparse]) -> 0 or 1. "
@@ -551,6 +617,10 @@ static PyMethodDef methods[] = {
      "readout_backward(q, k, v, w, pz, g_y, g_q, g_k, g_v, g_gate, P, T, d, dv, n_chunks, chunk, scale, is_double, "
      "nthreads) -> None. g_q, g_k, g_v and g_gate (P, n_chunks, T; empty: not formed, pz then unused) overwritten. "
      "See sv_core/batched_readout.py."},
+    {"gram_backward", gram_backward, METH_VARARGS,
+     "gram_backward(X, K, keep, g_K, g_X, P, n, d, sigma, is_double, nthreads) -> None. X (P, n, d), K and g_K "
+     "(P, n, n), keep (P, n, n) bool / uint8 (D >= 0) of the forward; g_X (P, n, d) overwritten. See "
+     "sv_core/batched_common.py (rbf_gram)."},
     {NULL, NULL, 0, NULL},
 };
 

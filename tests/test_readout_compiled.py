@@ -1,7 +1,8 @@
 """Compiled hybrid readout (`models.sv_hybrid_readout.hybrid_attend_compiled`, loops in
 ``sv_core/_readout_body.h``) against the reference ``hybrid_weights(q, k, gate, chunk) @ v``:
 values and all four gradients at float64 and float32, thread invariance, the fallback without
-the extension, and the gate really being read."""
+the extension, and the gate really being read; and the compiled backward of `rbf_gram` against
+its torch backward."""
 from __future__ import annotations
 
 import pytest
@@ -117,3 +118,55 @@ def test_compiled_readout_rejects_bad_input_and_is_not_used_for_mixed_dtypes():
         readout_forward(q.float(), k, v, gate, 4)
     with pytest.raises(batched_common.BatchedGateError, match="chunk"):
         readout_forward(q, k, v, gate, 0)
+
+
+# ------------------------------------------------------------------ compiled Gram backward
+
+
+def _gram_grad(X, W, backend, sigma=1.7):
+    X = X.detach().clone().requires_grad_(True)
+    K = batched_common.rbf_gram(X, sigma, backend=backend)
+    (g,) = torch.autograd.grad((K * W).sum(), X)
+    return K.detach(), g
+
+
+@pytest.mark.parametrize("shape", [(4, 88, 16), (2, 3, 9, 5), (3, 1, 4), (2, 17, 3)])
+def test_compiled_gram_backward_matches_the_torch_backward(shape):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(*shape, generator=g, dtype=torch.float64)
+    if shape[-2] > 1:
+        X[..., 1, :] = X[..., 0, :]  # coincident keys: D rounds below 0, the clamp's masked entries
+    W = torch.randn(*shape[:-1], shape[-2], generator=g, dtype=torch.float64)
+    K_ref, g_ref = _gram_grad(X, W, "torch")
+    K_c, g_c = _gram_grad(X, W, "compiled")
+    assert torch.equal(K_ref, K_c)  # the forward is the same torch code
+    assert (g_ref - g_c).abs().max() <= 1e-12 * g_ref.abs().max()
+    # float32 against the float64 gradient at printed precision, like the torch backward
+    _, g32 = _gram_grad(X.float(), W.float(), "compiled")
+    _, g32_ref = _gram_grad(X.float(), W.float(), "torch")
+    scale = float(g_ref.abs().max()) or 1.0
+    assert (g32.double() - g_ref).abs().max() <= 5e-5 * scale
+    assert (g32_ref.double() - g_ref).abs().max() <= 5e-5 * scale
+
+
+def test_compiled_gram_backward_thread_invariance_and_fallback(monkeypatch):
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(7, 40, 16, generator=g)
+    W = torch.randn(7, 40, 40, generator=g)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _gram_grad(X, W, "auto")[1]
+        torch.set_num_threads(2)
+        two = _gram_grad(X, W, "auto")[1]
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    assert torch.equal(one, _gram_grad(X, W, "compiled")[1])
+    assert not torch.equal(one, _gram_grad(X, W, "torch")[1])  # another summation order: really the C loop
+    monkeypatch.setattr(batched_common, "batchfast", None)
+    assert torch.equal(_gram_grad(X, W, "auto")[1], _gram_grad(X, W, "torch")[1])
+    with pytest.raises(batched_common.BatchedGateError, match="compiled"):
+        batched_common.rbf_gram(X, 1.0, backend="compiled")
+    with pytest.raises(batched_common.BatchedGateError, match="backend"):
+        batched_common.rbf_gram(X, 1.0, backend="cuda")
