@@ -59,9 +59,9 @@
  * G = a + a^T with a = dL/dK K (-1 / sigma^2) where D >= 0, dL/dX = 2 (rowsum(G) X - G X), one
  * pass over each row (_gram_body.h).
  *
- * Threads. Problems of different Grams are independent: a batch's Grams are split into
- * contiguous ranges over the caller's thread count (torch's), each problem computed by the same
- * loop, so the result does not depend on the count.
+ * Threads. Problems of different Grams are independent: a batch's Grams are claimed one at a time
+ * by up to the caller's thread count (torch's) of threads, each problem computed by the same loop,
+ * so the result does not depend on the count (see run_split).
  *
  * The loops for float and double are _batchfast_body.h, _readout_body.h and _gram_body.h, included twice
  * (exp: expf / exp of libm). Only the buffer protocol
@@ -72,6 +72,7 @@
 #include <Python.h>
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* the Gram products are element-wise multiply-adds (no reassociation, no contraction), so every
@@ -137,12 +138,19 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #undef VL
 
 /* ---- splitting a batch over threads -------------------------------------------------------
- * Problems of different Grams (readout: of different (batch, head)) are independent, so the Grams [0, P) are cut into nthreads
- * contiguous ranges, each run by one thread with its own scratch; every problem is computed by
- * the same loop whatever the split (the same bits with 1 or 16 threads). POSIX threads; elsewhere
- * (or when a thread cannot be started) the ranges run in the calling thread. */
-#if !defined(_WIN32)
+ * Problems of different Grams (readout: of different (batch, head)) are independent and each is
+ * computed by the same loop whichever thread runs it (a thread's scratch holds nothing across
+ * problems), so the result is the same bits with 1 or 16 threads. The calling thread and up to
+ * nthreads - 1 helpers (POSIX threads, detached) claim problems one at a time from a shared
+ * counter; the caller returns once every claimed problem is finished. A helper that starts late
+ * (its core busy, e.g. with torch's spinning OpenMP workers right after a parallel torch operation)
+ * finds nothing left and only drops its reference to the job, so a call is never slower than the
+ * calling thread alone by more than the thread starts. Elsewhere (or when no thread can be
+ * started) the calling thread runs every problem. */
+#if !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
 #include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
 #define HAVE_PTHREADS 1
 #endif
 #define MAX_THREADS 64
@@ -150,18 +158,42 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 typedef struct {
     int (*fn)(void *ctx, Py_ssize_t p0, Py_ssize_t p1, int tid);
     void *ctx;
-    Py_ssize_t p0, p1;
-    int tid, code;
-} task_t;
+    Py_ssize_t P;
+    Py_ssize_t next;  /* atomic: the next unclaimed problem */
+    Py_ssize_t done;  /* atomic: problems finished */
+    int refs;         /* atomic: the caller and the helpers still holding the job */
+    int code;         /* atomic: OR of the problems' codes */
+    int tids[MAX_THREADS];
+} claim_job;
 
-static void *task_main(void *arg)
+static void claim_loop(claim_job *j, int tid)
 {
-    task_t *t = (task_t *)arg;
-    t->code = t->fn(t->ctx, t->p0, t->p1, t->tid);
-    return NULL;
+#ifdef HAVE_PTHREADS
+    for (;;) {
+        const Py_ssize_t p = __atomic_fetch_add(&j->next, 1, __ATOMIC_ACQ_REL);
+        if (p >= j->P) break;
+        const int c = j->fn(j->ctx, p, p + 1, tid);
+        if (c) __atomic_fetch_or(&j->code, c, __ATOMIC_ACQ_REL);
+        __atomic_fetch_add(&j->done, 1, __ATOMIC_RELEASE);
+    }
+#else
+    for (Py_ssize_t p = 0; p < j->P; p++) j->code |= j->fn(j->ctx, p, p + 1, tid);
+    j->done = j->P;
+#endif
 }
 
-/* nthreads clamped to [1, min(P, MAX_THREADS)]; returns the OR of the ranges' codes */
+#ifdef HAVE_PTHREADS
+static void *claim_main(void *arg)
+{
+    int *tidp = (int *)arg;
+    claim_job *j = (claim_job *)(void *)((char *)(tidp - *tidp) - offsetof(claim_job, tids));
+    claim_loop(j, *tidp);
+    if (__atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL) == 0) free(j);
+    return NULL;
+}
+#endif
+
+/* nthreads clamped to [1, min(P, MAX_THREADS)] */
 static int clamp_threads(long nthreads, Py_ssize_t P)
 {
     if (nthreads > P) nthreads = (long)P;
@@ -169,32 +201,51 @@ static int clamp_threads(long nthreads, Py_ssize_t P)
     return nthreads < 1 ? 1 : (int)nthreads;
 }
 
+/* runs fn(ctx, p, p + 1, tid) for every problem p in [0, P) on up to nt threads (tid < nt picks the
+ * scratch); returns the OR of the codes */
 static int run_split(int (*fn)(void *, Py_ssize_t, Py_ssize_t, int), void *ctx, Py_ssize_t P, int nt)
 {
-    task_t tasks[MAX_THREADS];
-    for (int t = 0; t < nt; t++) {
-        tasks[t].fn = fn;
-        tasks[t].ctx = ctx;
-        tasks[t].p0 = P * t / nt;
-        tasks[t].p1 = P * (t + 1) / nt;
-        tasks[t].tid = t;
-        tasks[t].code = 0;
-    }
+    claim_job local, *j = &local;
 #ifdef HAVE_PTHREADS
-    pthread_t th[MAX_THREADS];
-    int started[MAX_THREADS];
-    for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, task_main, &tasks[t]) == 0;
-    task_main(&tasks[0]);
-    for (int t = 1; t < nt; t++) {
-        if (started[t]) pthread_join(th[t], NULL);
-        else task_main(&tasks[t]);
+    if (nt > 1) {
+        j = (claim_job *)malloc(sizeof *j);
+        if (!j) { j = &local; nt = 1; }
     }
 #else
-    for (int t = 0; t < nt; t++) task_main(&tasks[t]);
+    nt = 1;
 #endif
-    int code = 0;
-    for (int t = 0; t < nt; t++) code |= tasks[t].code;
+    j->fn = fn;
+    j->ctx = ctx;
+    j->P = P;
+    j->next = 0;
+    j->done = 0;
+    j->code = 0;
+    j->refs = 1;
+    for (int t = 0; t < MAX_THREADS; t++) j->tids[t] = t;
+#ifdef HAVE_PTHREADS
+    if (nt > 1) {
+        pthread_attr_t attr;
+        int attr_ok = pthread_attr_init(&attr) == 0 && pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0;
+        for (int t = 1; attr_ok && t < nt; t++) {
+            pthread_t th;
+            __atomic_add_fetch(&j->refs, 1, __ATOMIC_ACQ_REL);
+            if (pthread_create(&th, &attr, claim_main, &j->tids[t]) != 0) {
+                __atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL);
+                break;
+            }
+        }
+        if (attr_ok) pthread_attr_destroy(&attr);
+    }
+#endif
+    claim_loop(j, 0);
+#ifdef HAVE_PTHREADS
+    while (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) < P) sched_yield(); /* problems claimed by helpers */
+    const int code = __atomic_load_n(&j->code, __ATOMIC_ACQUIRE);
+    if (j != &local && __atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL) == 0) free(j);
     return code;
+#else
+    return j->code;
+#endif
 }
 
 /* ---- kkt_forward ------------------------------------------------------------------------- */
