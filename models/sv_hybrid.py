@@ -17,14 +17,17 @@ SPEC §1 "Causal hybrid layer" (preprint 000 §3.5, 001 §3.4):
 LM configuration: chunk 64, C = 0.25, sigma = 2.
 
 Fast paths (each tested against its reference): the shared Gram of the prefixes is
-`sv_core.batched.rbf_gram` (reference `sv_core.torch_kernel`; hand-written backward); the FISTA
+`sv_core.batched.rbf_gram` (reference `sv_core.torch_kernel`; hand-written backward, compiled
+loops on CPU tensors when ``sv_core._batchfast`` is built); the FISTA
 partition finder (with its step bound) and the ridged KKT solve (with its right-hand side and
 its backward) run as compiled loops on CPU tensors when ``sv_core._batchfast`` is built
 (``fista_backend="auto"``, ``kkt_solver="auto"``; references ``"torch"`` and ``"cholesky"`` /
 ``"lu"`` = ``torch.linalg.solve`` as in the SPEC; on CUDA the Schur-complement Cholesky solve);
-without a deletion mask the readout has a hand-written backward, chunk by chunk over the
-visible keys or over the whole score matrix when chunks are many (`models.sv_hybrid_readout`;
-reference `hybrid_weights` @ v, ``fused_readout=False``). Exact inference memory with deletion:
+without a deletion mask the readout has a hand-written backward: compiled loops over each query's
+visible keys on CPU float32 / float64 tensors when ``sv_core._batchfast`` is built
+(`sv_core.batched_readout`), else chunk by chunk over the visible keys or over the whole score
+matrix when chunks are many (`models.sv_hybrid_readout`; reference `hybrid_weights` @ v,
+``fused_readout=False``). Exact inference memory with deletion:
 `models.sv_hybrid_memory`.
 """
 from __future__ import annotations
@@ -40,14 +43,15 @@ from models.sv_hybrid_readout import (
     chunk_starts,
     hybrid_attend,
     hybrid_attend_chunked,
+    hybrid_attend_compiled,
     hybrid_attend_dense,
     hybrid_weights,
 )
 from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, rbf_gram, warmup_threshold
 
 __all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "HybridDeletionError", "SVHybridAttention",
-           "chunk_starts", "hybrid_attend", "hybrid_attend_chunked", "hybrid_attend_dense", "hybrid_weights",
-           "prefix_gate_batched", "prefix_gate_exact"]
+           "chunk_starts", "hybrid_attend", "hybrid_attend_chunked", "hybrid_attend_compiled", "hybrid_attend_dense",
+           "hybrid_weights", "prefix_gate_batched", "prefix_gate_exact"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,7 +181,8 @@ class SVHybridAttention(nn.Module):
         "cholesky" (Schur-complement path) or "lu" (reference ``torch.linalg.solve``) for the
         ridged KKT solve.
     fused_readout : use a readout with a hand-written backward when no deletion mask is given
-        (`hybrid_attend`: `hybrid_attend_dense` for many chunks, else `hybrid_attend_chunked`);
+        (`hybrid_attend`: `hybrid_attend_compiled` on CPU when built, else `hybrid_attend_dense`
+        for many chunks, else `hybrid_attend_chunked`);
         False: the reference ``hybrid_weights(...) @ v``.
     fista_backend : partition finder of the batched gate: "auto" (compiled loop on CPU when
         built), "torch" (reference) or "compiled".

@@ -1,7 +1,9 @@
 """Readout of the causal SV hybrid layer (:mod:`models.sv_hybrid`): the attention weights
-(`hybrid_weights`, the reference), and two fast ``weights @ v`` paths with hand-written backwards
-tested against it — chunk by chunk over the visible keys (`hybrid_attend_chunked`), or the whole
-score matrix at once (`hybrid_attend_dense`); `hybrid_attend` picks one."""
+(`hybrid_weights`, the reference), and three fast ``weights @ v`` paths with hand-written backwards
+tested against it — compiled loops over the visible keys of each query (`hybrid_attend_compiled`,
+CPU float32 / float64 when ``sv_core._batchfast`` is built; `sv_core.batched_readout`), chunk by
+chunk over the visible keys (`hybrid_attend_chunked`), or the whole score matrix at once
+(`hybrid_attend_dense`); `hybrid_attend` picks one."""
 from __future__ import annotations
 
 import functools
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 
 from models.multihead import AttentionConfigError
+from sv_core.batched_readout import compiled_readout_applicable, readout_backward, readout_forward
 
 
 def chunk_starts(T: int, chunk: int) -> list[int]:
@@ -222,6 +225,37 @@ def hybrid_attend_dense(q, k, v, gate, chunk) -> torch.Tensor:
     return _DenseHybridReadout.apply(q, k, v, gate, int(chunk))
 
 
+class _CompiledHybridReadout(torch.autograd.Function):
+    """Hybrid readout in the compiled loops of `sv_core.batched_readout` (the formulas of
+    `_ChunkedHybridReadout`, future keys never formed); stores the weights (and ``p / Z`` on the
+    prefix columns when the gate needs a gradient) for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gate, chunk):
+        need_gate = ctx.needs_input_grad[3]
+        y, w, pz = readout_forward(q, k, v, gate, chunk, need_pz=need_gate)
+        ctx.chunk = chunk
+        ctx.save_for_backward(q, k, v, w, pz if need_gate else torch.empty(0))
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        q, k, v, w, pz = ctx.saved_tensors
+        dq, dk, dv, dgate = readout_backward(gy, q, k, v, w, pz if ctx.needs_input_grad[3] else None, ctx.chunk)
+        return dq, dk, dv, dgate, None
+
+
+def hybrid_attend_compiled(q, k, v, gate, chunk) -> torch.Tensor:
+    """Fast hybrid readout (no deletion mask) in compiled loops (`sv_core.batched_readout`; CPU
+    float32 / float64 tensors of one dtype, ``sv_core._batchfast`` built): same value and
+    gradients as ``hybrid_weights(q, k, gate, chunk) @ v`` (the reference) up to rounding, first-
+    order autograd only; thread count does not change the result. Shapes as `hybrid_attend_chunked`."""
+    if chunk < 1:
+        raise AttentionConfigError(f"chunk must be >= 1, got {chunk}")
+    return _CompiledHybridReadout.apply(q, k, v, gate, int(chunk))
+
+
 #: `hybrid_attend` reads the whole score matrix at once from this many chunks on (measured: at
 #: T = 96, chunk 8 the dense form is about 2.5x faster than the chunk loop; at T = 256, chunk 64
 #: the chunk loop skips the upper blocks and wins)
@@ -231,11 +265,14 @@ DENSE_READOUT_MIN_CHUNKS = 6
 def hybrid_attend(q, k, v, gate, chunk, keep=None, fused: bool = True) -> torch.Tensor:
     """Hybrid readout ``weights @ v``: (B, H, T, d) x3 + gate -> (B, H, T, d_v).
 
-    Without a deletion mask and with ``fused=True`` this is `hybrid_attend_dense` when the
+    Without a deletion mask and with ``fused=True`` this is `hybrid_attend_compiled` when it
+    applies (CPU float32 / float64, compiled loops built), else `hybrid_attend_dense` when the
     sequence has at least :data:`DENSE_READOUT_MIN_CHUNKS` chunks, else `hybrid_attend_chunked`;
     otherwise the dense reference ``hybrid_weights(...) @ v``.
     """
     if keep is None and fused:
+        if compiled_readout_applicable(q, k, v, gate):
+            return hybrid_attend_compiled(q, k, v, gate, chunk)
         if -(-q.shape[2] // int(chunk)) >= DENSE_READOUT_MIN_CHUNKS:
             return hybrid_attend_dense(q, k, v, gate, chunk)
         return hybrid_attend_chunked(q, k, v, gate, chunk)

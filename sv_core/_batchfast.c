@@ -44,11 +44,27 @@
  * fails (A not numerically positive definite) is reported and the caller falls back to the
  * reference solve for the whole batch.
  *
- * Threads. Problems of different Grams are independent: a batch's Grams are split into
- * contiguous ranges over the caller's thread count (torch's), each problem computed by the same
- * loop, so the result does not depend on the count.
+ * Readout. The hybrid readout of the causal SV layer without a deletion mask (reference:
+ * models.sv_hybrid_readout.hybrid_weights(q, k, gate, chunk) @ v), forward and backward, one
+ * problem per (batch, head): query t of chunk c = t / chunk (start s = c chunk) forms its scores
+ * (q_t / sqrt(d)) . k_j for the visible keys j <= t only (the future is never formed), p_j =
+ * exp(score_j - max), the multiplier m_j = gate[c, j] on the prefix j < s and 1 on the chunk,
+ * Z = max(sum p m, tiny), w = p m / Z, y_t = sum_j w_j v_j. The backward, with g_j = gy_t . v_j and
+ * r = sum_j w_j g_j: dscore_j = w_j (g_j - r), dgate[c, j] = sum over the chunk's queries of
+ * (p_j / Z)(g_j - r) on the prefix, dq, dk, dv from dscore and w (_readout_body.h). The forward
+ * stores w (and p / Z on the prefix when the gate needs a gradient) for the backward.
  *
- * The loops for float and double are _batchfast_body.h, included twice. Only the buffer protocol
+ * Gram backward. The gradient of the batch's RBF Gram matrices K = exp(-max(D, 0) / sigma^2)
+ * (reference: the torch backward of sv_core.batched_common.rbf_gram; the forward stays torch's):
+ * G = a + a^T with a = dL/dK K (-1 / sigma^2) where D >= 0, dL/dX = 2 (rowsum(G) X - G X), one
+ * pass over each row (_gram_body.h).
+ *
+ * Threads. Problems of different Grams are independent: a batch's Grams are claimed one at a time
+ * by up to the caller's thread count (torch's) of threads, each problem computed by the same loop,
+ * so the result does not depend on the count (see run_split).
+ *
+ * The loops for float and double are _batchfast_body.h, _readout_body.h and _gram_body.h, included twice
+ * (exp: expf / exp of libm). Only the buffer protocol
  * is used (no NumPy C API); the GIL is released during the loops. Built with -ffp-contract=off
  * like _cpfast.c.
  */
@@ -56,6 +72,7 @@
 #include <Python.h>
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* the Gram products are element-wise multiply-adds (no reassociation, no contraction), so every
@@ -87,7 +104,13 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #define VT vec_f32
 #define VIT vec_i32
 #define VL 8
+#define EXP expf
+#define TINY FLT_MIN
 #include "_batchfast_body.h"
+#include "_readout_body.h"
+#include "_gram_body.h"
+#undef EXP
+#undef TINY
 #undef T
 #undef NAME
 #undef EPS
@@ -100,7 +123,13 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #define VT vec_f64
 #define VIT vec_i64
 #define VL 4
+#define EXP exp
+#define TINY DBL_MIN
 #include "_batchfast_body.h"
+#include "_readout_body.h"
+#include "_gram_body.h"
+#undef EXP
+#undef TINY
 #undef T
 #undef NAME
 #undef EPS
@@ -109,12 +138,19 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #undef VL
 
 /* ---- splitting a batch over threads -------------------------------------------------------
- * Problems of different Grams are independent, so the Grams [0, P) are cut into nthreads
- * contiguous ranges, each run by one thread with its own scratch; every problem is computed by
- * the same loop whatever the split (the same bits with 1 or 16 threads). POSIX threads; elsewhere
- * (or when a thread cannot be started) the ranges run in the calling thread. */
-#if !defined(_WIN32)
+ * Problems of different Grams (readout: of different (batch, head)) are independent and each is
+ * computed by the same loop whichever thread runs it (a thread's scratch holds nothing across
+ * problems), so the result is the same bits with 1 or 16 threads. The calling thread and up to
+ * nthreads - 1 helpers (POSIX threads, detached) claim problems one at a time from a shared
+ * counter; the caller returns once every claimed problem is finished. A helper that starts late
+ * (its core busy, e.g. with torch's spinning OpenMP workers right after a parallel torch operation)
+ * finds nothing left and only drops its reference to the job, so a call is never slower than the
+ * calling thread alone by more than the thread starts. Elsewhere (or when no thread can be
+ * started) the calling thread runs every problem. */
+#if !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
 #include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
 #define HAVE_PTHREADS 1
 #endif
 #define MAX_THREADS 64
@@ -122,18 +158,42 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 typedef struct {
     int (*fn)(void *ctx, Py_ssize_t p0, Py_ssize_t p1, int tid);
     void *ctx;
-    Py_ssize_t p0, p1;
-    int tid, code;
-} task_t;
+    Py_ssize_t P;
+    Py_ssize_t next;  /* atomic: the next unclaimed problem */
+    Py_ssize_t done;  /* atomic: problems finished */
+    int refs;         /* atomic: the caller and the helpers still holding the job */
+    int code;         /* atomic: OR of the problems' codes */
+    int tids[MAX_THREADS];
+} claim_job;
 
-static void *task_main(void *arg)
+static void claim_loop(claim_job *j, int tid)
 {
-    task_t *t = (task_t *)arg;
-    t->code = t->fn(t->ctx, t->p0, t->p1, t->tid);
-    return NULL;
+#ifdef HAVE_PTHREADS
+    for (;;) {
+        const Py_ssize_t p = __atomic_fetch_add(&j->next, 1, __ATOMIC_ACQ_REL);
+        if (p >= j->P) break;
+        const int c = j->fn(j->ctx, p, p + 1, tid);
+        if (c) __atomic_fetch_or(&j->code, c, __ATOMIC_ACQ_REL);
+        __atomic_fetch_add(&j->done, 1, __ATOMIC_RELEASE);
+    }
+#else
+    for (Py_ssize_t p = 0; p < j->P; p++) j->code |= j->fn(j->ctx, p, p + 1, tid);
+    j->done = j->P;
+#endif
 }
 
-/* nthreads clamped to [1, min(P, MAX_THREADS)]; returns the OR of the ranges' codes */
+#ifdef HAVE_PTHREADS
+static void *claim_main(void *arg)
+{
+    int *tidp = (int *)arg;
+    claim_job *j = (claim_job *)(void *)((char *)(tidp - *tidp) - offsetof(claim_job, tids));
+    claim_loop(j, *tidp);
+    if (__atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL) == 0) free(j);
+    return NULL;
+}
+#endif
+
+/* nthreads clamped to [1, min(P, MAX_THREADS)] */
 static int clamp_threads(long nthreads, Py_ssize_t P)
 {
     if (nthreads > P) nthreads = (long)P;
@@ -141,32 +201,51 @@ static int clamp_threads(long nthreads, Py_ssize_t P)
     return nthreads < 1 ? 1 : (int)nthreads;
 }
 
+/* runs fn(ctx, p, p + 1, tid) for every problem p in [0, P) on up to nt threads (tid < nt picks the
+ * scratch); returns the OR of the codes */
 static int run_split(int (*fn)(void *, Py_ssize_t, Py_ssize_t, int), void *ctx, Py_ssize_t P, int nt)
 {
-    task_t tasks[MAX_THREADS];
-    for (int t = 0; t < nt; t++) {
-        tasks[t].fn = fn;
-        tasks[t].ctx = ctx;
-        tasks[t].p0 = P * t / nt;
-        tasks[t].p1 = P * (t + 1) / nt;
-        tasks[t].tid = t;
-        tasks[t].code = 0;
-    }
+    claim_job local, *j = &local;
 #ifdef HAVE_PTHREADS
-    pthread_t th[MAX_THREADS];
-    int started[MAX_THREADS];
-    for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, task_main, &tasks[t]) == 0;
-    task_main(&tasks[0]);
-    for (int t = 1; t < nt; t++) {
-        if (started[t]) pthread_join(th[t], NULL);
-        else task_main(&tasks[t]);
+    if (nt > 1) {
+        j = (claim_job *)malloc(sizeof *j);
+        if (!j) { j = &local; nt = 1; }
     }
 #else
-    for (int t = 0; t < nt; t++) task_main(&tasks[t]);
+    nt = 1;
 #endif
-    int code = 0;
-    for (int t = 0; t < nt; t++) code |= tasks[t].code;
+    j->fn = fn;
+    j->ctx = ctx;
+    j->P = P;
+    j->next = 0;
+    j->done = 0;
+    j->code = 0;
+    j->refs = 1;
+    for (int t = 0; t < MAX_THREADS; t++) j->tids[t] = t;
+#ifdef HAVE_PTHREADS
+    if (nt > 1) {
+        pthread_attr_t attr;
+        int attr_ok = pthread_attr_init(&attr) == 0 && pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0;
+        for (int t = 1; attr_ok && t < nt; t++) {
+            pthread_t th;
+            __atomic_add_fetch(&j->refs, 1, __ATOMIC_ACQ_REL);
+            if (pthread_create(&th, &attr, claim_main, &j->tids[t]) != 0) {
+                __atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL);
+                break;
+            }
+        }
+        if (attr_ok) pthread_attr_destroy(&attr);
+    }
+#endif
+    claim_loop(j, 0);
+#ifdef HAVE_PTHREADS
+    while (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) < P) sched_yield(); /* problems claimed by helpers */
+    const int code = __atomic_load_n(&j->code, __ATOMIC_ACQUIRE);
+    if (j != &local && __atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL) == 0) free(j);
     return code;
+#else
+    return j->code;
+#endif
 }
 
 /* ---- kkt_forward ------------------------------------------------------------------------- */
@@ -377,6 +456,192 @@ done:
     return res;
 }
 
+/* ---- readout_forward / readout_backward ------------------------------------------------ */
+typedef struct {
+    const void *q, *k, *v, *gate, *w, *pz, *gy;
+    void *y, *wout, *pzout, *dq, *dk, *dv, *dgate;
+    Py_ssize_t nt, d, dv_, nc, chunk, wn;
+    double scale;
+    int dbl;
+    char *work; /* wn entries per thread */
+} rd_ctx;
+
+static int rfwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    rd_ctx *r = (rd_ctx *)c;
+    if (r->dbl)
+        readout_fwd_f64(r->q, r->k, r->v, r->gate, r->y, r->wout, r->pzout, p0, p1, r->nt, r->d, r->dv_, r->nc,
+                        r->chunk, r->scale, (double *)r->work + (size_t)tid * (size_t)r->wn);
+    else
+        readout_fwd_f32(r->q, r->k, r->v, r->gate, r->y, r->wout, r->pzout, p0, p1, r->nt, r->d, r->dv_, r->nc,
+                        r->chunk, (float)r->scale, (float *)r->work + (size_t)tid * (size_t)r->wn);
+    return 0;
+}
+
+static int rbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    rd_ctx *r = (rd_ctx *)c;
+    if (r->dbl)
+        readout_bwd_f64(r->q, r->k, r->v, r->w, r->pz, r->gy, r->dq, r->dk, r->dv, r->dgate, p0, p1, r->nt, r->d,
+                        r->dv_, r->nc, r->chunk, r->scale, (double *)r->work + (size_t)tid * (size_t)r->wn);
+    else
+        readout_bwd_f32(r->q, r->k, r->v, r->w, r->pz, r->gy, r->dq, r->dk, r->dv, r->dgate, p0, p1, r->nt, r->d,
+                        r->dv_, r->nc, r->chunk, (float)r->scale, (float *)r->work + (size_t)tid * (size_t)r->wn);
+    return 0;
+}
+
+/* shapes shared by both directions; 0 when consistent */
+static int readout_sizes_bad(Py_ssize_t P, Py_ssize_t nt, Py_ssize_t d, Py_ssize_t dv, Py_ssize_t nc,
+                             Py_ssize_t chunk, double scale)
+{
+    return P < 0 || nt < 0 || d < 1 || dv < 1 || chunk < 1 || nc != (nt + chunk - 1) / chunk || !(scale > 0.0);
+}
+
+static PyObject *readout_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t P, nt, d, dv, nc, chunk;
+    double scale;
+    int dbl;
+    long nthreads;
+    Py_buffer bq, bk, bv, bg, by, bw, bz;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*nnnnnndpl", &bq, &bk, &bv, &bg, &by, &bw, &bz, &P, &nt, &d, &dv,
+                          &nc, &chunk, &scale, &dbl, &nthreads))
+        return NULL;
+    PyObject *res = NULL;
+    rd_ctx r = {0};
+    const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
+    const int gz = bz.len > 0; /* pz wanted (the gate needs a gradient) */
+    if (readout_sizes_bad(P, nt, d, dv, nc, chunk, scale) || bq.len < P * nt * d * sz || bk.len < P * nt * d * sz
+        || bv.len < P * nt * dv * sz || bg.len < P * nc * nt * sz || by.len < P * nt * dv * sz
+        || bw.len < P * nt * nt * sz || (gz && bz.len < P * nt * nt * sz)) {
+        PyErr_SetString(PyExc_ValueError, "_batchfast.readout_forward: inconsistent sizes");
+        goto done;
+    }
+    const int nt_ = clamp_threads(nthreads, P);
+    r.q = bq.buf; r.k = bk.buf; r.v = bv.buf; r.gate = bg.buf; r.y = by.buf; r.wout = bw.buf;
+    r.pzout = gz ? bz.buf : NULL;
+    r.nt = nt; r.d = d; r.dv_ = dv; r.nc = nc; r.chunk = chunk; r.scale = scale; r.dbl = dbl;
+    r.wn = d * nt + nt + d;
+    if (P > 0) {
+        r.work = PyMem_RawMalloc((size_t)nt_ * (size_t)r.wn * (size_t)sz);
+        if (!r.work) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        run_split(rfwd_range, &r, P, nt_);
+        Py_END_ALLOW_THREADS
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyMem_RawFree(r.work);
+    PyBuffer_Release(&bq); PyBuffer_Release(&bk); PyBuffer_Release(&bv); PyBuffer_Release(&bg);
+    PyBuffer_Release(&by); PyBuffer_Release(&bw); PyBuffer_Release(&bz);
+    return res;
+}
+
+static PyObject *readout_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t P, nt, d, dv, nc, chunk;
+    double scale;
+    int dbl;
+    long nthreads;
+    Py_buffer bq, bk, bv, bw, bz, bgy, bdq, bdk, bdv, bdg;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*w*w*w*w*nnnnnndpl", &bq, &bk, &bv, &bw, &bz, &bgy, &bdq, &bdk, &bdv,
+                          &bdg, &P, &nt, &d, &dv, &nc, &chunk, &scale, &dbl, &nthreads))
+        return NULL;
+    PyObject *res = NULL;
+    rd_ctx r = {0};
+    const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
+    const int gz = bdg.len > 0; /* dgate wanted: pz given */
+    if (readout_sizes_bad(P, nt, d, dv, nc, chunk, scale) || bq.len < P * nt * d * sz || bk.len < P * nt * d * sz
+        || bv.len < P * nt * dv * sz || bw.len < P * nt * nt * sz || bgy.len < P * nt * dv * sz
+        || bdq.len < P * nt * d * sz || bdk.len < P * nt * d * sz || bdv.len < P * nt * dv * sz
+        || (gz && (bz.len < P * nt * nt * sz || bdg.len < P * nc * nt * sz))) {
+        PyErr_SetString(PyExc_ValueError, "_batchfast.readout_backward: inconsistent sizes");
+        goto done;
+    }
+    const int nt_ = clamp_threads(nthreads, P);
+    r.q = bq.buf; r.k = bk.buf; r.v = bv.buf; r.w = bw.buf; r.pz = gz ? bz.buf : NULL; r.gy = bgy.buf;
+    r.dq = bdq.buf; r.dk = bdk.buf; r.dv = bdv.buf; r.dgate = gz ? bdg.buf : NULL;
+    r.nt = nt; r.d = d; r.dv_ = dv; r.nc = nc; r.chunk = chunk; r.scale = scale; r.dbl = dbl;
+    r.wn = dv * nt + nt + d;
+    if (P > 0) {
+        r.work = PyMem_RawMalloc((size_t)nt_ * (size_t)r.wn * (size_t)sz);
+        if (!r.work) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        run_split(rbwd_range, &r, P, nt_);
+        Py_END_ALLOW_THREADS
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyMem_RawFree(r.work);
+    PyBuffer_Release(&bq); PyBuffer_Release(&bk); PyBuffer_Release(&bv); PyBuffer_Release(&bw);
+    PyBuffer_Release(&bz); PyBuffer_Release(&bgy); PyBuffer_Release(&bdq); PyBuffer_Release(&bdk);
+    PyBuffer_Release(&bdv); PyBuffer_Release(&bdg);
+    return res;
+}
+
+/* ---- gram_backward ------------------------------------------------------------------------ */
+typedef struct {
+    const void *X, *K, *keep, *gK;
+    void *dX;
+    Py_ssize_t n, d, wn;
+    double nis2;
+    int dbl;
+    char *work;
+} gr_ctx;
+
+static int gbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
+{
+    gr_ctx *g = (gr_ctx *)c;
+    if (g->dbl)
+        gram_bwd_f64(g->X, g->K, g->keep, g->gK, g->dX, p0, p1, g->n, g->d, g->nis2,
+                     (double *)g->work + (size_t)tid * (size_t)g->wn);
+    else
+        gram_bwd_f32(g->X, g->K, g->keep, g->gK, g->dX, p0, p1, g->n, g->d, (float)g->nis2,
+                     (float *)g->work + (size_t)tid * (size_t)g->wn);
+    return 0;
+}
+
+static PyObject *gram_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t P, n, d;
+    double sigma;
+    int dbl;
+    long nthreads;
+    Py_buffer bX, bK, bk, bg, bd;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nnndpl", &bX, &bK, &bk, &bg, &bd, &P, &n, &d, &sigma, &dbl, &nthreads))
+        return NULL;
+    PyObject *res = NULL;
+    gr_ctx g = {0};
+    const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
+    if (P < 0 || n < 0 || d < 1 || !(sigma > 0.0) || bX.len < P * n * d * sz || bK.len < P * n * n * sz
+        || bk.len < P * n * n || bg.len < P * n * n * sz || bd.len < P * n * d * sz) {
+        PyErr_SetString(PyExc_ValueError, "_batchfast.gram_backward: inconsistent sizes");
+        goto done;
+    }
+    const int nt = clamp_threads(nthreads, P);
+    g.X = bX.buf; g.K = bK.buf; g.keep = bk.buf; g.gK = bg.buf; g.dX = bd.buf; g.n = n; g.d = d;
+    g.nis2 = -1.0 / (sigma * sigma); g.dbl = dbl;
+    g.wn = n * n + n + d;
+    if (P > 0 && n > 0) {
+        g.work = PyMem_RawMalloc((size_t)nt * (size_t)g.wn * (size_t)sz);
+        if (!g.work) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        run_split(gbwd_range, &g, P, nt);
+        Py_END_ALLOW_THREADS
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyMem_RawFree(g.work);
+    PyBuffer_Release(&bX); PyBuffer_Release(&bK); PyBuffer_Release(&bk); PyBuffer_Release(&bg); PyBuffer_Release(&bd);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"fista", fista, METH_VARARGS,
      "fista(K, mask, lip, out, P, J, n, C, iters, is_double, stop_when_fixed, nthreads, own_lipschitz[, sparse]) -> 0 or 1. "
@@ -395,15 +660,27 @@ static PyMethodDef methods[] = {
      "kkt_backward(S, E, C, alpha, g_alpha, g_rho, Lstore, x1store, dstore, offsets, g_h, g_c0, g_K_or_None, P, J, "
      "n, is_double, nthreads) -> None. E as in kkt_forward (then g_K is required, g_h and g_c0 are not written). "
      "See sv_core/batched_kkt.py."},
+    {"readout_forward", readout_forward, METH_VARARGS,
+     "readout_forward(q, k, v, gate, y, w, pz, P, T, d, dv, n_chunks, chunk, scale, is_double, nthreads) -> None. "
+     "q, k (P, T, d), v (P, T, dv), gate (P, n_chunks, T) in; y (P, T, dv), w (P, T, T) (rows on j <= t) and pz "
+     "(P, T, T) (prefix columns; empty: not formed) out; all C-contiguous. See sv_core/batched_readout.py."},
+    {"readout_backward", readout_backward, METH_VARARGS,
+     "readout_backward(q, k, v, w, pz, g_y, g_q, g_k, g_v, g_gate, P, T, d, dv, n_chunks, chunk, scale, is_double, "
+     "nthreads) -> None. g_q, g_k, g_v and g_gate (P, n_chunks, T; empty: not formed, pz then unused) overwritten. "
+     "See sv_core/batched_readout.py."},
+    {"gram_backward", gram_backward, METH_VARARGS,
+     "gram_backward(X, K, keep, g_K, g_X, P, n, d, sigma, is_double, nthreads) -> None. X (P, n, d), K and g_K "
+     "(P, n, n), keep (P, n, n) bool / uint8 (D >= 0) of the forward; g_X (P, n, d) overwritten. See "
+     "sv_core/batched_common.py (rbf_gram)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batchfast",
-                                    "Compiled loops of the batched SVDD gate (FISTA, ridged KKT solve).",
+                                    "Compiled loops of the batched SVDD gate (FISTA, ridged KKT solve) and the hybrid readout.",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 /* bumped whenever a function's arguments or return value change: a stale build is not used */
-#define BATCHFAST_ABI 3
+#define BATCHFAST_ABI 4
 
 PyMODINIT_FUNC PyInit__batchfast(void)
 {

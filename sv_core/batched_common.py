@@ -1,6 +1,6 @@
 """Shared pieces of the batched SVDD gate (:mod:`sv_core.batched`): its error type, the warm-up
 size, the box check, the problem layout — a batch of P Gram matrices, each shared by J masked
-problems — the batch's RBF Gram matrices with an analytic backward (`rbf_gram`; reference
+problems — the batch's RBF Gram matrices with an analytic backward (`rbf_gram`, compiled or torch; reference
 ``sv_core.kernels.torch_kernel``) and the optional compiled loops ``sv_core._batchfast`` (``sv_core/_batchfast.c``,
 built by ``setup.py``; the torch paths are their references)."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ try:
 except ImportError:  # pragma: no cover - optional, built by setup.py
     batchfast = None
 #: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
-ABI = 3
+ABI = 4
 if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: no cover
     batchfast = None
 
@@ -107,17 +107,18 @@ class _RBFGram(torch.autograd.Function):
     """``K = exp(-max(D, 0) / sigma^2)``, ``D_ij = |x_i|^2 + |x_j|^2 - 2 x_i . x_j`` (one batched
     ``baddbmm``, the rest in place); backward ``dL/dD = -dL/dK * K / sigma^2`` where ``D >= 0`` (the
     clamp's pass-through set, as autograd of the reference), ``dL/dX = 2 (rowsum(G) X - G X)`` with
-    ``G = dL/dD + dL/dD^T``: three full-size passes each way instead of about a dozen."""
+    ``G = dL/dD + dL/dD^T``: three full-size passes each way instead of about a dozen; with
+    ``compiled`` the backward is one pass per row in ``sv_core._batchfast.gram_backward``."""
 
     @staticmethod
-    def forward(ctx, X, sigma):
+    def forward(ctx, X, sigma, compiled=False):
         lead, n, d = X.shape[:-2], X.shape[-2], X.shape[-1]
         Xf = X.reshape(-1, n, d)
         sq = (Xf * Xf).sum(-1)
         D = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Xf, Xf.transpose(-1, -2), alpha=-2.0)
         keep = D >= 0
         K = D.clamp_min_(0.0).mul_(-1.0 / (sigma * sigma)).exp_()
-        ctx.sigma, ctx.lead_shape = sigma, X.shape
+        ctx.sigma, ctx.lead_shape, ctx.compiled = sigma, X.shape, bool(compiled) and d >= 1
         ctx.save_for_backward(Xf, K, keep)
         return K.view(*lead, n, n)
 
@@ -125,13 +126,25 @@ class _RBFGram(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, gK):
         Xf, K, keep = ctx.saved_tensors
+        ext = batchfast
+        if ctx.compiled and ext is not None:  # the same formulas in one pass per row (sv_core/_gram_body.h)
+            P, n, d = Xf.shape
+            dX = Xf.new_empty(P, n, d)
+            gKc = gK.reshape(K.shape).contiguous()
+            ext.gram_backward(Xf.contiguous().numpy(), K.numpy(), keep.numpy(), gKc.numpy(), dX.numpy(), P, n, d,
+                              ctx.sigma, Xf.dtype == torch.float64, compiled_threads())
+            return dX.view(ctx.lead_shape), None, None
         G = (gK.reshape(K.shape) * K).masked_fill_(~keep, 0.0).mul_(-1.0 / (ctx.sigma * ctx.sigma))
         G = G + G.transpose(-1, -2)
         dX = torch.baddbmm(G.sum(-1, keepdim=True) * Xf, G, Xf, alpha=-1.0).mul_(2.0)
-        return dX.view(ctx.lead_shape), None
+        return dX.view(ctx.lead_shape), None, None
 
 
-def rbf_gram(X: torch.Tensor, sigma: float) -> torch.Tensor:
+#: backends of `rbf_gram`'s backward
+GRAM_BACKENDS = ("auto", "torch", "compiled")
+
+
+def rbf_gram(X: torch.Tensor, sigma: float, backend: str = "auto") -> torch.Tensor:
     """RBF Gram matrices of a batch of key sets, differentiable: the value of
     ``sv_core.kernels.torch_kernel(X, X, sigma)`` (its reference; equal to rounding) with a
     hand-written backward (first-order autograd only).
@@ -140,6 +153,10 @@ def rbf_gram(X: torch.Tensor, sigma: float) -> torch.Tensor:
     ----------
     X : tensor (..., n, d)
     sigma : float bandwidth
+    backend : the backward's loops: "auto" (compiled for CPU float32 / float64 when
+        ``sv_core._batchfast`` is built, else torch), "torch" (batched torch operations, the
+        reference) or "compiled" (error when not applicable). The value is the same either way;
+        the compiled gradient differs in summation order only and not with the thread count.
 
     Returns
     -------
@@ -149,4 +166,9 @@ def rbf_gram(X: torch.Tensor, sigma: float) -> torch.Tensor:
         raise BatchedGateError("X must be a floating tensor of shape (..., n, d)")
     if not (float(sigma) > 0) or not math.isfinite(float(sigma)):
         raise BatchedGateError(f"sigma must be a positive finite number, got {sigma!r}")
-    return _RBFGram.apply(X, float(sigma))
+    if backend not in GRAM_BACKENDS:
+        raise BatchedGateError(f"backend must be one of {GRAM_BACKENDS}, got {backend!r}")
+    usable = compiled_applicable(X)
+    if backend == "compiled" and not usable:
+        raise BatchedGateError("the compiled Gram backward needs sv_core._batchfast built and a CPU float32/float64 X")
+    return _RBFGram.apply(X, float(sigma), usable and backend != "torch")
