@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -343,6 +344,30 @@ def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path
                        "--threads", "1", "--json", str(tmp_path / "b.json")]) == 0
     b = json.loads((tmp_path / "b.json").read_text())
     assert b["rounds"] == 1 and b["threads"] == [1] and list(b["summary"]) == ["1"]
+    # the README block is rendered from the result file, between its markers only
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{bench.BEGIN}\nold\n{bench.END}\noutro\n")
+    assert bench.main(["--table", str(tmp_path / "b.json"), "--readme", str(readme)]) == 0
+    doc = readme.read_text()
+    s = b["summary"]["1"]["lstm"]
+    assert doc.startswith("intro\n") and doc.endswith("outro\n") and "old" not in doc
+    assert f"| 1 | lstm | {s['median_s']:.2f} ({s['min_s']:.2f}–{s['max_s']:.2f}) | 1.00× |" in doc
+    assert bench.markdown(b) in doc and "1 interleaved rounds" in doc
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit):
+        bench.main(["--table", str(tmp_path / "b.json"), "--readme", str(readme)])
+    assert readme.read_text() == "no markers\n"
+
+
+def test_readme_epoch_table_is_the_rendering_of_its_result():
+    from evaluation.clinical import deterioration_bench as bench
+
+    root = Path(__file__).resolve().parents[1]
+    res = root / bench.README_RESULT
+    if not res.is_file():
+        pytest.skip(f"{bench.README_RESULT} not present")
+    doc = (root / "README.md").read_text()
+    assert f"{bench.BEGIN}\n{bench.markdown(json.loads(res.read_text()))}\n{bench.END}" in doc
 
 
 def test_sv_attention_training_repeats_exactly_at_each_thread_count(small_wh):

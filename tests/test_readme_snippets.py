@@ -226,6 +226,11 @@ PARSE_ONLY = {
     "python -m cohort.demo_data fetch": "set-up step that downloads (network); tests never download",
     "python -m evaluation.clinical.deterioration_bench --warehouse W --rounds 3 --json OUT":
         "a benchmark (trains every model for an epoch per round); test_clinical_deterioration runs its study path",
+    "python -m evaluation.clinical.deterioration_bench --warehouse W --rounds 3 --threads 1 0 --json OUT":
+        "the same benchmark at 1 thread and torch's default (minutes on the 42k warehouse)",
+    "python -m evaluation.clinical.deterioration_bench --table docs/results/deterioration_bench_42k.json "
+    "--readme README.md": "rewrites the README's deterioration_bench block from the committed result file "
+                          "(tests/test_clinical_deterioration.py checks the block equals its rendering)",
     "python -m models.corpus fetch": "set-up step that downloads (network); tests never download",
     "forgetful serve --ingest-root DIR --ingest-interval 3600": "serves until stopped; tests/test_ingest_served.py "
                                                                 "(slow) serves it on a 3-s interval",

@@ -3,6 +3,7 @@
 Command line::
 
     python -m evaluation.clinical.deterioration_bench --warehouse W [--rounds 3] [--threads 0 1] [--json OUT]
+    python -m evaluation.clinical.deterioration_bench --table OUT [--readme README.md]
 
 Each round trains every model of ``--models`` (default softmax and SV attention) for one epoch
 with the same seed under every CPU thread count of ``--threads`` (default: torch's default count,
@@ -41,6 +42,7 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
     """Per-epoch seconds and the test AUROC of each run, per thread count (``threads``, default
     ``[1]``; 0 = torch's default count) and model: ``times_s[str(t)][model]`` (``rounds`` entries),
     ``aurocs`` alike, ``summary[str(t)][model]``."""
+    load_before = os.getloadavg()
     default = default_threads()
     ts = [default if int(t) == 0 else int(t) for t in (threads or [1])]
     caps = dtr.CAPS[device]
@@ -72,7 +74,7 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
     return {"warehouse": os.path.basename(warehouse), "device": device, "rounds": rounds, "seed": seed,
             "threads": ts, "default_threads": default, "cpu_count": os.cpu_count(),
             "train_windows": min(tw, data.train.n_windows), "val_windows": data.val.n_windows,
-            "load_before": os.getloadavg(), "times_s": times, "cpu_s": cpu, "aurocs": aurocs, "summary": summary}
+            "load_before": load_before, "times_s": times, "cpu_s": cpu, "aurocs": aurocs, "summary": summary}
 
 
 def table(out: dict, models: list[str]) -> list[str]:
@@ -86,6 +88,43 @@ def table(out: dict, models: list[str]) -> list[str]:
             lines.append(f"{t:>7} {m:>13} {s['median_s']:>12.3f} ({s['min_s']:.3f}-{s['max_s']:.3f})"
                          f" {ratio:>5.2f}x {s['cpu_median_s']:>7.3f} {cratio:>5.2f}x  {s['distinct_auroc']}")
     return lines
+
+
+BEGIN, END = "<!-- deterioration_bench:begin -->", "<!-- deterioration_bench:end -->"
+#: the result file the README's block is rendered from (``--table FILE --readme README.md``)
+README_RESULT = "docs/results/deterioration_bench_42k.json"
+
+
+def markdown(out: dict) -> str:
+    """The README block of a :func:`bench` result: per thread count, each model's median epoch
+    seconds (min-max), CPU seconds and the ratios to the first model; the setting and the load."""
+    models = list(next(iter(out["summary"].values())))
+    lines = ["| threads | model | epoch s, median (min–max) | × " + models[0] + " | CPU s | × " + models[0]
+             + " (CPU) | test AUROC over rounds |", "|---|---|---|---|---|---|---|"]
+    for t, per in out["summary"].items():
+        for m, s in per.items():
+            ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
+            cratio = next(v for k, v in s.items() if k.startswith("cpu_ratio_to_"))
+            au = ", ".join(f"{a:.3f}" for a in sorted({round(x, 3) for x in s["distinct_auroc"]}))
+            lines.append(f"| {t} | {m} | {s['median_s']:.2f} ({s['min_s']:.2f}–{s['max_s']:.2f}) | {ratio:.2f}× | "
+                         f"{s['cpu_median_s']:.2f} | {cratio:.2f}× | {au} |")
+    la, lb = out["load_before"][0], (out.get("load_after") or [float("nan")])[0]
+    lines += ["", f"*{out['rounds']} interleaved rounds, warehouse `{out['warehouse']}`, {out['train_windows']:,} training "
+                  f"and {out['val_windows']:,} validation windows per epoch ({out['device']} caps), seed {out['seed']}, "
+                  f"{out['cpu_count']} CPUs (torch default {out['default_threads']} threads), 1-min load "
+                  f"{la:.1f} before, {lb:.1f} after*"]
+    return "\n".join(lines)
+
+
+def write_readme(readme: str, text: str) -> None:
+    """Replace what lies between the ``deterioration_bench`` markers of ``readme`` with ``text``."""
+    with open(readme) as f:
+        doc = f.read()
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        raise SystemExit(f"{readme}: needs one {BEGIN} … {END} pair")
+    head, rest = doc.split(BEGIN)
+    with open(readme, "w") as f:
+        f.write(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-windows", type=int, default=None, help="training windows per epoch (default: the cap)")
     ap.add_argument("--device", default="cpu", choices=dtr.DEVICES, help="device (default cpu)")
     ap.add_argument("--json", default=None, help="also write the result to this file")
+    ap.add_argument("--table", default=None, metavar="FILE",
+                    help="print the Markdown table of this result file (from --json) and exit")
+    ap.add_argument("--readme", default=None, metavar="FILE",
+                    help="with --table: write the table between the deterioration_bench markers of this file")
     a = ap.parse_args(argv)
+    if a.table:
+        with open(a.table) as f:
+            text = markdown(json.load(f))
+        print(text)
+        if a.readme:
+            write_readme(a.readme, text)
+        return 0
+    if a.readme:
+        ap.error("--readme needs --table")
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
     if any(t < 0 for t in a.threads):
