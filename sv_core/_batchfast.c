@@ -248,6 +248,23 @@ static int run_split(int (*fn)(void *, Py_ssize_t, Py_ssize_t, int), void *ctx, 
 #endif
 }
 
+/* per-thread scratch of wn entries of sz bytes into *work (the caller frees it), then fn over the
+ * problems [0, P) on nt threads with the GIL released; -1 with MemoryError set when the scratch
+ * cannot be allocated */
+static int run_with_scratch(int (*fn)(void *, Py_ssize_t, Py_ssize_t, int), void *ctx, char **work, Py_ssize_t P,
+                            int nt, Py_ssize_t wn, Py_ssize_t sz)
+{
+    *work = PyMem_RawMalloc((size_t)nt * (size_t)wn * (size_t)sz);
+    if (!*work) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_split(fn, ctx, P, nt);
+    Py_END_ALLOW_THREADS
+    return 0;
+}
+
 /* ---- kkt_forward ------------------------------------------------------------------------- */
 typedef struct {
     const void *K, *S, *E, *h, *c0, *off;
@@ -466,6 +483,12 @@ typedef struct {
     char *work; /* wn entries per thread */
 } rd_ctx;
 
+static void rd_sizes(rd_ctx *r, Py_ssize_t nt, Py_ssize_t d, Py_ssize_t dv, Py_ssize_t nc, Py_ssize_t chunk,
+                     double scale, int dbl)
+{
+    r->nt = nt; r->d = d; r->dv_ = dv; r->nc = nc; r->chunk = chunk; r->scale = scale; r->dbl = dbl;
+}
+
 static int rfwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
 {
     rd_ctx *r = (rd_ctx *)c;
@@ -521,17 +544,10 @@ static PyObject *readout_forward(PyObject *self, PyObject *args)
     const int nt_ = clamp_threads(nthreads, P);
     r.q = bq.buf; r.k = bk.buf; r.v = bv.buf; r.gate = bg.buf; r.y = by.buf; r.wout = bw.buf;
     r.pzout = gz ? bz.buf : NULL;
-    r.nt = nt; r.d = d; r.dv_ = dv; r.nc = nc; r.chunk = chunk; r.scale = scale; r.dbl = dbl;
+    rd_sizes(&r, nt, d, dv, nc, chunk, scale, dbl);
     r.wn = d * nt + nt + d;
-    if (P > 0) {
-        r.work = PyMem_RawMalloc((size_t)nt_ * (size_t)r.wn * (size_t)sz);
-        if (!r.work) { PyErr_NoMemory(); goto done; }
-        Py_BEGIN_ALLOW_THREADS
-        run_split(rfwd_range, &r, P, nt_);
-        Py_END_ALLOW_THREADS
-    }
-    res = Py_None;
-    Py_INCREF(res);
+    if (P > 0 && run_with_scratch(rfwd_range, &r, &r.work, P, nt_, r.wn, sz)) goto done;
+    res = Py_NewRef(Py_None);
 done:
     PyMem_RawFree(r.work);
     PyBuffer_Release(&bq); PyBuffer_Release(&bk); PyBuffer_Release(&bv); PyBuffer_Release(&bg);
@@ -564,17 +580,10 @@ static PyObject *readout_backward(PyObject *self, PyObject *args)
     const int nt_ = clamp_threads(nthreads, P);
     r.q = bq.buf; r.k = bk.buf; r.v = bv.buf; r.w = bw.buf; r.pz = gz ? bz.buf : NULL; r.gy = bgy.buf;
     r.dq = bdq.buf; r.dk = bdk.buf; r.dv = bdv.buf; r.dgate = gz ? bdg.buf : NULL;
-    r.nt = nt; r.d = d; r.dv_ = dv; r.nc = nc; r.chunk = chunk; r.scale = scale; r.dbl = dbl;
+    rd_sizes(&r, nt, d, dv, nc, chunk, scale, dbl);
     r.wn = dv * nt + nt + d;
-    if (P > 0) {
-        r.work = PyMem_RawMalloc((size_t)nt_ * (size_t)r.wn * (size_t)sz);
-        if (!r.work) { PyErr_NoMemory(); goto done; }
-        Py_BEGIN_ALLOW_THREADS
-        run_split(rbwd_range, &r, P, nt_);
-        Py_END_ALLOW_THREADS
-    }
-    res = Py_None;
-    Py_INCREF(res);
+    if (P > 0 && run_with_scratch(rbwd_range, &r, &r.work, P, nt_, r.wn, sz)) goto done;
+    res = Py_NewRef(Py_None);
 done:
     PyMem_RawFree(r.work);
     PyBuffer_Release(&bq); PyBuffer_Release(&bk); PyBuffer_Release(&bv); PyBuffer_Release(&bw);
@@ -628,11 +637,7 @@ static PyObject *gram_backward(PyObject *self, PyObject *args)
     g.nis2 = -1.0 / (sigma * sigma); g.dbl = dbl;
     g.wn = n * n + n + d;
     if (P > 0 && n > 0) {
-        g.work = PyMem_RawMalloc((size_t)nt * (size_t)g.wn * (size_t)sz);
-        if (!g.work) { PyErr_NoMemory(); goto done; }
-        Py_BEGIN_ALLOW_THREADS
-        run_split(gbwd_range, &g, P, nt);
-        Py_END_ALLOW_THREADS
+        if (run_with_scratch(gbwd_range, &g, &g.work, P, nt, g.wn, sz)) goto done;
     }
     res = Py_None;
     Py_INCREF(res);
