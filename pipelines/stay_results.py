@@ -143,7 +143,7 @@ def write_study(warehouse, study: str, columns: Mapping[str, np.ndarray],
         if context_batches is not None:
             with transaction(con):
                 gate_store.drop_study(con, staged)  # a crashed run's staging, if any
-            for ctxs in grouped(context_batches(con)):
+            for ctxs in grouped(context_batches(con), GROUP_BYTES):
                 with transaction(con):
                     macs.update(gate_store.append_contexts(con, staged, ctxs, keys, promote_to=study))
         with transaction(con):

@@ -95,6 +95,7 @@ def test_a_crash_while_staging_leaves_the_previous_gates_and_values(prefect_harn
             raise OSError(28, "No space left on device")  # the second staged batch
         return real(*a, **k)
     monkeypatch.setattr(gate_store, "append_contexts", dying)
+    monkeypatch.setattr(stay_results, "GROUP_BYTES", 1)  # every chunk's batch its own transaction
     with pytest.raises(OSError):
         _run(retention_flow, runs, warehouse=w, stays=20)
     monkeypatch.undo()
