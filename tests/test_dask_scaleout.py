@@ -188,11 +188,14 @@ def test_localcluster_of_processes_matches_local_bit_for_bit(prefect_harness, ba
     assert len(batches) == ch["chunks"] - 1  # the pilot ran in the flow's process
     pred = [c["predicted_s"] for c in batches]
     assert pred == sorted(pred, reverse=True)  # longest first
-    assert {c["worker"] for c in batches} == {"0", "1"} and all(c["seconds"] > 0 for c in batches)
+    assert all(c["seconds"] > 0 for c in batches)
     # one pool for the stay batches, the audit and the sensitivity chunks (map_phases), at most one
     # chunk in flight per worker: the pool's chunk k waits for k - 1 completions
     assert [r["desc"].split("(")[1] for r in log[1:]] == ["stay batches)", "refit audit)", "sensitivity)"]
     pool = sorted((c for r in log[1:] for c in r["chunks"]), key=lambda c: c["submitted"])
+    # both workers ran chunks of the pool (which phase lands where depends on timing: a long
+    # sensitivity chunk may hold one worker while the other runs every stay batch)
+    assert {c["worker"] for c in pool} == {"0", "1"} and all(c["cpu_s"] >= 0 for c in pool)
     got_back = sorted(c["received"] for c in pool)
     assert all(c["submitted"] >= got_back[k - 2] for k, c in enumerate(pool) if k >= 2)
     assert log[1]["start"] == log[2]["start"] == log[3]["start"]  # one pool, not three in a row
