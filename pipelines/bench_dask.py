@@ -6,10 +6,12 @@ persisted) in this process, ``repeats`` times per mode, the modes interleaved (o
 round):
 
 * ``local``: the default thread pool (2 threads);
-* ``dask-1`` / ``dask-2``: a long-lived ``LocalCluster`` of 1 or 2 worker processes (1 thread
-  each), started once before the rounds and stopped at the end.
+* ``dask-1`` / ``dask-2``: a ``LocalCluster`` of 1 or 2 worker processes (1 thread each),
+  started before the run and closed after it, so that no idle cluster shares the cores with the
+  measured one; its start-up and an untimed warm-up run on it (16 stays: the workers' imports)
+  are not timed.
 
-One untimed warm-up run per mode comes first (16 stays). The task cache is cleared before every
+One untimed local warm-up run comes first (16 stays: the API server, this process's imports). The task cache is cleared before every
 run (nothing is served from an earlier run). Without ``--warehouse`` a synthetic warehouse
 (``--warehouse-seed``, enough stays for ``N`` eligible ones) is generated in a temporary folder.
 
@@ -140,6 +142,42 @@ def ideals(runs: list[dict]) -> dict | None:
     return out
 
 
+def contention(runs: list[dict]) -> dict | None:
+    """How the chunks ran on the workers, from the runs' chunk records (median and range over rounds):
+
+    * ``work_ratio`` / ``cpu_ratio``: a ``dask-2`` run's chunk seconds (CPU seconds) summed, over
+      the same round's ``dask-1`` run's — the same chunk work, so above 1 when two busy worker
+      processes slow each other (shared caches, memory bandwidth, the host's other load);
+    * ``gaps_s``: per worker of a Dask run, the seconds between one chunk's end and its next
+      chunk's start (the round trip to the scheduler: one chunk in flight per worker)."""
+    def work(x: dict, key: str) -> float | None:
+        cs = [c.get(key) for p in x["phases"] if p["phase"] != "pilot" for c in p["chunks"]]
+        return None if not cs or any(v is None for v in cs) else float(sum(cs))
+
+    one = {x["round"]: x for x in runs if x["mode"] == "dask-1"}
+    pairs = [(x, one[x["round"]]) for x in runs if x["mode"] == "dask-2" and x["round"] in one]
+    out: dict = {}
+    for name, key in (("work_ratio", "seconds"), ("cpu_ratio", "cpu_s")):
+        rs = [work(a, key) / work(b, key) for a, b in pairs if work(a, key) and work(b, key)]
+        if rs:
+            out[name] = _spread(rs)
+    gaps = []
+    for x in runs:
+        if not x["mode"].startswith("dask"):
+            continue
+        by: dict = {}
+        for p in x["phases"]:
+            for c in p["chunks"] if p["phase"] != "pilot" else ():
+                if c.get("start") is not None and c.get("end") is not None:
+                    by.setdefault(c.get("worker"), []).append((c["start"], c["end"]))
+        for spans in by.values():
+            spans.sort()
+            gaps.append(sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:])))
+    if gaps:
+        out["gaps_s"] = _spread(gaps)
+    return out or None
+
+
 def _largest(runs: list[dict]) -> dict | None:
     """The largest stay-batch chunk of the median ``dask-1`` run: its stays, hours and share of the phase's work."""
     ones = sorted((r for r in runs if r["mode"] == "dask-1"), key=lambda r: r["seconds"])
@@ -185,17 +223,20 @@ def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stay
         wcopy = site / "warehouse.duckdb"
         shutil.copy(w, wcopy)
         hours = {int(s[0]): int(s[3]) for s in wh.stays(str(wcopy))}
-        t_cl = time.perf_counter()
-        clusters = {m: LocalCluster(n_workers=int(m[-1]), threads_per_worker=1, processes=True,
-                                    dashboard_address=None, silence_logs=logging.ERROR)
-                    for m in MODES if m.startswith("dask")}
-        cluster_s = time.perf_counter() - t_cl
-        runs, metrics = [], {}
+        runs, metrics, cluster_s = [], {}, []
 
-        def study(mode: str, n: int) -> tuple[dict, dict]:
+        def cluster(mode: str):
+            # only the measured mode's cluster is alive while it runs: an idle cluster's workers and
+            # nannies (heartbeats, memory monitors) would take CPU from the measured workers
+            t = time.perf_counter()
+            c = LocalCluster(n_workers=int(mode[-1]), threads_per_worker=1, processes=True,
+                             dashboard_address=None, silence_logs=logging.ERROR)
+            cluster_s.append(time.perf_counter() - t)
+            return c
+
+        def study(mode: str, n: int, address: str | None) -> tuple[dict, dict]:
             task_cache.clear(wcopy)
-            tr = (runner.make_task_runner(None, 2) if mode == "local"
-                  else DaskTaskRunner(address=clusters[mode].scheduler_address))
+            tr = runner.make_task_runner(None, 2) if address is None else DaskTaskRunner(address=address)
             with runner.results_context(site), scaleout.chunk_log() as log:
                 t0, c0 = time.time(), time.process_time()
                 res = retention_flow.with_options(task_runner=tr)(
@@ -204,23 +245,25 @@ def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stay
                 lead_cpu = time.process_time() - c0
                 return res, {**timeline(log, t0, time.time(), hours), "lead_cpu_s": lead_cpu}
 
-        try:
-            for mode in MODES:  # warm-up, not timed: the API server, the workers' imports
-                study(mode, min(stays, 16))
-            for r in range(repeats):
-                order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
-                for mode in order:
+        study("local", min(stays, 16), None)  # warm-up, not timed: the API server, this process's imports
+        for r in range(repeats):
+            order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+            for mode in order:
+                cl = cluster(mode) if mode.startswith("dask") else None
+                try:
+                    if cl is not None:  # warm-up, not timed: the workers' imports
+                        study(mode, min(stays, 16), cl.scheduler_address)
                     load = os.getloadavg()[0]
-                    res, tl = study(mode, stays)
-                    runs.append({"mode": mode, "round": r, "load_1min": load,
-                                 "chunks": res["config"]["chunking"]["chunks"], **tl})
-                    print(f"round {r} {mode:<7} {tl['seconds']:7.2f} s  (load {load:.1f})", file=sys.stderr)
-                    metrics.setdefault(mode, []).append(json.dumps(res["metrics"]["retention"], sort_keys=True))
-        finally:
-            for c in clusters.values():
-                c.close()
+                    res, tl = study(mode, stays, None if cl is None else cl.scheduler_address)
+                finally:
+                    if cl is not None:
+                        cl.close()
+                runs.append({"mode": mode, "round": r, "load_1min": load,
+                             "chunks": res["config"]["chunking"]["chunks"], **tl})
+                print(f"round {r} {mode:<7} {tl['seconds']:7.2f} s  (load {load:.1f})", file=sys.stderr)
+                metrics.setdefault(mode, []).append(json.dumps(res["metrics"]["retention"], sort_keys=True))
         return summarise(runs, metrics, stays=stays, repeats=repeats, sensitivity_stays=sensitivity_stays,
-                         warehouse_seed=None if warehouse else warehouse_seed, cluster_s=cluster_s,
+                         warehouse_seed=None if warehouse else warehouse_seed, cluster_s=_spread(cluster_s),
                          sample_hours=_sample_hours(hours, stays))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -261,7 +304,7 @@ def summarise(runs: list[dict], metrics: dict, **info) -> dict:
         "speedup": {"dask-2 vs dask-1": ratio("dask-1", "dask-2"), "dask-2 vs local": ratio("local", "dask-2"),
                     "dask-1 vs local": ratio("local", "dask-1"),
                     "batches dask-2 vs dask-1": ratio("dask-1", "dask-2", key=lambda x: phase_s(x, "batches"))},
-        "ideal_2_workers": ideals(runs), "largest_chunk": _largest(runs),
+        "ideal_2_workers": ideals(runs), "contention": contention(runs), "largest_chunk": _largest(runs),
         "identical_results": len({v for vs in metrics.values() for v in vs}) == 1,
     }
 
@@ -300,7 +343,15 @@ def table(result: dict) -> str:
         lines.append(f"| {m} | {_fmt(p['flow'])} | {_fmt(p['pilot'])} | {_fmt(p['batches'])} | {_fmt(p['audit'])} "
                      f"| {_fmt(p['sensitivity'])} |")
     big, ld = result.get("largest_chunk"), result["load_1min"]
+    con = contention(result["runs"])
     lines.append("")
+    if con and "work_ratio" in con:
+        lines.append(f"*Two worker processes slow each other: a dask-2 run's chunk seconds add up to "
+                     f"{_fmt(con['work_ratio'], '×')} the same round's dask-1 run's"
+                     + (f" (CPU seconds {_fmt(con['cpu_ratio'], '×')})" if "cpu_ratio" in con else "")
+                     + (f"; each worker waits {_fmt(con['gaps_s'])} s in all between its chunks" if "gaps_s" in con else "")
+                     + ".*")
+        lines.append("")
     lines.append(f"*{result['repeats']} interleaved rounds, {result['cpu_count']} CPUs, 1-min load "
                  f"{ld['min']:.1f}–{ld['max']:.1f}; sensitivity table on {result['sensitivity_stays']} stays; "
                  f"results identical across modes: {'yes' if result['identical_results'] else 'NO'}"

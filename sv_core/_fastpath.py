@@ -54,6 +54,12 @@ def fast_path_available() -> bool:
     return _cpfast is not None and ENABLED
 
 
+def _in_buffer(Rinv: np.ndarray, R: np.ndarray, m1: int) -> bool:
+    """True when ``Rinv`` is the ``(m1, m1)`` top-left block of buffer ``R`` itself (a view, not a copy)."""
+    return (Rinv.base is R and Rinv.shape == (m1, m1) and Rinv.strides == R.strides
+            and Rinv.__array_interface__["data"][0] == R.__array_interface__["data"][0])
+
+
 def fast_sweep(core: Any, c: int, mode: str) -> tuple[int, tuple[str, int, float, float, int] | None]:
     """Run the simple events of sweep ``(c, mode)`` in C on ``core``'s arrays.
 
@@ -76,7 +82,8 @@ def fast_sweep(core: Any, c: int, mode: str) -> tuple[int, tuple[str, int, float
     R = core._Rbuf
     if R.shape[0] < room:
         R = core._Rbuf = np.zeros((2 * room, 2 * room))
-    R[: m + 1, : m + 1] = core.Rinv
+    if not _in_buffer(core.Rinv, R, m + 1):  # else the last sweep left it there (a view of R)
+        R[: m + 1, : m + 1] = core.Rinv
     rows = core._rows
     code, kind, k, t, s, events, m2, updates, rho, risky = ext.sweep(
         _MODES[mode], c, n, core.K, core.kd, core.alpha, core.g, core.status,
@@ -85,7 +92,10 @@ def fast_sweep(core: Any, c: int, mode: str) -> tuple[int, tuple[str, int, float
     # the margin set, its cached rows and the inverse were edited in step (no cache rebuild)
     core._S = core._S_buf[:m2].tolist()
     core._S_arr = core._S_buf[:m2]
-    core.Rinv = R[: m2 + 1, : m2 + 1].copy()
+    # a view: the next sweep finds the inverse in place instead of copying (m+1)^2 entries in and
+    # out (at a margin set of 4,000 keys, 128 MB each way, per sweep); whoever replaces or copies
+    # Rinv (the reference loop, snapshots, deep copies) breaks the view and the next sweep copies once
+    core.Rinv = R[: m2 + 1, : m2 + 1]
     core._updates = updates
     core.rho = rho
     if risky:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import rbf_kernel
+from .kernels import rbf_kernel, rbf_matvec
 
 #: default cap on stored kernel values (float64): 2**24 values = 128 MiB
 MAX_ENTRIES = 2 ** 24
@@ -171,15 +171,17 @@ class KernelCache:
         if not hit.all():
             miss = np.flatnonzero(~hit)
             keys = np.asarray(keys_of(sids[miss]), dtype=np.float64)
-            K = rbf_kernel(keys, self._ckeys[:n], self.sigma)
-            out[miss] = K @ a
             new = self._take_rows(miss.size, keys.shape[1])
-            if new.size:
-                k = new.size
-                self._R[new, :n] = K[:k]
+            k = new.size
+            if k:  # the rows the cap allows to store: formed once, kept
+                K = rbf_kernel(keys[:k], self._ckeys[:n], self.sigma)
+                out[miss[:k]] = K @ a
+                self._R[new, :n] = K
                 self._rkeys[new] = keys[:k]
                 self._rsid[new] = sids[miss[:k]]
                 self._row_of[sids[miss[:k]]] = new
+            if k < miss.size:  # the rest in cache-sized blocks, never as one (misses x support) matrix
+                out[miss[k:]] = rbf_matvec(keys[k:], self._ckeys[:n], a, self.sigma)
         return view.rho - 1.0 + 2.0 * out
 
     def drop(self, sids) -> None:

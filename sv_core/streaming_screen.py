@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from .kernels import rbf_kernel
+from .kernels import rbf_kernel, rbf_matvec
 
 #: a cold key re-enters the hot gate when its exact gradient is below ``-READMIT_TOL``
 READMIT_TOL = 1e-12
@@ -43,9 +43,6 @@ KKT_TOL = 1e-9
 MARGIN_KKT_EPS = 1e-8
 #: at most this many changed keys outside the margin set use the margin identity
 IDENTITY_MAX = 256
-#: rows per kernel block when gradients of many keys are computed
-BLOCK = 4096
-
 
 class HotView:
     """Arrays of the hot gate at one moment (ids, alpha, keys, rho, support), for screening.
@@ -75,8 +72,7 @@ class HotView:
         if self.As.size == 0:
             out[:] = 0.0
             return out
-        for lo in range(0, P.shape[0], BLOCK):
-            out[lo:lo + BLOCK] = rbf_kernel(P[lo:lo + BLOCK], self.Xs, self.sigma) @ self.As
+        out[:] = rbf_matvec(P, self.Xs, self.As, self.sigma)  # cache-sized blocks of kernel rows
         return out
 
     def exact_g(self, P: np.ndarray) -> np.ndarray:

@@ -118,6 +118,30 @@ def test_bench_timeline_ideal_from_measured_chunks_and_no_stay_ids():
     assert ide["bound"]["batches_speedup_vs_dask-1"]["median"] == pytest.approx(10 / 6)
 
 
+def test_bench_contention_pairs_rounds_and_sums_worker_gaps():
+    from pipelines.bench_dask import contention
+
+    def run(mode, rnd, chunks):  # chunks: (worker, start, seconds, cpu)
+        return {"mode": mode, "round": rnd, "phases": [
+            {"phase": "pilot", "chunks": [{"worker": "flow", "start": 0.0, "end": 9.0, "seconds": 9.0, "cpu_s": 9.0}]},
+            {"phase": "batches", "chunks": [{"worker": w, "start": s, "end": s + sec, "seconds": sec, "cpu_s": cpu}
+                                            for w, s, sec, cpu in chunks]}]}
+
+    runs = [run("local", 0, []),
+            run("dask-1", 0, [("a", 1.0, 4.0, 4.0), ("a", 5.5, 6.0, 5.0)]),    # work 10, cpu 9, gap 0.5
+            run("dask-2", 0, [("a", 1.0, 6.0, 5.4), ("b", 1.0, 6.0, 5.4)]),    # work 12, cpu 10.8
+            run("dask-2", 1, [("a", 1.0, 5.0, 5.0), ("b", 1.2, 5.0, 5.0)]),    # round 1: no dask-1 run, unpaired
+            run("dask-1", 2, [("a", 1.0, 5.0, 5.0), ("a", 6.25, 5.0, 5.0)]),   # work 10, gap 0.25
+            run("dask-2", 2, [("b", 1.0, 3.0, 3.0), ("a", 1.0, 8.0, 7.0), ("b", 4.0, 3.0, 3.0)])]  # work 14, cpu 13
+    con = contention(runs)
+    assert con["work_ratio"]["n"] == 2 and con["work_ratio"]["min"] == pytest.approx(1.2)
+    assert con["work_ratio"]["max"] == pytest.approx(1.4)
+    assert con["cpu_ratio"]["min"] == pytest.approx(10.8 / 9) and con["cpu_ratio"]["max"] == pytest.approx(13 / 10)
+    # one entry per worker of each Dask run (pilot left out): 0.5 | 0, 0 | 0, 0 | 0.25 | 0 (b: 1-4, 4-7), 0
+    assert con["gaps_s"]["n"] == 8 and con["gaps_s"]["max"] == pytest.approx(0.5) and con["gaps_s"]["median"] == 0
+    assert contention([run("local", 0, [])]) is None
+
+
 def test_readme_bench_dask_block_is_the_rendering_of_the_committed_results():
     from pathlib import Path
 

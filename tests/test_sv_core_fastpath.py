@@ -176,3 +176,44 @@ def test_both_loops_complete_degenerate_streams_and_fuzz(fast):
     for r in rows:
         assert r["complete_exact"] == 2, r
     assert out["kkt_gt_1e-9"] == out["dev_gt_1e-6"] == out["errors_on_valid_input"] == 0
+
+
+@needs_ext
+def test_inverse_stays_in_the_sweep_buffer_and_copies_are_independent():
+    """A fast sweep leaves Rinv as a view of its buffer (no copy in or out per sweep); a deep
+    copy, a snapshot restore or the reference loop replaces it, and the next sweep copies it back:
+    the copy and the original then evolve independently, bit for bit like a fresh gate."""
+    import copy
+
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((260, 5))
+    C = calibrate_C(0.3, 120)
+    with solver(True):
+        g = Gate(C=C, sigma=2.0)
+        g.admit(X[:120])
+        for x in X[120:200]:  # one key at a time: C&P sweeps
+            g.admit(x[None])
+        core = g._solver
+        assert core.fast_events > 0 and _fastpath._in_buffer(core.Rinv, core._Rbuf, core.Rinv.shape[0])
+        twin = copy.deepcopy(g)
+        assert not _fastpath._in_buffer(twin._solver.Rinv, twin._solver._Rbuf, twin._solver.Rinv.shape[0])
+        before = twin._solver.Rinv.copy()
+        for x in X[200:230]:
+            g.admit(x[None])
+        g.forget(int(_active(g)[0]))
+        assert np.array_equal(twin._solver.Rinv, before)  # the original's sweeps did not write into the copy
+        for x in X[200:230]:
+            twin.admit(x[None])
+        twin.forget(int(_active(twin)[0]))
+        for a in (g, twin):
+            for x in X[230:]:
+                a.admit(x[None])
+        assert np.array_equal(g.alpha, twin.alpha) and g.rho == twin.rho
+        fresh = Gate(C=C, sigma=2.0)
+        fresh.admit(X[:120])
+        for x in X[120:230]:
+            fresh.admit(x[None])
+        fresh.forget(int(_active(fresh)[0]))
+        for x in X[230:]:
+            fresh.admit(x[None])
+        assert np.array_equal(fresh.alpha, g.alpha) and np.array_equal(fresh._solver.Rinv, g._solver.Rinv)
