@@ -18,7 +18,12 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One ephemeral Prefect API for the whole test session (cold start is 12-22 s)."""
+    from prefect.settings import temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
+    from pipelines.runner import heartbeat_settings
+
+    # the harness is a throw-away server, as a command's private one: no flow-run heartbeats
+    # (each flow call would otherwise end on the next whole second: pipelines.runner.heartbeat_settings)
+    with prefect_test_harness(server_startup_timeout=180), temporary_settings(heartbeat_settings(shared=False)):
         yield
