@@ -179,3 +179,17 @@ def test_missing_warehouse_is_a_typed_error(tmp_path, capsys):
 
     assert main(["receipts", "verify", "--warehouse", str(tmp_path / "none.duckdb")]) == 3
     assert "WarehouseMissingError" in capsys.readouterr().err
+
+
+def test_flow_heartbeats_off_on_a_private_server_kept_on_a_shared_one(tmp_path):
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):  # a command's private server
+        assert runner.heartbeat_settings() == {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+        with runner.results_context(tmp_path):
+            assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api", PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 60}):
+        assert runner.heartbeat_settings() == {}
+        with runner.results_context(tmp_path):
+            assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 60  # the user's shared-server setting is kept
+    assert runner.heartbeat_settings(shared=True) == {}
