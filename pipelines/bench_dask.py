@@ -11,8 +11,8 @@ round):
   measured one; its start-up and an untimed warm-up run on it (16 stays: the workers' imports)
   are not timed.
 
-One untimed local warm-up run comes first (16 stays: the API server, this process's imports). The task cache is cleared before every
-run (nothing is served from an earlier run). Without ``--warehouse`` a synthetic warehouse
+One untimed local warm-up run comes first (16 stays: the API server, this process's imports).
+The task cache is cleared before every run (nothing is served from an earlier run). Without ``--warehouse`` a synthetic warehouse
 (``--warehouse-seed``, enough stays for ``N`` eligible ones) is generated in a temporary folder.
 
 Each run is recorded with :func:`pipelines.scaleout.chunk_log`: its timeline (start-up, the
@@ -349,7 +349,8 @@ def table(result: dict) -> str:
         lines.append(f"*Two worker processes slow each other: a dask-2 run's chunk seconds add up to "
                      f"{_fmt(con['work_ratio'], '×')} the same round's dask-1 run's"
                      + (f" (CPU seconds {_fmt(con['cpu_ratio'], '×')})" if "cpu_ratio" in con else "")
-                     + (f"; each worker waits {_fmt(con['gaps_s'])} s in all between its chunks" if "gaps_s" in con else "")
+                     + (f"; each worker waits {_fmt(con['gaps_s'])} s in all between its chunks"
+                        if "gaps_s" in con else "")
                      + ".*")
         lines.append("")
     lines.append(f"*{result['repeats']} interleaved rounds, {result['cpu_count']} CPUs, 1-min load "

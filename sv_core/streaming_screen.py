@@ -44,6 +44,7 @@ MARGIN_KKT_EPS = 1e-8
 #: at most this many changed keys outside the margin set use the margin identity
 IDENTITY_MAX = 256
 
+
 class HotView:
     """Arrays of the hot gate at one moment (ids, alpha, keys, rho, support), for screening.
 
@@ -68,12 +69,9 @@ class HotView:
 
     def h(self, P: np.ndarray) -> np.ndarray:
         """``sum_i alpha_i k(p, x_i)`` for rows of ``P`` (m, d) -> (m,)."""
-        out = np.empty(P.shape[0])
         if self.As.size == 0:
-            out[:] = 0.0
-            return out
-        out[:] = rbf_matvec(P, self.Xs, self.As, self.sigma)  # cache-sized blocks of kernel rows
-        return out
+            return np.zeros(P.shape[0])
+        return rbf_matvec(P, self.Xs, self.As, self.sigma)  # in cache-sized blocks of kernel rows
 
     def exact_g(self, P: np.ndarray) -> np.ndarray:
         """Exact ``g = rho - 1 + 2 sum_i alpha_i k(p, x_i)`` of keys ``P`` (K_pp = 1)."""
