@@ -157,10 +157,9 @@ def heartbeat_settings(shared: bool | None = None) -> dict:
     shared API server (``PREFECT_API_URL`` set; ``shared`` overrides the check).
 
     Prefect's flow engine sends a heartbeat from a thread that sleeps in 1 s steps and joins it
-    when the flow ends, so every flow call ended on the next whole second after its work: 0.9 s
-    added to a trivial flow, 0.5 s on average to every command. Heartbeats let a server mark a run
-    whose process died as crashed; a command's private server exits with the command, so nobody
-    reads them. A shared server keeps them (Prefect's ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``)."""
+    when the flow ends, so every flow call ended on the next whole second after its work.
+    Heartbeats let a server mark a run whose process died as crashed; a command's private server
+    exits with the command, so nobody reads them. A shared server keeps them (Prefect's ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
     if shared is None:
