@@ -211,7 +211,8 @@ def test_protocols_and_the_recorded_label():
     assert PROTOCOLS["seed"][0] == LMConfig() and PROTOCOLS["seed"][1] == [0, 1, 2]
     assert LMConfig().steps == 2000 and CPU.steps < 200 and PROTOCOLS["cpu"][0] is CPU
     res = run_comparison(TINY, [0], _text(), runner=_fake_runner([]), progress=False)
-    for protocol, labelled in (("tiny", True), ("cpu", True), ("seed", False), ("cpu+custom", True)):
+    for protocol, labelled in (("tiny", True), ("cpu", True), ("seed", False), ("paper", False),
+                              ("cpu+custom", True)):
         study = study_result({**res, "protocol": protocol}, "x")
         assert study["metrics"]["protocol"] == protocol and study["config"]["protocol"] == protocol
         assert ("not the seed's" in study["title"]) is labelled
@@ -229,3 +230,76 @@ def test_cli_protocol_option():
     assert parser.parse_args(["lm", "--protocol", "seed"]).protocol == "seed"
     with pytest.raises(SystemExit):
         parser.parse_args(["lm", "--protocol", "fast"])
+
+
+def test_resume_reuses_finished_runs_and_retrains_on_another_config(tmp_path):
+    from dataclasses import replace
+
+    calls = []
+    first = run_comparison(TINY, [0, 1], _text(), runner=_fake_runner(calls), progress=False,
+                           references=["linear"], resume_dir=tmp_path / "runs")
+    assert len(calls) == 5 and first["runs_loaded_from_resume"] == 0
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 5
+    calls.clear()
+    again = run_comparison(TINY, [0, 1], _text(), runner=_fake_runner(calls), progress=False,
+                           references=["linear"], resume_dir=tmp_path / "runs")
+    assert calls == [] and again["runs_loaded_from_resume"] == 5
+    assert again["per_seed"] == first["per_seed"] and again["tests"] == first["tests"]
+    # one more seed trains only the new pair
+    run_comparison(TINY, [0, 1, 2], _text(), runner=_fake_runner(calls), progress=False,
+                   resume_dir=tmp_path / "runs")
+    assert [c[:2] for c in calls] == [("sv_hybrid", 2), ("sliding", 2)]
+    # another configuration or another corpus: nothing is reused
+    calls.clear()
+    run_comparison(replace(TINY, steps=7), [0], _text(), runner=_fake_runner(calls), progress=False,
+                   resume_dir=tmp_path / "runs")
+    assert len(calls) == 2
+    calls.clear()
+    run_comparison(TINY, [0], _text(seed=5), runner=_fake_runner(calls), progress=False,
+                   resume_dir=tmp_path / "runs")
+    assert len(calls) == 2
+    # a corrupt run file is retrained, not trusted
+    calls.clear()
+    for f in (tmp_path / "runs").glob("sv_hybrid-seed0*.json"):
+        f.write_text("{not json")
+    run_comparison(TINY, [0], _text(seed=5), runner=_fake_runner(calls), progress=False,
+                   resume_dir=tmp_path / "runs")
+    assert calls[0][:2] == ("sv_hybrid", 0)
+
+
+def test_paired_effect_size_and_intervals_hand_values():
+    sv, swa = [2.0, 2.1, 2.2, 2.0], [2.3, 2.3, 2.5, 2.4]
+    res = paired_tests(sv, swa)
+    d = [0.3, 0.2, 0.3, 0.4]
+    m = sum(d) / 4
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / 3)
+    assert res["d_z"] == pytest.approx(m / sd)
+    half = 3.182446305284263 * sd / 2  # t(0.975, 3) * sd / sqrt(4)
+    assert res["diff_ci95"] == pytest.approx([m - half, m + half])
+    assert res["seeds_favouring_sv"] == 4
+    rel = [x / y for x, y in zip(d, swa)]
+    assert res["mean_rel_improvement"] == pytest.approx(sum(rel) / 4)
+    assert res["rel_improvement_ci95"][0] < sum(rel) / 4 < res["rel_improvement_ci95"][1]
+
+
+def test_paper_protocol_is_the_32m_model_with_seven_seeds():
+    from evaluation.studies.language_model import PROTOCOLS, LMConfig
+
+    cfg, seeds, _ = PROTOCOLS["paper"]
+    assert seeds == list(range(7))
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.block, cfg.batch) == (256, 4, 4, 256, 16)
+    assert (cfg.chunk, cfg.C, cfg.sigma, cfg.fista_iters) == (64, 0.25, 2.0, 80)
+    assert cfg == LMConfig()
+
+
+def test_unavailable_device_and_bad_threads_fail_before_training(tmp_path):
+    from pipelines.flows.language_model import language_model_flow
+
+    if not torch.cuda.is_available():
+        with pytest.raises(LMStudyError, match="not available"):
+            language_model_flow.fn(corpus=str(tmp_path / "none"), tiny=True, device="cuda",
+                                   out=str(tmp_path / "r.json"))
+    with pytest.raises(LMStudyError, match="threads"):
+        language_model_flow.fn(corpus=str(tmp_path / "none"), tiny=True, threads=0,
+                               out=str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json").exists()

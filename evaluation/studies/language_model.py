@@ -19,8 +19,11 @@ training run a task).
 
 Protocols (``--protocol``): ``cpu`` (the default) is sized to finish in minutes on a 2-core CPU
 (d 64, 2 layers, block 64, 30 steps, seeds 0 1): a pipeline check, not a converged comparison;
-``seed`` is the seed's protocol above (2,000 steps x 3 seeds: hours on a CPU); ``tiny`` is the
-seconds-long smoke configuration (``--tiny``). The result records which protocol ran and the
+``paper`` is the paper's comparison (the 3.22M model, seven paired seeds 0-6; the paper does not
+state its step count, 2,000 is this project's default and ``--steps`` sets the budget);
+``seed`` is the older 3-seed form of it; ``tiny`` is the seconds-long smoke configuration
+(``--tiny``). Each finished training run is saved as JSON under ``resume_dir`` so an interrupted
+study resumes where it stopped (see :func:`run_comparison`). The result records which protocol ran and the
 report labels every non-seed protocol as such. Training prints one progress line every
 ``log_every`` steps and at each evaluation (step, loss, validation bits/byte, elapsed, ETA).
 
@@ -28,9 +31,13 @@ The corpus defaults to the Shakespeare file built by ``python -m models.corpus f
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -71,6 +78,7 @@ class LMConfig:
     max_bytes: int | None = 5_000_000
     val_frac: float = 0.1
     log_every: int = 50
+    device: str = "cpu"
 
 
 TINY = LMConfig(d_model=32, n_layers=1, n_heads=2, block=32, batch=4, steps=6, eval_interval=3,
@@ -82,7 +90,9 @@ CPU = LMConfig(d_model=64, n_layers=2, n_heads=2, block=64, batch=8, steps=30, e
 PROTOCOLS: dict[str, tuple[LMConfig, list[int], str]] = {
     "cpu": (CPU, [0, 1], "CPU protocol (d 64, 2 layers, block 64, 30 steps, 2 seeds): a pipeline check, "
                          "not the seed's 2,000 steps x 3 seeds"),
-    "seed": (LMConfig(), [0, 1, 2], "the seed's protocol (3.22M, 2,000 steps x 3 seeds)"),
+    "paper": (LMConfig(), [0, 1, 2, 3, 4, 5, 6],
+              "the paper's comparison (3.22M model, 7 paired seeds; step count not stated in the paper)"),
+    "seed": (LMConfig(), [0, 1, 2], "the 3.22M model, 2,000 steps x 3 seeds (fewer seeds than the paper's 7)"),
     "tiny": (TINY, [0, 1, 2], "tiny smoke configuration (6 steps): a pipeline check only"),
 }
 DEFAULT_PROTOCOL = "cpu"
@@ -154,7 +164,7 @@ def evaluate_bpb(model: GPT, val: torch.Tensor, cfg: LMConfig, seed: int) -> tup
     losses, active = [], []
     for _ in range(cfg.eval_batches):
         x, y = get_batch(val, cfg.block, cfg.batch, gen)
-        _, loss = model(x, y)
+        _, loss = model(x.to(cfg.device), y.to(cfg.device))
         losses.append(float(loss))
         for st in model.attention_stats():
             if "active" in st and st["active"].numel():
@@ -169,7 +179,7 @@ def train_run(cfg: LMConfig, variant: str, seed: int, train: torch.Tensor, val: 
               window: int | None = None, progress: bool = True) -> dict:
     """Train one model; returns best validation BPB, curve, wall time and |S u E| (hybrid)."""
     torch.manual_seed(seed)
-    model = build_model(cfg, variant, window)
+    model = build_model(cfg, variant, window).to(cfg.device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -184,7 +194,7 @@ def train_run(cfg: LMConfig, variant: str, seed: int, train: torch.Tensor, val: 
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         x, y = get_batch(train, cfg.block, cfg.batch, gen)
-        _, loss = model(x, y)
+        _, loss = model(x.to(cfg.device), y.to(cfg.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -204,18 +214,30 @@ def train_run(cfg: LMConfig, variant: str, seed: int, train: torch.Tensor, val: 
 
 
 def paired_tests(sv: list[float], swa: list[float]) -> dict:
-    """Paired t-test and Wilcoxon signed-rank (two-sided) on per-seed BPB; nan when n < 2."""
+    """Paired comparison of per-seed BPB (scipy): two-sided paired t-test and Wilcoxon signed-rank,
+    Cohen's d_z (mean paired difference / its SD), and 95 % t-intervals of the mean difference
+    (swa - sv, bits/byte) and of the mean relative improvement (swa - sv) / swa. NaN when n < 2."""
     sv_a, swa_a = np.asarray(sv, float), np.asarray(swa, float)
     diff = swa_a - sv_a
-    out = {"n": int(len(diff)), "mean_sv": float(sv_a.mean()) if len(sv_a) else float("nan"),
-           "mean_swa": float(swa_a.mean()) if len(swa_a) else float("nan"),
-           "mean_diff_swa_minus_sv": float(diff.mean()) if len(diff) else float("nan"),
-           "mean_rel_improvement": float(np.mean(diff / swa_a)) if len(diff) else float("nan"),
-           "t": float("nan"), "t_p": float("nan"), "wilcoxon_p": float("nan")}
+    rel = diff / swa_a if len(diff) else diff
+    nan = float("nan")
+    out = {"n": int(len(diff)), "mean_sv": float(sv_a.mean()) if len(sv_a) else nan,
+           "mean_swa": float(swa_a.mean()) if len(swa_a) else nan,
+           "mean_diff_swa_minus_sv": float(diff.mean()) if len(diff) else nan,
+           "mean_rel_improvement": float(rel.mean()) if len(diff) else nan,
+           "t": nan, "t_p": nan, "wilcoxon_p": nan, "d_z": nan,
+           "diff_ci95": [nan, nan], "rel_improvement_ci95": [nan, nan],
+           "seeds_favouring_sv": int(np.sum(diff > 0))}
     if len(diff) >= 2 and np.any(diff != 0):
         t = stats.ttest_rel(swa_a, sv_a)
         out["t"], out["t_p"] = float(t.statistic), float(t.pvalue)
         out["wilcoxon_p"] = float(stats.wilcoxon(swa_a, sv_a).pvalue)
+        sd = float(diff.std(ddof=1))
+        out["d_z"] = float(diff.mean() / sd) if sd > 0 else nan
+        q = float(stats.t.ppf(0.975, len(diff) - 1))
+        for key, arr in (("diff_ci95", diff), ("rel_improvement_ci95", rel)):
+            half = q * float(arr.std(ddof=1)) / math.sqrt(len(arr))
+            out[key] = [float(arr.mean()) - half, float(arr.mean()) + half]
     return out
 
 
@@ -237,13 +259,53 @@ def check_references(references) -> list[str]:
     return refs
 
 
+class RunStore:
+    """Finished training runs saved as JSON (never pickle), one file per (variant, seed, window),
+    keyed by the configuration and a digest of the corpus: a rerun of an interrupted study loads
+    the runs it already finished and trains only the rest. A file whose key differs (another
+    configuration or corpus) is ignored and overwritten."""
+
+    def __init__(self, folder: str | Path | None, cfg: LMConfig, data: bytes):
+        self.folder = Path(folder) if folder is not None else None
+        self.key = {"config": asdict(cfg), "corpus_sha256": hashlib.sha256(data).hexdigest()}
+        self.loaded = 0
+
+    def _path(self, variant: str, seed: int, window: int | None) -> Path:
+        assert self.folder is not None
+        return self.folder / f"{variant}-seed{seed}" f"{'' if window is None else f'-w{window}'}.json"
+
+    def get(self, variant: str, seed: int, window: int | None) -> dict | None:
+        if self.folder is None:
+            return None
+        path = self._path(variant, seed, window)
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(saved, dict) or saved.get("key") != self.key:
+            return None
+        self.loaded += 1
+        return saved["result"]
+
+    def put(self, variant: str, seed: int, window: int | None, result: dict) -> None:
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self._path(variant, seed, window)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"key": self.key, "result": result}, indent=1))
+        os.replace(tmp, path)
+
+
 def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_run,
-                   progress: bool = True, references: list[str] | None = None) -> dict:
+                   progress: bool = True, references: list[str] | None = None,
+                   resume_dir: str | Path | None = None) -> dict:
     """Paired SV-hybrid vs matched sliding-window comparison over seeds (plain function).
 
     ``references`` (subset of `REFERENCE_VARIANTS`) adds single-seed reference rows trained
     with the first seed on the identical backbone and budget; they are reported beside, never
-    inside, the paired test.
+    inside, the paired test. ``resume_dir``: finished runs are saved there and reused by a rerun
+    with the same configuration and corpus (:class:`RunStore`).
     """
     if not seeds:
         raise LMStudyError("need at least one seed")
@@ -251,6 +313,18 @@ def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_ru
         raise LMStudyError("steps must be >= 1")
     refs = check_references(references)
     train, val = split_corpus(data, cfg.val_frac, cfg.block)
+    store = RunStore(resume_dir, cfg, data)
+
+    def run(variant: str, seed: int, window: int | None) -> dict:
+        saved = store.get(variant, seed, window)
+        if saved is not None:
+            if progress:
+                print(f"lm: {variant} seed {seed} loaded from {store.folder} (finished earlier)", flush=True)
+            return saved
+        result = runner(cfg, variant, seed, train, val, window, progress)
+        store.put(variant, seed, window, result)
+        return result
+
     rows = []
     t0 = time.perf_counter()
     n_runs, done = 2 * len(seeds) + len(refs), 0
@@ -264,16 +338,16 @@ def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_ru
 
     for seed in seeds:
         announce(f"SV hybrid, seed {seed}")
-        sv = runner(cfg, "sv_hybrid", seed, train, val, None, progress)
+        sv = run("sv_hybrid", seed, None)
         act = sv["mean_active_state"]
         window = min(cfg.block, int(round(act if math.isfinite(act) else 0)) + cfg.chunk)
         announce(f"matched sliding window {window}, seed {seed}")
-        swa = runner(cfg, "sliding", seed, train, val, window, progress)
+        swa = run("sliding", seed, window)
         rows.append({"seed": seed, "sv": sv, "swa": swa, "window": window})
     ref_rows = []
     for variant in refs:
         announce(f"reference {variant}, seed {seeds[0]}")
-        r = runner(cfg, variant, seeds[0], train, val, None, progress)
+        r = run(variant, seeds[0], None)
         ref_rows.append({"variant": variant, "seed": seeds[0], "best_val_bpb": r["best_val_bpb"],
                          "wall_s": r["wall_s"], "params_non_embedding": r["params_non_embedding"],
                          "state": reference_state(cfg, variant), "curve": r["curve"]})
@@ -295,6 +369,9 @@ def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_ru
         "references_note": "single-seed reference rows (same backbone, optimiser, schedule and "
                            "token budget); not part of the paired test",
         "wall_s": time.perf_counter() - t0,
+        "runs_loaded_from_resume": store.loaded,
+        "train_wall_s": sum(r["sv"]["wall_s"] + r["swa"]["wall_s"] for r in rows)
+        + sum(r["wall_s"] for r in ref_rows),
         "metric": "best validation bits per byte (= BPC for byte-level text)",
         "seed_figure": {"sv_bpc": 2.178, "swa_bpc": 2.383, "t_p": 0.001, "corpus": "enwik8 5M"},
     }
@@ -313,7 +390,12 @@ def study_result(res: dict, corpus_name: str) -> dict:
     proto_label = PROTOCOLS[base][2] if base in PROTOCOLS else "custom configuration"
     if protocol.endswith("+custom"):
         proto_label += " (with custom steps or seeds)"
-    title_tag = "" if protocol == "seed" else f"; {protocol} protocol, not the seed's"
+    if protocol in ("seed", "paper"):
+        title_tag = ""
+    elif protocol == "paper+custom":
+        title_tag = f"; the paper's model and seeds at {res['config']['steps']:,} steps on this machine"
+    else:
+        title_tag = f"; {protocol} protocol, not the seed's"
     t = res["tests"]
     per = res["per_seed"]
     series = []
@@ -339,7 +421,9 @@ def study_result(res: dict, corpus_name: str) -> dict:
         "seed_figure": {},
         "metrics": {"mean_sv_bpb": _num(t["mean_sv"]), "mean_swa_bpb": _num(t["mean_swa"]),
                     "mean_rel_improvement": _num(t["mean_rel_improvement"]), "paired_t_p": _num(t["t_p"]),
-                    "wilcoxon_p": _num(t["wilcoxon_p"]), "n_seeds": t["n"], "steps": res["config"]["steps"],
+                    "wilcoxon_p": _num(t["wilcoxon_p"]), "d_z": _num(t.get("d_z")),
+                    "seeds_favouring_sv": t.get("seeds_favouring_sv"),
+                    "n_seeds": t["n"], "steps": res["config"]["steps"],
                     "corpus_bytes": res["corpus_bytes"], "protocol": protocol},
         "tables": tables,
         "figures": [{"kind": "line", "title": "validation bits per byte", "xlabel": "step",
@@ -351,6 +435,6 @@ def study_result(res: dict, corpus_name: str) -> dict:
                     if t["n"] else None, "holds": bool(t["n"] and t["mean_sv"] < t["mean_swa"])}],
         "config": {"protocol": protocol, "protocol_label": proto_label,
                    **{k: v for k, v in res["config"].items() if isinstance(v, (int, float, str, bool))}},
-        "notes": (f"Protocol: {proto_label}." + ("" if protocol == "seed" else
+        "notes": (f"Protocol: {proto_label}." + ("" if base in ("seed", "paper") else
                   " Runs far shorter than the seed's are a pipeline check, not a converged comparison.")),
     }

@@ -17,6 +17,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from prefect import flow, task
 
 from evaluation.studies.language_model import (
@@ -39,24 +40,39 @@ def language_model_flow(corpus: str | None = None, steps: int | None = None,
                         seeds: list[int] | None = None, tiny: bool = False,
                         out: str = "runs/language_model/result.json",
                         references: list[str] | None = None, protocol: str = DEFAULT_PROTOCOL,
-                        progress: bool = True) -> dict:
+                        progress: bool = True, device: str = "cpu", threads: int | None = None,
+                        resume_dir: str | None = None) -> dict:
     """Prefect flow: load the corpus, run the paired comparison (each training run a task) and
     the optional single-seed reference rows, write the JSON result. ``tiny=True`` is
     ``protocol="tiny"``; ``steps``/``seeds`` override the protocol's (the result then records
-    ``<protocol>+custom`` unless they equal the protocol's own)."""
+    ``<protocol>+custom`` unless they equal the protocol's own). ``threads`` fixes torch's
+    intra-op threads (same bits for a seed at a fixed thread count); ``resume_dir`` (default: a
+    ``runs`` folder beside ``out``) keeps each finished training run so a rerun resumes."""
     refs = check_references(references)  # fail before any training or corpus loading
+    if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
+        raise LMStudyError(f"device {device!r} is not available here (torch.cuda.is_available() is False)")
+    if threads is not None:
+        if int(threads) < 1:
+            raise LMStudyError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(int(threads))
     protocol = "tiny" if tiny else protocol
     if protocol not in PROTOCOLS:
         raise LMStudyError(f"unknown protocol {protocol!r}; choose from {list(PROTOCOLS)}")
     cfg, default_seeds, _ = PROTOCOLS[protocol]
     seeds = list(seeds if seeds is not None else default_seeds)
+    if steps is not None and int(steps) < 1:
+        raise LMStudyError(f"steps must be >= 1, got {steps}")
     if steps is not None and int(steps) != cfg.steps:
         cfg = replace(cfg, steps=int(steps), eval_interval=min(cfg.eval_interval, int(steps)))
+    cfg = replace(cfg, device=device)
     ran = protocol if cfg.steps == PROTOCOLS[protocol][0].steps and seeds == default_seeds else f"{protocol}+custom"
     data = load_corpus(corpus, cfg.max_bytes)
-    res = run_comparison(cfg, seeds, data, runner=lambda *a: train_task(*a), progress=progress, references=refs)
-    res["protocol"] = ran
     path = Path(out)
+    resume = Path(resume_dir) if resume_dir is not None else path.parent / "runs"
+    res = run_comparison(cfg, seeds, data, runner=lambda *a: train_task(*a), progress=progress, references=refs,
+                         resume_dir=resume)
+    res["protocol"] = ran
+    res["environment"] = {"torch": torch.__version__, "device": device, "threads": torch.get_num_threads()}
     path.parent.mkdir(parents=True, exist_ok=True)
     from dashboards.schema import write_result
 
@@ -80,7 +96,8 @@ def _cli(args: argparse.Namespace) -> int:
     try:
         res = language_model_flow(corpus=args.corpus, steps=args.steps, seeds=args.seeds,
                                   tiny=args.tiny, out=args.out, references=args.references,
-                                  protocol=args.protocol, progress=not args.no_progress)
+                                  protocol=args.protocol, progress=not args.no_progress,
+                                  device=args.device, threads=args.threads, resume_dir=args.resume_dir)
     except (CorpusMissingError, LMStudyError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
@@ -100,12 +117,19 @@ def add_cli(subparsers) -> None:
     p.add_argument("--corpus", default=None, help="byte file (default: Shakespeare from "
                    "`python -m models.corpus fetch`)")
     p.add_argument("--protocol", choices=list(PROTOCOLS), default=DEFAULT_PROTOCOL,
-                   help="cpu: minutes on a 2-core CPU, a pipeline check (default); seed: the seed's 3.22M model, "
-                        "2,000 steps x 3 seeds (hours on CPU); tiny: seconds-long smoke run")
+                   help="cpu: minutes on a 2-core CPU, a pipeline check (default); paper: the paper's 3.22M "
+                        "model, 7 paired seeds (default 2,000 steps: a GPU's job, --device cuda; set --steps "
+                        "for a CPU budget); seed: 3.22M, 3 seeds; tiny: seconds-long smoke run")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps per run (default: the protocol's; cpu 30, seed 2000)")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="paired seeds (default: the protocol's; cpu 0 1, seed 0 1 2)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's); fix it for bit-identical reruns")
+    p.add_argument("--resume-dir", default=None,
+                   help="finished training runs are kept here and reused by a rerun "
+                        "(default: a runs/ folder beside --out)")
     p.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration (= --protocol tiny)")
     p.add_argument("--out", default="runs/language_model/result.json",
                    help="study result JSON; details.json goes beside it (default: %(default)s)")
