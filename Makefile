@@ -70,7 +70,7 @@ test-all: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest -m "slow or study or not slow"
 
 bench: install
-	$(BIN)/python -m sv_core.bench_delete --json runs/bench_delete/result.json
+	$(BIN)/python -m sv_core.bench.delete --json runs/bench_delete/result.json
 	$(BIN)/python -m sv_core.audit --trials 300 --json runs/audit/result.json
 
 # Derived data only: the forget registry (runs/forget-registry) is kept, so a forgotten patient

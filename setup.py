@@ -4,10 +4,10 @@
 certified solve (:func:`sv_core.solve`); ``sv_core._batchfast``: the FISTA partition finder and the ridged
 KKT solve of the batched training gate (:func:`sv_core.batched.batched_gate`), the backward of its RBF Gram
 matrices (:func:`sv_core.batched.rbf_gram`) and the hybrid readout of the causal SV layer
-(:mod:`sv_core.batched_readout`). All are plain C over the buffer protocol (no NumPy
+(:mod:`sv_core.batched.readout`). All are plain C over the buffer protocol (no NumPy
 headers, no build-time NumPy) and ``optional``: without a C compiler the install still succeeds
 and the NumPy / torch reference loops run (``sv_core.fast_path_available()``,
-``sv_core.smo.fast_smo_available()`` and ``sv_core.batched_common.compiled_batch_available()`` say
+``sv_core.smo.fast_smo_available()`` and ``sv_core.batched.common.compiled_batch_available()`` say
 which ones are in use).
 """
 import sys

@@ -23,7 +23,7 @@ def __getattr__(name: str):
     """``cohort.load_hourly`` & co. import DuckDB (and Polars when called) only on first use, so
     ``import cohort.errors`` stays light."""
     if name in __all__:
-        from . import frames
+        from cohort import frames
 
         return getattr(frames, name)
     raise AttributeError(f"module 'cohort' has no attribute {name!r}")

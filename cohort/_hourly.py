@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .constants import EVENT_THRESHOLDS, ITEMIDS, SPO2_EVENT_BELOW, VITAL_CODE, VITALS
+from cohort.constants import EVENT_THRESHOLDS, ITEMIDS, SPO2_EVENT_BELOW, VITAL_CODE, VITALS
 
 HOUR_MS = 3_600_000
 SIDX_SHIFT = 43

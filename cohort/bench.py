@@ -19,7 +19,7 @@ on a shared machine wall time swings with the load, CPU seconds much less. ``--r
 (rows, seed, format).
 
 ``--peer duckdb|polars --root DIR`` runs one honest peer of the build's essential scan on a
-MIMIC-layout root (what :mod:`pipelines.bench_scale` interleaves with the build): every
+MIMIC-layout root (what :mod:`pipelines.bench.scale` interleaves with the build): every
 chartevents row of the nine vital itemids with a number, joined to the stays of LOS ≥ 48 h,
 kept within [intime, outtime] and in the plausible range after the °F conversion, averaged per
 (stay, hour, itemid) — a plain DuckDB SQL ``GROUP BY`` and a Polars lazy query
@@ -70,7 +70,7 @@ def _peer_filters() -> tuple[str, str, str]:
     """(itemid VALUES rows, converted-value SQL, plausible-range SQL) of the peers, from the seed's
     tables. The itemids are joined as a VALUES list, as the build's scan does (there an ``IN`` list
     ran as a MARK join over every row; in this query DuckDB plans both alike)."""
-    from .constants import CELSIUS_ITEMID, FAHRENHEIT_ITEMID, ITEMIDS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE
+    from cohort.constants import CELSIUS_ITEMID, FAHRENHEIT_ITEMID, ITEMIDS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE
 
     ids = ", ".join(f"({i})" for i in ITEMIDS)
     value = (f"CASE WHEN itemid = {FAHRENHEIT_ITEMID} OR (itemid = {CELSIUS_ITEMID} AND valuenum > "
@@ -118,7 +118,7 @@ def peer_polars(root: Path, min_hours: float = 48) -> tuple[int, float]:
     """The Polars lazy peer (parquet roots): (groups, Σ hourly means), streaming engine."""
     import polars as pl
 
-    from .constants import CELSIUS_ITEMID, FAHRENHEIT_ITEMID, ITEMIDS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE
+    from cohort.constants import CELSIUS_ITEMID, FAHRENHEIT_ITEMID, ITEMIDS, PLAINLY_FAHRENHEIT_ABOVE, PLAUSIBLE
 
     ce_path, st_path = _root_table(root, "icu/chartevents"), _root_table(root, "icu/icustays")
     if not (ce_path.name.endswith(".parquet") and st_path.name.endswith(".parquet")):
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warehouse", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a._gen:
-        from .synthetic import generate
+        from cohort.synthetic import generate
 
         s = generate(a._gen, target_rows=a.rows, seed=a.seed, fmt=a.format, progress=False, workers=a.workers)
         print(json.dumps({"rows": s.n_chartevents, "stays": s.n_stays, "seconds": s.seconds,
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_peer(a.peer, Path(a.root), a.threads)))
         return 0
     if a._build:
-        from .build import build_warehouse
+        from cohort.build import build_warehouse
 
         t, c = time.perf_counter(), _cpu_seconds()
         b = build_warehouse("mimic", a._build, a.warehouse, memory_limit=a.memory_limit, progress=False,

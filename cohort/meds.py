@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .constants import FAHRENHEIT_ITEMID, SRC_ARTERIAL, SRC_DEFAULT, SRC_NONINVASIVE, VITAL_CODE, VITALS
-from .conventions import SEED, Convention, get_convention
-from .errors import (
+from cohort.constants import FAHRENHEIT_ITEMID, SRC_ARTERIAL, SRC_DEFAULT, SRC_NONINVASIVE, VITAL_CODE, VITALS
+from cohort.conventions import SEED, Convention, get_convention
+from cohort.errors import (
     BadParameterError,
     ColumnTypeError,
     InputMissingError,
@@ -64,7 +64,7 @@ from .errors import (
     UnreadableInputError,
     redact,
 )
-from .sources import Adapter
+from cohort.sources import Adapter
 
 #: the MEDS version whose schemas the export writes and the reader expects
 MEDS_VERSION = "0.4.1"
@@ -340,7 +340,7 @@ class MedsAdapter(Adapter):
 
 def markdown_code_map(convention: str | Convention = SEED) -> str:
     """The default code map as a Markdown table (docs/MEDS.md is checked against it)."""
-    from .conventions import ITEM_LABELS
+    from cohort.conventions import ITEM_LABELS
 
     conv = get_convention(convention)
     out = ["| MEDS code | vital | source | unit read as | origin |", "|---|---|---|---|---|"]

@@ -37,7 +37,7 @@ What is written (all files owner-only, mode 0600; never overwriting)
 The data shards and the split file are record-level data (subject ids, times, values), exactly
 like the Parquet export: keep them where the source data may be kept. ``forgetful export``
 registers the folder with the warehouse, so ``forgetful forget`` erases a patient from it too
-(:mod:`pipelines.exports`).
+(:mod:`pipelines.store.exports`).
 """
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .constants import VITALS
-from .conventions import ITEM_LABELS, SEED, get_convention
-from .errors import BadParameterError, InputMissingError
-from .meds import HOURLY_CODES, ICU_ADMISSION, ICU_DISCHARGE, MEDS_SPLIT, MEDS_VERSION, chartevents_code
+from cohort.constants import VITALS
+from cohort.conventions import ITEM_LABELS, SEED, get_convention
+from cohort.errors import BadParameterError, InputMissingError
+from cohort.meds import HOURLY_CODES, ICU_ADMISSION, ICU_DISCHARGE, MEDS_SPLIT, MEDS_VERSION, chartevents_code
 
 ADMISSION_CODE, DISCHARGE_CODE = f"{ICU_ADMISSION}//UNK", f"{ICU_DISCHARGE}//UNK"
 #: every file and folder name the export writes at the top of its folder

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .constants import (
+from cohort.constants import (
     CLIF_CATEGORIES,
     EVENT_THRESHOLDS,
     FAHRENHEIT_ITEMID,
@@ -28,7 +28,7 @@ from .constants import (
     VITALS,
     fahrenheit_to_celsius,
 )
-from .selection import assign_splits, sample_stays
+from cohort.selection import assign_splits, sample_stays
 
 HOUR_US = 3_600_000_000
 _NUM = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constants import SPLIT_FRACTIONS
-from .errors import BadParameterError
+from cohort.constants import SPLIT_FRACTIONS
+from cohort.errors import BadParameterError
 
 
 def sample_stays(stay_ids, n: int | None, seed: int) -> np.ndarray:

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import duckdb
 
-from .constants import FAHRENHEIT_ITEMID, VITAL_CODE
-from .conventions import SEED, Convention, get_convention
-from .errors import InputMissingError, MissingColumnsError, UnreadableInputError, redact
+from cohort.constants import FAHRENHEIT_ITEMID, VITAL_CODE
+from cohort.conventions import SEED, Convention, get_convention
+from cohort.errors import InputMissingError, MissingColumnsError, UnreadableInputError, redact
 
 NATIVE_LAYOUT = (
     "MIMIC-IV v3.1 native layout: <root>/icu/icustays, <root>/icu/chartevents, "
@@ -143,7 +143,7 @@ def check_layout(source: str, root: str | Path, tables: tuple[str, ...] | None =
         The first problem found (the message names the file and the expected layout).
     """
     if source not in REQUIRED_COLUMNS:
-        from .errors import BadParameterError
+        from cohort.errors import BadParameterError
 
         raise BadParameterError(f"unknown source {source!r}; expected one of mimic, clif")
     root = Path(root)

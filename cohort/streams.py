@@ -13,8 +13,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from .constants import EVENT_COLUMNS, OBSERVED_COLUMNS, VITALS, Z_COLUMNS
-from .errors import BadParameterError, InputMissingError, UnknownStayError
+from cohort.constants import EVENT_COLUMNS, OBSERVED_COLUMNS, VITALS, Z_COLUMNS
+from cohort.errors import BadParameterError, InputMissingError, UnknownStayError
 
 _ALL_COLUMNS = set(VITALS) | set(OBSERVED_COLUMNS) | set(Z_COLUMNS) | set(EVENT_COLUMNS)
 

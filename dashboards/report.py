@@ -45,7 +45,7 @@ from dashboards.templating import environment, fmt, is_number
 __all__ = ["LoadedResult", "SECTIONS", "load_results", "read_stale", "render_report", "write_report", "main",
            "low_power_warning", "build_context", "fmt"]
 
-#: the file a forget writes into each registered runs folder (pipelines.forget): result files that
+#: the file a forget writes into each registered runs folder (pipelines.store.forget): result files that
 #: predate a deletion receipt
 STALE_FILE = "stale.json"
 

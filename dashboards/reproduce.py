@@ -22,8 +22,9 @@ import argparse
 import math
 import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from dashboards.commands import RESULT_COMMANDS
 from dashboards.errors import ReportError

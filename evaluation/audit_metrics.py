@@ -7,7 +7,8 @@ A gate *state* here is ``(keys, alpha, rho)`` with the gate score
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -25,7 +25,7 @@ its backward) run as compiled loops on CPU tensors when ``sv_core._batchfast`` i
 ``"lu"`` = ``torch.linalg.solve`` as in the SPEC; on CUDA the Schur-complement Cholesky solve);
 without a deletion mask the readout has a hand-written backward: compiled loops over each query's
 visible keys on CPU float32 / float64 tensors when ``sv_core._batchfast`` is built
-(`sv_core.batched_readout`), else chunk by chunk over the visible keys or over the whole score
+(`sv_core.batched.readout`), else chunk by chunk over the visible keys or over the whole score
 matrix when chunks are many (`models.sv_hybrid_readout`; reference `hybrid_weights` @ v,
 ``fused_readout=False``). Exact inference memory with deletion:
 `models.sv_hybrid_memory`.

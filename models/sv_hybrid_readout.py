@@ -1,7 +1,7 @@
 """Readout of the causal SV hybrid layer (:mod:`models.sv_hybrid`): the attention weights
 (`hybrid_weights`, the reference), and three fast ``weights @ v`` paths with hand-written backwards
 tested against it — compiled loops over the visible keys of each query (`hybrid_attend_compiled`,
-CPU float32 / float64 when ``sv_core._batchfast`` is built; `sv_core.batched_readout`), chunk by
+CPU float32 / float64 when ``sv_core._batchfast`` is built; `sv_core.batched.readout`), chunk by
 chunk over the visible keys (`hybrid_attend_chunked`), or the whole score matrix at once
 (`hybrid_attend_dense`); `hybrid_attend` picks one."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.multihead import AttentionConfigError
-from sv_core.batched_readout import compiled_readout_applicable, readout_backward, readout_forward
+from sv_core.batched.readout import compiled_readout_applicable, readout_backward, readout_forward
 
 
 def chunk_starts(T: int, chunk: int) -> list[int]:
@@ -226,7 +226,7 @@ def hybrid_attend_dense(q, k, v, gate, chunk) -> torch.Tensor:
 
 
 class _CompiledHybridReadout(torch.autograd.Function):
-    """Hybrid readout in the compiled loops of `sv_core.batched_readout` (the formulas of
+    """Hybrid readout in the compiled loops of `sv_core.batched.readout` (the formulas of
     `_ChunkedHybridReadout`, future keys never formed); stores the weights (and ``p / Z`` on the
     prefix columns when the gate needs a gradient) for the backward."""
 
@@ -247,7 +247,7 @@ class _CompiledHybridReadout(torch.autograd.Function):
 
 
 def hybrid_attend_compiled(q, k, v, gate, chunk) -> torch.Tensor:
-    """Fast hybrid readout (no deletion mask) in compiled loops (`sv_core.batched_readout`; CPU
+    """Fast hybrid readout (no deletion mask) in compiled loops (`sv_core.batched.readout`; CPU
     float32 / float64 tensors of one dtype, ``sv_core._batchfast`` built): same value and
     gradients as ``hybrid_weights(q, k, gate, chunk) @ v`` (the reference) up to rounding, first-
     order autograd only; thread count does not change the result. Shapes as `hybrid_attend_chunked`."""

@@ -124,7 +124,7 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
             module = importlib.import_module(f"pipelines.flows.{mod}")
         except ImportError as exc:  # an optional extra is missing: say so, keep the rest usable
             if exc.name == "torch":
-                from .errors import MODELS_EXTRA_HINT
+                from pipelines.errors import MODELS_EXTRA_HINT
 
                 print(f"forgetful: command module {mod!r} needs torch, which is not installed: {MODELS_EXTRA_HINT}",
                       file=sys.stderr)
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pre = argv[:argv.index(cmd)]
     # the command's inputs, checked before Prefect, torch or the API server start (pipelines.preflight)
-    from .preflight import run as preflight
+    from pipelines.preflight import run as preflight
 
     rc = preflight(cmd, argv[argv.index(cmd) + 1:])
     if rc is not None:
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(old_umask | 0o077)
     try:
         if process:  # own Prefect API server (started before the heavy imports), SIGINT/SIGTERM handling
-            from .signals import run_command
+            from pipelines.runtime.signals import run_command
 
             _in_process = True
             return run_command(cmd, argv, lambda: _dispatch(cmd, argv))
@@ -226,7 +226,7 @@ def _dispatch(cmd: str, argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.quiet and hasattr(args, "no_progress"):
         args.no_progress = True
-    from .runner import configure_run_logging
+    from pipelines.runtime.runner import configure_run_logging
 
     # run logs go to the Prefect API; the console shows printed progress, not Prefect's records
     configure_run_logging(verbose=os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING") == "INFO")
@@ -234,9 +234,9 @@ def _dispatch(cmd: str, argv: list[str]) -> int:
     if func is None:
         parser.print_help()
         return 2
-    from .signals import wait_for_api
+    from pipelines.runtime.signals import wait_for_api
 
-    wait_for_api()  # this command's own API server (pipelines.signals), if it started one
+    wait_for_api()  # this command's own API server (pipelines.runtime.signals), if it started one
     result = func(args)
     return int(result or 0)
 

@@ -96,7 +96,7 @@ class IngestError(PipelineError):
     """A streaming-ingest failure (nothing of the failed step was committed)."""
 
 
-# ---- file-system safety and storage failures (issue 19, items 4-7; pipelines/safe_io.py) ----
+# ---- file-system safety and storage failures (issue 19, items 4-7; pipelines/store/safe_io.py) ----
 class UnsafePathError(PipelineError):
     """A path where forgetful erases or rewrites (warehouse, its WAL, an export file or folder)
     is a symbolic link: refused, never followed, nothing changed."""

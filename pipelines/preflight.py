@@ -1,7 +1,7 @@
 """Input checks of a ``forgetful`` command before anything heavy starts.
 
 A flow command imports Prefect and torch and starts its own Prefect API server
-(:mod:`pipelines.signals`): seconds before the command reads its first input. So a missing
+(:mod:`pipelines.runtime.signals`): seconds before the command reads its first input. So a missing
 ``--root``, a malformed source root, a bad cron or a missing warehouse is checked here first, from
 the command line alone, with no Prefect and no torch imported and no server started; a bad input
 is one line on stderr and exit 2 (usage) or 3 (data), in well under 2 s.
@@ -20,7 +20,7 @@ What is checked (each check reuses the check of the code that later reads the in
   data shard's footer, column names and types, and ``build-cohort --meds-codes``' JSON);
   ``demo`` needs the cached demo unless ``--fetch`` (:func:`cohort.demo_data.ensure_demo`);
 * the study commands, and ``run-all --skip build-cohort``: the warehouse exists
-  (what :func:`pipelines.warehouse.require` checks);
+  (what :func:`pipelines.store.warehouse.require` checks);
 * ``ingest``: the root's stays tables; without ``--init`` the streaming warehouse exists (else the
   message names ``ingest --init``), with ``--init`` it does not, ``--frozen`` only with ``--init``;
 * ``serve``: the cron string, with the validator Prefect itself uses (its vendored ``croniter``,
@@ -40,9 +40,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import MODELS_EXTRA_HINT, IngestError, MissingExtraError, UsageError, WarehouseMissingError
+from pipelines.errors import MODELS_EXTRA_HINT, IngestError, MissingExtraError, UsageError, WarehouseMissingError
 
-#: exit codes (see :mod:`pipelines.runner`)
+#: exit codes (see :mod:`pipelines.runtime.runner`)
 EXIT_USAGE, EXIT_DOMAIN = 2, 3
 SOURCES = ["demo", "mimic", "clif", "synthetic"]
 #: the sources of ``build-cohort`` and ``run-all`` (``serve`` schedules the others)
@@ -157,7 +157,7 @@ def check_ingest_root(source: str, root: str) -> None:
 
 
 def check_warehouse(path: str) -> None:
-    """What :func:`pipelines.warehouse.require` checks, without importing DuckDB (this runs on the
+    """What :func:`pipelines.store.warehouse.require` checks, without importing DuckDB (this runs on the
     way to the API server's start)."""
     if not Path(path).is_file():
         raise WarehouseMissingError.at(Path(path))
@@ -328,8 +328,7 @@ def run(cmd: str, args: list[str]) -> int | None:
     """:func:`check`, reported: None when the command may start, else the exit code after one
     line on stderr — ``forgetful CMD: error: …`` (usage, 2) or ``error: Type: …`` (data, 3)."""
     from cohort.errors import CohortError
-
-    from .errors import PipelineError
+    from pipelines.errors import PipelineError
 
     try:
         check(cmd, args)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from .errors import StudyInputError
+from pipelines.errors import StudyInputError
 
 SPLITS = ("train", "val", "test")
 
@@ -45,7 +45,7 @@ def _plural(n: int, word: str) -> str:
 
 def split_counts(warehouse: str) -> dict[str, tuple[int, int]]:
     """split -> (stays, patients) of the warehouse's cohort (every split, zeros included)."""
-    from .warehouse import stays
+    from pipelines.store.warehouse import stays
 
     out = {s: (0, 0) for s in SPLITS}
     by: dict[str, tuple[set, set]] = {}

@@ -4,11 +4,11 @@ Kernels, the exact maintained fp64 Cauwenberghs-Poggio solver, the certified sol
 bordered KKT system + KKT check), reserve certificates, deletion receipts, the independent refit
 oracle, and differentiable paths.
 """
-from ._fastpath import fast_path_available
-from ._version import __version__
-from .calibrate import calibrate_C, warmup_size
-from .certified import CertifiedSolution, SolveCertificate, solve
-from .errors import (
+from sv_core._fastpath import fast_path_available
+from sv_core._version import __version__
+from sv_core.calibrate import calibrate_C, warmup_size
+from sv_core.certified import CertifiedSolution, SolveCertificate, solve
+from sv_core.errors import (
     GateError,
     InfeasibleError,
     InvalidKeysError,
@@ -20,12 +20,12 @@ from .errors import (
     UnknownTokenError,
     VerificationError,
 )
-from .gate import Gate, WarmupError
-from .kernels import rbf_kernel, torch_kernel
-from .receipts import Certificate, Receipt
-from .refit import refit
-from .solver import reference_loop
-from .streaming import StreamingGate
+from sv_core.gate import Gate, WarmupError
+from sv_core.kernels import rbf_kernel, torch_kernel
+from sv_core.receipts import Certificate, Receipt
+from sv_core.refit import refit
+from sv_core.solver import reference_loop
+from sv_core.streaming import StreamingGate
 
 __all__ = [
     "Gate", "StreamingGate", "refit", "solve", "CertifiedSolution", "SolveCertificate", "calibrate_C",
@@ -40,7 +40,7 @@ __all__ = [
 def __getattr__(name: str):
     """Lazy ``SVDDGate``: importing ``sv_core`` does not import scikit-learn."""
     if name == "SVDDGate":
-        from .estimator import SVDDGate
+        from sv_core.estimator import SVDDGate
 
         return SVDDGate
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,12 +8,12 @@ import warnings
 
 import numpy as np
 
-from ._gate_exact import consolidate_repeats
-from ._state import ERROR, MARGIN, RESERVE, SNAP_TOL
-from .kernels import rbf_kernel, rbf_matvec, sq_dists
-from .refit import TWIN_TOL
-from .smo import gradient
-from .solver import rho_midpoint
+from sv_core._gate_exact import consolidate_repeats
+from sv_core._state import ERROR, MARGIN, RESERVE, SNAP_TOL
+from sv_core.kernels import rbf_kernel, rbf_matvec, sq_dists
+from sv_core.refit import TWIN_TOL
+from sv_core.smo import gradient
+from sv_core.solver import rho_midpoint
 
 
 class Problem:

@@ -1,6 +1,6 @@
 /* Compiled loops of the batched SVDD gate (sv_core/batched*.py): the FISTA partition finder
- * (reference: sv_core.batched_fista.fista_svdd(..., backend="torch")) and the ridged bordered
- * KKT solve with its backward (reference: sv_core.batched_kkt.ridged_kkt_solve, solver
+ * (reference: sv_core.batched.fista.fista_svdd(..., backend="torch")) and the ridged bordered
+ * KKT solve with its backward (reference: sv_core.batched.kkt.ridged_kkt_solve, solver
  * "cholesky" / "lu").
  *
  * FISTA.
@@ -55,7 +55,7 @@
  * stores w (and p / Z on the prefix when the gate needs a gradient) for the backward.
  *
  * Gram backward. The gradient of the batch's RBF Gram matrices K = exp(-max(D, 0) / sigma^2)
- * (reference: the torch backward of sv_core.batched_common.rbf_gram; the forward stays torch's):
+ * (reference: the torch backward of sv_core.batched.common.rbf_gram; the forward stays torch's):
  * G = a + a^T with a = dL/dK K (-1 / sigma^2) where D >= 0, dL/dX = 2 (rowsum(G) X - G X), one
  * pass over each row (_gram_body.h).
  *
@@ -656,27 +656,27 @@ static PyMethodDef methods[] = {
      "stop_when_fixed: leave a problem once its iterate is a fixed point bit for bit (the result is the same); "
      "nthreads: Grams split over this many threads (the same result); sparse (default true): K a' over the "
      "non-zero entries of the iterate only when the block is finite (the same result). "
-     "See sv_core/batched_fista.py."},
+     "See sv_core/batched/fista.py."},
     {"kkt_forward", kkt_forward, METH_VARARGS,
      "kkt_forward(K, S, E, C, h, c0, alpha, rho, Lstore, x1store, dstore, offsets, P, J, n, ridge, is_double, "
      "nthreads) -> 0 or 1 (a factorisation failed). E empty: h and c0 given; E (P, J, n) uint8: h, c0 and alpha_E "
-     "formed here (h, c0 empty). See sv_core/batched_kkt.py."},
+     "formed here (h, c0 empty). See sv_core/batched/kkt.py."},
     {"kkt_backward", kkt_backward, METH_VARARGS,
      "kkt_backward(S, E, C, alpha, g_alpha, g_rho, Lstore, x1store, dstore, offsets, g_h, g_c0, g_K_or_None, P, J, "
      "n, is_double, nthreads) -> None. E as in kkt_forward (then g_K is required, g_h and g_c0 are not written). "
-     "See sv_core/batched_kkt.py."},
+     "See sv_core/batched/kkt.py."},
     {"readout_forward", readout_forward, METH_VARARGS,
      "readout_forward(q, k, v, gate, y, w, pz, P, T, d, dv, n_chunks, chunk, scale, is_double, nthreads) -> None. "
      "q, k (P, T, d), v (P, T, dv), gate (P, n_chunks, T) in; y (P, T, dv), w (P, T, T) (rows on j <= t) and pz "
-     "(P, T, T) (prefix columns; empty: not formed) out; all C-contiguous. See sv_core/batched_readout.py."},
+     "(P, T, T) (prefix columns; empty: not formed) out; all C-contiguous. See sv_core/batched/readout.py."},
     {"readout_backward", readout_backward, METH_VARARGS,
      "readout_backward(q, k, v, w, pz, g_y, g_q, g_k, g_v, g_gate, P, T, d, dv, n_chunks, chunk, scale, is_double, "
      "nthreads) -> None. g_q, g_k, g_v and g_gate (P, n_chunks, T; empty: not formed, pz then unused) overwritten. "
-     "See sv_core/batched_readout.py."},
+     "See sv_core/batched/readout.py."},
     {"gram_backward", gram_backward, METH_VARARGS,
      "gram_backward(X, K, keep, g_K, g_X, P, n, d, sigma, is_double, nthreads) -> None. X (P, n, d), K and g_K "
      "(P, n, n), keep (P, n, n) bool / uint8 (D >= 0) of the forward; g_X (P, n, d) overwritten. See "
-     "sv_core/batched_common.py (rbf_gram)."},
+     "sv_core/batched/common.py (rbf_gram)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -214,7 +214,7 @@ static int NAME(nonnegative)(const T *K, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_
 }
 
 /* FISTA's Lipschitz constant L = 2 lambda for the block Kb (m keys, entry-wise non-negative): the
- * reference's bound (sv_core.batched_fista.lambda_max_upper, one power step): v = 1, w = Kb v,
+ * reference's bound (sv_core.batched.fista.lambda_max_upper, one power step): v = 1, w = Kb v,
  * v = w / max(|w|, 1e-30), lambda = max over v_i > 1e-12 of (Kb v)_i / v_i (0 when none), at least
  * 1e-12 (the Collatz-Wielandt ratio: an upper bound of the largest eigenvalue); v, w: scratch */
 static ALWAYS_INLINE T NAME(lipschitz)(const T *restrict Kb, Py_ssize_t ld, Py_ssize_t m, T *restrict v,
@@ -361,7 +361,7 @@ static ALWAYS_INLINE void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T 
 
 /* forward of the problems of Grams [p0, p1); returns 0, or 1 when a factorisation failed */
 /* E mode (E given, h and c0 not): the right-hand side is formed here from the bound set E of each
- * problem, as the reference does (sv_core.batched_kkt.ridged_kkt_solve):
+ * problem, as the reference does (sv_core.batched.kkt.ridged_kkt_solve):
  *     h_i = K_ii - 2 C sum_{e in E} K_ie (e ascending),  c0 = 1 - C |E|,  alpha_E = C,
  * and a problem without margin keys has rho = 0 (the caller sends only those without any valid key:
  * no KKT interval); idx: 2 n + 1 entries */

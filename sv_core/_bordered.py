@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._state import (
+from sv_core._state import (
     DUPLICATE_TOL,
     ERROR,
     INVERSE_GUARD,
@@ -24,7 +24,7 @@ from ._state import (
     IntArray,
     SolverState,
 )
-from .errors import PathError
+from sv_core.errors import PathError
 
 _KEEP: dict[tuple[int, int], IntArray] = {}
 

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ._bordered import BorderedMixin
-from ._state import DEAD, ERROR, MARGIN, RESERVE, SNAP_TOL, Degenerate, FloatArray
-from .errors import PathError
+from sv_core._bordered import BorderedMixin
+from sv_core._state import DEAD, ERROR, MARGIN, RESERVE, SNAP_TOL, Degenerate, FloatArray
+from sv_core.errors import PathError
 
 
 class DegenerateMixin(BorderedMixin):

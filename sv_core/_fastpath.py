@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ._state import DUPLICATE_TOL, NEAR_TWIN_TOL, RISKY_RATE
+from sv_core._state import DUPLICATE_TOL, NEAR_TWIN_TOL, RISKY_RATE
 
 _cpfast: types.ModuleType | None
 try:  # built by setup.py; absent without a C compiler (then the reference loop runs)
-    from . import _cpfast
+    from sv_core import _cpfast
 except ImportError:  # pragma: no cover - depends on the build
     _cpfast = None
 #: the interface version this module speaks (``CP_ABI`` in the C file); a stale build (an older

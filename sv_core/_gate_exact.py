@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._blas import single_thread
-from ._state import ERROR, MARGIN, RESERVE, SNAP_TOL
-from .errors import PathError, RefitError
-from .refit import refit, smo_polish
+from sv_core._blas import single_thread
+from sv_core._state import ERROR, MARGIN, RESERVE, SNAP_TOL
+from sv_core.errors import PathError, RefitError
+from sv_core.refit import refit, smo_polish
 
 if TYPE_CHECKING:
-    from .solver import MaintainedSVDD
+    from sv_core.solver import MaintainedSVDD
 
 #: probes are jittered with Gaussian noise of this scale in ``verify`` (SPEC §3 deletion audit)
 JITTER_SCALE = 0.1

@@ -13,13 +13,13 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ._gate_exact import JITTER_SCALE, VERIFY_KKT, VERIFY_SCORE_TOL, ExactCompletionMixin
-from .errors import InfeasibleError, PathError, RefitError, UnknownTokenError, VerificationError
-from .kernels import rbf_kernel
-from .receipts import Receipt
-from .refit import refit
-from .solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
-from .validation import check_token_id
+from sv_core._gate_exact import JITTER_SCALE, VERIFY_KKT, VERIFY_SCORE_TOL, ExactCompletionMixin
+from sv_core.errors import InfeasibleError, PathError, RefitError, UnknownTokenError, VerificationError
+from sv_core.kernels import rbf_kernel
+from sv_core.receipts import Receipt
+from sv_core.refit import refit
+from sv_core.solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
+from sv_core.validation import check_token_id
 
 _STATUS_NAMES = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
 

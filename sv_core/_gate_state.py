@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from ._blas import single_thread
-from ._gate_exact import KKT_GUARD, consolidate_repeats
-from ._state import ERROR, MARGIN, RESERVE
-from .calibrate import warmup_size
-from .errors import InfeasibleError, InvalidKeysError, InvalidParameterError, InvalidStateError, PathError
-from .solver import MaintainedSVDD
-from .validation import as_keys, check_finite_kernel
+from sv_core._blas import single_thread
+from sv_core._gate_exact import KKT_GUARD, consolidate_repeats
+from sv_core._state import ERROR, MARGIN, RESERVE
+from sv_core.calibrate import warmup_size
+from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, InvalidStateError, PathError
+from sv_core.solver import MaintainedSVDD
+from sv_core.validation import as_keys, check_finite_kernel
 
 #: ``from_state`` accepts a solved state whose recomputed KKT residual is at most this
 STATE_KKT_TOL = 1e-8
@@ -44,7 +44,7 @@ def to_state(gate: Any) -> dict[str, Any]:
 
 def from_state(cls: Any, state: dict) -> Any:
     """Implementation of :meth:`sv_core.Gate.from_state` (see its docstring)."""
-    from .validation import load_state
+    from sv_core.validation import load_state
 
     try:
         st = load_state(state, warmup_size)

@@ -1,4 +1,4 @@
-/* Backward of the batch's RBF Gram matrices (sv_core.batched_common.rbf_gram; the forward stays the
+/* Backward of the batch's RBF Gram matrices (sv_core.batched.common.rbf_gram; the forward stays the
  * batched torch operations) for one floating type: included by sv_core/_batchfast.c after
  * _readout_body.h (uses its wsum_rows and _batchfast_body.h's sum8).
  *

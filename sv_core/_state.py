@@ -15,7 +15,7 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from .kernels import rbf_kernel
+from sv_core.kernels import rbf_kernel
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .audit_keys import (  # noqa: F401  (re-exported: the generators are part of the audit's API)
+from sv_core.audit_keys import (  # noqa: F401  (re-exported: the generators are part of the audit's API)
     SWEEP_JITTERS,
     clustered_keys,
     dedupe,
@@ -46,11 +46,11 @@ from .audit_keys import (  # noqa: F401  (re-exported: the generators are part o
     redundant_keys,
     sweep_name,
 )
-from .calibrate import calibrate_C
-from .errors import GateError
-from .gate import Gate
-from .kernels import rbf_kernel
-from .refit import refit
+from sv_core.calibrate import calibrate_C
+from sv_core.errors import GateError
+from sv_core.gate import Gate
+from sv_core.kernels import rbf_kernel
+from sv_core.refit import refit
 
 #: regime name -> generator(rng) returning (n, d) keys. Other packages add regimes (ICU, learned).
 REGIMES: dict[str, Callable[[np.random.Generator], np.ndarray]] = {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import InvalidParameterError
+from sv_core.errors import InvalidParameterError
 
 
 def calibrate_C(nu: float, n0: int) -> float:

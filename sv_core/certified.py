@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._gate_exact import KKT_GUARD, consolidate_repeats
-from .calibrate import warmup_size
-from .certified_core import (
+from sv_core._gate_exact import KKT_GUARD, consolidate_repeats
+from sv_core.calibrate import warmup_size
+from sv_core.certified_core import (
     MAX_ROUNDS,
     POLISH_TOL,
     SMALL_N,
@@ -48,10 +48,10 @@ from .certified_core import (
     not_certified_reason,
     recertify,
 )
-from .errors import PathError
-from .gate import Gate
-from .refit import refit
-from .smo import CACHE_BYTES, SMO_TOL
+from sv_core.errors import PathError
+from sv_core.gate import Gate
+from sv_core.refit import refit
+from sv_core.smo import CACHE_BYTES, SMO_TOL
 
 __all__ = ["MAX_ROUNDS", "POLISH_TOL", "SMALL_N", "TARGET_KKT", "CertifiedSolution", "SolveCertificate",
            "load_certified", "solve"]

@@ -15,15 +15,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ._active_set import Problem, certify, margin_residual, read_off, repair
-from ._blas import single_thread
-from ._gate_exact import KKT_GUARD
-from ._state import ERROR, MARGIN, RESERVE
-from .errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
-from .kernels import rbf_kernel
-from .refit import TIGHT_KKT
-from .smo import CACHE_BYTES, SMO_TOL, SMOResult, fast_smo_available, smo
-from .validation import as_keys, check_params
+from sv_core._active_set import Problem, certify, margin_residual, read_off, repair
+from sv_core._blas import single_thread
+from sv_core._gate_exact import KKT_GUARD
+from sv_core._state import ERROR, MARGIN, RESERVE
+from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
+from sv_core.kernels import rbf_kernel
+from sv_core.refit import TIGHT_KKT
+from sv_core.smo import CACHE_BYTES, SMO_TOL, SMOResult, fast_smo_available, smo
+from sv_core.validation import as_keys, check_params
 
 #: the solve aims at this largest KKT violation (repairs and a warm polish are tried above it)
 TARGET_KKT = TIGHT_KKT

@@ -45,12 +45,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils._param_validation import InvalidParameterError as _SklearnParameterError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .calibrate import calibrate_C, warmup_size
-from .errors import InvalidKeysError, InvalidParameterError, UnknownTokenError
-from .gate import Gate
-from .kernels import rbf_kernel
-from .receipts import Certificate, Receipt
-from .validation import check_params
+from sv_core.calibrate import calibrate_C, warmup_size
+from sv_core.errors import InvalidKeysError, InvalidParameterError, UnknownTokenError
+from sv_core.gate import Gate
+from sv_core.kernels import rbf_kernel
+from sv_core.receipts import Certificate, Receipt
+from sv_core.validation import check_params
 
 #: |decision_function| at or below this is a boundary tie, reported as exactly 0. Margin samples
 #: sit on the boundary in exact arithmetic; in fp64 their score is off by ~1e-16, with a sign that

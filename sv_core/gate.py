@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _gate_state
+from sv_core import _gate_state
 
 # the guard/fallback constants and STATE_KKT_TOL are re-exported from here for callers
-from ._gate_exact import (  # noqa: F401
+from sv_core._gate_exact import (  # noqa: F401
     JITTER_SCALE,
     KKT_GUARD,
     TIGHTEN_AT,
@@ -20,20 +20,20 @@ from ._gate_exact import (  # noqa: F401
     VERIFY_SCORE_TOL,
     ExactCompletionMixin,
 )
-from ._gate_forget import ForgetMixin
-from ._gate_state import STATE_KKT_TOL  # noqa: F401
-from .calibrate import warmup_size
-from .certified_core import load_certified
-from .errors import (
+from sv_core._gate_forget import ForgetMixin
+from sv_core._gate_state import STATE_KKT_TOL  # noqa: F401
+from sv_core.calibrate import warmup_size
+from sv_core.certified_core import load_certified
+from sv_core.errors import (
     GateError,
     InvalidKeysError,
     InvalidParameterError,  # noqa: F401  (re-exported for callers that import it from here)
     PathError,
 )
-from .kernels import rbf_kernel
-from .receipts import Certificate
-from .solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
-from .validation import as_keys, check_finite_kernel, check_params
+from sv_core.kernels import rbf_kernel
+from sv_core.receipts import Certificate
+from sv_core.solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
+from sv_core.validation import as_keys, check_finite_kernel, check_params
 
 _check_params = check_params  # backward-compatible private alias
 
@@ -41,7 +41,7 @@ _check_params = check_params  # backward-compatible private alias
 #: first-solve methods of :class:`Gate` (``cold_solve``)
 COLD_SOLVES = ("auto", "certified", "path")
 #: with ``cold_solve="auto"`` a first solve of at least this many keys uses the certified solve
-#: (below it settling keys one by one is as fast; measured by ``python -m sv_core.bench_solve --gate``)
+#: (below it settling keys one by one is as fast; measured by ``python -m sv_core.bench.solve --gate``)
 CERTIFIED_MIN_KEYS = 16
 
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InfeasibleError, RefitError
-from .kernels import rbf_kernel, sq_dists
-from .solver import ERROR, MARGIN, RESERVE, SNAP_TOL, rho_midpoint
-from .validation import as_keys, check_params
+from sv_core.errors import InfeasibleError, RefitError
+from sv_core.kernels import rbf_kernel, sq_dists
+from sv_core.solver import ERROR, MARGIN, RESERVE, SNAP_TOL, rho_midpoint
+from sv_core.validation import as_keys, check_params
 
 
 def _clarabel(K: np.ndarray, C: float) -> np.ndarray:

@@ -41,11 +41,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels import rbf_matvec
+from sv_core.kernels import rbf_matvec
 
 _smo: types.ModuleType | None
 try:  # built by setup.py; absent without a C compiler (then the reference loop runs)
-    from . import _smo
+    from sv_core import _smo
 except ImportError:  # pragma: no cover - depends on the build
     _smo = None
 #: the interface version this module speaks (``SMO_ABI`` in the C file); a stale build is ignored

@@ -56,10 +56,10 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from . import _fastpath
-from ._bordered import rho_midpoint  # noqa: F401  (re-exported)
-from ._degenerate import DegenerateMixin
-from ._state import (  # noqa: F401  (re-exported: the solver's public constants)
+from sv_core import _fastpath
+from sv_core._bordered import rho_midpoint  # noqa: F401  (re-exported)
+from sv_core._degenerate import DegenerateMixin
+from sv_core._state import (  # noqa: F401  (re-exported: the solver's public constants)
     DEAD,
     DUPLICATE_TOL,
     ERROR,
@@ -77,7 +77,7 @@ from ._state import (  # noqa: F401  (re-exported: the solver's public constants
     Degenerate,
     FloatArray,
 )
-from .errors import PathError
+from sv_core.errors import PathError
 
 _INF = math.inf
 

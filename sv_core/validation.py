@@ -11,7 +11,7 @@ import numbers
 
 import numpy as np
 
-from .errors import InvalidKeysError, InvalidParameterError, InvalidStateError, InvalidTokenIdError
+from sv_core.errors import InvalidKeysError, InvalidParameterError, InvalidStateError, InvalidTokenIdError
 
 #: sigma must lie in this range so that sigma**2 and 1/sigma**2 are finite normal fp64 numbers
 SIGMA_RANGE = (1e-150, 1e150)
@@ -126,7 +126,7 @@ def load_state(state, warmup_size) -> dict:
     which the caller wraps). The KKT residual of a solved state is checked by the caller once the
     kernel exists. ``warmup_size(C)`` is passed in to keep this module free of solver imports.
     """
-    from .solver import ERROR, MARGIN, PENDING, RESERVE
+    from sv_core.solver import ERROR, MARGIN, PENDING, RESERVE
 
     try:
         missing = [k for k in _REQUIRED if k not in state]

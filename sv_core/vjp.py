@@ -29,9 +29,9 @@ except ImportError as exc:  # torch is the optional [models] extra; the rest of 
     raise ImportError("sv_core.vjp needs torch (the [models] extra): "
                       "pip install 'forgetful-attention[models]'") from exc
 
-from .errors import InfeasibleError
-from .kernels import torch_kernel
-from .solver import MaintainedSVDD
+from sv_core.errors import InfeasibleError
+from sv_core.kernels import torch_kernel
+from sv_core.solver import MaintainedSVDD
 
 
 class SVDDSolve(torch.autograd.Function):

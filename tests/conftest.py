@@ -21,9 +21,9 @@ def prefect_harness():
     from prefect.settings import temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    from pipelines.runner import heartbeat_settings
+    from pipelines.runtime.runner import heartbeat_settings
 
     # the harness is a throw-away server, as a command's private one: no flow-run heartbeats
-    # (each flow call would otherwise end on the next whole second: pipelines.runner.heartbeat_settings)
+    # (each flow call would otherwise end on the next whole second: pipelines.runtime.runner.heartbeat_settings)
     with prefect_test_harness(server_startup_timeout=180), temporary_settings(heartbeat_settings(shared=False)):
         yield

@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 
 from pipelines.cli import main
-from pipelines.keys import Keys
-from pipelines.ledger import Ledger, default_dir
+from pipelines.receipts.ledger import Ledger, default_dir
+from pipelines.store.keys import Keys
 
 FIX = Path(__file__).parent / "fixtures" / "cohort"
 TARGET, OTHER = 101, 103  # subjects of the MIMIC fixture's stays 301 and 303 (both in the cohort)

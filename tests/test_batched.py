@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sv_core import refit, rbf_kernel, torch_kernel
+from sv_core import rbf_kernel, refit, torch_kernel
 from sv_core.batched import (
     BatchedGateError,
     batched_gate,
@@ -379,7 +379,7 @@ def test_batched_gate_cholesky_solver_equals_reference():
 
 
 # ------------------------------------------------------------------ compiled loops vs the torch references
-compiled = pytest.mark.skipif(not __import__("sv_core.batched_common").batched_common.compiled_batch_available(),
+compiled = pytest.mark.skipif(not __import__("sv_core.batched.common").batched.common.compiled_batch_available(),
                               reason="sv_core._batchfast is not built")
 
 
@@ -406,7 +406,7 @@ def _threads(k):
 @compiled
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 def test_compiled_fista_equals_the_torch_reference(dtype, atol):
-    from sv_core.batched_fista import _fista_compiled, fista_lipschitz
+    from sv_core.batched.fista import _fista_compiled, fista_lipschitz
 
     for seed, scale in ((21, 1.0), (22, 0.3)):  # spread keys (many zeros), tight keys (many margin keys)
         X, mask = _nested(seed, scale=scale)
@@ -463,7 +463,7 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
 def test_compiled_kkt_solve_equals_the_lu_reference_values_and_gradients(with_bound, interval, monkeypatch):
     """Without an interval problem the compiled solve forms the right-hand side itself (E mode, one
     call each way); with one (no margin key, some valid key) it takes h and c0 from torch."""
-    from sv_core import batched_kkt
+    from sv_core.batched import kkt as batched_kkt
 
     X0, mask = _nested(23)
     C = 0.1 if with_bound else 0.25
@@ -502,7 +502,7 @@ def test_compiled_kkt_solve_equals_the_lu_reference_values_and_gradients(with_bo
 
 
 def test_slot_groups_bound_the_padding():
-    from sv_core.batched_kkt import slot_groups
+    from sv_core.batched.kkt import slot_groups
 
     assert slot_groups([8, 15, 21, 25, 29, 33, 37, 40, 43, 46, 49]) == [[10, 9, 8, 7, 6, 5, 4, 3], [2, 1], [0]]
     assert slot_groups([0, 3, 0, 5, 2, 9]) == [[5, 3], [1, 4], [0, 2]]
@@ -514,7 +514,7 @@ def test_slot_groups_bound_the_padding():
 
 
 def test_without_the_compiled_loops_auto_is_the_torch_reference(monkeypatch):
-    import sv_core.batched_common as bc
+    import sv_core.batched.common as bc
 
     monkeypatch.setattr(bc, "batchfast", None)  # as on an install without a C compiler
     assert not bc.compiled_batch_available() and not bc.compiled_applicable(torch.zeros(1, 2, 2))

@@ -18,7 +18,7 @@ except Exception:  # ImportError or missing libmlx.so
 
 @pytest.mark.skipif(not HAVE_MLX, reason='mlx not importable; pip install "mlx[cpu]" to run')
 def test_mlx_fista_matches_torch_fista():
-    from sv_core.batched_mlx import fista_svdd_mlx
+    from sv_core.batched.mlx_backend import fista_svdd_mlx
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(4, 30, 3))

@@ -10,7 +10,7 @@ import types
 import duckdb
 import pytest
 
-from pipelines import runner
+from pipelines.runtime import runner
 
 HOLD = """
 import sys, time, duckdb

@@ -91,8 +91,8 @@ def test_gate_demo_json_path_writes_the_result(tmp_path, capsys):
 
 
 def test_receipts_json_path_writes_the_verification(tmp_path, capsys):
-    from pipelines.keys import Keys
-    from pipelines.ledger import Ledger
+    from pipelines.receipts.ledger import Ledger
+    from pipelines.store.keys import Keys
 
     led_dir = tmp_path / "ledger"
     led = Ledger(led_dir, Keys.load(create=True))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.run_summary import summary_lines
+from pipelines.flows.run_summary import summary_lines
 
 
 def _claim(statement: str, value, holds: bool) -> dict:
@@ -118,7 +118,7 @@ def test_run_all_prints_the_summary_and_writes_the_json_only_to_the_json_path(ru
 
 
 def test_patient_deletion_line_states_both_gaps_to_the_refit():
-    from pipelines.run_summary import LINES
+    from pipelines.flows.run_summary import LINES
 
     claim = {"statement": "exact deletion reaches the same-C refit …", "holds": True,
              "value": {"exact max": 4.4e-15, "naive median": 0.15}}
@@ -135,7 +135,7 @@ def test_patient_deletion_line_states_both_gaps_to_the_refit():
 
 
 def test_the_cohort_line_names_where_the_data_came_from():
-    from pipelines.run_summary import LINES
+    from pipelines.flows.run_summary import LINES
 
     base = {"metrics": {"n_stays": 12, "n_tokens": 600}}
     assert LINES["cohort"]({**base, "data": "demo", "config": {"source": "demo"}}).endswith("(real MIMIC-IV demo)")

@@ -1,5 +1,5 @@
 """Start-up cost of a ``forgetful`` command: what is (not) imported, the paused collector, and the
-API server child's launcher (timings are measured by ``python -m pipelines.bench_cli``, never here)."""
+API server child's launcher (timings are measured by ``python -m pipelines.bench.cli``, never here)."""
 from __future__ import annotations
 
 import gc
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli, signals
+from pipelines import cli
+from pipelines.runtime import signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +92,7 @@ def test_the_server_starts_from_a_folder_that_shadows_prefect_and_uvicorn(tmp_pa
     (tmp_path / "prefect").mkdir()
     (tmp_path / "prefect" / "__init__.py").write_text("raise SystemExit('shadowed prefect imported')\n")
     (tmp_path / "uvicorn.py").write_text("raise SystemExit('shadowed uvicorn imported')\n")
-    code = ("from pipelines.signals import ApiServer\n"
+    code = ("from pipelines.runtime.signals import ApiServer\n"
             "s = ApiServer().start()\n"
             "try:\n    s.wait_ready(timeout=240)\n    import urllib.request\n"
             "    print('VERSION', urllib.request.urlopen(s.api_url + '/admin/version', timeout=30).read().decode())\n"

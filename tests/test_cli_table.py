@@ -25,7 +25,7 @@ def test_table_matches_the_modules():
 def test_help_and_forget_import_neither_torch_nor_prefect():
     code = ("import sys\nfrom pipelines.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "import pipelines.flows.forget_cli, pipelines.forget, pipelines.flows.receipts_cli\n"
+            "import pipelines.flows.forget_cli, pipelines.store.forget, pipelines.flows.receipts_cli\n"
             "print('torch' in sys.modules, 'prefect' in sys.modules)")
     for argv in (["--help"], ["forget", "--help"], ["receipts", "verify", "--help"]):
         out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,

@@ -262,8 +262,8 @@ def _untimed(x):
 
 
 def _flow(dst, runs, **kw):
-    from pipelines import runner
     from pipelines.flows.clinical_deterioration import deterioration_flow
+    from pipelines.runtime import runner
 
     with runner.results_context(str(runs)):
         return deterioration_flow.with_options(task_runner=runner.make_task_runner(None, 2))(

@@ -17,7 +17,7 @@ from cohort.synthetic import make_small_warehouse
 from evaluation.clinical import patient_deletion as pdel
 from evaluation.clinical import patient_deletion_result as pres
 from evaluation.studies.errors import StudyConfigError
-from pipelines import warehouse as wh
+from pipelines.store import warehouse as wh
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +143,9 @@ def test_sql_aggregates_match_numpy_and_the_result_labels_low_power(base_wh):
 
 
 def test_flow_runs_in_batches_and_publishes_its_gates_once(prefect_harness, base_wh, tmp_path):
-    from pipelines import gate_store, runner
     from pipelines.flows.clinical_deletion import PENDING, STUDY, patient_deletion_flow
+    from pipelines.runtime import runner
+    from pipelines.store import gate_store
 
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -234,8 +235,8 @@ def test_gap_figures_are_over_the_refit_sample_and_say_so(base_wh):
 
 
 def test_flow_refits_a_deterministic_sample_and_rejects_a_bad_size(prefect_harness, base_wh, tmp_path):
-    from pipelines import runner
     from pipelines.flows.clinical_deletion import patient_deletion_flow
+    from pipelines.runtime import runner
 
     runs = tmp_path / "runs"
     runs.mkdir()

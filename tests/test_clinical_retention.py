@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from cohort.synthetic import make_small_warehouse
-from pipelines import gate_store, runner, stay_results
+from pipelines.runtime import runner
+from pipelines.store import gate_store, stay_results
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,8 @@ def _studies(w):
 def test_streamed_values_and_gates_land_in_the_warehouse(prefect_harness, site):
     from dashboards.schema import validate_result
     from evaluation.clinical.sampling import sample_stays
-    from pipelines import warehouse as wh
     from pipelines.flows.clinical_retention import retention_flow
+    from pipelines.store import warehouse as wh
 
     w, runs = site
     res = _run(retention_flow, runs, warehouse=w, stays=12)
@@ -133,9 +134,9 @@ def test_a_missing_cache_entry_is_recomputed_while_persisting(prefect_harness, s
 
 
 def test_forget_erases_the_patients_per_stay_values(prefect_harness, site):
-    from pipelines import warehouse as wh
     from pipelines.flows.clinical_retention import heldout_flow
-    from pipelines.forget import forget_subject
+    from pipelines.store import warehouse as wh
+    from pipelines.store.forget import forget_subject
 
     w, runs = site
     res = _run(heldout_flow, runs, warehouse=w, sensitivity_stays=0, audit_stays=0)
@@ -202,7 +203,7 @@ def test_one_blas_thread_also_limits_scipys_own_blas():
     pytest.importorskip("threadpoolctl")
     code = (
         "import threadpoolctl\n"
-        "from pipelines.scaleout import one_blas_thread\n"
+        "from pipelines.runtime.scaleout import one_blas_thread\n"
         "with one_blas_thread():\n"
         "    with one_blas_thread():\n"
         "        from scipy.linalg.lapack import dtrtri\n"
@@ -216,8 +217,8 @@ def test_one_blas_thread_also_limits_scipys_own_blas():
 def test_staged_gate_batches_are_joined_up_to_a_byte_budget():
     """write_study commits the chunks' gate batches in groups of at most GROUP_BYTES of blobs, in order;
     a batch holding a gate not yet serialised (size unknown) is never joined."""
-    from pipelines.gate_store import StagedState
-    from pipelines.stay_results import grouped
+    from pipelines.store.gate_store import StagedState
+    from pipelines.store.stay_results import grouped
 
     def st(nbytes, tag):
         z = np.zeros(1, dtype=np.int64)

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-import cohort.build_grid as build_grid_mod
+import cohort.build.grid as build_grid_mod
 from cohort.build import build_warehouse
 from cohort.synthetic import generate
 
@@ -79,7 +79,7 @@ def test_demo_hash_unchanged(tmp_path, convention):
 
 def test_scratch_folders_are_owner_only_and_phases_add_up(gen_roots, tmp_path, monkeypatch):
     modes = {}
-    real = build_grid_mod.hourly_means  # the hourly stage (cohort.build_grid) calls it
+    real = build_grid_mod.hourly_means  # the hourly stage (cohort.build.grid) calls it
 
     def spy(*a, **k):  # mid-build: the spill folder and the bucket spool exist
         for p in tmp_path.iterdir():

@@ -24,7 +24,7 @@ import pytest
 
 from cohort import constants
 from cohort._hourly import SLOTS
-from cohort.build import plausible_case_sql, value_sql, build_warehouse, main, read_funnel
+from cohort.build import build_warehouse, main, plausible_case_sql, read_funnel, value_sql
 from cohort.conventions import (
     CONVENTIONS,
     ITEM_LABELS,

@@ -11,7 +11,11 @@ import pytest
 
 from cohort.build import build_warehouse
 from cohort.errors import (
-    BadParameterError, EmptyCohortError, InputMissingError, MissingColumnsError, UnreadableInputError,
+    BadParameterError,
+    EmptyCohortError,
+    InputMissingError,
+    MissingColumnsError,
+    UnreadableInputError,
 )
 
 FIX = Path(__file__).parent / "fixtures" / "cohort" / "mimic_small"

@@ -20,7 +20,7 @@ from cohort.fidelity import (
     synthetic_metrics,
 )
 from cohort.synthetic import generate, main
-from cohort.synthetic_model import DEFAULT_PARAMS, Model, load_params
+from cohort.synthetic.model import DEFAULT_PARAMS, Model, load_params
 
 
 def _demo_root():
@@ -147,7 +147,7 @@ def test_fidelity_cli_writes_a_synthetic_labelled_table(tmp_path, capsys):
 @pytest.mark.demo
 def test_committed_calibration_matches_a_fresh_one(tmp_path):
     """`python -m cohort.synthetic --calibrate` on the real demo reproduces the committed JSON."""
-    from cohort.synthetic_calibration import calibrate
+    from cohort.synthetic.calibration import calibrate
 
     root = _demo_root()
     fresh = calibrate(root, out=tmp_path / "p.json")

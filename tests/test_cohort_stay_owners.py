@@ -20,9 +20,9 @@ import duckdb
 import polars as pl
 import pytest
 
-from pipelines.forget import forget_subject
-from pipelines.keys import Keys
-from pipelines.ledger import Ledger, default_dir
+from pipelines.receipts.ledger import Ledger, default_dir
+from pipelines.store.forget import forget_subject
+from pipelines.store.keys import Keys
 
 FIX = Path(__file__).parent / "fixtures" / "cohort"
 NEW_SUBJECT = 1999
@@ -171,7 +171,7 @@ def test_a_forgotten_stay_relabelled_to_another_subject_stays_out(kind, tmp_path
     assert f["one_subject_per_stay"] > f["not_in_forget_registry"]  # dropped by the registry, counted
     if src.adapter == "mimic":  # the incremental ingest reads stays through the same rule
         from cohort.incremental import STAYS_TABLE, load_stays
-        from pipelines.warehouse import Warehouse
+        from pipelines.store.warehouse import Warehouse
 
         with Warehouse.open(p) as w:
             excl = w.exclusion()

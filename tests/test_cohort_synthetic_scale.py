@@ -16,7 +16,7 @@ from cohort.build import build_warehouse, read_funnel
 from cohort.constants import ITEMIDS
 from cohort.errors import BadParameterError
 from cohort.synthetic import generate, main
-from cohort.synthetic_items import (
+from cohort.synthetic.items import (
     CATALOGUE,
     DEMO_VITAL_ROW_SHARE,
     NON_VITAL_ROWS_PER_ICU_HOUR,
@@ -24,7 +24,7 @@ from cohort.synthetic_items import (
     ValueTable,
     fmt_number,
 )
-from cohort.synthetic_model import LOS_MAX_HOURS, Model, load_params
+from cohort.synthetic.model import LOS_MAX_HOURS, Model, load_params
 
 FILES = ("icu/chartevents", "icu/icustays", "icu/d_items", "hosp/patients", "hosp/admissions")
 VITAL_IDS = sorted(ITEMIDS)
@@ -268,7 +268,7 @@ def test_bad_arguments_and_crashes_leave_files_as_they_were(tmp_path, monkeypatc
         with pytest.raises(BadParameterError):
             generate(out, **args)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-    import cohort.synthetic_gen as syn
+    import cohort.synthetic.gen as syn
 
     real = syn.chunk_table
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import runs_registry
-from pipelines.forget import forget_subject
-from pipelines.keys import Keys
-from pipelines.ledger import Ledger, default_dir
-from pipelines.warehouse import Warehouse, stays
+from pipelines.receipts.ledger import Ledger, default_dir
+from pipelines.store import runs_registry
+from pipelines.store.forget import forget_subject
+from pipelines.store.keys import Keys
+from pipelines.store.warehouse import Warehouse, stays
 
 SKIP = ("heldout-spo2", "patient-deletion", "deterioration", "audit", "studies", "fidelity")
 
@@ -56,8 +56,8 @@ def head_of(runs: Path) -> str:
 # ------------------------------------------------------------------------------ the auditor sequence
 def run_all_small(runs: Path) -> None:
     """``forgetful run-all --source synthetic --stays 24`` with the slow steps skipped."""
-    from pipelines import runner
     from pipelines.flows.run_all import run_all_flow
+    from pipelines.runtime import runner
 
     with runner.results_context(str(runs)):
         run_all_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
@@ -142,7 +142,7 @@ def test_stale_marks_are_per_folder_and_never_on_the_ledger_card(auditor):
 
 def test_a_rerun_clears_its_mark_in_its_folder_only(auditor, tmp_path):
     from dashboards.report import render_report
-    from pipelines.runner import write_study_result
+    from pipelines.runtime.runner import write_study_result
 
     other = tmp_path / "runs_other"
     shutil.copytree(auditor["copy"], other)

@@ -1,4 +1,4 @@
-"""Scale-out on Dask (pipelines.scaleout): chunks sized from the measured cost, the same chunk
+"""Scale-out on Dask (pipelines.runtime.scaleout): chunks sized from the measured cost, the same chunk
 function locally and on a LocalCluster of worker processes, bit-identical per-stay results, and
 clean worker logs over consecutive commands against one long-lived cluster."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from cohort.synthetic import make_small_warehouse
-from pipelines import dask_hygiene, runner, scaleout, stay_results
+from pipelines.runtime import dask_hygiene, runner, scaleout
+from pipelines.store import stay_results
 
 
 # ------------------------------------------------------------------------------ planning (pure)
@@ -89,7 +90,7 @@ def test_map_chunks_runs_longest_first_and_returns_in_order_and_logs_each_chunk(
 
 # ------------------------------------------------------------------------------ the benchmark's record
 def test_bench_timeline_ideal_from_measured_chunks_and_no_stay_ids():
-    from pipelines.bench_dask import ideals, timeline
+    from pipelines.bench.dask_workers import ideals, timeline
 
     def chunk(ids, secs, w, start):
         return {"stay_ids": ids, "predicted_s": secs, "seconds": secs, "worker": w, "start": start,
@@ -119,7 +120,7 @@ def test_bench_timeline_ideal_from_measured_chunks_and_no_stay_ids():
 
 
 def test_bench_contention_pairs_rounds_and_sums_worker_gaps():
-    from pipelines.bench_dask import contention
+    from pipelines.bench.dask_workers import contention
 
     def run(mode, rnd, chunks):  # chunks: (worker, start, seconds, cpu)
         return {"mode": mode, "round": rnd, "phases": [
@@ -145,13 +146,13 @@ def test_bench_contention_pairs_rounds_and_sums_worker_gaps():
 def test_readme_bench_dask_block_is_the_rendering_of_the_committed_results():
     from pathlib import Path
 
-    from pipelines import bench_dask
+    from pipelines.bench import dask_workers as bench_dask
 
     root = Path(__file__).resolve().parents[1]
     text = "\n\n".join(bench_dask.table(json.loads((root / f).read_text())) for f in bench_dask.README_RESULTS)
     doc = (root / "README.md").read_text()
     block = doc.split(bench_dask.BEGIN)[1].split(bench_dask.END)[0]
-    assert block == f"\n{text}\n", "README bench_dask block is stale: rerun python -m pipelines.bench_dask --table " \
+    assert block == f"\n{text}\n", "README bench_dask block is stale: rerun python -m pipelines.bench.dask_workers --table " \
         + " ".join(bench_dask.README_RESULTS) + " --readme README.md"
 
 

@@ -139,16 +139,16 @@ def test_result_with_fewer_trials_is_labelled():
 
 def test_audit_flow_result_carries_fallback_counts(prefect_harness, tmp_path):
     from cohort.synthetic import make_small_warehouse
-    from pipelines import runner
     from pipelines.errors import StudyInputError
     from pipelines.flows.audit_flow import audit_flow
+    from pipelines.runtime import runner
 
     w = make_small_warehouse(tmp_path / "src", stays=40, seed=0)
     runs = tmp_path / "runs"
     runs.mkdir()
     shutil.copy(w, runs / "warehouse.duckdb")
     w = str(runs / "warehouse.duckdb")
-    from pipelines.warehouse import set_data_kind
+    from pipelines.store.warehouse import set_data_kind
 
     set_data_kind(w, "synthetic")
     with runner.results_context(runs):

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from dashboards.schema import validate_result
+from evaluation.clinical.retention import compare_retention
 from evaluation.errors import MetricError
 from evaluation.policies import SupportVectorPolicy
-from evaluation.clinical.retention import compare_retention
 
 
 def _stays(n_stays=5, seed=0):
@@ -92,10 +92,14 @@ def test_query_policies_are_rejected_by_the_icu_protocol():
 def test_random_expectation_equals_analytic_k_over_n_on_a_constructed_stay():
     """Every k-subset enumerated (the reference) gives k/n, whatever the events; the policy's draws
     average to it; the per-stay map reports that expectation for "random"."""
-    from evaluation.clinical.retention import (build_policies, random_expected_retention,
-                                               random_expected_retention_reference, stay_policy_retention)
-    from evaluation.policies import RandomPolicy
+    from evaluation.clinical.retention import (
+        build_policies,
+        random_expected_retention,
+        random_expected_retention_reference,
+        stay_policy_retention,
+    )
     from evaluation.metrics import event_hour_retention
+    from evaluation.policies import RandomPolicy
 
     ev = np.zeros(12, bool)
     ev[[0, 3, 4, 11]] = True
@@ -138,8 +142,13 @@ def test_low_power_label_thresholds_and_claims():
 
 # ------------------------------------------------------------------------------ columns
 def test_columns_round_trip_and_batch_order_does_not_matter():
-    from evaluation.clinical.retention import (build_policies, comparison_from_columns, concat_columns,
-                                               rows_to_columns, stay_policy_retention)
+    from evaluation.clinical.retention import (
+        build_policies,
+        comparison_from_columns,
+        concat_columns,
+        rows_to_columns,
+        stay_policy_retention,
+    )
 
     keys, events = _stays(n_stays=5, seed=4)
     pols = ("sv", "density", "recency", "random")
@@ -219,8 +228,12 @@ def test_refit_audit_agrees_with_the_certified_solve_and_counts():
 
 # ------------------------------------------------------------------------------ sensitivity
 def test_sensitivity_grid_matches_the_main_comparison_at_the_study_setting():
-    from evaluation.clinical.retention_sensitivity import (median_distance_sigma, sensitivity_table, settings,
-                                                           stay_sensitivity)
+    from evaluation.clinical.retention_sensitivity import (
+        median_distance_sigma,
+        sensitivity_table,
+        settings,
+        stay_sensitivity,
+    )
 
     keys, events = _stays(n_stays=4, seed=6)
     grid = settings(3.0)

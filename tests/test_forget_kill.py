@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KILLS = int(os.environ.get("FORGETFUL_KILLS", "30"))
 
-FORGET = ("import sys; from pipelines.forget import forget_subject; import cohort.build, sv_core\n"
+FORGET = ("import sys; from pipelines.store.forget import forget_subject; import cohort.build, sv_core\n"
           "print('ready', flush=True)\nforget_subject(sys.argv[1], subject_id=int(sys.argv[2]))\nprint('done', flush=True)")
 BUILD = ("import sys; from pipelines.flows.clinical_cohort import build_task\nprint('ready', flush=True)\n"
          "build_task.fn('mimic', sys.argv[2], sys.argv[1], 48, None, 0, '1GB', False, None, None)\nprint('done', flush=True)")
@@ -80,9 +80,9 @@ def _kill_loop(tmp_path, base, code, args_of, check, n=KILLS, seed=0):
 def test_kill_forget_anywhere(tmp_path_factory, tmp_path):
     from cohort.synthetic import generate
     from pipelines.flows.clinical_cohort import build_task
-    from pipelines.keys import Keys
-    from pipelines.ledger import Ledger, default_dir
-    from pipelines.warehouse import Warehouse
+    from pipelines.receipts.ledger import Ledger, default_dir
+    from pipelines.store.keys import Keys
+    from pipelines.store.warehouse import Warehouse
 
     src = tmp_path_factory.mktemp("src") / "mimic"
     generate(src, stays=30, seed=0, fmt="parquet")
@@ -132,8 +132,8 @@ def test_kill_forget_anywhere(tmp_path_factory, tmp_path):
 def test_kill_build_anywhere(tmp_path_factory, tmp_path):
     from cohort.synthetic import generate
     from pipelines.flows.clinical_cohort import build_task
-    from pipelines.forget import forget_subject
-    from pipelines.warehouse import Warehouse
+    from pipelines.store.forget import forget_subject
+    from pipelines.store.warehouse import Warehouse
 
     src = tmp_path_factory.mktemp("src") / "mimic"
     generate(src, stays=30, seed=0, fmt="parquet")
@@ -147,8 +147,8 @@ def test_kill_build_anywhere(tmp_path_factory, tmp_path):
 
     def base(d: Path) -> Path:
         shutil.copytree(master_dir, d)
-        from pipelines.ledger import default_dir
-        from pipelines.logaudit import FILE, anchor_path
+        from pipelines.receipts.ledger import default_dir
+        from pipelines.receipts.logaudit import FILE, anchor_path
 
         # the copy's signed anchor (anchors are filed by the log's path)
         shutil.copy(anchor_path(default_dir(master) / FILE), anchor_path(default_dir(d / master.name) / FILE))

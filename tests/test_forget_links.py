@@ -22,10 +22,10 @@ from forget_site import (
 )
 
 from pipelines.cli import main
-from pipelines.forget import forget_subject
-from pipelines.keys import Keys
-from pipelines.ledger import Ledger, default_dir
-from pipelines.warehouse import Warehouse, cache_dir
+from pipelines.receipts.ledger import Ledger, default_dir
+from pipelines.store.forget import forget_subject
+from pipelines.store.keys import Keys
+from pipelines.store.warehouse import Warehouse, cache_dir
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_linked_export_files_are_refused_and_decoys_untouched(site, tmp_path, ca
 
 def test_linked_export_file_planted_after_the_check_is_not_followed(site, tmp_path, monkeypatch):
     """The check and the write are separate moments: O_NOFOLLOW refuses a link planted between them."""
-    import pipelines.exports as exports
+    import pipelines.store.exports as exports
 
     p, _ = site
     out = tmp_path / "exp"
@@ -105,7 +105,7 @@ def test_linked_cache_folder_is_removed_not_followed(site, tmp_path, capsys):
 
 
 def test_task_cache_never_writes_into_a_linked_folder(site, tmp_path, capsys):
-    from pipelines import task_cache
+    from pipelines.runtime import task_cache
 
     p, _ = site
     decoy = tmp_path / "decoy_dir"
@@ -151,7 +151,7 @@ def test_linked_warehouse_or_wal_is_refused(site, tmp_path, capsys, which):
 
 def test_planted_links_at_temporary_names_are_never_followed(site, tmp_path):
     """Predictable temporary names (stale marker, a dead build's folder) planted as links."""
-    from pipelines import locking
+    from pipelines.store import locking
 
     p, _ = site
     decoy = tmp_path / "decoy.txt"
@@ -192,11 +192,11 @@ def test_created_files_are_owner_only(site, tmp_path, capsys, monkeypatch):
         assert mode(out) == 0o700 and {mode(f) for f in out.iterdir()} == {0o600}
         led = Ledger(default_dir(p), Keys.load())
         assert mode(led.dir) == 0o700 and mode(led.path) == 0o600
-        from pipelines.logaudit import anchor_path
+        from pipelines.receipts.logaudit import anchor_path
 
         anchor = anchor_path(led.path)
         assert anchor.is_file() and mode(anchor) == 0o600 and mode(anchor.parent) == 0o700
-        from pipelines.keys import key_file
+        from pipelines.store.keys import key_file
 
         assert mode(key_file()) == 0o600
         # the library build (no CLI): the warehouse file is owner-only from its creation

@@ -68,16 +68,16 @@ class _OsProxy:
 
 #: (name, module attribute to patch, replacement, errno shown, receipt committed?, erasure done when it fails?)
 FORGET_FAULTS = [
-    ("ledger-append", "pipelines.ledger.Ledger.append", _raise(ENOSPC), "ENOSPC", False, False),
-    ("export-rewrite", "pipelines.exports._swap", _raise(ENOSPC), "ENOSPC", True, False),
-    ("export-readonly", "pipelines.exports._swap", _raise(OSError(errno.EROFS, os.strerror(errno.EROFS))), "EROFS",
+    ("ledger-append", "pipelines.receipts.ledger.Ledger.append", _raise(ENOSPC), "ENOSPC", False, False),
+    ("export-rewrite", "pipelines.store.exports._swap", _raise(ENOSPC), "ENOSPC", True, False),
+    ("export-readonly", "pipelines.store.exports._swap", _raise(OSError(errno.EROFS, os.strerror(errno.EROFS))), "EROFS",
      True, False),
-    ("cache-purge", "pipelines.safe_io.remove_own_dir", _raise(PermissionError(errno.EACCES, "Permission denied")),
+    ("cache-purge", "pipelines.store.safe_io.remove_own_dir", _raise(PermissionError(errno.EACCES, "Permission denied")),
      "EACCES", True, False),
-    ("stale-marker", "pipelines.forget_apply.mark_stale", _raise(ENOSPC), "ENOSPC", True, False),
+    ("stale-marker", "pipelines.store.forget_apply.mark_stale", _raise(ENOSPC), "ENOSPC", True, False),
     ("duckdb-new-file", "cohort.build.attach_private", _duck_full, "ENOSPC", True, False),
-    ("warehouse-swap", "pipelines.erasure.os", _OsProxy(replace=_raise(ENOSPC)), "ENOSPC", True, False),
-    ("ledger-card", "pipelines.forget.write_ledger_result", _raise(ENOSPC), "ENOSPC", True, True),
+    ("warehouse-swap", "pipelines.store.erasure.os", _OsProxy(replace=_raise(ENOSPC)), "ENOSPC", True, False),
+    ("ledger-card", "pipelines.store.forget.write_ledger_result", _raise(ENOSPC), "ENOSPC", True, True),
 ]
 
 

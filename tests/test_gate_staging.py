@@ -7,9 +7,10 @@ import duckdb
 import numpy as np
 import pytest
 
-from pipelines import gate_store, task_cache
 from pipelines.errors import GateStoreError
-from pipelines.keys import Keys
+from pipelines.runtime import task_cache
+from pipelines.store import gate_store
+from pipelines.store.keys import Keys
 from sv_core import Gate
 
 KEYS = Keys(b"k" * 32)

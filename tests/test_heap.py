@@ -1,4 +1,4 @@
-"""pipelines.heap: freed heap pages go back to the kernel between run-all's steps (glibc's
+"""pipelines.runtime.heap: freed heap pages go back to the kernel between run-all's steps (glibc's
 malloc_trim), a guarded no-op where the C library is not glibc."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from pipelines import heap
+from pipelines.runtime import heap
 
 GLIBC = heap._find_trim(sys.platform, __import__("platform").libc_ver()[0]) is not None
 
@@ -46,7 +46,7 @@ def test_release_returns_fragmented_free_pages_on_glibc():
         base = rss_mb()
         keep = fragment()
         freed = rss_mb()
-        from pipelines import heap
+        from pipelines.runtime import heap
         assert heap.release() is True
         print(base, freed, rss_mb())
     """))

@@ -1,4 +1,4 @@
-"""Incremental ingest (pipelines/ingest.py): replay equality with the causal batch build, gate
+"""Incremental ingest (pipelines/ingest/__init__.py): replay equality with the causal batch build, gate
 scores vs a full-history refit, late rows, idempotence, changed files, the deletion queue."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from cohort.build import build_warehouse
 from cohort.constants import VITALS
-from cohort.incremental_replay import make_replay
-from pipelines import ingest_state as st
+from cohort.incremental.replay import make_replay
 from pipelines.ingest import ingest
-from pipelines.keys import Keys
+from pipelines.ingest import state as st
+from pipelines.store.keys import Keys
 
 Z = [f"{v}_z" for v in VITALS]
 
@@ -181,7 +181,7 @@ def test_replay_demo_equals_causal_batch(tmp_path):
 
 
 def test_deletion_queue(synthetic_root, tmp_path):
-    from pipelines.ledger import Ledger, default_dir
+    from pipelines.receipts.ledger import Ledger, default_dir
 
     root, parts_dir = tmp_path / "root", tmp_path / "parts"
     parts = make_replay("mimic", synthetic_root, root, parts_dir, 3, align=True)

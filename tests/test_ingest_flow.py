@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from cohort.incremental_replay import make_replay
+from cohort.incremental.replay import make_replay
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def test_closed_moments_equal_the_batch_build_when_every_hour_is_closed(tmp_path
     from test_ingest_long import long_stay_root
 
     from cohort.build import build_warehouse
-    from cohort.incremental_frozen import closed_moments, frozen_from_batch
+    from cohort.incremental.frozen import closed_moments, frozen_from_batch
 
     root, parts = long_stay_root(tmp_path, 300, 1)
     shutil.copy(parts[0], root / "icu" / "chartevents.parquet")

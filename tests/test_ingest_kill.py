@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cohort.incremental_replay import make_replay
+from cohort.incremental.replay import make_replay
 from pipelines.ingest import KILL_ENV, ingest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_kill_at_fixed_points_then_rerun(parts, reference, tmp_path, kill):
     assert _state(wh) == reference, (_state(wh), reference, r["steps"])
 
 
-PARALLEL_CHILD = ("import sys; import pipelines.ingest_gates as ig; from pipelines.ingest import ingest\n"
+PARALLEL_CHILD = ("import sys; import pipelines.ingest.gates as ig; from pipelines.ingest import ingest\n"
                   "ig.PARALLEL_MIN_STAYS = 1\nprint('ready', flush=True)\n"
                   "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, batch_stays=2, jobs=2)\n")
 

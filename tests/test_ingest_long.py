@@ -109,9 +109,9 @@ def sampled_refit_check(sg, n_cold: int, seed: int = 0) -> dict:
 
 
 def run(hours: int, parts: int, d: Path, n_cold_sample: int = 1500) -> dict:
-    from pipelines import ingest_state as st
     from pipelines.ingest import ingest
-    from pipelines.keys import Keys
+    from pipelines.ingest import state as st
+    from pipelines.store.keys import Keys
 
     root, ps = long_stay_root(d, hours, parts)
     wh = d / "s.duckdb"

@@ -21,9 +21,9 @@ import duckdb
 import numpy as np
 import pytest
 
-from cohort.incremental_replay import make_replay
-from pipelines import ingest_state as st
+from cohort.incremental.replay import make_replay
 from pipelines.ingest import ingest
+from pipelines.ingest import state as st
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def _dump(wh) -> dict:
 
 
 def test_state_codec_round_trip_and_refusals():
-    from pipelines.gate_store import state_to_npz
+    from pipelines.store.gate_store import state_to_npz
     from sv_core import StreamingGate, calibrate_C
 
     rng = np.random.default_rng(3)
@@ -94,7 +94,7 @@ def test_state_codec_round_trip_and_refusals():
 
 
 def test_token_digest_arrays_equals_the_reference():
-    from pipelines.gate_store import token_digest
+    from pipelines.store.gate_store import token_digest
 
     rng = np.random.default_rng(0)
     for n in (0, 1, 57):
@@ -106,7 +106,7 @@ def test_token_digest_arrays_equals_the_reference():
 
 
 def test_workers_and_batch_size_change_nothing(replay_parts, tmp_path, monkeypatch):
-    import pipelines.ingest_gates as ig
+    import pipelines.ingest.gates as ig
 
     monkeypatch.setattr(ig, "PARALLEL_MIN_STAYS", 1)
     dumps = []
@@ -160,8 +160,8 @@ def test_nothing_new_reads_no_file_and_changes_are_caught(replay_parts, tmp_path
 def test_older_warehouse_keeps_ingesting_exactly(replay_parts, tmp_path):
     from test_ingest import assert_equals_causal_batch
 
-    from pipelines.gate_store import state_to_npz
-    from pipelines.keys import Keys
+    from pipelines.store.gate_store import state_to_npz
+    from pipelines.store.keys import Keys
 
     root, parts = _copy_root(replay_parts, tmp_path)
     wh = tmp_path / "s.duckdb"
@@ -208,7 +208,7 @@ def test_edited_token_map_stops_the_run(replay_parts, tmp_path):
 
 
 def test_benchmark_command_writes_its_result(tmp_path):
-    from pipelines.bench_ingest import main
+    from pipelines.bench.ingest import main
 
     assert main(["--stays", "30", "--days", "2", "--history-hours", "24", "--dir", str(tmp_path / "b"),
                  "--out", str(tmp_path / "out"), "--jobs", "1"]) == 0
@@ -221,7 +221,7 @@ def test_benchmark_command_writes_its_result(tmp_path):
         assert ph[d]["wall_s"] > 0 and ph[d]["peak_rss_mb"] > 0
     # the documented table is generated from this result file: one row per phase, its own counts
     assert main(["--table", str(tmp_path / "out" / "bench_ingest_30.json")]) == 0
-    from pipelines.bench_ingest import table
+    from pipelines.bench.ingest import table
 
     rows = [ln for ln in table(res).splitlines() if ln.startswith("| ") and not ln.startswith("| phase")]
     assert [r.split(" | ")[0][2:] for r in rows] == list(ph)
@@ -231,7 +231,7 @@ def test_benchmark_command_writes_its_result(tmp_path):
 
 
 def test_benchmark_cli_table_reads_both_summary_forms():
-    from pipelines.bench_ingest import _own_seconds, table
+    from pipelines.bench.ingest import _own_seconds, table
 
     assert _own_seconds("ingest: nothing new (1 files known, 0 hashed); warehouse 3 stays; 3.8 s") == 3.8
     assert _own_seconds('{"steps": 0, "seconds": 5.71}') == 5.71

@@ -83,10 +83,10 @@ def test_served_ingest_runs_on_schedule_without_overlap(prefect_harness, tmp_pat
     from prefect.settings import PREFECT_API_URL
     from test_ingest import assert_equals_causal_batch
 
-    from cohort.incremental_replay import make_replay
+    from cohort.incremental.replay import make_replay
     from cohort.synthetic import generate
-    from pipelines import ingest_state as st
     from pipelines.ingest import ingest
+    from pipelines.ingest import state as st
 
     generate(tmp_path / "mimic", stays=6, seed=7, fmt="parquet")
     root = tmp_path / "root"

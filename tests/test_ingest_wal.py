@@ -1,4 +1,4 @@
-"""The ingest run's DuckDB settings (:func:`pipelines.ingest_steps.configure_run`): a commit
+"""The ingest run's DuckDB settings (:func:`pipelines.ingest.steps.configure_run`): a commit
 larger than DuckDB's default auto-checkpoint size (16 MB) stays in the WAL (durable, not yet
 rewritten into the database file) until the run's explicit ``CHECKPOINT``, so a run with many
 batches rewrites its updated tables once, not once per batch; and a run leaves no WAL behind."""
@@ -10,7 +10,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.ingest_steps import configure_run
+from pipelines.ingest.steps import configure_run
 
 
 def _wal(p: Path) -> int:
@@ -58,7 +58,7 @@ def test_memory_sizes_parse_and_a_bad_one_is_one_typed_line():
     import pytest
 
     from pipelines.errors import IngestError
-    from pipelines.ingest_steps import memory_megabytes
+    from pipelines.ingest.steps import memory_megabytes
 
     assert [memory_megabytes(x) for x in ("1GB", "512MB", " 2.5gb ", "1GiB")] == [1000.0, 512.0, 2500.0, 1073.741824]
     with pytest.raises(IngestError, match="not a memory size"):

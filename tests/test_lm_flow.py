@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from models.corpus import CorpusMissingError, load_corpus
 from evaluation.studies.language_model import (
     TINY,
     LMStudyError,
@@ -17,6 +16,7 @@ from evaluation.studies.language_model import (
     run_comparison,
     split_corpus,
 )
+from models.corpus import CorpusMissingError, load_corpus
 
 
 def _text(n=20_000, seed=0):

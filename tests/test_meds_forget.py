@@ -20,8 +20,8 @@ from test_pipelines_forget import byte_hits
 
 from cohort.synthetic import generate
 from pipelines.cli import main
-from pipelines.forget import forget_subject
-from pipelines.ledger import default_dir
+from pipelines.receipts.ledger import default_dir
+from pipelines.store.forget import forget_subject
 
 
 def _sha(p: Path) -> str:
@@ -129,7 +129,7 @@ def test_a_link_anywhere_in_a_meds_export_is_refused_before_the_receipt(site, tm
 
 
 def test_link_planted_after_the_check_is_not_followed(site, tmp_path, monkeypatch, capsys):
-    import pipelines.exports as exports
+    import pipelines.store.exports as exports
     from pipelines.errors import UnsafePathError
 
     p, _, subjects = site
@@ -150,7 +150,7 @@ def test_link_planted_after_the_check_is_not_followed(site, tmp_path, monkeypatc
 
 def test_unreadable_shard_is_removed_and_a_kill_is_completed_by_the_next_command(site, tmp_path, monkeypatch,
                                                                                  capsys):
-    import pipelines.exports as exports
+    import pipelines.store.exports as exports
 
     p, _, subjects = site
     exp = tmp_path / "meds"

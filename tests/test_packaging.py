@@ -130,7 +130,7 @@ def test_estimator_is_mypy_clean(tmp_path):
 
 
 #: packages the CI keeps clean under ruff and mypy with the pyproject configuration
-#: (cohort/incremental.py included: it is checked with the rest of cohort)
+#: (cohort/incremental/__init__.py included: it is checked with the rest of cohort)
 LINTED_PACKAGES = ["sv_core", "cohort"]
 
 

@@ -1,4 +1,4 @@
-"""The full-size run-all record of the scale benchmark (pipelines.bench_fullrun): the record is made
+"""The full-size run-all record of the scale benchmark (pipelines.bench.fullrun): the record is made
 from the files run-all writes (its --json, the cohort result, the root's manifest), the SCALE.md
 section states those figures and the 2 GiB verdict, the scale result keeps the record through merges,
 and bad inputs are refused in one line with every file left as it was."""
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import bench_fullrun as bf
-from pipelines import bench_fullrun_report as rep
-from pipelines.bench_scale_report import merge_results, render_markdown
+from pipelines.bench import fullrun as bf
+from pipelines.bench import fullrun_report as rep
+from pipelines.bench.scale_report import merge_results, render_markdown
 
 STEPS = {"seconds": {"build-cohort": 20.0, "retention": 600.0, "heldout-spo2": 240.0},
          "cpu_seconds": {"build-cohort": 25.0, "retention": 590.0, "heldout-spo2": 250.0},
@@ -148,4 +148,4 @@ def test_recorded_commands_name_no_local_folder(tmp_path, monkeypatch):
     for line in (rec["command"], rec["bench_command"]):
         assert str(root) not in line and str(work) not in line and str(into) not in line, line
     assert "--root ROOT" in rec["command"] and "--runs WORKDIR/runs" in rec["command"]
-    assert rec["bench_command"].startswith("python -m pipelines.bench_fullrun --root ROOT --workdir WORKDIR")
+    assert rec["bench_command"].startswith("python -m pipelines.bench.fullrun --root ROOT --workdir WORKDIR")

@@ -1,4 +1,4 @@
-"""The process measurement of the scale benchmark (:mod:`pipelines.bench_proc`): the process-group
+"""The process measurement of the scale benchmark (:mod:`pipelines.bench.proc`): the process-group
 RSS from /proc, the command's own CPU and peak RSS against a process tree whose sizes the test
 sets, and the result line a command prints."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipelines.bench_proc import group_rss, last_json, measure
+from pipelines.bench.proc import group_rss, last_json, measure
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="process-group RSS reads /proc")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import bench_scale as bs
-from pipelines import bench_scale_report as rep
+from pipelines.bench import scale as bs
+from pipelines.bench import scale_report as rep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ def test_merge_keeps_each_sizes_settings_and_replaces_a_remeasured_size():
     doc = rep.render_markdown(m)
     assert "interleaved 3×" in doc and "interleaved 1×" in doc and "runs started A, B" in doc
     # each size keeps the command that measured it; the document lists the reruns in order
-    a["command"], b["command"] = "python -m pipelines.bench_scale CA", "python -m pipelines.bench_scale CB --append"
+    a["command"], b["command"] = "python -m pipelines.bench.scale CA", "python -m pipelines.bench.scale CB --append"
     m = rep.merge_results([a, b])
     assert [z["command"] for z in m["sizes"]] == [a["command"], b["command"], a["command"], b["command"]]
     doc = rep.render_markdown(m)
@@ -214,7 +214,7 @@ def test_bad_arguments_fail_in_one_line_and_write_nothing(tmp_path, capsys):
 
 def test_render_states_the_rerun_command_uptime_and_the_sampled_warehouse(tmp_path):
     r = _result()
-    r["command"] = "python -m pipelines.bench_scale --sizes 1e6 4e6 16e6 --study-stays 100 400 1600"
+    r["command"] = "python -m pipelines.bench.scale --sizes 1e6 4e6 16e6 --study-stays 100 400 1600"
     r["uptime_start"], r["uptime_end"] = "up 1 day, load average: 5.10, 4.00, 3.00", "load average: 6.20, 5, 4"
     r["sizes"][1]["study_warehouse"] = {"sample": 400, "command": "build-cohort --source mimic --sample 400",
                                         "run": {"wall_s": 12.5, "cpu_s": 20.31, "rc": 0}}
@@ -332,7 +332,7 @@ def test_harness_builds_a_small_root_through_the_cli(small_root, tmp_path, prefe
     assert rc == 0
     r = json.loads(out.read_text())
     (size,) = r["sizes"]
-    assert r["command"].startswith("python -m pipelines.bench_scale --root ") and "load average" in r["uptime_start"]
+    assert r["command"].startswith("python -m pipelines.bench.scale --root ") and "load average" in r["uptime_start"]
     assert size["chartevents_rows"] == rep_rows(small_root) and 0 < size["eligible_stays"] <= 40
     for name in ("build", "peer_duckdb", "peer_polars"):
         st = size["steps"][name]
@@ -350,7 +350,7 @@ def test_harness_builds_a_small_root_through_the_cli(small_root, tmp_path, prefe
     assert doc.read_text() == rep.render_markdown(r, "r.json")
     # the longest stay a study step processes: of its seeded --stays sample, or of every eligible stay
     from evaluation.clinical.sampling import sample_stays
-    from pipelines import warehouse as whs
+    from pipelines.store import warehouse as whs
 
     (wpath,) = (tmp_path / "w").glob("size_*/warehouse.duckdb")
     hours = {int(x[0]): int(x[3]) for x in whs.stays(str(wpath))}

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipelines import runner, task_cache
+from pipelines.runtime import runner, task_cache
 
 TASK_S = 0.4  # each task sleeps this long; a cache hit takes milliseconds
 

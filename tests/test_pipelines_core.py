@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from cohort.synthetic import make_small_warehouse
-from pipelines import gate_store
-from pipelines import warehouse as wh
+from pipelines.store import gate_store
+from pipelines.store import warehouse as wh
 
 
 @pytest.fixture(scope="module")

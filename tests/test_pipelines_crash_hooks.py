@@ -1,5 +1,5 @@
 """A stopped command leaves no flow, subflow or task run "Running" in the Prefect database/UI
-(pipelines.crash_hooks; the hooks are wired into every CLI flow by ``runner.run_cli_flow`` and
+(pipelines.runtime.crash_hooks; the hooks are wired into every CLI flow by ``runner.run_cli_flow`` and
 the signal guard calls ``cancel_active`` before it stops the API server).
 
 The flow below is what a ``run-all`` looks like when SIGINT arrives: a subflow is in flight, a
@@ -40,7 +40,7 @@ def _states(name: str) -> tuple[list[str], list[str]]:
 def test_a_stopped_command_leaves_no_run_open(prefect_harness, guard_cancels):
     from prefect import flow, task
 
-    from pipelines import crash_hooks
+    from pipelines.runtime import crash_hooks
 
     tag = uuid.uuid4().hex[:8]
     started, release = threading.Event(), threading.Event()
@@ -96,7 +96,7 @@ def test_cancel_active_is_bounded_and_silent_without_an_api(monkeypatch):
     """No server: the pass returns within its deadline and raises nothing."""
     import time
 
-    from pipelines import crash_hooks
+    from pipelines.runtime import crash_hooks
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # nothing listens there
     monkeypatch.setattr(crash_hooks, "ACTIVE", {uuid.uuid4()})

@@ -10,8 +10,8 @@ import shutil
 
 def test_the_flow_shows_each_epoch_and_each_model_seed(prefect_harness, tmp_path, capsys):
     from cohort.synthetic import make_small_warehouse
-    from pipelines import runner
     from pipelines.flows.clinical_deterioration import deterioration_flow
+    from pipelines.runtime import runner
 
     w = make_small_warehouse(tmp_path / "src", stays=24, seed=3)
     runs = tmp_path / "runs"

@@ -5,11 +5,10 @@ import json
 import shutil
 
 import duckdb
-import numpy as np
 import pytest
 
 from cohort.synthetic import make_small_warehouse
-from pipelines import runner
+from pipelines.runtime import runner
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_patient_deletion_flow_and_forget(prefect_harness, small):
     sid = con.execute("SELECT t.subject_id FROM gate_tokens t JOIN gate_states s USING (context_id) "
                       "WHERE s.study = 'patient_deletion' LIMIT 1").fetchone()[0]
     con.close()
-    from pipelines.warehouse import cache_dir
+    from pipelines.store.warehouse import cache_dir
 
     assert any(cache_dir(w).iterdir())  # the flow's per-context results are cached beside the warehouse
     assert main(["forget", "--subject-id", str(sid), "--warehouse", w]) == 0
@@ -96,14 +95,14 @@ def test_patient_deletion_flow_and_forget(prefect_harness, small):
     assert main(["forget", "--subject-id", str(sid), "--warehouse", w]) == 3  # domain error: already forgotten
     assert main(["receipts", "verify", "--warehouse", w]) == 0
     assert main(["receipts", "list", "--warehouse", w]) == 0
-    from pipelines.ledger import default_dir
+    from pipelines.receipts.ledger import default_dir
 
     ledger_file = default_dir(w) / "receipts.jsonl"
     good = ledger_file.read_text()
     ledger_file.write_text(good.replace('"certified":true', '"certified":false', 1))
     assert main(["receipts", "verify", "--warehouse", w]) == 1
     from pipelines.errors import LedgerTamperedError
-    from pipelines.warehouse import Warehouse
+    from pipelines.store.warehouse import Warehouse
 
     with pytest.raises(LedgerTamperedError):  # a tampered registry stops every command
         with Warehouse.open(w):
@@ -145,7 +144,7 @@ def test_dask_runner_matches_threads(prefect_harness, small, tmp_path):
     ref = _run(heldout_flow, str(tmp_path / "runs_thr"), warehouse=w, runs_dir=str(tmp_path / "runs_thr"),
                n_boot=300, stays_per_task=6, progress=False)
     assert r["metrics"]["retention"] == ref["metrics"]["retention"]
-    from pipelines.warehouse import cache_dir
+    from pipelines.store.warehouse import cache_dir
 
     assert any(cache_dir(w).iterdir())  # task results cached as authenticated JSON, never pickles
     assert not (tmp_path / "runs_dask" / ".prefect-results").exists()

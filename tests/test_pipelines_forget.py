@@ -22,14 +22,14 @@ from cohort.build import build_warehouse
 from cohort.streams import iter_stays
 from cohort.synthetic import generate
 from evaluation.clinical import patient_deletion as pdel
-from pipelines import gate_store
-from pipelines import warehouse as wh
 from pipelines.cli import main
 from pipelines.errors import AlreadyForgottenError, GateStoreError, LedgerKeyError, UnknownSubjectError
-from pipelines.forget import forget_subject
-from pipelines.keys import Keys
-from pipelines.ledger import Ledger, default_dir
-from pipelines.warehouse import Warehouse, cache_dir
+from pipelines.receipts.ledger import Ledger, default_dir
+from pipelines.store import gate_store
+from pipelines.store import warehouse as wh
+from pipelines.store.forget import forget_subject
+from pipelines.store.keys import Keys
+from pipelines.store.warehouse import Warehouse, cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures" / "cohort"
@@ -167,7 +167,7 @@ def test_no_byte_of_the_patient_remains(site, tmp_path):
     stays = [r[0] for r in duckdb.connect(str(p), read_only=True).execute(
         "SELECT stay_id FROM cohort_stays WHERE subject_id = ?", [target]).fetchall()]
     # a cached per-stay task result (record-level JSON) beside the warehouse: the positive control
-    from pipelines import task_cache
+    from pipelines.runtime import task_cache
 
     @task_cache.cached
     def per_stay(warehouse, content_hash, stay_ids):
@@ -196,7 +196,7 @@ def test_no_byte_of_the_patient_remains(site, tmp_path):
 
 
 def test_pending_erasure_is_completed_by_the_next_command(site, monkeypatch):
-    import pipelines.forget as fg
+    import pipelines.store.forget as fg
 
     p, subjects = site
     target = subjects[0]
@@ -248,7 +248,7 @@ def test_stale_temporaries_are_removed_by_the_next_command(site):
 
 # ------------------------------------------------------------------------------ 3. caches
 def test_task_cache_is_authenticated_json(site):
-    from pipelines import task_cache
+    from pipelines.runtime import task_cache
 
     p, _ = site
     calls = []
@@ -295,7 +295,7 @@ def base_ledger_site(base_site, tmp_path_factory):
     for s in subjects[:3]:
         forget_subject(p, subject_id=s, verify=False)
     v = Ledger(default_dir(p), Keys.load()).verify()
-    from pipelines.logaudit import FILE, anchor_path
+    from pipelines.receipts.logaudit import FILE, anchor_path
 
     return p, v["head"], v["n_rows"], subjects[0], anchor_path(default_dir(p) / FILE).read_bytes()
 
@@ -304,7 +304,7 @@ def base_ledger_site(base_site, tmp_path_factory):
 def ledger_site(base_ledger_site, tmp_path):
     """A copy of a warehouse after three forgets, its ledger, and its anchor (re-keyed to the copy's
     path); returns (warehouse, head, count, erased subject)."""
-    from pipelines.logaudit import FILE, anchor_path
+    from pipelines.receipts.logaudit import FILE, anchor_path
 
     p0, head, n, erased, anchor = base_ledger_site
     runs = tmp_path / "runs"
@@ -340,7 +340,7 @@ def _rechain(key: bytes | None):
     def go(p, _s):
         import hashlib
 
-        from pipelines.ledger import GENESIS, Row, canonical_json
+        from pipelines.receipts.ledger import GENESIS, Row, canonical_json
 
         f, ls = _lines(p)
         prev, out = GENESIS, []
@@ -372,8 +372,8 @@ def _replay_append(p, _s):
 def _rollback(p, _s):
     """Registry and config folder restored from a backup taken after receipt 2: the log, its heads
     and the signed anchor all agree on size 2; only the warehouse (and the auditor) recorded 3."""
-    from pipelines.logaudit import FILE, HEADS, anchor_path
-    from pipelines.logaudit import canonical_json as cj
+    from pipelines.receipts.logaudit import FILE, HEADS, anchor_path
+    from pipelines.receipts.logaudit import canonical_json as cj
 
     f, ls = _lines(p)
     _write(f, ls[:2])
@@ -399,7 +399,7 @@ def _forge_head_signature(p, _s):
 
 
 def _plain_anchor(p, _s):
-    from pipelines.logaudit import FILE, anchor_path
+    from pipelines.receipts.logaudit import FILE, anchor_path
 
     f, ls = _lines(p)
     _write(f, ls[:2])
@@ -586,7 +586,7 @@ def test_results_are_marked_stale_and_the_ledger_card_written(site):
     assert card["metrics"]["receipts"] == 1 and card["metrics"]["chain_verified"] is True
     assert card["metrics"]["head"] == Ledger(default_dir(p), Keys.load()).verify()["head"]
     assert str(subjects[0]) not in (runs / "ledger" / "result.json").read_text()
-    from pipelines.runner import write_study_result
+    from pipelines.runtime.runner import write_study_result
 
     res = {"study": "icu_retention", "title": "t", "data": "synthetic", "runtime_s": 0.0, "seed_figure": {},
            "metrics": {}, "tables": [], "figures": []}
@@ -654,7 +654,7 @@ def test_forget_reaches_exported_parquet_and_never_foreign_files(site, tmp_path,
     import polars as pl
 
     import cohort
-    import pipelines.exports as exports
+    import pipelines.store.exports as exports
     from pipelines.cli import main
 
     p, subjects = site

@@ -31,7 +31,7 @@ def _env(**extra) -> dict:
 
 COUNT_STARTS = '''
 import json, sys
-import pipelines.cli as cli, pipelines.signals as s
+import pipelines.cli as cli, pipelines.runtime.signals as s
 starts = []
 orig = s.ApiServer.start
 def start(self):
@@ -59,7 +59,7 @@ def _count_starts(argv: list[str], **env) -> dict:
 
 
 def test_commands_that_are_not_flows_start_no_server(tmp_path):
-    from pipelines.signals import needs_server
+    from pipelines.runtime.signals import needs_server
 
     missing = str(tmp_path / "none.duckdb")
     for argv in (["forget", "--subject-id", "1", "--warehouse", missing],
@@ -77,7 +77,7 @@ def test_serverless_commands_are_exactly_the_modules_without_a_flow():
     import re as _re
 
     from pipelines.cli import COMMANDS
-    from pipelines.signals import SERVERLESS_COMMANDS
+    from pipelines.runtime.signals import SERVERLESS_COMMANDS
 
     no_flow = {c for c, (mod, _) in COMMANDS.items()
                if not _re.search(r"^\s*@flow\b", (ROOT / "pipelines" / "flows" / f"{mod}.py").read_text(), _re.M)}
@@ -91,7 +91,7 @@ def test_a_flow_command_reuses_a_running_server_when_PREFECT_API_URL_is_set():
 
 
 def test_api_configured_reads_the_environment_and_the_active_profile(monkeypatch, tmp_path):
-    from pipelines.signals import _configured_url, api_configured
+    from pipelines.runtime.signals import _configured_url, api_configured
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     assert api_configured()
@@ -114,7 +114,7 @@ def test_a_flow_runs_on_the_server_named_by_PREFECT_API_URL(tmp_path):
     is recorded on that server."""
     import urllib.request
 
-    from pipelines.signals import ApiServer
+    from pipelines.runtime.signals import ApiServer
 
     server = ApiServer().start()
     os.environ.pop("PREFECT_API_URL", None)
@@ -191,7 +191,7 @@ def test_a_typed_error_inside_a_task_prints_one_line_and_leaves_no_process(tmp_p
 # -- cache key: inputs + task source -----------------------------------------------------------
 
 TASK_SRC = '''
-from pipelines import task_cache
+from pipelines.runtime import task_cache
 
 CALLS = []
 
@@ -253,7 +253,7 @@ def _tasks_and_flows():
 
 
 def test_retries_only_on_io_tasks_that_may_repeat():
-    from pipelines import runner
+    from pipelines.runtime import runner
 
     tasks, flows = _tasks_and_flows()
     io = {"generate-synthetic", "build-warehouse", "retention-batch", "deterioration-train", "audit-regime",
@@ -279,7 +279,7 @@ def test_the_retry_condition_retries_transient_io_only():
 
     from cohort.errors import CohortError
     from pipelines.errors import WarehouseMissingError
-    from pipelines.runner import retry_transient_io as retry
+    from pipelines.runtime.runner import retry_transient_io as retry
 
     assert retry(None, None, _State(OSError(5, "Input/output error")))
     assert retry(None, None, _State(duckdb.IOException("Could not set lock on file")))
@@ -299,7 +299,7 @@ def test_every_deployment_has_concurrency_limit_one():
 def test_printed_progress_reaches_console_and_run_log(capsys):
     import prefect  # noqa: F401 - the run loggers are Prefect's
 
-    from pipelines.runner import configure_run_logging
+    from pipelines.runtime.runner import configure_run_logging
 
     class Keep(logging.Handler):
         def __init__(self):

@@ -1,5 +1,5 @@
 """Upgrade safety (issue 23, item 6): the Prefect private attributes that
-:class:`InterruptibleThreadPoolTaskRunner <pipelines.runner._interruptible_runner_class>` relies on
+:class:`InterruptibleThreadPoolTaskRunner <pipelines.runtime.runner._interruptible_runner_class>` relies on
 (``ThreadPoolTaskRunner._executor`` and ``._cancel_events``), checked against the installed
 Prefect. Each failure names the attribute and the Prefect version, so an upgrade that changes them
 fails here, loudly, instead of silently turning Ctrl-C back into "wait for the longest task".
@@ -22,10 +22,10 @@ import pytest
 prefect = pytest.importorskip("prefect")
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
-from pipelines import runner  # noqa: E402
+from pipelines.runtime import runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-WHERE = "pipelines.runner.InterruptibleThreadPoolTaskRunner"
+WHERE = "pipelines.runtime.runner.InterruptibleThreadPoolTaskRunner"
 
 
 def _broken(attr: str, what: str) -> str:

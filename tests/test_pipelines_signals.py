@@ -37,7 +37,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines import runner
+from pipelines.runtime import runner
 
 
 @task(name="spin")
@@ -208,7 +208,7 @@ def test_a_stopped_command_leaves_no_run_open_on_the_server(tmp_path, prefect_ha
         tasks = c.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=ids)))
     assert [r.state_type.value for r in runs] == ["CRASHED"], [r.state for r in runs]
     assert sorted(t.state_type.value for t in tasks) == ["CANCELLED", "CANCELLED"], [t.state for t in tasks]
-    from pipelines.crash_hooks import MESSAGE
+    from pipelines.runtime.crash_hooks import MESSAGE
 
     assert {t.state.message for t in tasks} == {MESSAGE}
 
@@ -235,7 +235,7 @@ def test_kill_9_leaves_no_server(tmp_path):
 
 def test_half_written_cache_entries_of_a_dead_writer_are_removed(tmp_path):
     """A signal or kill -9 can leave a task-cache temporary behind; the next writer removes it."""
-    from pipelines.locking import clean_stale
+    from pipelines.store.locking import clean_stale
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()

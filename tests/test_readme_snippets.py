@@ -170,7 +170,7 @@ EXECUTED = {
     "forgetful build-cohort --source meds --root DIR": "test_meds_forms (DIR = my_meds/: the row above)",
     "forgetful build-cohort --source meds --root MIMIC_IV_MEDS_output/ --meds-codes codes.json":
         "test_meds_forms (the export as that folder, a codes.json naming its codes)",
-    "python -m sv_core.bench_solve": "test_bench_solve_form (--n 40 --reps 1 --threads 1 --kinds gauss)",
+    "python -m sv_core.bench.solve": "test_bench_solve_form (--n 40 --reps 1 --threads 1 --kinds gauss)",
     "forgetful planted-secret": "test_study_and_report_forms",
     "forgetful report": "test_study_and_report_forms",
     "forgetful report [--runs DIR] [--out FILE]": "test_study_and_report_forms",
@@ -200,15 +200,15 @@ SLOW = {
     "forgetful throughput --threads 1": "test_slow_benchmarks (--repeats 1 --warmup 0)",
     "forgetful throughput [--device cpu\\|cuda\\|mps]": "test_slow_benchmarks (cpu)",
     "python -m models.bench_throughput --json OUT": "test_slow_benchmarks (--repeats 1 --warmup 0)",
-    "python -m sv_core.bench_delete --json OUT": "test_slow_benchmarks (--sizes 64, 3 deletions)",
-    "python -m sv_core.bench_stream [--quick] --json OUT": "test_slow_benchmarks (--quick)",
-    "python -m sv_core.bench_stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json":
+    "python -m sv_core.bench.delete --json OUT": "test_slow_benchmarks (--sizes 64, 3 deletions)",
+    "python -m sv_core.bench.stream [--quick] --json OUT": "test_slow_benchmarks (--quick)",
+    "python -m sv_core.bench.stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json":
         "test_slow_benchmarks (--sizes 300,600, into a temporary file)",
-    "python -m sv_core.bench_degenerate completion": "test_slow_benchmarks",
-    "python -m sv_core.bench_degenerate fuzz": "test_slow_benchmarks",
+    "python -m sv_core.bench.degenerate completion": "test_slow_benchmarks",
+    "python -m sv_core.bench.degenerate fuzz": "test_slow_benchmarks",
     "python -m cohort.bench --rows 100000000": "test_slow_benchmarks (--rows 20000)",
     "python -m cohort.bench --generator [--sizes …] [--workers-list 1 2]": "test_slow_benchmarks (--sizes 20000)",
-    "python -m pipelines.bench_cli": "test_slow_benchmarks (--repeats 1 --modes own)",
+    "python -m pipelines.bench.cli": "test_slow_benchmarks (--repeats 1 --modes own)",
     "python -m sv_core.audit --trials 300 --jitter-sweep --sweep-trials 60 --json OUT": "test_slow_audit_as_written",
     "python -m cohort.synthetic --fidelity": "test_slow_fidelity (needs the real demo)",
     "python -m cohort.synthetic --fidelity --json OUT": "test_slow_fidelity (needs the real demo)",
@@ -237,41 +237,41 @@ PARSE_ONLY = {
     "forgetful serve --ingest-root DIR": "serves until stopped (see the row above)",
     "forgetful lm --protocol seed --steps N --seeds 0 1 …": "the seed protocol: hours of CPU (test_slow_lm runs "
                                                            "the same command with --protocol tiny)",
-    "python -m pipelines.bench_ingest --stays 42000 --days 2": "a benchmark of tens of minutes; "
+    "python -m pipelines.bench.ingest --stays 42000 --days 2": "a benchmark of tens of minutes; "
                                                               "tests/test_ingest_scale.py runs it at 30 stays",
-    "python -m pipelines.bench_ingest --cli --stays 60 --repeats 2 --pythonpath DIR": "starts Prefect servers for "
+    "python -m pipelines.bench.ingest --cli --stays 60 --repeats 2 --pythonpath DIR": "starts Prefect servers for "
                                                                                     "minutes (benchmark command)",
-    "python -m pipelines.bench_ingest --table FILE …": "reads result files of the benchmark; "
+    "python -m pipelines.bench.ingest --table FILE …": "reads result files of the benchmark; "
                                                      "tests/test_ingest_scale.py renders one",
     "forgetful retention --stays 1000 --dask tcp://SCHEDULER:8786": "needs a running cluster (tests/test_dask_scaleout.py "
                                                                     "runs --dask against dask scheduler/worker processes)",
-    "python -m pipelines.bench_dask --stays 1000 --json OUT": "minutes of CPU (3 modes × rounds of a 1,000-stay study)",
-    "python -m sv_core.bench_stream --sizes 100000 --window 80 --libsvm-steps 1 --refit-sample 500 --json "
+    "python -m pipelines.bench.dask_workers --stays 1000 --json OUT": "minutes of CPU (3 modes × rounds of a 1,000-stay study)",
+    "python -m sv_core.bench.stream --sizes 100000 --window 80 --libsvm-steps 1 --refit-sample 500 --json "
     "docs/results/bench_stream_100k_refit.json": "minutes of CPU (a libsvm full-history solve at 100,000 tokens "
                                                  "and a refit); test_slow_benchmarks runs the benchmark at 300,600",
-    "python -m sv_core.bench_stream --sizes 100000 --window 120 --warmup 0 --threads 1 --libsvm-steps 1 "
+    "python -m sv_core.bench.stream --sizes 100000 --window 120 --warmup 0 --threads 1 --libsvm-steps 1 "
     "--refit-sample -1 --json docs/results/bench_stream_100k.json": "minutes of CPU (a libsvm full-history solve "
                                                                     "at 100,000 tokens); tests/test_sv_core_streaming_"
                                                                     "bench.py runs --refit-sample -1 on a tiny stream",
-    "python -m sv_core.bench_stream --sizes 1000,10000 --stream gauss --libsvm-steps 1 --json "
+    "python -m sv_core.bench.stream --sizes 1000,10000 --stream gauss --libsvm-steps 1 --json "
     "docs/results/bench_stream_gauss.json": "minutes of CPU (a stationary control); test_slow_benchmarks runs the "
                                             "same benchmark at --sizes 300,600",
-    "python -m sv_core.bench_stream --table docs/results/bench_stream.json docs/results/bench_stream_100k_refit.json "
+    "python -m sv_core.bench.stream --table docs/results/bench_stream.json docs/results/bench_stream_100k_refit.json "
     "docs/results/bench_stream_100k.json docs/results/bench_stream_gauss.json --write-docs README.md": "rewrites README.md's bench_stream block from the committed result files; "
                               "tests/test_sv_core_streaming_bench.py writes the block of a decoy copy",
-    "python -m pipelines.bench_dask --stays 1000 --warehouse-seed 1 --json OUT": "minutes of CPU (as the row above, "
+    "python -m pipelines.bench.dask_workers --stays 1000 --warehouse-seed 1 --json OUT": "minutes of CPU (as the row above, "
                                                                                   "another generated warehouse)",
-    "python -m pipelines.bench_dask --table docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
+    "python -m pipelines.bench.dask_workers --table docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
     "--readme README.md": "rewrites the README's bench_dask block from the committed result files "
                           "(tests/test_dask_scaleout.py checks the block equals their rendering)",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the main job (minutes; install included) (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",
-    "python -m pipelines.bench_scale --sizes 1e6 4e6 16e6 [--steps build,retention,heldout,deterioration] "
+    "python -m pipelines.bench.scale --sizes 1e6 4e6 16e6 [--steps build,retention,heldout,deterioration] "
     "[--study-stays N] [--repeat 2] [--out docs/SCALE.json]": "hours of CPU at these sizes; "
     "tests/test_pipelines_bench_scale.py runs it on a tiny root",
-    "python -m pipelines.bench_scale --render FILE": "tests/test_pipelines_bench_scale.py renders result files",
-    "python -m pipelines.bench_fullrun --root DIR --workdir DIR [--det-seeds 1] [--det-max-epochs 2]":
+    "python -m pipelines.bench.scale --render FILE": "tests/test_pipelines_bench_scale.py renders result files",
+    "python -m pipelines.bench.fullrun --root DIR --workdir DIR [--det-seeds 1] [--det-max-epochs 2]":
         "half an hour of CPU on a full-size root; tests/test_pipelines_bench_fullrun.py runs it with a stand-in "
         "run-all and records a run from its files",
 }
@@ -721,7 +721,7 @@ def test_meds_forms(site, forgotten, prefect_harness):
 
 def test_bench_solve_form(site):
     out = site["tmp"] / "bench_solve.json"
-    run_form("python -m sv_core.bench_solve", site,
+    run_form("python -m sv_core.bench.solve", site,
              extra=("--n", "40", "--reps", "1", "--threads", "1", "--kinds", "gauss", "--json", str(out)))
     (r,) = json.loads(out.read_text())["runs"]
     assert r["n"] == 40 and r["kkt_solve"] < 1e-9 and r["fallbacks"] == 0 and r["score_gap_solve_libsvm"] < 1e-5
@@ -893,22 +893,22 @@ def test_slow_benchmarks(site, prefect_harness):
                                                                                           "--warmup", "0"))
     run_form("python -m models.bench_throughput --json OUT", site, values={"OUT": str(t / "tp.json")},
              extra=("--repeats", "1", "--warmup", "0"))
-    run_form("python -m sv_core.bench_delete --json OUT", site, values={"OUT": str(t / "bd.json")},
+    run_form("python -m sv_core.bench.delete --json OUT", site, values={"OUT": str(t / "bd.json")},
              extra=("--sizes", "64", "--deletions", "3", "--reserve-deletions", "2", "--admissions", "2"))
-    run_form("python -m sv_core.bench_stream [--quick] --json OUT", site, which="full",
+    run_form("python -m sv_core.bench.stream [--quick] --json OUT", site, which="full",
              values={"OUT": str(t / "bs.json")})
-    run_form("python -m sv_core.bench_stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json", site,
+    run_form("python -m sv_core.bench.stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json", site,
              subst=(("1000,2000,10000", "300,600"), ("docs/results/bench_stream.json", str(t / "bs_sizes.json"))))
     assert [r["tokens"] for r in json.loads((t / "bs_sizes.json").read_text())["sizes"]] == [300, 600]
-    run_form("python -m sv_core.bench_degenerate completion", site)
-    run_form("python -m sv_core.bench_degenerate fuzz", site)
+    run_form("python -m sv_core.bench.degenerate completion", site)
+    run_form("python -m sv_core.bench.degenerate fuzz", site)
     run_form("python -m cohort.bench --rows 100000000", site, subst=(("100000000", "20000"),),
              extra=("--workdir", str(t / "bench")))
     run_form("python -m cohort.bench --generator [--sizes …] [--workers-list 1 2]", site, which="full",
              subst=(("--sizes …", "--sizes 20000"),), extra=("--json-out", str(t / "gen.json")))
     gen = json.loads((t / "gen.json").read_text())
     assert gen["kind"] == "generator_bench" and [r["workers"] for r in gen["table"]] == [1, 2]
-    run_form("python -m pipelines.bench_cli", site, extra=("--repeats", "1", "--modes", "own",
+    run_form("python -m pipelines.bench.cli", site, extra=("--repeats", "1", "--modes", "own",
                                                            "--dir", str(t / "bench_cli")))
 
 

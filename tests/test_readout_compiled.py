@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from models.sv_hybrid_readout import hybrid_attend, hybrid_attend_compiled, hybrid_weights
-from sv_core import batched_common
-from sv_core.batched_readout import compiled_readout_applicable, readout_forward
+from sv_core.batched import common as batched_common
+from sv_core.batched.readout import compiled_readout_applicable, readout_forward
 
 pytestmark = pytest.mark.skipif(not batched_common.compiled_batch_available(),
                                 reason="compiled loops not built (python setup.py build_ext --inplace)")

@@ -27,11 +27,11 @@ import duckdb
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pipelines import logaudit, signing, translog
 from pipelines.cli import main
-from pipelines.keys import Keys
-from pipelines.ledger import Ledger
-from pipelines.logaudit import Row, canonical_json
+from pipelines.receipts import logaudit, signing, translog
+from pipelines.receipts.ledger import Ledger
+from pipelines.receipts.logaudit import Row, canonical_json
+from pipelines.store.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = ("log", "anchor", "warehouse", "kept")
@@ -164,7 +164,7 @@ def _forged_row(c: Case) -> dict:
 
 def _rekeyed_rows(c: Case, hmac_key: bytes) -> list[dict]:
     """Every row's MAC recomputed under another HMAC key (with one payload changed)."""
-    from pipelines.logaudit import GENESIS
+    from pipelines.receipts.logaudit import GENESIS
 
     keys, prev, out = Keys(hmac_key), GENESIS, []
     for d in c.rows():

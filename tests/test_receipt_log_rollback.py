@@ -17,13 +17,13 @@ import duckdb
 import pytest
 
 from cohort.synthetic import generate
-from pipelines import logaudit, signing
 from pipelines.cli import main
 from pipelines.errors import KeyLocationError, LedgerRollbackError
-from pipelines.forget import forget_subject
-from pipelines.keys import Keys
-from pipelines.ledger import Ledger, default_dir
-from pipelines.warehouse import Warehouse
+from pipelines.receipts import logaudit, signing
+from pipelines.receipts.ledger import Ledger, default_dir
+from pipelines.store.forget import forget_subject
+from pipelines.store.keys import Keys
+from pipelines.store.warehouse import Warehouse
 
 
 def _build(p: Path, src: Path) -> dict:
@@ -307,7 +307,7 @@ def test_prove_and_verify_proof_offline(site, tmp_path, capsys):
 
 def test_a_failed_append_leaves_no_half_line(tmp_path, monkeypatch):
     """A short write (disk full) is cut back off: the log stays whole and verifiable."""
-    import pipelines.ledger as lm
+    import pipelines.receipts.ledger as lm
 
     monkeypatch.setenv("FORGETFUL_CONFIG_DIR", str(tmp_path / "config"))
     led = Ledger(tmp_path / "ledger", Keys.load())

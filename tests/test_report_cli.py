@@ -51,7 +51,7 @@ def test_bad_runs_folder_is_one_line_and_leaves_the_old_report(tmp_path, capsys)
 
 
 def test_report_starts_no_server_and_imports_neither_torch_nor_prefect(tmp_path):
-    from pipelines.signals import needs_server
+    from pipelines.runtime.signals import needs_server
 
     assert not needs_server("report", ["report"])
     runs = tmp_path / "runs"

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from cohort.synthetic import make_small_warehouse
-from pipelines import retention_plan, runner, scaleout
+from pipelines.flows import retention_plan
+from pipelines.runtime import runner, scaleout
 
 
 def test_map_phases_one_pool_longest_first_results_per_phase_in_order():
@@ -38,7 +39,7 @@ def test_map_phases_one_pool_longest_first_results_per_phase_in_order():
 
 
 def test_bench_flow_seconds_count_overlapping_phases_once():
-    from pipelines.bench_dask import timeline
+    from pipelines.bench.dask_workers import timeline
 
     def chunk(ids, start, secs):
         return {"stay_ids": ids, "predicted_s": secs, "seconds": secs, "worker": "0", "start": start,
@@ -58,8 +59,8 @@ def base(tmp_path_factory):
 @pytest.mark.parametrize("label,drop", [("event_composite", []), ("event_spo2", ["spo2"])])
 def test_the_look_ahead_equals_the_batch_columns(base, label, drop):
     from evaluation.clinical import retention as study
-    from pipelines import warehouse as wh
     from pipelines.flows.retention_chunks import batch_results
+    from pipelines.store import warehouse as wh
 
     ids = [int(s[0]) for s in wh.stays(str(base))]
     cols = batch_results(str(base), ids, label=label, drop=drop, nu=0.3, sigma=3.0,
@@ -111,7 +112,7 @@ def test_a_wrong_look_ahead_is_recomputed_and_changes_nothing(prefect_harness, b
 
 
 def test_the_table_says_when_the_longest_stay_dominates():
-    from pipelines.bench_dask import dominance
+    from pipelines.bench.dask_workers import dominance
 
     big = {"stays": 1, "hours_max": 8410, "seconds": 31.0, "share_of_chunk_work": 0.62}
     text = dominance(big)

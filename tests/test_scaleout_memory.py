@@ -1,4 +1,4 @@
-"""Memory-aware list schedule of pipelines.scaleout.map_chunks on the local thread pool: long stays'
+"""Memory-aware list schedule of pipelines.runtime.scaleout.map_chunks on the local thread pool: long stays'
 chunks never run side by side when their estimated n x n memory together passes the budget,
 smaller chunks fill the other thread meanwhile, results come back in order."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipelines import scaleout
+from pipelines.runtime import scaleout
 
 GB = 2**30
 

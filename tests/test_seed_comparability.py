@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dashboards import reproduce
 from dashboards.seed_figures import seed_comparability, seed_line
-from pipelines.runner import seed_only_where_comparable
+from pipelines.runtime.runner import seed_only_where_comparable
 
 
 def test_real_data_studies_on_synthetic_data_are_not_comparable_and_say_why():

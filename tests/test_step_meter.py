@@ -1,16 +1,15 @@
-"""run-all's per-step wall, CPU and peak RSS (pipelines.step_meter): the high-water mark is reset
+"""run-all's per-step wall, CPU and peak RSS (pipelines.runtime.step_meter): the high-water mark is reset
 between steps on Linux, children count, and run-all's --json and summary carry the figures."""
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipelines import step_meter
-from pipelines.step_meter import StepMeter
+from pipelines.runtime import step_meter
+from pipelines.runtime.step_meter import StepMeter
 
 MB = 2**20
 LINUX_HWM = step_meter.vm_hwm_mb() is not None and step_meter.reset_hwm()
@@ -67,7 +66,7 @@ def test_the_fallback_is_a_high_water_mark_so_far():
 
 METER_RUN = r"""
 import json, subprocess, sys, time
-from pipelines.step_meter import StepMeter
+from pipelines.runtime.step_meter import StepMeter
 m = StepMeter()
 code = "import numpy as np, time; a = np.ones(250 * 2**20 // 8); time.sleep(0.2)"
 with m.step("child"):

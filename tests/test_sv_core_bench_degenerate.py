@@ -1,5 +1,5 @@
 """The issue-10 acceptance commands run and report exact completion (small sizes)."""
-from sv_core.bench_degenerate import JITTERS, completion, fuzz
+from sv_core.bench.degenerate import JITTERS, completion, fuzz
 
 
 def test_completion_every_jitter_small():

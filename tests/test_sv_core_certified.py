@@ -13,7 +13,7 @@ import sv_core._active_set as active_set
 import sv_core.certified as certified
 import sv_core.certified_core as certified_core
 from sv_core import Gate, calibrate_C, rbf_kernel, refit, solve
-from sv_core.bench_solve import icu_like_keys
+from sv_core.bench.solve import icu_like_keys
 from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
 from sv_core.kernels import rbf_matvec
 from sv_core.refit import twin_groups
@@ -428,7 +428,7 @@ def test_solve_matches_refit_at_larger_sizes(capsys):
 
 @pytest.mark.slow
 def test_a_10000_key_stay_solves_in_under_1_gb():
-    from sv_core.bench_solve import bench_rss
+    from sv_core.bench.solve import bench_rss
 
     r = bench_rss("icu", 10_000, 0)
     assert r["kkt"] <= 1e-12

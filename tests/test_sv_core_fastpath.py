@@ -166,7 +166,7 @@ def test_extension_rejects_inconsistent_buffers_without_touching_them():
 def test_both_loops_complete_degenerate_streams_and_fuzz(fast):
     """The issue-10 acceptance checks (small) on each loop alone: the reference must stay complete
     by itself, not only behind the fast path."""
-    from sv_core.bench_degenerate import completion, fuzz
+    from sv_core.bench.degenerate import completion, fuzz
 
     if fast and _fastpath._cpfast is None:
         pytest.skip("sv_core._cpfast is not built")

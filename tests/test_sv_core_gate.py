@@ -236,7 +236,7 @@ def test_near_duplicate_regime_deletions_match_refit(monkeypatch):
 def test_exact_duplicate_keys_are_recognised_by_equality():
     """Bit-equal keys take the exact-twin path (pinned gradient / mass transfer); a key 1e-7 away
     is a near-twin, not a duplicate, even though its feature distance^2 (2.5e-15) < DUPLICATE_TOL."""
-    from sv_core.solver import MARGIN, MaintainedSVDD, Degenerate
+    from sv_core.solver import MARGIN, Degenerate, MaintainedSVDD
 
     core = MaintainedSVDD(C=0.5, sigma=2.0, dim=2)
     core.append(np.array([[0.0, 0.0], [3.0, 0.0], [0.0, 0.0], [1e-7, 0.0]]))

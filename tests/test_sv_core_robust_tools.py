@@ -44,7 +44,7 @@ def test_redundant_regime_is_hard():
 
 
 def test_bench_one_schema_with_peers():
-    from sv_core.bench_delete import bench_one, slope
+    from sv_core.bench.delete import bench_one, slope
 
     r = bench_one(40, deletions=3, seed=0, reserve_deletions=2, admissions=2)
     a = r["active"]

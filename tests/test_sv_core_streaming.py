@@ -10,7 +10,7 @@ from sv_core import Gate, calibrate_C, rbf_kernel, refit
 from sv_core.errors import GateError, InfeasibleError, InvalidKeysError, PathError, UnknownTokenError
 from sv_core.gate import WarmupError
 from sv_core.streaming import ColdStore, InvalidStateError, StreamingGate
-from sv_core.streaming_reference import ReferenceStream
+from sv_core.streaming.reference import ReferenceStream
 
 EX_X = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 0.9]])
 

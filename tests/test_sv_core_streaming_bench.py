@@ -1,8 +1,8 @@
 """The StreamingGate cost profile and the streaming benchmark's tables and README block.
 
-* :class:`sv_core.streaming_profile.CostProfile` charges exclusive time only (parts never sum to
+* :class:`sv_core.streaming.profile.CostProfile` charges exclusive time only (parts never sum to
   more than the operations took on the same clock), changes no result, and detaches cleanly;
-* :func:`sv_core.streaming_profile.hot_shape` reports a support of at least ``ceil(1/C)`` keys
+* :func:`sv_core.streaming.profile.hot_shape` reports a support of at least ``ceil(1/C)`` keys
   (``sum alpha = 1``, ``alpha <= C``);
 * the benchmark on a tiny stream renders its tables from the result alone, and ``--write-docs``
   replaces only the marker block of a decoy file (a file without markers is left unchanged).
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from sv_core import calibrate_C
-from sv_core.bench_stream import icu_stream, main, run
-from sv_core.bench_stream_tables import BEGIN, END, DocsBlockError, docs_text, write_docs
+from sv_core.bench.stream import icu_stream, main, run
+from sv_core.bench.stream_tables import BEGIN, END, DocsBlockError, docs_text, write_docs
 from sv_core.streaming import StreamingGate
-from sv_core.streaming_profile import PARTS, CostProfile, hot_shape
+from sv_core.streaming.profile import PARTS, CostProfile, hot_shape
 
 
 def test_cost_profile_charges_exclusive_time_and_changes_nothing():

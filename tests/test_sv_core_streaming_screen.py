@@ -10,12 +10,13 @@ import os
 import numpy as np
 import pytest
 
-from sv_core import Gate, calibrate_C, rbf_kernel, refit, streaming_cache
+from sv_core import Gate, calibrate_C, rbf_kernel, refit
 from sv_core.errors import InvalidKeysError, PathError, UnknownTokenError
 from sv_core.streaming import StreamingGate
-from sv_core.streaming_cache import KernelCache
-from sv_core.streaming_screen import HotView, alpha_change, step_bound
-from sv_core.streaming_store import ArrayColdStore
+from sv_core.streaming import cache as streaming_cache
+from sv_core.streaming.cache import KernelCache
+from sv_core.streaming.screen import HotView, alpha_change, step_bound
+from sv_core.streaming.store import ArrayColdStore
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "streaming")
 SV_CORE = os.path.join(os.path.dirname(__file__), os.pardir, "sv_core")
@@ -310,8 +311,8 @@ def test_budget_rebase_and_cold_tier_compaction_keep_the_gate_exact(monkeypatch)
     """Rebasing the budget (every tau shifted) and compacting the cold tier's records (after
     many removals) keep the gate exact: the same scores as a gate admitting the same keys and
     forgetting the same tokens (afterwards) and as an independent refit."""
-    import sv_core.streaming_cold as sc
-    import sv_core.streaming_ops as so
+    import sv_core.streaming.cold as sc
+    import sv_core.streaming.ops as so
 
     C, sigma = calibrate_C(0.3, 40), 1.5
     X = _drift(41, 700)

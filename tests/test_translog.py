@@ -1,14 +1,14 @@
-"""RFC 9162 Merkle hashing and proofs (:mod:`pipelines.translog`) against an independent
+"""RFC 9162 Merkle hashing and proofs (:mod:`pipelines.receipts.translog`) against an independent
 implementation written here from the RFC's recursive definitions (§2.1.1 MTH, §2.1.3.1 PATH,
 §2.1.4.1 PROOF/SUBPROOF), for every tree size 1..64 and every index pair; and the signed
-tree heads (:mod:`pipelines.signing`)."""
+tree heads (:mod:`pipelines.receipts.signing`)."""
 from __future__ import annotations
 
 import hashlib
 
 import pytest
 
-from pipelines import translog
+from pipelines.receipts import translog
 
 
 # ------------------------------------------------------------- the independent reference (RFC 9162)
@@ -141,7 +141,7 @@ def test_consistency_proofs_every_size_pair():
 def test_signed_tree_heads(tmp_path):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from pipelines import signing
+    from pipelines.receipts import signing
 
     key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     h1 = signing.sign_head(key, 1, MTH(LEAVES[:1]), timestamp_ms=1)

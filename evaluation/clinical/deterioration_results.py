@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from . import deterioration as det
+from evaluation.clinical import deterioration as det
 
 SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (softmax)"
 LABELS = {"lstm": "LSTM", "softmax": "causal softmax", "sv_attention": "causal SV attention",

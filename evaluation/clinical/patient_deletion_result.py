@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .patient_deletion import GAMMAS, MIN_CONTEXTS, PAPER_DECAY_LEAKAGE, SEED_GAMMAS, gkey
+from evaluation.clinical.patient_deletion import GAMMAS, MIN_CONTEXTS, PAPER_DECAY_LEAKAGE, SEED_GAMMAS, gkey
 
 
 def _q(con, sql: str) -> Any:

@@ -171,9 +171,8 @@ def stay_retention(X: Any, ev: Any, built: Mapping[str, SelectionPolicy | None],
     out = stay_policy_retention(X, ev, built)
     if out is None or not build_gate:
         return out
+    from evaluation.clinical.retention_audit import score_gap
     from sv_core import Gate, GateError
-
-    from .retention_audit import score_gap
 
     X = np.ascontiguousarray(X, dtype=np.float64)
     sv = built["sv"]

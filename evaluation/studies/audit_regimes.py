@@ -10,14 +10,13 @@ The CLI wiring of the audit (which regimes a ``forgetful audit`` run registers) 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
+from evaluation.studies.errors import StudyConfigError
 from sv_core.audit import dedupe
-
-from .errors import StudyConfigError
 
 Regime = Callable[[np.random.Generator], np.ndarray]
 
@@ -62,8 +61,7 @@ def icu_regime_from_warehouse(path: str | Path, *, tol: float = 0.1, max_hours: 
     ``n_total`` say how many stays were read of how many.
     """
     from cohort.streams import iter_stays, warehouse_connection
-
-    from ..clinical.sampling import sample_stays
+    from evaluation.clinical.sampling import sample_stays
 
     ids = None
     with warehouse_connection(path) as con:
@@ -98,7 +96,7 @@ def icu_regime_from_warehouse(path: str | Path, *, tol: float = 0.1, max_hours: 
 
 def learned_regime(model=None, *, n_facts: int = 16, seed: int = 0, train_steps: int = 600) -> Regime:
     """Regime of learned keys; trains the small recall model (seconds, CPU) when none is given."""
-    from .learned_keys import learned_key_sampler, train_model
+    from evaluation.studies.learned_keys import learned_key_sampler, train_model
 
     if model is None:
         model, _ = train_model(seed, steps=train_steps)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
-from .errors import StudyConfigError
+from evaluation.studies.errors import StudyConfigError
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:

@@ -40,10 +40,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from evaluation.studies.common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
+from evaluation.studies.readout import kernel_readout, kernel_weights
 from sv_core import Gate, calibrate_C, refit
-
-from .common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
-from .readout import kernel_readout, kernel_weights
 
 STUDY = "learned_keys"
 SELECTION_POLICIES = ("sv", "density", "recency", "random", "leverage", "kernel_leverage", "keydiff")

@@ -22,10 +22,9 @@ import time
 import numpy as np
 
 from evaluation.audit_metrics import decay_alpha, readout_weight_share
+from evaluation.studies.common import check_int, check_pos, envelope, mean_ci
+from evaluation.studies.readout import kernel_readout, kernel_weights
 from sv_core import Gate, calibrate_C, refit
-
-from .common import check_int, check_pos, envelope, mean_ci
-from .readout import kernel_readout, kernel_weights
 
 STUDY = "planted_secret"
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from evaluation.studies.errors import StudyError
 from sv_core import rbf_kernel
-
-from .errors import StudyError
 
 
 def kernel_weights(Q: np.ndarray, X: np.ndarray, a: np.ndarray, sigma: float) -> np.ndarray:

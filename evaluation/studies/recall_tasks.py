@@ -41,14 +41,13 @@ import time
 import numpy as np
 import torch
 
+from evaluation.studies.common import check_int, check_pos, envelope, mean_ci
+from evaluation.studies.errors import StudyConfigError
+from evaluation.studies.readout import kernel_readout
 from models.attn_deltanet import deltanet_chunked
 from models.attn_linear import linear_attention
 from models.multihead import masked_softmax_attention
 from sv_core import Gate, calibrate_C
-
-from .common import check_int, check_pos, envelope, mean_ci
-from .errors import StudyConfigError
-from .readout import kernel_readout
 
 MECHANISMS = ("sv", "rbf", "softmax", "linear", "deltanet")
 

@@ -31,11 +31,10 @@ import time
 import numpy as np
 
 from evaluation.policies import get_policy
+from evaluation.studies.common import check_pos, envelope, paired_vs_sv, vs_sv_table
+from evaluation.studies.errors import OptionalDependencyMissing
+from evaluation.studies.readout import kernel_weights
 from sv_core import Gate, calibrate_C
-
-from .common import check_pos, envelope, paired_vs_sv, vs_sv_table
-from .errors import OptionalDependencyMissing
-from .readout import kernel_weights
 
 STUDY = "retrieval_memory"
 

@@ -51,10 +51,9 @@ import time
 import numpy as np
 
 from evaluation.policies import get_policy, select_top_k
-
-from .common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
-from .errors import StudyConfigError
-from .readout import uniform_recall
+from evaluation.studies.common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
+from evaluation.studies.errors import StudyConfigError
+from evaluation.studies.readout import uniform_recall
 
 STUDY = "skewed_redundancy"
 POLICIES = ("sv", "oracle", "oracle_normalised", "warm", "density", "recency", "random", "full",

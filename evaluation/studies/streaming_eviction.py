@@ -38,11 +38,10 @@ import time
 
 import numpy as np
 
+from evaluation.studies.common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
+from evaluation.studies.readout import uniform_recall
+from evaluation.studies.skewed_redundancy import make_context
 from sv_core import Gate, calibrate_C, rbf_kernel
-
-from .common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
-from .readout import uniform_recall
-from .skewed_redundancy import make_context
 
 STUDY = "streaming_eviction"
 POLICIES = ("sv", "h2o", "recency", "random", "leverage", "kernel_leverage", "keydiff", "snapkv", "tova")

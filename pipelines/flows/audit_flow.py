@@ -24,8 +24,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from dashboards.seed_figures import seed_figure_for, seed_line
-from pipelines import jsonout, runner, task_cache
-from pipelines import warehouse as wh
+from pipelines import jsonout
+from pipelines.runtime import runner, task_cache
+from pipelines.store import warehouse as wh
 
 ICU_REGIME = "icu_warehouse"
 LEARNED_REGIME = "learned"

@@ -1,6 +1,6 @@
 """``forgetful bench-delete``: deletion latency (maintained decrement vs same-C refit) as a study.
 
-Wraps :func:`sv_core.bench_delete.bench_one` (one Prefect task per context size, run one after
+Wraps :func:`sv_core.bench.delete.bench_one` (one Prefect task per context size, run one after
 another so timings do not compete for cores) and writes the ``deletion_latency`` study result
 for the report. Speed is measured here, never asserted.
 """
@@ -11,9 +11,10 @@ import time
 
 from prefect import flow, task
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
-#: the sizes of ``python -m sv_core.bench_delete`` (kept literal: --help must not import sv_core)
+#: the sizes of ``python -m sv_core.bench.delete`` (kept literal: --help must not import sv_core)
 DEFAULT_SIZES = (64, 120, 256, 512, 1024, 2048)
 
 SEED_TEXT = ("seed 001 §4: per-size median maintained deletion 0.30–1.04 ms (n = 120…512, Apple M3 Ultra); "
@@ -22,7 +23,7 @@ SEED_TEXT = ("seed 001 §4: per-size median maintained deletion 0.30–1.04 ms (
 
 @task(name="bench-delete-size")
 def bench_size(n: int, deletions: int, seed: int) -> dict:
-    from sv_core.bench_delete import bench_one
+    from sv_core.bench.delete import bench_one
 
     return bench_one(n, deletions, seed=seed)
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines import jsonout, runner
-from pipelines import warehouse as wh
+from pipelines import jsonout
+from pipelines.runtime import runner
+from pipelines.store import warehouse as wh
 
 
 @task(name="generate-synthetic",
@@ -41,8 +42,8 @@ def build_task(source: str, root: str | None, warehouse: str, min_hours: float, 
     import duckdb
 
     from cohort.build import build_warehouse
-    from pipelines.safe_io import storage_errors
-    from pipelines.warehouse import Warehouse, put_meta, read_meta
+    from pipelines.store.safe_io import storage_errors
+    from pipelines.store.warehouse import Warehouse, put_meta, read_meta
 
     with Warehouse.open(warehouse, write=True, must_exist=False, ledger_dir=ledger_dir, reconcile=False) as w:
         registered = w.runs_registry()  # carried into the rebuilt file

@@ -38,8 +38,11 @@ from dashboards.seed_figures import seed_comparability, seed_figure_for, seed_li
 from evaluation.clinical import patient_deletion as pdel
 from evaluation.clinical import patient_deletion_result as pres
 from evaluation.studies.errors import StudyConfigError
-from pipelines import gate_store, jsonout, ledger, runner, scaleout, study_inputs, task_cache
-from pipelines import warehouse as wh
+from pipelines import jsonout, study_inputs
+from pipelines.receipts import ledger
+from pipelines.runtime import runner, scaleout, task_cache
+from pipelines.store import gate_store
+from pipelines.store import warehouse as wh
 
 STUDY = "patient_deletion"
 #: gates of a run in progress are stored under this study name until the run publishes them
@@ -91,7 +94,7 @@ def _stored(results: list[dict]):
 def _ledger_verified(warehouse: str) -> bool:
     """Whether the project's receipt ledger (not this study's in-memory receipts) verifies."""
     from pipelines.errors import LedgerError
-    from pipelines.keys import Keys
+    from pipelines.store.keys import Keys
 
     try:
         ledger.Ledger(ledger.default_dir(warehouse), Keys.load()).verify()

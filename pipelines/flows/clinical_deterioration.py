@@ -49,8 +49,9 @@ from evaluation.clinical.deterioration_results import (
     seed_paired,
 )
 from evaluation.cluster_bootstrap import paired_cluster_bootstrap
-from pipelines import jsonout, runner, study_inputs, task_cache
-from pipelines import warehouse as wh
+from pipelines import jsonout, study_inputs
+from pipelines.runtime import runner, task_cache
+from pipelines.store import warehouse as wh
 
 
 @task(name="deterioration-train", cache_policy=NO_CACHE, persist_result=False,

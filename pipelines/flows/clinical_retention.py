@@ -14,17 +14,17 @@ input (5-d keys).
 Streaming, in flat memory: stays go in chunks to tasks that read their own stays from the
 warehouse (read-only, given stay ids) and return a few numbers per stay — Prefect tasks on the
 local thread pool, plain futures on a Dask cluster (``--dask``), the same chunk function
-(:mod:`pipelines.scaleout`); chunks are sized from the measured cost of a pilot chunk (see
+(:mod:`pipelines.runtime.scaleout`); chunks are sized from the measured cost of a pilot chunk (see
 ``--stays-per-task``, which fixes the size instead), the refit audit and sensitivity chunks
-share the stay batches' pool (:mod:`pipelines.retention_plan`), and on the thread pool two long
+share the stay batches' pool (:mod:`pipelines.flows.retention_plan`), and on the thread pool two long
 stays' chunks never run side by side when their n x n matrices together would pass a memory
-budget (:func:`pipelines.scaleout.next_chunk`: peak memory follows the longest stays, not their
+budget (:func:`pipelines.runtime.scaleout.next_chunk`: peak memory follows the longest stays, not their
 number);
 each batch's full result (those numbers and the stay's gate state) goes to the authenticated
 task cache beside the warehouse, so a rerun after a crash resumes there. Then the gates are
 staged into the warehouse batch by batch (each batch its own committed transaction, under a
 staging study name) and promoted in one short transaction, together with the per-stay values
-(:mod:`pipelines.stay_results`): a crash leaves the previous gates and values in place. Only the
+(:mod:`pipelines.store.stay_results`): a crash leaves the previous gates and values in place. Only the
 per-stay vectors (about twenty numbers a stay) are held until the end.
 
 ``--stays N`` runs on a deterministic sample (:mod:`evaluation.clinical.sampling`: seeded hash
@@ -41,12 +41,10 @@ import numpy as np
 from prefect import flow
 
 from evaluation.clinical import retention as study
-from pipelines import jsonout, retention_plan, runner, scaleout, stay_results, study_inputs
-from pipelines import warehouse as wh
+from pipelines import jsonout, study_inputs
 from pipelines.errors import StudyInputError
-from pipelines.scaleout import one_blas_thread
-
-from .retention_chunks import (  # noqa: F401  (re-exported: the chunk functions and their tasks)
+from pipelines.flows import retention_plan
+from pipelines.flows.retention_chunks import (  # noqa: F401  (re-exported: the chunk functions and their tasks)
     DUCKDB_MEMORY,
     LABELS,
     audit_batch,
@@ -64,6 +62,10 @@ from .retention_chunks import (  # noqa: F401  (re-exported: the chunk functions
     sensitivity_rows,
     staged_contexts,
 )
+from pipelines.runtime import runner, scaleout
+from pipelines.runtime.scaleout import one_blas_thread
+from pipelines.store import stay_results
+from pipelines.store import warehouse as wh
 
 SEED_TEXT = {
     "icu_retention": "seed 001 §5: 0.80 (SV) vs 0.05 (H2O-style density) at mean 33% budget; 1,329 stays",
@@ -71,7 +73,7 @@ SEED_TEXT = {
                     "diff 0.239 [0.194, 0.284]; 718 stays, 32% budget",
 }
 POLICIES = list(study.DEFAULT_POLICIES)
-#: ``--stays-per-task`` default: None = sized from the measured cost (:mod:`pipelines.scaleout`)
+#: ``--stays-per-task`` default: None = sized from the measured cost (:mod:`pipelines.runtime.scaleout`)
 STAYS_PER_TASK = None
 
 
@@ -117,7 +119,7 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
     if not np.asarray(cols["included"], dtype=bool).any():  # what the comparison would refuse, before any write
         raise StudyInputError(f"{study_name}: no sampled stay has an event hour; nothing to compare")
     # the writes (DuckDB, outside the GIL) overlap the bootstrap statistics: the lead's serial tail after
-    # the chunks is the longer of the two, not their sum (pipelines.bench_dask measures it as flow_s)
+    # the chunks is the longer of the two, not their sum (pipelines.bench.dask_workers measures it as flow_s)
     with one_blas_thread(), ThreadPoolExecutor(1, thread_name_prefix="forgetful-write") as writer:
         writing = writer.submit(  # the gates as the chunks serialised them (digest-checked, gate_store.staged_state)
             stay_results.write_study, warehouse, study_name, cols,

@@ -9,7 +9,7 @@ discharge events, ``metadata/dataset.json``, ``codes.parquet``, ``subject_splits
 overwritten. This is record-level data from your own local warehouse: keep it where the source
 data may be kept. The writer lock is taken first, so pending erasures of forgotten patients are
 completed before anything is read, and the folder is registered with the warehouse: a later
-``forgetful forget`` erases the patient from these files too (:mod:`pipelines.exports`).
+``forgetful forget`` erases the patient from these files too (:mod:`pipelines.store.exports`).
 In Python: ``cohort.load_hourly(warehouse)`` / ``cohort.load_stays(warehouse)`` return the
 same frames as ``polars.DataFrame``; ``cohort.meds_export.export_meds`` writes the MEDS dataset.
 No Prefect server is started; the printed summary holds counts only.
@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
 
 @runner.cli_errors
@@ -27,7 +28,7 @@ def _main(args) -> int:
     from pathlib import Path
 
     from cohort.errors import BadParameterError
-    from pipelines.exports import FILES, MEDS_TOP
+    from pipelines.store.exports import FILES, MEDS_TOP
 
     meds = args.format == "meds"
     if meds and args.columns:
@@ -38,15 +39,15 @@ def _main(args) -> int:
         if taken:  # checked before registering: a forget must never touch files this did not write
             raise BadParameterError(f"{args.out} already holds {', '.join(taken)}; choose an empty folder")
         # registered before writing, so a forget reaches the folder even if this command dies
-        # half-way (pipelines.exports); only the folder path is stored
+        # half-way (pipelines.store.exports); only the folder path is stored
         w.register_export(args.out, fmt=args.format)
-        from pipelines import warehouse as wh
+        from pipelines.store import warehouse as wh
 
         kind = wh.data_kind(w.path)  # demo / synthetic / mimic / clif: the MEDS dataset's name says it
         con = w.connect(read_only=False)
         try:
-            from pipelines.exports import remove_partial
-            from pipelines.safe_io import storage_errors
+            from pipelines.store.exports import remove_partial
+            from pipelines.store.safe_io import storage_errors
 
             with storage_errors(f"export: writing the {'MEDS' if meds else 'Parquet'} files",
                                 lambda: remove_partial(args.out, args.format)):

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import sys
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
 
 @runner.cli_errors
 def _main(args) -> int:
-    from pipelines.forget import forget_subject
+    from pipelines.store.forget import forget_subject
 
     r = forget_subject(args.warehouse, subject_id=args.subject_id, stay_id=args.stay_id, verify=not args.no_verify,
                        ledger_dir=args.ledger, wait=args.wait, allow_absent=args.allow_absent)

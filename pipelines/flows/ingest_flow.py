@@ -17,7 +17,8 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
 DEFAULT_INTERVAL_S = 3600
 #: per-step aggregates stored in the result (``metrics.stream_series``, columnar, oldest first)
@@ -84,9 +85,8 @@ def ingest_flow(source: str = "mimic", root: str = ".", warehouse: str = "runs/s
                 init: bool = False, frozen_file: str | None = None, final: bool = False, as_of: str | None = None,
                 max_steps: int | None = None, min_hours: float = 48, seed: int = 0, jobs: int | None = None) -> dict:
     """Ingest the new increments; returns the run's aggregates."""
-    from pipelines.warehouse import Warehouse
-
     from pipelines.preflight import check_ingest_warehouse
+    from pipelines.store.warehouse import Warehouse
 
     t0 = time.perf_counter()
     check_ingest_warehouse(warehouse, source, root, init)  # also when a deployment runs it (serve)

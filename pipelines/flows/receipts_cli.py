@@ -30,21 +30,22 @@ import re
 import sys
 from pathlib import Path
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _dir(args) -> Path:
-    from pipelines.ledger import default_dir
+    from pipelines.receipts.ledger import default_dir
 
     return Path(args.ledger).resolve() if args.ledger else default_dir(args.warehouse)
 
 
 def _ledger(args):
-    from pipelines import warehouse as wh
-    from pipelines.keys import Keys
-    from pipelines.ledger import FILE, Ledger
+    from pipelines.receipts.ledger import FILE, Ledger
+    from pipelines.store import warehouse as wh
+    from pipelines.store.keys import Keys
 
     d = _dir(args)
     if not (d / FILE).is_file() and not Path(args.warehouse).is_file():
@@ -52,7 +53,7 @@ def _ledger(args):
     led = Ledger(d, Keys.load(create=False))
     rec = _recorded(args)
     if rec is not None:  # no command reads a log shorter than what the warehouse recorded
-        from pipelines import logaudit
+        from pipelines.receipts import logaudit
 
         logaudit.check_recorded(led.state(), rec["size"], rec["root"], rec["what"])
     return led
@@ -71,7 +72,7 @@ def _fail(args, exc, extra: dict | None = None) -> int:
 
 def _kept(args):
     """``--head``: a signed tree head file, or (legacy) a row MAC."""
-    from pipelines.signing import read_head_file
+    from pipelines.receipts.signing import read_head_file
 
     if args.head is None:
         return None, None
@@ -84,8 +85,8 @@ def _kept(args):
 
 def _recorded(args) -> dict | None:
     """The log state the warehouse recorded (read-only, shared lock), None without a warehouse."""
-    from pipelines import locking
-    from pipelines.warehouse import read_meta
+    from pipelines.store import locking
+    from pipelines.store.warehouse import read_meta
 
     p = Path(args.warehouse)
     if not p.is_file():
@@ -101,15 +102,15 @@ def _recorded(args) -> dict | None:
 
 
 def _verify_public(args, kept, legacy_head) -> int:
-    from pipelines import logaudit
     from pipelines.errors import LedgerTamperedError
-    from pipelines.signing import load_public_key
+    from pipelines.receipts import logaudit
+    from pipelines.receipts.signing import load_public_key
 
     pub = load_public_key(args.public_key)
     d = _dir(args)
     rec = _recorded(args)
     if rec is None and not (d / logaudit.FILE).is_file() and not args.ledger:
-        from pipelines import warehouse as wh
+        from pipelines.store import warehouse as wh
 
         wh.require(args.warehouse)
     try:
@@ -128,9 +129,9 @@ def _verify_public(args, kept, legacy_head) -> int:
 
 @runner.cli_errors
 def _verify(args) -> int:
-    from pipelines import logaudit
     from pipelines.errors import LedgerKeyMismatchError, LedgerTamperedError
-    from pipelines.warehouse import Warehouse, get_meta
+    from pipelines.receipts import logaudit
+    from pipelines.store.warehouse import Warehouse, get_meta
 
     kept, legacy_head = _kept(args)
     if args.head is not None and kept is None and legacy_head is None:
@@ -222,7 +223,7 @@ def _export(args) -> int:
 
 @runner.cli_errors
 def _public_key(args) -> int:
-    from pipelines.signing import load_signing_key, log_id, public_key_text
+    from pipelines.receipts.signing import load_signing_key, log_id, public_key_text
 
     key = load_signing_key(create=True)
     text = public_key_text(key, args.format)
@@ -241,8 +242,8 @@ def _write_out(path: str, text: str) -> None:
 
 def _state(args):
     """The verified log (public key given: with it only; else the operator's keys) and the key."""
-    from pipelines import logaudit
-    from pipelines.signing import load_public_key
+    from pipelines.receipts import logaudit
+    from pipelines.receipts.signing import load_public_key
 
     if args.public_key:
         pub = load_public_key(args.public_key)
@@ -274,9 +275,9 @@ def _head(args) -> int:
 
 @runner.cli_errors
 def _prove(args) -> int:
-    from pipelines import logaudit, translog
     from pipelines.errors import LedgerTamperedError
-    from pipelines.signing import read_head_file
+    from pipelines.receipts import logaudit, translog
+    from pipelines.receipts.signing import read_head_file
 
     try:
         st, pub = _state(args)
@@ -309,8 +310,8 @@ def _prove(args) -> int:
 @runner.cli_errors
 def _verify_proof(args) -> int:
     from pipelines.errors import LedgerTamperedError
-    from pipelines.logaudit import check_proof_file
-    from pipelines.signing import load_public_key
+    from pipelines.receipts.logaudit import check_proof_file
+    from pipelines.receipts.signing import load_public_key
 
     pub = load_public_key(args.public_key)
     try:
@@ -325,7 +326,7 @@ def _verify_proof(args) -> int:
 
 @runner.cli_errors
 def _accept_rollback(args) -> int:
-    from pipelines.warehouse import accept_rollback
+    from pipelines.store.warehouse import accept_rollback
 
     out = accept_rollback(args.warehouse, ledger_dir=args.ledger, wait=args.wait)
     print(out.pop("message"), file=sys.stderr)

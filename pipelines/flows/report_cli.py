@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
 
 @runner.cli_errors

@@ -6,7 +6,7 @@ open while the local tasks read, :func:`held_open`) and returns a few numbers pe
 task cache (:func:`retention_batch_full`), from which :func:`staged_contexts` later feeds the gates
 to the warehouse batch by batch. Also here: the timed pilot chunk and the chunk plan
 (:func:`plan_batches`), and the refit-audit and ν × σ sensitivity chunk functions — the same
-functions on the local thread pool (Prefect tasks) and on a Dask cluster (:mod:`pipelines.scaleout`).
+functions on the local thread pool (Prefect tasks) and on a Dask cluster (:mod:`pipelines.runtime.scaleout`).
 """
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from evaluation.clinical import retention as study
-from pipelines import gate_store, runner, scaleout, task_cache
-from pipelines import warehouse as wh
 from pipelines.errors import StudyInputError
-from pipelines.scaleout import one_blas_thread
+from pipelines.runtime import runner, scaleout, task_cache
+from pipelines.runtime.scaleout import one_blas_thread
+from pipelines.store import gate_store
+from pipelines.store import warehouse as wh
 
 LABELS = ("event_composite", "event_spo2")
 
@@ -74,7 +75,7 @@ def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list
                   policies: list[str], build_gate: bool, con=None) -> dict:
     """Map step over a batch of stays: ``{"columns": per-stay columns (with stay_id, subject_id),
     "gates": [{stay_id, subject_id, staged, hours}]}`` (gates only with ``build_gate``; ``staged``:
-    :func:`pipelines.gate_store.staged_record`, serialised here, where the gate was built and
+    :func:`pipelines.store.gate_store.staged_record`, serialised here, where the gate was built and
     validated); read through ``con`` when given."""
     if label not in LABELS:
         raise StudyInputError(f"label must be one of {LABELS}, got {label!r}")
@@ -108,7 +109,7 @@ def retention_batch_full(warehouse: str, content_hash: str, stay_ids: list[int],
 
 def batch_columns(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
                   sigma: float, policies: list[str], build_gate: bool) -> dict:
-    """The chunk function (local thread pool and Dask alike, :mod:`pipelines.scaleout`): the
+    """The chunk function (local thread pool and Dask alike, :mod:`pipelines.runtime.scaleout`): the
     chunk's per-stay columns only (a few numbers per stay); its gates stay in the task cache."""
     return retention_batch_full(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies,
                                 build_gate)["columns"]

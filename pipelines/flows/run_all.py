@@ -12,9 +12,9 @@
 5. the ledger card and the report at ``<runs>/report.html`` (``dashboards.report``).
 
 It ends with a short summary of the headline figures, read from the result files
-(:mod:`pipelines.run_summary`); ``--json PATH`` writes the step timings as JSON: each step's wall
+(:mod:`pipelines.flows.run_summary`); ``--json PATH`` writes the step timings as JSON: each step's wall
 ``seconds``, ``cpu_seconds`` and ``peak_rss_mb`` (its own peak on Linux, where the high-water mark
-is reset before each step; ``rss_method`` says how it was measured: :mod:`pipelines.step_meter`).
+is reset before each step; ``rss_method`` says how it was measured: :mod:`pipelines.runtime.step_meter`).
 
 Without torch (the optional ``models`` extra) run-all still runs: the steps that need it —
 ``deterioration``, the audit's ``learned`` regime, and the studies on torch recall models
@@ -36,9 +36,10 @@ from pathlib import Path
 
 from prefect import flow
 
-from pipelines import heap, jsonout, preflight, runner
+from pipelines import jsonout, preflight
 from pipelines.errors import MODELS_EXTRA_HINT
-from pipelines.step_meter import StepMeter
+from pipelines.runtime import heap, runner
+from pipelines.runtime.step_meter import StepMeter
 
 #: DuckDB memory limit of run-all's build (it spills to disk past it): the build's peak RSS is about
 #: this + 0.5 GB (cohort.build), so run-all stays under 2 GB on a full MIMIC-IV root
@@ -60,7 +61,7 @@ def fidelity_result(stays: int = 800, seed: int = 0) -> dict:
         fidelity_rows,
         synthetic_metrics,
     )
-    from cohort.synthetic_model import load_params
+    from cohort.synthetic.model import load_params
 
     t0 = _t.perf_counter()
     try:
@@ -99,8 +100,8 @@ def run_studies(runs_dir: str, progress: bool) -> list[str]:
     """The seconds-long synthetic, learned-key and retrieval studies (their default protocols), so no
     report card is a placeholder. Retrieval memory needs the ``retrieval`` extra, the studies on torch
     models the ``models`` extra (each skipped without, with one line)."""
-    from .study_learned_keys import learned_keys_flow
-    from .study_synthetic import FLOWS, STUDIES
+    from pipelines.flows.study_learned_keys import learned_keys_flow
+    from pipelines.flows.study_synthetic import FLOWS, STUDIES
 
     done = []
     for cmd, study, _target, trials, _ in STUDIES:
@@ -118,7 +119,7 @@ def run_studies(runs_dir: str, progress: bool) -> list[str]:
     except Exception as exc:  # the optional extra is missing: say so once
         print(f"[run-all] retrieval-memory skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
     else:
-        from .study_retrieval_memory import retrieval_memory_flow
+        from pipelines.flows.study_retrieval_memory import retrieval_memory_flow
 
         retrieval_memory_flow(out=str(Path(runs_dir) / "retrieval_memory" / "result.json"))
         done.append("retrieval_memory")
@@ -141,7 +142,7 @@ def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 150
 
         root = str(ensure_demo(root, fetch=fetch))  # raises DemoDataMissing with the fetch command
     steps = [s for s in STEPS if s not in set(skip)]
-    from pipelines.warehouse import Warehouse
+    from pipelines.store.warehouse import Warehouse
 
     with Warehouse.open(warehouse, write=True, must_exist=False) as w:
         if w.path.is_file():
@@ -164,7 +165,7 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
             ran = _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
                             det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
         # what the step freed goes back to the kernel before the next step starts (its worker threads'
-        # malloc arenas keep freed pages resident otherwise: pipelines.heap)
+        # malloc arenas keep freed pages resident otherwise: pipelines.runtime.heap)
         heap.release()
         if not ran:
             meter.drop(step)
@@ -175,11 +176,11 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
 def _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
               det_max_epochs, audit_trials, report, study_stays, build_memory_limit=BUILD_MEMORY_LIMIT) -> bool:
     """Run one step; False when it was skipped (deterioration without torch)."""
-    from .audit_flow import DEFAULT_REGIMES, audit_flow
-    from .clinical_cohort import build_cohort_flow
-    from .clinical_deletion import patient_deletion_flow
-    from .clinical_deterioration import deterioration_flow
-    from .clinical_retention import heldout_flow, retention_flow
+    from pipelines.flows.audit_flow import DEFAULT_REGIMES, audit_flow
+    from pipelines.flows.clinical_cohort import build_cohort_flow
+    from pipelines.flows.clinical_deletion import patient_deletion_flow
+    from pipelines.flows.clinical_deterioration import deterioration_flow
+    from pipelines.flows.clinical_retention import heldout_flow, retention_flow
 
     if step == "build-cohort":
         build_cohort_flow.with_options(task_runner=tr())(
@@ -212,14 +213,14 @@ def _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed
         runner.write_study_result(fidelity_result(), runs_dir)
     elif step == "report":
         from dashboards.report import write_report
-        from pipelines.forget import write_ledger_result
-        from pipelines.warehouse import Warehouse
+        from pipelines.store.forget import write_ledger_result
+        from pipelines.store.warehouse import Warehouse
 
         with Warehouse.open(warehouse, write=True) as w:
             w.register_runs_dir(runs_dir)
             write_ledger_result(w, render=False)  # the report is written next
         out = write_report(runs_dir, report)
-        from pipelines.runner import in_flow_run
+        from pipelines.runtime.runner import in_flow_run
 
         if in_flow_run():
             from prefect.artifacts import create_link_artifact
@@ -239,7 +240,7 @@ def argparse_ns_without_warehouse(args):
 
 @runner.cli_errors
 def _main(args) -> int:
-    from pipelines.run_summary import summary_lines
+    from pipelines.flows.run_summary import summary_lines
 
     t0, started = time.perf_counter(), time.time()
     with runner.warehouse_session(argparse_ns_without_warehouse(args)), runner.results_context(args.runs), \

@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
 DEFAULT_CRON = "0 3 * * *"
 
@@ -28,11 +29,11 @@ def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehous
     ingest every ``ingest_interval_s`` seconds. Every deployment has concurrency limit 1: a
     scheduled run never overlaps the previous one on the same warehouse (late runs wait in the
     Prefect queue instead of queuing on the writer lock)."""
-    from .audit_flow import audit_flow
-    from .clinical_deletion import patient_deletion_flow
-    from .clinical_deterioration import deterioration_flow
-    from .clinical_retention import heldout_flow, retention_flow
-    from .run_all import run_all_flow
+    from pipelines.flows.audit_flow import audit_flow
+    from pipelines.flows.clinical_deletion import patient_deletion_flow
+    from pipelines.flows.clinical_deterioration import deterioration_flow
+    from pipelines.flows.clinical_retention import heldout_flow, retention_flow
+    from pipelines.flows.run_all import run_all_flow
 
     wh = warehouse or f"{runs_dir}/warehouse.duckdb"
     deps = [run_all_flow.to_deployment(name="forgetful-run-all", cron=cron, concurrency_limit=1,
@@ -45,7 +46,7 @@ def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehous
         deps.append(f.to_deployment(name=f"forgetful-{name}", parameters={"warehouse": wh, "runs_dir": runs_dir},
                                     concurrency_limit=1, tags=["forgetful"]))
     if ingest_root:
-        from .ingest_flow import ingest_flow
+        from pipelines.flows.ingest_flow import ingest_flow
 
         deps.append(ingest_flow.to_deployment(
             name="forgetful-ingest", interval=float(ingest_interval_s), concurrency_limit=1,

@@ -29,8 +29,8 @@ def retrieval_memory_flow(seed: int = 0, tau: float = 0.5, out: str | Path = f"r
 
 
 def _cli(args) -> int:
-    from evaluation.studies.retrieval_memory import load_encoder
     from evaluation.studies.errors import OptionalDependencyMissing
+    from evaluation.studies.retrieval_memory import load_encoder
 
     try:
         load_encoder()

@@ -10,7 +10,8 @@ import time
 
 from prefect import flow
 
-from pipelines import jsonout, runner
+from pipelines import jsonout
+from pipelines.runtime import runner
 
 
 @flow(name="throughput", log_prints=True)

@@ -1,0 +1,4 @@
+"""``python -m cohort.build``."""
+from cohort.build import main
+
+raise SystemExit(main())

@@ -1,0 +1,4 @@
+"""``python -m cohort.synthetic``."""
+from cohort.synthetic import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Benchmark commands (never timed tests): ``python -m pipelines.bench.<name>``."""

@@ -1,0 +1,1 @@
+"""Prefect plumbing shared by the flows: task runners, result files and caches, signals, crash hooks, chunked scale-out, Dask hygiene, step meter."""
