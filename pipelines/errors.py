@@ -116,3 +116,9 @@ class StorageError(PipelineError, OSError):
         return str(self.args[0]) if self.args else "storage error"
 
 
+
+
+# ---- the forget registry as an operator meets it (issue 31; pipelines/store/registries.py) ----
+class RegistryUnreadableError(PipelineError):
+    """A forget registry this configuration keeps for the source (or the index naming them)
+    cannot be read: the command refuses rather than building, exporting or ingesting without it."""

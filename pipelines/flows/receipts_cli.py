@@ -11,7 +11,8 @@ Auditor (the log's public key only; nothing secret is read or created):
 Operator (holds the keys in the config folder):
 
 * ``verify`` without ``--public-key`` also checks every receipt's HMAC and, with the warehouse,
-  that no forgotten subject is back in it; ``--head HASH --min-count N`` still take a row MAC;
+  that no forgotten subject is back in it or in any export folder registered with it (counts
+  only); ``--head HASH --min-count N`` still take a row MAC;
 * ``public-key --out FILE [--format pem|hex]`` writes the log's public key for auditors;
 * ``head --out STH.json`` writes the newest signed tree head for an auditor to keep;
 * ``prove --seq N --out FILE`` writes an inclusion proof of receipt N; ``prove --since STH.json``
@@ -26,6 +27,7 @@ Exit 0 verified, 1 any verification failure (tampered, rolled back, re-inserted,
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -39,7 +41,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 def _dir(args) -> Path:
     from pipelines.receipts.ledger import default_dir
 
-    return Path(args.ledger).resolve() if args.ledger else default_dir(args.warehouse)
+    return Path(os.path.abspath(args.ledger)) if args.ledger else default_dir(args.warehouse)
 
 
 def _ledger(args):
@@ -162,10 +164,22 @@ def _verify(args) -> int:
                     applied = get_meta(con, "ledger_seq")
                 finally:
                     con.close()
+                ex = _scan_exports(w)
             reg = led.registry()
-            reinserted = [h for h in present.values() if applied is not None and reg[h] <= int(applied)]
+            reinserted = [h for h in present.values()
+                          if applied is not None and reg.get(h) is not None and reg[h] <= int(applied)]
             out.update(warehouse_checked=True, pending_erasures=len(present) - len(reinserted),
-                       reinserted=len(reinserted), warehouse_records=None if applied is None else int(applied))
+                       reinserted=len(reinserted), warehouse_records=None if applied is None else int(applied), **ex)
+            if ex["export_forgotten_rows"] or ex["export_files_unreadable"]:
+                print(f"NOT VERIFIED: registered exports hold {ex['export_forgotten_rows']} row(s) of forgotten "
+                      f"patients and {ex['export_files_unreadable']} file(s) that cannot be read to show them clean "
+                      f"({ex['export_files_not_ours']} of the {ex['export_files_scanned']} files are not the ones "
+                      "forgetful wrote); the next forget rewrites the project's own files, the others are yours to "
+                      "delete", file=sys.stderr)
+                bad = {**out, "warehouse_verified": False}
+                print(json.dumps(bad))
+                jsonout.emit(args, bad)
+                return 1
             if reinserted:
                 print(f"TAMPERED: {len(reinserted)} forgotten subject(s) are present in the warehouse although it "
                       "records their erasure (re-inserted data)", file=sys.stderr)
@@ -188,6 +202,13 @@ def _verify(args) -> int:
     print(json.dumps(out))
     jsonout.emit(args, out)
     return 0
+
+
+def _scan_exports(w) -> dict:
+    """Counts of forgotten patients in the warehouse's registered exports (nothing written)."""
+    from pipelines.store import exports
+
+    return exports.scan(w.export_entries(), w.exclusion())
 
 
 @runner.cli_errors
@@ -223,9 +244,18 @@ def _export(args) -> int:
 
 @runner.cli_errors
 def _public_key(args) -> int:
+    from pipelines.errors import LedgerKeyMismatchError
+    from pipelines.receipts.logaudit import anchored_heads
     from pipelines.receipts.signing import load_signing_key, log_id, public_key_text
+    from pipelines.store.keys import signing_key_file
 
-    key = load_signing_key(create=True)
+    key = load_signing_key(create=True)  # created only for a fresh configuration (no anchored log)
+    other = [h for h in anchored_heads() if h.log_id != log_id(key)]
+    if other:  # never hand auditors a key that did not sign this configuration's logs
+        raise LedgerKeyMismatchError(
+            f"the signing key {signing_key_file()} did not sign {len(other)} receipt log(s) this configuration keeps "
+            "(another key was put in its place): restore the original signing.key from your backup (docs/DELETION.md, "
+            "keys); no public key was written")
     text = public_key_text(key, args.format)
     _write_out(args.out, text)
     out = {"public_key": str(Path(args.out).resolve()), "format": args.format, "log_id": log_id(key)}

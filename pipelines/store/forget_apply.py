@@ -21,7 +21,7 @@ import numpy as np
 
 from pipelines.errors import GateStoreError
 from pipelines.runtime.results import write_study_result
-from pipelines.store import erasure, gate_store, safe_io
+from pipelines.store import erasure, gate_store, killpoint, safe_io
 from pipelines.store.warehouse_files import data_kind, get_meta
 
 STALE_FILE = "stale.json"
@@ -91,6 +91,32 @@ def plan_contexts(con, subject_id: int, keys, verify: bool = True, score_tol: fl
     return updates, infos
 
 
+def content_fingerprints(con, stays: set[int], keys) -> list[str]:
+    """Keyed fingerprints of the hourly content of ``stays`` (:func:`cohort.build.content.blocks`
+    of their observed hourly means in ``vitals_hourly``; HMAC under the ``content`` sub-key, so
+    the receipt holds no value). Empty when the warehouse has no such table (a streaming one)."""
+    from cohort.build.content import blocks
+    from cohort.constants import VITALS
+    from pipelines.store.warehouse_files import table_names
+
+    if not stays or "vitals_hourly" not in table_names(con):
+        return []
+    cols = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'vitals_hourly' "
+                                      "AND database_name = current_database()").fetchall()}
+    if not all(v in cols and f"{v}_observed" in cols for v in VITALS):
+        return []
+    sel = ", ".join(f"CASE WHEN {v}_observed THEN {v} END" for v in VITALS)
+    out: set[str] = set()
+    for stay in sorted(stays):
+        rows = con.execute(f"SELECT hour, {sel} FROM vitals_hourly WHERE stay_id = ? ORDER BY hour", [int(stay)]
+                           ).fetchnumpy()
+        hours = np.asarray(rows["hour"], dtype=np.int64)
+        values = np.column_stack([np.asarray(rows[k], dtype=np.float64) for k in list(rows)[1:]]) \
+            if hours.size else np.empty((0, len(VITALS)))
+        out.update(keys.content_hash(b) for b in blocks(hours, values))
+    return sorted(out)
+
+
 UNUSABLE = "stored state unusable"
 
 
@@ -156,25 +182,45 @@ def apply_erasure(w: Any, subjects: dict[int, str], updates: dict, seq_applied: 
     erasure pending and the next command's :func:`complete_pending` redoes every step
     (each is idempotent)."""
     from cohort.build import content_hash
-    from pipelines.store import exports
 
     runs = w.runs_dirs()
-    ex = exports.erase(w.export_dirs(), set(subjects))
+    ex = erase_exports(w)
     safe_io.remove_own_dir(w.cache_dir, "task cache folder")
+    killpoint.hit("forget.cache_removed")
     mark_stale(runs, seq_applied, data_kind(w.path))
+    killpoint.hit("forget.stale_marked")
     removed = erasure.rewrite(w.path, set(subjects), updates, w.ledger_meta(), content_hash_fn=content_hash)
-    if any(ex.values()):
-        print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
-              f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
-              file=sys.stderr)
+    say_exports(ex)
     return removed
 
 
-def complete_pending(w: Any) -> dict[str, int]:
+def erase_exports(w: Any) -> dict[str, int]:
+    """Rewrite every file the project wrote in the registered exports without any patient the
+    registry names (:func:`pipelines.store.exports.erase`); counts only."""
+    from pipelines.store import exports
+
+    return exports.erase(w.export_entries(), w.exclusion(), w.remember_export_version)
+
+
+def say_exports(ex: dict[str, int]) -> None:
+    """What :func:`erase_exports` did, on stderr (counts only)."""
+    if any(v for k, v in ex.items() if k != "export_files_left_alone"):
+        print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
+              f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
+              file=sys.stderr)
+    if ex["export_files_left_alone"]:
+        print(f"[forgetful] exports: {ex['export_files_left_alone']} file(s) in registered export folders are not "
+              "the ones forgetful wrote (changed or put there since): left exactly as they are; they may still hold "
+              "forgotten patients (`forgetful receipts verify` counts them): check or delete them yourself",
+              file=sys.stderr)
+
+
+def complete_pending(w: Any) -> dict[str, int | None]:
     """Finish every erasure the registry holds but the warehouse does not reflect yet (a forget
-    killed after its commit, a warehouse built without the registry, re-inserted rows).
-    Returns subject hash -> receipt seq for the subjects erased now."""
-    reg = w.ledger.registry()
+    killed after its commit, a warehouse built without the registry, re-inserted rows, or a
+    patient another registry of the same source names). Returns subject hash -> receipt seq for
+    the subjects erased now (None: named by another registry of the source)."""
+    reg = w.registry()
     con = w.connect(read_only=True)
     try:
         present = w.present_registered(con) if reg else {}
@@ -196,7 +242,7 @@ def complete_pending(w: Any) -> dict[str, int]:
                 w.record_ledger()  # it reflects every receipt: record the log it extends (no rollback)
         return {}
     with safe_io.storage_errors(f"completing {len(present)} pending erasure(s)", state):
-        apply_erasure(w, present, updates, max(reg[h] for h in present.values()))
+        apply_erasure(w, present, updates, max(n if reg[h] is None else reg[h] for h in present.values()))
     with safe_io.storage_errors("updating the report's ledger card", "the pending erasures are complete"):
         write_ledger_result(w)
     print(f"[forgetful] completed {len(present)} pending erasure(s) from the forget registry", file=sys.stderr)
