@@ -111,8 +111,8 @@ def content_fingerprints(con, stays: set[int], keys) -> list[str]:
         rows = con.execute(f"SELECT hour, {sel} FROM vitals_hourly WHERE stay_id = ? ORDER BY hour", [int(stay)]
                            ).fetchnumpy()
         hours = np.asarray(rows["hour"], dtype=np.int64)
-        values = np.column_stack([np.asarray(rows[k], dtype=np.float64) for k in list(rows)[1:]]) \
-            if hours.size else np.empty((0, len(VITALS)))
+        values = np.column_stack([np.ma.asarray(rows[k], dtype=np.float64).filled(np.nan) for k in list(rows)[1:]]) \
+            if hours.size else np.empty((0, len(VITALS)))  # NULL (not observed) -> NaN
         out.update(keys.content_hash(b) for b in blocks(hours, values))
     return sorted(out)
 
