@@ -10,8 +10,11 @@ meta table keeps, under ``export_files``::
 every version of every file: the one the export wrote, and each one a later forget wrote in its
 place (recorded *before* it is swapped in, so a kill never leaves a file of ours unrecognised). A
 restored copy of any earlier version is therefore still the project's (and is cleaned against
-the whole registry by the next forget); a file whose content is no recorded version — a user's
-own file under an export's name, an edited export — is left byte for byte and reported.
+the whole registry); a file whose content is no recorded version — a user's own file under an
+export's name, an edited export — is left byte for byte and reported. Each entry also keeps, under
+``seen``, every file's ``(size, mtime, inode)`` when the project last looked at it: a writing
+command stats the files (no read) and re-checks only a folder where one changed
+(:func:`changed`; a copy put back after a forget is cleaned by the next writing command).
 
 An export writes into a staging folder ``<folder>/.forgetful-export-<pid>`` recorded under
 ``export_pending`` (folder, format, staging name, and, once written, each staged file's
@@ -57,6 +60,7 @@ class ExportEntry:
     folder: Path
     fmt: str
     files: dict[str, list[str]] | None = None
+    seen: dict[str, list[int]] | None = None
 
     @property
     def meds(self) -> bool:
@@ -71,8 +75,34 @@ def entries(meta: dict[str, str]) -> list[ExportEntry]:
     """The registered export folders of a warehouse (its meta table as a dict)."""
     out = [ExportEntry(Path(d), fmt) for key, fmt in LEGACY.items() for d in json.loads(meta.get(key) or "[]")]
     for d, e in sorted(json.loads(meta.get(KEY) or "{}").items()):
-        out.append(ExportEntry(Path(d), e["format"], {k: list(v) for k, v in e["files"].items()}))
+        out.append(ExportEntry(Path(d), e["format"], {k: list(v) for k, v in e["files"].items()},
+                               e.get("seen", {})))
     return out
+
+
+def _stat(p: Path) -> list[int] | None:
+    """``[size, mtime_ns, inode]`` of ``p`` (the link itself, never its target); None if absent."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def changed(e: ExportEntry) -> bool:
+    """Has any file the project wrote in ``e`` changed since it last looked (stat only)? A folder
+    registered before content identities is never re-checked this way."""
+    return e.files is not None and any(_stat(e.folder / rel) != (e.seen or {}).get(rel) for rel in e.files)
+
+
+def note_seen(w: Any, folders: list[ExportEntry]) -> None:
+    """Record how the project's files in ``folders`` look now (after a check or a rewrite)."""
+    def change(cur):
+        for f in folders:
+            e = cur[KEY].get(str(f.folder))
+            if e is not None:
+                e["seen"] = {rel: _stat(f.folder / rel) for rel in e["files"]}
+    _update(w, change)
 
 
 def pending(meta: dict[str, str]) -> dict[str, dict]:
@@ -156,12 +186,13 @@ def finish(w: Any, folder: str | os.PathLike, fmt: str, stage: Path) -> dict[str
 
     def change(cur):
         cur[PENDING].pop(str(folder), None)
-        cur[KEY][str(folder)] = {"format": fmt, "files": {rel: [sha] for rel, sha in files.items()}}
+        cur[KEY][str(folder)] = {"format": fmt, "files": {rel: [sha] for rel, sha in files.items()},
+                                 "seen": {rel: _stat(folder / rel) for rel in files}}
     _update(w, change)
     return files
 
 
-def _zero_remove(p: Path) -> None:
+def zero_remove(p: Path) -> None:
     """Zero a file's bytes, then unlink it (a link in its place is unlinked itself)."""
     if is_link(p):
         p.unlink()
@@ -177,12 +208,12 @@ def _remove_tree(top: Path) -> int:
     except FileNotFoundError:
         return 0
     if not stat.S_ISDIR(st.st_mode):
-        _zero_remove(top)
+        zero_remove(top)
         return 1
     n = 0
     for d, dirs, files in os.walk(top, topdown=False, followlinks=False):
         for f in files:
-            _zero_remove(Path(d) / f)
+            zero_remove(Path(d) / f)
             n += 1
         for x in dirs:
             q = Path(d) / x
@@ -209,7 +240,7 @@ def _undo(folder: Path, p: dict) -> int:
     for rel, sha in p.get("files", {}).items():
         f = folder / rel
         if f.is_file() and not is_link(f) and sha256_file(f) == sha:
-            _zero_remove(f)
+            zero_remove(f)
             n += 1
     _rmdir_empty(folder, MEDS_TOP if p.get("format") == "meds" else ())
     if p.get("created"):
@@ -262,7 +293,7 @@ def sweep(w: Any, meta: dict[str, str]) -> int:
         if is_link(e.folder):
             continue  # refused by the next forget (check_links); never entered
         for q in _swap_temps(e):
-            _zero_remove(q)
+            zero_remove(q)
             n += 1
     todo = pending(meta)
     for folder, p in todo.items():

@@ -40,7 +40,7 @@ import numpy as np
 
 from pipelines.store import killpoint
 from pipelines.store.erasure import fsync_dir, zero_and_close
-from pipelines.store.export_registry import MEDS_TOP, PARQUET_FILES, ExportEntry, sha256_file
+from pipelines.store.export_registry import MEDS_TOP, PARQUET_FILES, ExportEntry, sha256_file, zero_remove
 from pipelines.store.safe_io import open_nofollow, refuse_link, storage_errno
 
 FILES = PARQUET_FILES
@@ -157,9 +157,9 @@ def _swap(table, target: Path, recorded: Callable[[str], None]) -> None:
 
 
 def _remove(target: Path) -> None:
-    """Zero ``target``'s bytes, then unlink it (the link itself if one was planted meanwhile)."""
-    zero_and_close(open_nofollow(target, os.O_RDWR, WHAT))
-    target.unlink()
+    """Zero ``target``'s bytes, then unlink it, fsynced (a link is refused, never followed)."""
+    refuse_link(target, WHAT)
+    zero_remove(target)
     fsync_dir(target.parent)
 
 

@@ -194,12 +194,15 @@ def apply_erasure(w: Any, subjects: dict[int, str], updates: dict, seq_applied: 
     return removed
 
 
-def erase_exports(w: Any) -> dict[str, int]:
-    """Rewrite every file the project wrote in the registered exports without any patient the
-    registry names (:func:`pipelines.store.exports.erase`); counts only."""
-    from pipelines.store import exports
+def erase_exports(w: Any, entries: list | None = None) -> dict[str, int]:
+    """Rewrite every file the project wrote in the registered exports (or ``entries``) without
+    any patient the registry names (:func:`pipelines.store.exports.erase`); counts only."""
+    from pipelines.store import export_registry, exports
 
-    return exports.erase(w.export_entries(), w.exclusion(), w.remember_export_version)
+    entries = w.export_entries() if entries is None else entries
+    ex = exports.erase(entries, w.exclusion(), w.remember_export_version)
+    export_registry.note_seen(w, entries)
+    return ex
 
 
 def say_exports(ex: dict[str, int]) -> None:
@@ -240,6 +243,7 @@ def complete_pending(w: Any) -> dict[str, int | None]:
             with safe_io.storage_errors("removing the task cache", state):
                 safe_io.remove_own_dir(w.cache_dir, "task cache folder")  # caches may predate the last receipt
                 w.record_ledger()  # it reflects every receipt: record the log it extends (no rollback)
+        recheck_exports(w, reg, state)
         return {}
     with safe_io.storage_errors(f"completing {len(present)} pending erasure(s)", state):
         apply_erasure(w, present, updates, max(n if reg[h] is None else reg[h] for h in present.values()))
@@ -247,6 +251,18 @@ def complete_pending(w: Any) -> dict[str, int | None]:
         write_ledger_result(w)
     print(f"[forgetful] completed {len(present)} pending erasure(s) from the forget registry", file=sys.stderr)
     return {h: reg[h] for h in present.values()}
+
+
+def recheck_exports(w: Any, reg: dict, state: str) -> None:
+    """Export folders whose files changed since the project last looked at them (a copy put back,
+    stat only: :func:`pipelines.store.export_registry.changed`) are cleaned against the whole
+    registry now, not at the next forget."""
+    from pipelines.store import export_registry
+
+    moved = [e for e in w.export_entries() if export_registry.changed(e)] if reg else []
+    if moved:  # (no forgotten patient: nothing to look for, and nothing is written)
+        with safe_io.storage_errors("checking the registered exports", state):
+            say_exports(erase_exports(w, moved))
 
 
 def ledger_result(w: Any, runtime_s: float = 0.0) -> dict:
