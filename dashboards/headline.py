@@ -15,6 +15,7 @@ from typing import Any
 from dashboards.numbers import doc_fmt
 from dashboards.seed_figures import SEED_CLAIMS
 
+BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 Payload = Mapping[str, Any]
 Cells = tuple[str, str, str]  # this run, strongest peer, status
 
@@ -224,8 +225,6 @@ def headline_rows(found: Mapping[str, Payload]) -> list[tuple[str, str]]:
 
 
 def render_headline(found: Mapping[str, Payload]) -> str:
-    from dashboards.reproduce import BEGIN, END
-
     head = ["| claim | data | this run | paper | strongest peer | status |", "|---|---|---|---|---|---|"]
     return "\n".join([BEGIN, *head, *(r for _, r in headline_rows(found)), END])
 

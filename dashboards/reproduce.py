@@ -28,6 +28,7 @@ from typing import Any
 
 from dashboards.commands import RESULT_COMMANDS
 from dashboards.errors import ReportError
+from dashboards.headline import BEGIN, END, headline_rows, lm_block, render_headline
 from dashboards.numbers import doc_fmt, md_table
 from dashboards.report import load_results
 
@@ -39,7 +40,6 @@ RESULTS = ROOT / "docs" / "results"
 DEMO_RESULTS = RESULTS / "demo"
 STUDY_RESULTS = RESULTS / "studies"
 COMMITTED = (DEMO_RESULTS, STUDY_RESULTS)
-BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 LM_BEGIN, LM_END = "<!-- lm:begin -->", "<!-- lm:end -->"
 #: studies stored in docs/results/studies/ (run apart from `make demo`); every other goes to demo/
 APART = ("language_model", "throughput", "deletion_latency")
@@ -196,8 +196,6 @@ def _replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) ->
 
 def render_lm_block(found: Mapping[str, Mapping[str, Any]]) -> str:
     """REPRODUCE.md's language-model block: the committed result's per-seed table and tests."""
-    from dashboards.headline import lm_block
-
     return "\n".join([LM_BEGIN, *lm_block(found.get("language_model")), LM_END])
 
 
@@ -217,8 +215,6 @@ def store(runs: str | Path) -> list[str]:
 
 def documents(runs_dirs: Sequence[str | Path], figures: Path, readme: Path, reproduce_md: Path) -> dict[Path, str]:
     """Every generated document, rendered from ``runs_dirs``."""
-    from dashboards.headline import render_headline
-
     found = collect(runs_dirs)
     out = {figures: "\n".join(t for _, t in figure_blocks(found)).rstrip() + "\n",
            readme: _replace_block(readme.read_text(), render_headline(found))}
@@ -230,8 +226,6 @@ def documents(runs_dirs: Sequence[str | Path], figures: Path, readme: Path, repr
 def check_run(runs_dirs: Sequence[str | Path]) -> list[str]:
     """Differences between the documents rendered from a run and from the committed results, study
     by study at printed precision (empty: the run reproduces every documented figure)."""
-    from dashboards.headline import headline_rows
-
     fresh, committed = collect([*runs_dirs, *COMMITTED]), collect(COMMITTED)
     out: list[str] = []
     for (sa, ta), (sb, tb) in zip(figure_blocks(committed), figure_blocks(fresh)):

@@ -140,3 +140,24 @@ def test_no_runs_folder_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no_runs" in err[0]
     assert Path(tmp_path / "no_runs").exists() is False
+
+
+@pytest.mark.slow
+def test_a_fresh_demo_run_reproduces_every_documented_figure(tmp_path):
+    """`make demo` then `python -m dashboards.reproduce --check`: the main job on the real demo, in a
+    temporary folder, reproduces every committed figure at the precision it is printed."""
+    import os
+    import subprocess
+    import sys
+
+    from cohort.demo_data import ensure_demo
+
+    try:
+        ensure_demo()
+    except Exception as exc:  # never downloads here
+        pytest.skip(f"the real MIMIC-IV demo is not fetched (make data): {exc}")
+    env = {**os.environ, "FORGETFUL_CONFIG_DIR": str(tmp_path / "config"), "PYTHONPATH": str(reproduce.ROOT)}
+    r = subprocess.run([sys.executable, "-m", "pipelines.cli", "run-all", "--runs", str(tmp_path / "runs"),
+                        "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert reproduce.check_run([tmp_path / "runs"]) == []
