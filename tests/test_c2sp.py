@@ -10,10 +10,10 @@ import json
 import random
 from pathlib import Path
 
+import c2sp_verifier as ref
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-import c2sp_verifier as ref
 from pipelines.cli import main
 from pipelines.receipts import c2sp
 from pipelines.receipts.checkpoints import Checkpoints
@@ -62,8 +62,8 @@ def test_note_signatures_match_a_published_vector():
     assert v.text().startswith("PeterNeumann+c74f20a3+") and ref.parse_vkey(v.text())["id"].hex() == "c74f20a3"
     text = "If you think cryptography is the answer to your problem,\nthen you don't know what your problem is.\n"
     line = c2sp.sign_note(text, "PeterNeumann", key).line()
-    assert line == ("\u2014 PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6"
-                    "KE6RyyBwJnAM=\n")
+    assert line == ("\u2014 PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZ"
+                    "b6KE6RyyBwJnAM=\n")
     assert ref.open_note(text + "\n" + line, [ref.parse_vkey(v.text())])[0] == text
 
 

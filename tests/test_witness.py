@@ -18,10 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+import c2sp_verifier as ref
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from witness_site import Served
 
-import c2sp_verifier as ref
 from pipelines.cli import main
 from pipelines.receipts import witness
 from pipelines.receipts.c2sp import Vkey
@@ -45,30 +46,6 @@ def signed(size: int, root: bytes, key, name: str = ORIGIN, origin: str = ORIGIN
 
 def body(old: int, proof: list[bytes], note: str) -> str:
     return f"old {old}\n" + "".join(b64(h) + "\n" for h in proof) + "\n" + note
-
-
-class Served:
-    """A witness server on 127.0.0.1 (a free port) in a thread; ``stop()`` shuts it down."""
-
-    def __init__(self, d: Path, logs: list[Vkey], **kw):
-        self.srv = witness.make_server(d, logs, "127.0.0.1", 0, quiet=True, **kw)
-        self.port = self.srv.server_address[1]
-        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
-        self.thread.start()
-
-    def post(self, text: str, path: str = "/add-checkpoint", method: str = "POST") -> tuple[int, str, str]:
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            c.request(method, path, body=text.encode() if method == "POST" else None)
-            r = c.getresponse()
-            return r.status, r.getheader("Content-Type"), r.read().decode()
-        finally:
-            c.close()
-
-    def stop(self) -> None:
-        self.srv.shutdown()
-        self.srv.server_close()
-        self.thread.join(5)
 
 
 @pytest.fixture
@@ -116,7 +93,8 @@ def test_every_status_code_by_real_http(served, wdir, logkey, leaves):
     n3, n5 = signed(3, mth(leaves[:3]), logkey), signed(5, mth(leaves[:5]), logkey)
     stranger = Ed25519PrivateKey.generate()
     # 404: an origin the witness does not know (validly signed for its own name)
-    assert served.post(body(0, [], signed(3, mth(leaves[:3]), stranger, "other.example/l", "other.example/l")))[0] == 404
+    other = signed(3, mth(leaves[:3]), stranger, "other.example/l", "other.example/l")
+    assert served.post(body(0, [], other))[0] == 404
     # 403: the known origin, signed by another key under the same name; or a broken signature
     assert served.post(body(0, [], signed(3, mth(leaves[:3]), stranger)))[0] == 403
     broken = n3.replace(n3.split(" ")[-1], b64(base64.b64decode(n3.split(" ")[-1])[:4] + b"\0" * 64) + "\n")
@@ -249,7 +227,7 @@ def test_https(tmp_path, wdir, logkey, leaves, monkeypatch):
 
     k = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(k.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))

@@ -13,10 +13,11 @@ import re
 import shutil
 from pathlib import Path
 
+import c2sp_verifier as ref
 import duckdb
 import pytest
+from witness_site import Served
 
-import c2sp_verifier as ref
 from cohort.synthetic import generate
 from pipelines.cli import main
 from pipelines.errors import WitnessConflictError
@@ -24,7 +25,6 @@ from pipelines.receipts.c2sp import Vkey
 from pipelines.receipts.ledger import default_dir
 from pipelines.store.forget import forget_subject
 from pipelines.store.warehouse import Warehouse
-from test_witness import Served
 
 
 def _build(p: Path, src: Path) -> dict:

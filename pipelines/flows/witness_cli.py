@@ -8,7 +8,7 @@
   for the logs whose verifier keys it is given (``forgetful receipts public-key --format vkey``),
   cosigning only checkpoints consistent with the largest one it cosigned before, until stopped
   (Ctrl-C). It binds loopback by default; a witness that logs elsewhere reach is put behind TLS
-  (a reverse proxy, or ``--tls-cert/--tls-key``; docs/RECEIPTS.md).
+  (a reverse proxy, or the certificate options of ``serve``; docs/RECEIPTS.md).
 
 Exit 0 done, 2 usage, 3 a witness error (one typed line).
 """
@@ -27,6 +27,10 @@ def _init(args) -> int:
 
     v = witness.init(args.dir, args.name)
     out = {"witness": v.name, "dir": args.dir, "vkey": v.text()}
+    if args.out:
+        from dashboards.atomic import atomic_write_text
+
+        atomic_write_text(args.out, v.text() + "\n")
     print(f"witness {v.name} created in {args.dir}; its verifier key:", file=sys.stderr)
     print(v.text())
     jsonout.emit(args, out)
@@ -72,6 +76,7 @@ def add_cli(sub) -> None:
     i.add_argument("--dir", required=True, metavar="D", help="the witness's folder (created owner-only)")
     i.add_argument("--name", required=True, metavar="NAME",
                    help="the cosigner name, e.g. witness.example.org/forgetful (no spaces, no '+')")
+    i.add_argument("--out", default=None, metavar="FILE", help="also write the verifier key to this file")
     s = ws.add_parser("serve", help="answer POST /add-checkpoint (tlog-witness) until stopped")
     s.add_argument("--dir", required=True, metavar="D", help="a folder made by `forgetful witness init`")
     s.add_argument("--log-vkey", required=True, action="append", metavar="VKEY",

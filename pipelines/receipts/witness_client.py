@@ -202,7 +202,7 @@ def ask(led, refuse: bool = True) -> list[dict]:
     if refuse and bad:
         w, o = bad[0]
         raise WitnessConflictError(o.get("size", st.size), (
-            f"{conflict_line(w.name, o, st.size)}. Put the newer log back (README, deletion guarantees); if it is "
+            f"{conflict_line(w.name, o, st.size)}. Put the newer log back (docs/RECEIPTS.md, Witnesses); if it is "
             "lost, "
             f"`forgetful receipts accept-rollback` and `forgetful receipts witness remove --vkey {w.vkey.text()}`: "
             "auditors who require that witness then see the fork; nothing was read or written"))
