@@ -674,8 +674,9 @@ def test_c2sp_forms(site, forgotten):
     import http.client
 
     import c2sp_verifier as ref
-    from pipelines.receipts.c2sp import Vkey
     from witness_site import Served
+
+    from pipelines.receipts.c2sp import Vkey
 
     t = site["tmp"]
     run_form("forgetful receipts public-key --format vkey --out log.vkey", site)

@@ -34,6 +34,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from witness_site import Served
 
 from pipelines.cli import main
 from pipelines.receipts import logaudit, signing, translog, witness, witness_client
@@ -42,7 +43,6 @@ from pipelines.receipts.checkpoints import Checkpoints, Witness
 from pipelines.receipts.ledger import Ledger
 from pipelines.receipts.logaudit import Row, canonical_json
 from pipelines.store.keys import Keys
-from witness_site import Served
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = ("log", "anchor", "warehouse", "kept")

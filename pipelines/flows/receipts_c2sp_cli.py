@@ -158,28 +158,34 @@ def _quorum(args, body: str, sigs, size: int) -> list[str]:
 
 
 def _needed(args, ws) -> int:
-    if args.quorum is not None and not 0 <= args.quorum <= len(ws):
-        from pipelines.errors import UsageError
-
-        raise UsageError(f"--quorum must be between 0 and the {len(ws)} --witness key(s) given")
     return args.quorum if args.quorum is not None else min(1, len(ws))
+
+
+def usage_problem(args) -> str | None:
+    """What is wrong with the witness options of ``verify``/``verify-proof`` (exit 2), or None."""
+    n = len(args.witness or [])
+    if getattr(args, "witness_url", None) and not n:
+        return "--witness-url needs the witnesses' verifier keys (--witness WVKEY)"
+    if args.quorum is not None and not (n and 0 <= args.quorum <= n):
+        return f"--quorum must be between 0 and the number of --witness keys given ({n})"
+    return None
 
 
 def witness_policy(args, ledger_dir: Path, st, pub, given) -> dict | None:
     """``verify --witness …``: :func:`~pipelines.receipts.checkpoints.check_witnessed`, after
     asking each ``--witness-url`` (the witnesses' answers are verified with their keys)."""
-    from pipelines.errors import UsageError
     from pipelines.receipts import witness_client
 
-    if not args.witness and not args.witness_url:
+    if not args.witness:
         return None
-    if args.witness_url and not args.witness:
-        raise UsageError("--witness-url needs the witnesses' verifier keys (--witness WVKEY)")
     ws = [witness_vkey(w) for w in args.witness]
     store = Checkpoints(ledger_dir)
     v = log_vkey(store, pub, given)
     probes, fresh = [], {}
-    for url in args.witness_url or []:
+    urls = args.witness_url or []
+    if store.newest_note(st) is None:  # nothing published to ask about: check_witnessed says so (exit 1)
+        urls = []
+    for url in urls:
         p = witness_client.probe(url, ws, st, newest_note(ledger_dir, st, pub, v, operator=False))
         probes.append(p)
         if p["status"] == "cosigned":

@@ -128,6 +128,7 @@ def verify_public(args, kept, legacy_head) -> int:
 @runner.cli_errors
 def verify(args) -> int:
     from pipelines.errors import LedgerKeyMismatchError, LedgerTamperedError
+    from pipelines.flows.receipts_c2sp_cli import usage_problem
     from pipelines.receipts import logaudit
     from pipelines.store.warehouse import Warehouse, get_meta
 
@@ -135,6 +136,9 @@ def verify(args) -> int:
     if args.head is not None and kept is None and legacy_head is None:
         print("error: --head must be a signed tree head file (receipts head --out) or a 64-hex row MAC",
               file=sys.stderr)
+        return runner.EXIT_USAGE
+    if usage_problem(args):
+        print(f"error: {usage_problem(args)}", file=sys.stderr)
         return runner.EXIT_USAGE
     if args.public_key:
         return verify_public(args, kept, legacy_head)
@@ -198,10 +202,13 @@ def verify(args) -> int:
 @runner.cli_errors
 def verify_proof(args) -> int:
     from pipelines.errors import LedgerError, LedgerTamperedError
-    from pipelines.flows.receipts_c2sp_cli import load_log_key, verify_tlog_proof
+    from pipelines.flows.receipts_c2sp_cli import load_log_key, usage_problem, verify_tlog_proof
     from pipelines.receipts.c2sp import PROOF_HEADER
     from pipelines.receipts.logaudit import check_proof_file
 
+    if usage_problem(args):
+        print(f"error: {usage_problem(args)}", file=sys.stderr)
+        return runner.EXIT_USAGE
     pub, _ = load_log_key(args.public_key)
     try:
         head = Path(args.proof).read_bytes()[:len(PROOF_HEADER) + 1]

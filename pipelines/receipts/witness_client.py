@@ -21,7 +21,9 @@ answer names the witness's size and the request is made once more from there). O
 
 One command asks once per log state: a nested open reuses the answers while the log's files
 are the very same (inode, size, modification time) and for at most :data:`REUSE_S` seconds, so
-a restored or edited folder is always asked about afresh. ``$FORGETFUL_WITNESS_TIMEOUT`` (seconds, default 5) bounds each request.
+a restored or edited folder is always asked about afresh. The first cosignature of each
+checkpoint is stored; later answers for it confirm it. ``$FORGETFUL_WITNESS_TIMEOUT`` (seconds,
+default 5) bounds each request.
 :func:`probe` is the auditor's question (``receipts verify --witness-url``): the log's newest
 checkpoint with ``old`` equal to its own size, which a witness that cosigned a larger tree answers
 with ``409`` and its size; nothing is advanced.
@@ -134,11 +136,10 @@ def submit(w: Witness, st: LogState, note: str, known: int) -> dict:
     return {"status": "forked", "http": http, "size": old}
 
 
-def _known_size(store: Checkpoints, st: LogState, w: Witness) -> int:
-    """The largest size of this log with a stored cosignature of ``w`` (0 if none)."""
-    mine = [e.size for e in store.entries() if (e.sig.name, e.sig.key_id) == (w.name, w.vkey.key_id)
-            and e.size <= st.size and e.root == st.root(e.size)]
-    return max(mine, default=0)
+def _cosigned(store: Checkpoints, st: LogState, w: Witness) -> set[int]:
+    """The sizes of this log (roots matching) with a stored cosignature of ``w``."""
+    return {e.size for e in store.entries() if (e.sig.name, e.sig.key_id) == (w.name, w.vkey.key_id)
+            and e.size <= st.size and e.root == st.root(e.size)}
 
 
 def _say(w: Witness, o: dict, n: int, refuse: bool) -> None:
@@ -189,12 +190,14 @@ def ask(led, refuse: bool = True) -> list[dict]:
         note = store.publish(st, led.signer())
         outcomes = []
         for w in ws:
+            have = _cosigned(store, st, w)
             try:
-                o = submit(w, st, note, _known_size(store, st, w))
+                o = submit(w, st, note, max(have, default=0))
             except WitnessDown as exc:
                 o = {"status": "down", "http": [], "detail": str(exc)}
-            if o["status"] == "cosigned":
-                store.add(st.size, st.root(), o.pop("sigs"))
+            sigs = o.pop("sigs", [])
+            if o["status"] == "cosigned" and st.size not in have:  # the first cosignature of a checkpoint
+                store.add(st.size, st.root(), sigs)  # is kept; later answers confirm it
             _say(w, o, st.size, refuse)
             outcomes.append({"witness": w.name, "url": w.url, **o})
         _asked[str(led.dir)] = (time.monotonic(), _files(led.dir), outcomes)
