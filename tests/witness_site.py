@@ -13,8 +13,8 @@ from pipelines.receipts.c2sp import Vkey
 class Served:
     """A witness server on 127.0.0.1 (a free port) in a thread; ``stop()`` shuts it down."""
 
-    def __init__(self, d: Path, logs: list[Vkey], **kw):
-        self.srv = witness.make_server(d, logs, "127.0.0.1", 0, quiet=True, **kw)
+    def __init__(self, d: Path, logs: list[Vkey], port: int = 0, **kw):
+        self.srv = witness.make_server(d, logs, "127.0.0.1", port, quiet=True, **kw)
         self.port = self.srv.server_address[1]
         self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
         self.thread.start()

@@ -21,7 +21,8 @@ answer names the witness's size and the request is made once more from there). O
 
 One command asks once per log state: a nested open reuses the answers while the log's files
 are the very same (inode, size, modification time) and for at most :data:`REUSE_S` seconds, so
-a restored or edited folder is always asked about afresh. The first cosignature of each
+a restored or edited folder is always asked about afresh; a witness that was down or refused is
+asked again at every open (it may be back). The first cosignature of each
 checkpoint is stored; later answers for it confirm it. ``$FORGETFUL_WITNESS_TIMEOUT`` (seconds,
 default 5) bounds each request.
 :func:`probe` is the auditor's question (``receipts verify --witness-url``): the log's newest
@@ -200,7 +201,8 @@ def ask(led, refuse: bool = True) -> list[dict]:
                 store.add(st.size, st.root(), sigs)  # is kept; later answers confirm it
             _say(w, o, st.size, refuse)
             outcomes.append({"witness": w.name, "url": w.url, **o})
-        _asked[str(led.dir)] = (time.monotonic(), _files(led.dir), outcomes)
+        if all(o["status"] not in ("down", "refused") for o in outcomes):
+            _asked[str(led.dir)] = (time.monotonic(), _files(led.dir), outcomes)
     bad = [(w, o) for w, o in zip(ws, outcomes) if o["status"] in ("ahead", "forked")]
     if refuse and bad:
         w, o = bad[0]
