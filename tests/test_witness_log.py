@@ -131,6 +131,10 @@ def test_a_full_restore_is_refused_by_the_next_build(site, capsys):
     for name in ("runs", "exp", "config"):
         shutil.copytree(s["tmp"] / name, bak / name)
     forget_subject(s["p"], subject_id=b, verify=False)
+    kept = s["tmp"] / "kept.checkpoint"  # an auditor who keeps the latest checkpoint catches it too
+    assert main(["receipts", "head", "--format", "checkpoint", "--out", str(kept), "--warehouse", str(s["p"])]) == 0
+    capsys.readouterr()
+    assert _auditor_verify(s, capsys, "--head", str(kept))[0] == 0
     for name in ("runs", "exp", "config"):
         shutil.rmtree(s["tmp"] / name)
         shutil.copytree(bak / name, s["tmp"] / name)
@@ -145,6 +149,8 @@ def test_a_full_restore_is_refused_by_the_next_build(site, capsys):
     assert rc == 3 and len(err) == 1 and "WitnessConflictError" in err[0] and not (s["tmp"] / "exp2").exists()
     rc, _, err = _auditor_verify(s, capsys, "--witness-url", s["url"])
     assert rc == 1 and "409" in err
+    rc, _, err = _auditor_verify(s, capsys, "--head", str(kept))
+    assert rc == 1 and "the kept checkpoint recorded 2" in err
     # recovery: put the newer log back is the only way the witness accepts; (here: remove the
     # witness after accept-rollback) — the auditor who requires it then sees no cosignature
     assert main(["receipts", "witness", "remove", "--vkey", s["wvkey"], "--warehouse", str(s["p"])]) == 0

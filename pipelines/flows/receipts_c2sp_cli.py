@@ -94,7 +94,6 @@ def newest_note(ledger_dir: Path, st, pub, given: c2sp.Vkey | None, operator: bo
 
 def prove_text(args, ledger_dir: Path, st, pub, given, operator: bool) -> str:
     """The tlog-proof or add-checkpoint body ``prove`` writes (``--format tlog-proof|tlog-witness``)."""
-    from pipelines.errors import LedgerRollbackError
     from pipelines.receipts import logaudit
     from pipelines.receipts.signing import read_head_file
 
@@ -103,22 +102,35 @@ def prove_text(args, ledger_dir: Path, st, pub, given, operator: bool) -> str:
     if args.format == "tlog-proof":
         index = args.index if args.index is not None else args.seq - 1
         return c2sp.tlog_proof_text(index, tree.inclusion_proof(index), note, extra=st.rows[index].line())
-    text = Path(args.since).read_text(encoding="utf-8")
-    if text.lstrip().startswith("{"):
+    if Path(args.since).read_bytes().lstrip().startswith(b"{"):
         old = read_head_file(args.since)
         logaudit.check_kept_head(st, old, pub, "the given head")
         size = old.tree_size
     else:
-        try:
-            body, sigs = c2sp.split_note(text)
-            cp = c2sp.parse_checkpoint(body)
-        except c2sp.NoteError as exc:
-            raise LedgerRollbackError(0, f"{args.since} is not a checkpoint: {exc}") from None
-        if not c2sp.note_verified(body, sigs, log_vkey(Checkpoints(ledger_dir), pub, given)):
-            raise LedgerRollbackError(cp.size, f"{args.since} is not signed by the log's key")
-        logaudit.check_recorded(st, cp.size, cp.root.hex(), "the given checkpoint")
-        size = cp.size
+        size = check_kept_checkpoint(Path(args.since), ledger_dir, st, pub, given, "the given checkpoint")["tree_size"]
     return c2sp.add_checkpoint_body(size, tree.consistency_proof(size) if 0 < size < st.size else [], note)
+
+
+def check_kept_checkpoint(path: Path, ledger_dir: Path, st, pub, given, what: str = "the kept checkpoint") -> dict:
+    """A checkpoint kept outside the log (``receipts head --format checkpoint``): signed by the
+    log's key, and the log extends it (its root at that size, and a consistency proof from it)."""
+    from pipelines.errors import LedgerRollbackError, LedgerTamperedError
+    from pipelines.receipts import logaudit
+
+    try:
+        body, sigs = c2sp.split_note(path.read_text(encoding="utf-8"))
+        cp = c2sp.parse_checkpoint(body)
+    except (c2sp.NoteError, UnicodeDecodeError) as exc:
+        raise LedgerTamperedError(0, f"{path.name} is not a checkpoint ({exc})") from None
+    v = given or c2sp.Vkey.of(Checkpoints(ledger_dir).origin() or cp.origin, pub)
+    if cp.origin != v.name or not c2sp.note_verified(body, sigs, v):
+        raise LedgerTamperedError(cp.size, f"{what} is not signed by the log's key for this log")
+    logaudit.check_recorded(st, cp.size, cp.root.hex(), what)
+    if 0 < cp.size < st.size:
+        proof = translog.Tree(st.leaves).consistency_proof(cp.size)
+        if not translog.verify_consistency(cp.size, st.size, cp.root, st.root(), proof):
+            raise LedgerRollbackError(cp.size, f"no consistency proof from {what} to the log")
+    return {"tree_size": cp.size, "consistent": True}
 
 
 def verify_tlog_proof(args, text: str) -> dict:

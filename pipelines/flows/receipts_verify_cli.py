@@ -27,8 +27,7 @@ def require_log(args, d: Path, n_rows: int | None = None) -> None:
     hint = "pass --allow-empty if no patient has been forgotten yet"
     if not d.is_dir():
         raise EmptyLedgerError(f"no ledger folder at {d} (mistyped? the default is <warehouse folder>/"
-                               "forget-registry); "
-                               "nothing was verified")
+                               "forget-registry); nothing was verified")
     if not (d / FILE).is_file():
         raise EmptyLedgerError(f"{d} holds no receipt log ({FILE}): not a ledger folder, or an empty one ({hint})")
     if n_rows == 0:
@@ -36,6 +35,8 @@ def require_log(args, d: Path, n_rows: int | None = None) -> None:
 
 
 def open_ledger(args):
+    """The operator's :class:`~pipelines.receipts.ledger.Ledger` (keys from the config folder),
+    refused when shorter than what the warehouse recorded."""
     from pipelines.receipts.ledger import FILE, Ledger
     from pipelines.store import warehouse as wh
     from pipelines.store.keys import Keys
@@ -53,6 +54,7 @@ def open_ledger(args):
 
 
 def fail(args, exc, extra: dict | None = None) -> int:
+    """Report a verification failure: one ``TAMPERED:`` line, the JSON record; exit 1."""
     reason = getattr(exc, "reason", None) or str(exc)
     seq = getattr(exc, "seq", None)
     print(f"TAMPERED: {type(exc).__name__}" + (f" at seq {seq}" if seq else "") + f": {reason}", file=sys.stderr)
@@ -64,16 +66,19 @@ def fail(args, exc, extra: dict | None = None) -> int:
 
 
 def kept_head(args):
-    """``--head``: a signed tree head file, or (legacy) a row MAC."""
+    """``--head``: (signed tree head, legacy row MAC, C2SP checkpoint file); at most one is set."""
     from pipelines.receipts.signing import read_head_file
 
     if args.head is None:
-        return None, None
-    if Path(args.head).is_file():
-        return read_head_file(args.head), None
+        return None, None, None
+    p = Path(args.head)
+    if p.is_file():
+        if not p.read_bytes().lstrip().startswith(b"{"):
+            return None, None, p  # a checkpoint (receipts head --format checkpoint)
+        return read_head_file(args.head), None, None
     if _HEX64.match(args.head):
-        return None, args.head
-    return None, None
+        return None, args.head, None
+    return None, None, None
 
 
 def recorded(args) -> dict | None:
@@ -94,9 +99,9 @@ def recorded(args) -> dict | None:
     return {"size": int(meta["ledger_seq"]), "root": meta.get("ledger_root"), "what": f"the warehouse {p.name}"}
 
 
-def verify_public(args, kept, legacy_head) -> int:
+def verify_public(args, kept, legacy_head, checkpoint) -> int:
     from pipelines.errors import LedgerTamperedError
-    from pipelines.flows.receipts_c2sp_cli import load_log_key, witness_policy
+    from pipelines.flows.receipts_c2sp_cli import check_kept_checkpoint, load_log_key, witness_policy
     from pipelines.receipts import logaudit
 
     pub, given = load_log_key(args.public_key)
@@ -111,7 +116,10 @@ def verify_public(args, kept, legacy_head) -> int:
         out = logaudit.audit(d, pub, kept=kept, recorded=rec, all_signatures=args.all_signatures)
         require_log(args, d, out["n_rows"])
         logaudit.check_legacy(logaudit.read_rows(d / logaudit.FILE), legacy_head, args.min_count)
-        witnessed = witness_policy(args, d, logaudit.LogState.read(d), pub, given)
+        st = logaudit.LogState.read(d)
+        if checkpoint is not None:
+            out["kept_checkpoint"] = check_kept_checkpoint(checkpoint, d, st, pub, given)
+        witnessed = witness_policy(args, d, st, pub, given)
     except LedgerTamperedError as exc:
         return fail(args, exc, {"mode": "public key"})
     out = {"chain_verified": True, "mode": "public key", **out, "warehouse_checked": rec is not None}
@@ -132,16 +140,16 @@ def verify(args) -> int:
     from pipelines.receipts import logaudit
     from pipelines.store.warehouse import Warehouse, get_meta
 
-    kept, legacy_head = kept_head(args)
-    if args.head is not None and kept is None and legacy_head is None:
-        print("error: --head must be a signed tree head file (receipts head --out) or a 64-hex row MAC",
-              file=sys.stderr)
+    kept, legacy_head, checkpoint = kept_head(args)
+    if args.head is not None and kept is None and legacy_head is None and checkpoint is None:
+        print("error: --head must be a signed tree head or checkpoint file (receipts head --out) or a 64-hex "
+              "row MAC", file=sys.stderr)
         return runner.EXIT_USAGE
     if usage_problem(args):
         print(f"error: {usage_problem(args)}", file=sys.stderr)
         return runner.EXIT_USAGE
     if args.public_key:
-        return verify_public(args, kept, legacy_head)
+        return verify_public(args, kept, legacy_head, checkpoint)
     if args.ledger:
         require_log(args, ledger_dir(args))
     try:
@@ -153,6 +161,10 @@ def verify(args) -> int:
         st = led.state()
         if kept is not None:
             v["kept_head"] = logaudit.check_kept_head(st, kept, led.public_key())
+        if checkpoint is not None:
+            from pipelines.flows.receipts_c2sp_cli import check_kept_checkpoint
+
+            v["kept_checkpoint"] = check_kept_checkpoint(checkpoint, led.dir, st, led.public_key(), None)
         if args.all_signatures and st.heads:
             logaudit.check_heads(st, led.public_key(), all_signatures=True)
         out = {"chain_verified": True, "mode": "operator key", **v, "sth": st.heads[-1].to_json() if st.heads else None,

@@ -66,6 +66,17 @@ def replace_private(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
+@contextlib.contextmanager
+def flocked(path: Path):
+    """Hold an exclusive ``flock`` on ``path`` (created 0600, never through a link) for the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class Entry:
     size: int
@@ -190,12 +201,8 @@ class Checkpoints:
     def locked(self):
         """Serialise writers of these files (``<ledger>/.c2sp.lock``; the receipt lock is apart)."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.dir / ".c2sp.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with flocked(self.dir / ".c2sp.lock"):
             yield
-        finally:
-            os.close(fd)
 
     # -- witnesses ------------------------------------------------------------------------
     def witnesses(self) -> list[Witness]:

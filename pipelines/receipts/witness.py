@@ -30,7 +30,6 @@ reachable by logs elsewhere terminates TLS in front of it (a reverse proxy) or p
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import stat
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from pipelines.errors import WitnessError
 from pipelines.receipts import c2sp, translog
-from pipelines.receipts.checkpoints import replace_private
+from pipelines.receipts.checkpoints import flocked, replace_private
 
 KEY = "witness.key"
 CONFIG = "witness.json"
@@ -112,13 +111,8 @@ class Cosigner:
 
     @contextlib.contextmanager
     def _locked(self):
-        with self._mutex:
-            fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
+        with self._mutex, flocked(self.dir / ".lock"):
+            yield
 
     def state(self) -> dict:
         p = self.dir / STATE
@@ -176,7 +170,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= n <= MAX_BODY:
             self.close_connection = True
             return self._reply(*_text(400, f"a request body of 0..{MAX_BODY} bytes with its Content-Length"))
-        self._reply(*self.server.cosigner.add_checkpoint(self.rfile.read(n)))
+        try:
+            answer = self.server.cosigner.add_checkpoint(self.rfile.read(n))
+        except (OSError, ValueError) as exc:  # its state cannot be read or written: cosign nothing
+            answer = _text(500, f"witness state unavailable ({type(exc).__name__})")
+        self._reply(*answer)
 
     def do_GET(self):  # noqa: N802
         self._reply(*_text(405, "POST <prefix>/add-checkpoint only"))
