@@ -91,6 +91,11 @@ def _append_line(path: Path, line: str) -> None:
             os.close(dfd)
 
 
+#: the same fsynced append, cut back on failure, for the log's other append-only files (its C2SP
+#: checkpoints and cosignatures: :mod:`pipelines.receipts.checkpoints`)
+append_line = _append_line
+
+
 def _cut_back(sizes: list[tuple[Path, int | None]]) -> None:
     """Return each file to its recorded size (None: it did not exist), fsynced: an append whose
     signed head could not be written leaves neither the receipt nor a head."""
@@ -138,12 +143,19 @@ class Ledger:
 
     def check_links(self) -> None:
         """Refuse (:class:`~pipelines.errors.UnsafePathError`, nothing written) a symbolic link in
-        place of the log folder, its files, the anchors folder or this log's anchor."""
+        place of the log folder or of anything in it (receipts, signed heads, lock, checkpoints,
+        witnesses), of the configuration or anchors folder, or of this log's anchor."""
         a = logaudit.anchor_path(self.path)
-        for f, what in ((self.dir, "receipt log folder"), (self.path, "receipt log file"),
-                        (self.heads_path, "signed-head file"), (self.dir / ".lock", "receipt log lock file"),
-                        (a.parent.parent, "configuration folder"), (a.parent, "anchors folder"), (a, "anchor")):
+        for f, what in ((self.dir, "receipt log folder"), (a.parent.parent, "configuration folder"),
+                        (a.parent, "anchors folder"), (a, "anchor")):
             refuse_link(f, what)
+        try:
+            entries = list(os.scandir(self.dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for e in entries:
+            if e.is_symlink():
+                refuse_link(e.path, "receipt log file")
 
     def _write_anchor(self, head: signing.TreeHead) -> None:
         p = logaudit.anchor_path(self.path)
