@@ -156,7 +156,8 @@ def test_restored_export_copies_are_caught_by_verify_and_cleaned(site, tmp_path,
     assert _rows(pq_exp, TARGET) > 0 and _rows(meds_exp, TARGET) > 0
     rc, out, err = _verify(p, capsys)
     assert rc == 1 and out["export_forgotten_rows"] > 0 and out["warehouse_verified"] is False
-    assert "NOT VERIFIED" in err and str(TARGET) not in err + json.dumps(out)
+    assert "NOT VERIFIED" in err and str(TARGET) not in err
+    assert all(type(v) is int for k, v in out.items() if k.startswith("export_"))  # counts only
     with Warehouse.open(p):  # any writing command: the changed export files are cleaned first
         pass
     assert _rows(pq_exp, TARGET) == 0 and _rows(meds_exp, TARGET) == 0 and _rows(pq_exp, OTHER) > 0
