@@ -246,13 +246,53 @@ class Table(_Part):
     title: StrictStr = ""
     columns: list[StrictStr] = Field(min_length=1)
     rows: list[list[Cell]]
+    #: column name -> how far its numbers may move on another machine
+    tolerances: dict[str, Tolerance] = _absent()
 
     @model_validator(mode="after")
     def _row_width(self) -> Table:
         for i, r in enumerate(self.rows):
             if len(r) != len(self.columns):
                 raise _bad(f"rows[{i}]: must be a list of {len(self.columns)} cells")
+        unknown = sorted(set(self.tolerances or {}) - set(self.columns))
+        if unknown:
+            raise _bad(f"tolerances: {unknown} name no column")
         return self
+
+
+#: a claim's status (evaluation.claims.STATUSES): it holds only on an interval, never on a point gap
+CLAIM_STATUSES = ("holds", "does not hold", "not run at the paper's protocol")
+MaybeNumber = Number | None
+
+
+class Measured(_Part):
+    """A figure with its interval (a claim's ``run``, ``peer``, ``strongest_peer``, ``difference``)."""
+
+    value: MaybeNumber | StrictStr | StrictBool = None
+    low: MaybeNumber = None
+    high: MaybeNumber = None
+    name: StrictStr = _absent()
+    interval: StrictStr = _absent()
+    n: Count = _absent()
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Measured:
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise _bad("low must not exceed high")
+        return self
+
+
+class PaperFigure(_Part):
+    figure: StrictStr | None = None
+    source: StrictStr = _absent()
+
+
+class LowPower(_Part):
+    flag: StrictBool
+    n: Count
+    unit: StrictStr
+    minimum: Count = _absent()
+    label: StrictStr = _absent()
 
 
 class Claim(_Part):
@@ -261,6 +301,15 @@ class Claim(_Part):
     path: StrictStr
     holds: StrictBool = _absent()
     operation: StrictStr = _absent()
+    status: Literal[CLAIM_STATUSES] = _absent()  # type: ignore[valid-type]
+    reason: StrictStr = _absent()
+    rule: StrictStr = _absent()
+    paper: PaperFigure = _absent()
+    run: Measured = _absent()
+    peer: Measured | None = None
+    strongest_peer: Measured = _absent()
+    difference: Measured = _absent()
+    low_power: LowPower = _absent()
 
     @model_validator(mode="before")
     @classmethod
@@ -269,6 +318,34 @@ class Claim(_Part):
             if isinstance(v, Mapping) and not (isinstance(v.get(key), str) and v[key].strip()):
                 raise _bad(f"{key}: every claim must name its statement, reference state and numerical path")
         return v
+
+    @model_validator(mode="after")
+    def _status(self) -> Claim:
+        if self.status is None:
+            return self
+        if not (self.reason and self.reason.strip()):
+            raise _bad("reason: a claim with a status must say why")
+        if self.run is None or self.paper is None:
+            raise _bad("a claim with a status must give this run's figure (run) and the paper's (paper)")
+        if self.holds is not None and self.holds != (self.status == "holds"):
+            raise _bad(f"holds: must be {self.status == 'holds'} for status {self.status!r}")
+        return self
+
+
+class Tolerance(_Part):
+    """How far a figure may move on another machine (``dashboards.reproduce --check`` enforces it)."""
+
+    why: StrictStr
+    abs: Annotated[Number, Field(ge=0)] = _absent()
+    rel: Annotated[Number, Field(ge=0)] = _absent()
+    decades: Annotated[Number, Field(ge=0)] = _absent()
+    bound: Annotated[Number, Field(gt=0)] = _absent()
+
+    @model_validator(mode="after")
+    def _some(self) -> Tolerance:
+        if not ({"abs", "rel", "decades", "bound"} & self.model_fields_set):
+            raise _bad("a tolerance needs abs, rel, decades or bound")
+        return self
 
 
 class Receipts(_Part):
@@ -322,6 +399,8 @@ class Result(BaseModel):
     claims: list[Claim] = _absent()
     receipts: Receipts = _absent()
     timing: Timing = _absent()
+    #: dotted metric path (``*`` matches one level) -> how far that figure may move on another machine
+    tolerances: dict[str, Tolerance] = _absent()
 
     @field_validator("study")
     @classmethod
