@@ -126,7 +126,10 @@ def claim(statement: str, *, reference: str, path: str, rule: str, passed: bool 
     off_protocol : why the run is not at the paper's protocol (status "not run at the paper's protocol").
     power : :func:`low_power`.
     """
-    evidence = _txt(difference) if difference else _txt(run)
+    if difference:
+        evidence = _txt(difference) + (f" (peer: {peer['name']})" if peer else "")
+    else:
+        evidence = _txt(run) + (f" vs {peer['name']} {_txt(peer)}" if peer else "")
     if off_protocol:
         status = STATUSES[2]
         met = "met" if passed else ("not evaluable" if passed is None else "not met")
