@@ -37,9 +37,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from dashboards.errors import AggregateOnlyError, ResultSchemaError
+from dashboards.schema_parts import Claim, Count, Number, Part, Tolerance, absent, bad_value
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -138,25 +138,9 @@ def scan_aggregates(obj: Any, source: str | None = None, path: str = "$") -> Non
 
 
 # ------------------------------------------------------------------------------ 2. layout models
-Number = Annotated[StrictInt | StrictFloat, Field(allow_inf_nan=False)]
-Count = Annotated[StrictInt, Field(ge=0)]
+# (strict nested parts, claims and tolerances: dashboards.schema_parts)
 Cell = StrictStr | StrictBool | StrictInt | StrictFloat | None
-
-
-def _absent() -> Any:
-    """The default of an optional field that must not be ``null`` when given (pydantic does not
-    validate defaults, so an absent field passes and an explicit ``null`` is refused)."""
-    return Field(default=None)
-
-
-def _bad(message: str) -> PydanticCustomError:
-    return PydanticCustomError("forgetful", message)
-
-
-class _Part(BaseModel):
-    """A nested object: strict types, extra (presentation) keys allowed."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
+_absent, _bad, _Part = absent, bad_value, Part
 
 
 class BarFigure(_Part):
@@ -257,94 +241,6 @@ class Table(_Part):
         unknown = sorted(set(self.tolerances or {}) - set(self.columns))
         if unknown:
             raise _bad(f"tolerances: {unknown} name no column")
-        return self
-
-
-#: a claim's status (evaluation.claims.STATUSES): it holds only on an interval, never on a point gap
-CLAIM_STATUSES = ("holds", "does not hold", "not run at the paper's protocol")
-MaybeNumber = Number | None
-
-
-class Measured(_Part):
-    """A figure with its interval (a claim's ``run``, ``peer``, ``strongest_peer``, ``difference``)."""
-
-    value: MaybeNumber | StrictStr | StrictBool = None
-    low: MaybeNumber = None
-    high: MaybeNumber = None
-    name: StrictStr = _absent()
-    interval: StrictStr = _absent()
-    n: Count = _absent()
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Measured:
-        if self.low is not None and self.high is not None and self.low > self.high:
-            raise _bad("low must not exceed high")
-        return self
-
-
-class PaperFigure(_Part):
-    figure: StrictStr | None = None
-    source: StrictStr = _absent()
-
-
-class LowPower(_Part):
-    flag: StrictBool
-    n: Count
-    unit: StrictStr
-    minimum: Count = _absent()
-    label: StrictStr = _absent()
-
-
-class Claim(_Part):
-    statement: StrictStr
-    reference: StrictStr
-    path: StrictStr
-    holds: StrictBool = _absent()
-    operation: StrictStr = _absent()
-    status: Literal[CLAIM_STATUSES] = _absent()  # type: ignore[valid-type]
-    reason: StrictStr = _absent()
-    rule: StrictStr = _absent()
-    paper: PaperFigure = _absent()
-    run: Measured = _absent()
-    peer: Measured | None = None
-    strongest_peer: Measured = _absent()
-    difference: Measured = _absent()
-    low_power: LowPower = _absent()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _named(cls, v: Any) -> Any:
-        for key in ("statement", "reference", "path"):
-            if isinstance(v, Mapping) and not (isinstance(v.get(key), str) and v[key].strip()):
-                raise _bad(f"{key}: every claim must name its statement, reference state and numerical path")
-        return v
-
-    @model_validator(mode="after")
-    def _status(self) -> Claim:
-        if self.status is None:
-            return self
-        if not (self.reason and self.reason.strip()):
-            raise _bad("reason: a claim with a status must say why")
-        if self.run is None or self.paper is None:
-            raise _bad("a claim with a status must give this run's figure (run) and the paper's (paper)")
-        if self.holds is not None and self.holds != (self.status == "holds"):
-            raise _bad(f"holds: must be {self.status == 'holds'} for status {self.status!r}")
-        return self
-
-
-class Tolerance(_Part):
-    """How far a figure may move on another machine (``dashboards.reproduce --check`` enforces it)."""
-
-    why: StrictStr
-    abs: Annotated[Number, Field(ge=0)] = _absent()
-    rel: Annotated[Number, Field(ge=0)] = _absent()
-    decades: Annotated[Number, Field(ge=0)] = _absent()
-    bound: Annotated[Number, Field(gt=0)] = _absent()
-
-    @model_validator(mode="after")
-    def _some(self) -> Tolerance:
-        if not ({"abs", "rel", "decades", "bound"} & self.model_fields_set):
-            raise _bad("a tolerance needs abs, rel, decades or bound")
         return self
 
 

@@ -173,3 +173,11 @@ def strongest(per_policy: Mapping[str, Mapping[str, Any]], exclude: tuple[str, .
     """The policy with the highest mean among ``per_policy`` (``{policy: {"mean", ...}}``), ties by name."""
     best = sorted((-v["mean"], p) for p, v in per_policy.items() if p not in exclude and v.get("mean") is not None)
     return best[0][1] if best else None
+
+
+def weakest(diffs: Mapping[str, Mapping[str, Any]], names: tuple[str, ...] | list[str]) -> tuple[str, bool]:
+    """Of ``SV − policy`` intervals (``{policy: {"low", ...}}``), the policy with the lowest lower bound
+    (the one a "better than every peer" claim is decided on) and whether every interval lies above 0."""
+    low = {p: diffs[p].get("low") for p in names}
+    worst = min(names, key=lambda p: (low[p] if low[p] is not None else -math.inf, p))
+    return worst, all(v is not None and v > 0 for v in low.values())

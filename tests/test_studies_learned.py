@@ -50,7 +50,7 @@ def test_rare_fact_selection_at_a_matched_budget_below_the_stored_facts(model):
     assert h2o["status"] == "holds" and h2o["difference"]["low"] == d["low"] and "21 %" in h2o["paper"]["figure"]
     # the paired comparison, not a point gap, decides: a peer tied with SV on every trial is no win
     lev = sel["vs_sv"]["diffs"]["leverage"]
-    peers = next(cl for cl in res["claims"] if "strongest peer's rare-fact" in cl["rule"])
+    peers = next(cl for cl in res["claims"] if "each peer's rare-fact" in cl["rule"])
     assert (peers["status"] == "holds") == (min(sel["vs_sv"]["diffs"][p]["low"] for p in learned_keys.PEERS) > 0)
     assert lev["low"] <= lev["mean"] <= lev["high"]
     validate_result(res)
