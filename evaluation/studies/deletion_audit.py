@@ -175,7 +175,8 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
     power_flag = low_power(trials, PAPER_TRIALS, "trials per regime", pw["label"])
     claims = [_completion_claim(a, paper_done, paper_att, off, power_flag)]
     claims += [_regime_claim(r, summaries[r], info[r], real_run, off, power_flag) for r in names]
-    tab_tol = {c: _PATH_TOLERANCE for c in PATH_COLUMNS[:3]}
+    path_tol = _path_tolerance(a["attempted"])
+    tab_tol = {c: path_tol for c in PATH_COLUMNS[:3]}
     tab_tol.update({c: _STAT_TOLERANCE for c in STAT_COLUMNS})
     return {
         "study": "deletion_audit",
@@ -195,8 +196,8 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
                      "ylabel": "max |Δ score|", "log_y": True, "categories": cats, "values": vals,
                      "caption": red_note}],  # the low-power label is the card's warning (metrics.power)
         "claims": claims,
-        "tolerances": {**{f"metrics.*.{k}": _PATH_TOLERANCE for k in COUNT_KEYS[1:4]},
-                       **{f"metrics.{k}": _PATH_TOLERANCE for k in ("headline", *COUNT_KEYS[1:4])},
+        "tolerances": {**{f"metrics.*.{k}": path_tol for k in COUNT_KEYS[1:4]},
+                       **{f"metrics.{k}": path_tol for k in ("headline", *COUNT_KEYS[1:4])},
                        **{f"metrics.*.score_dev_{k}": _STAT_TOLERANCE for k in ("median", "p95", "worst")}},
         "notes": notes,
         "config": {"trials_per_regime": trials, "regimes": names, "seed": seed,
@@ -206,11 +207,13 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
     }
 
 
-#: the polish / fallback split is decided by a KKT residual at rounding level (1e-12 / 1e-9), so it moves
-#: with BLAS summation order: measured 22 / 23 of 300 redundant-regime trials across OpenBLAS kernels
-_PATH_TOLERANCE = tolerance("the split between the plain path, the SMO polish and the exact fallback is decided by "
-                            "a KKT residual at rounding level (1e-12 / 1e-9), which moves with BLAS summation order; "
-                            "failed trials and the attempted total do not move", rel=0.05, abs=2)
+def _path_tolerance(attempted: int) -> dict[str, Any]:
+    """The polish / fallback split is decided by a KKT residual at rounding level (1e-12 / 1e-9), so it moves
+    with BLAS summation order (measured across OpenBLAS kernels: 22 vs 23 of 300 redundant-regime trials
+    polished, 4 vs 6 of 50): any count may move by 5 % of the attempted trials."""
+    return tolerance("the split between the plain path, the SMO polish and the exact fallback is decided by a KKT "
+                     "residual at rounding level (1e-12 / 1e-9), which moves with BLAS summation order; failed trials "
+                     "and the attempted total do not move", abs=max(2, math.ceil(0.05 * attempted)))
 #: residual statistics above 1e-12 come from ill-conditioned near-duplicate supports (cond >= 1e9), where
 #: rounding is amplified: measured p95 1.2e-9 vs 1.3e-10 on the redundant regime across OpenBLAS kernels
 _STAT_TOLERANCE = tolerance("residual statistics: below 1e-12 they print as '< 1e-12'; above it they come from "
