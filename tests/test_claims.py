@@ -128,3 +128,19 @@ def test_every_study_claim_has_a_status_the_paper_and_its_interval(fn, kw):
         assert "figure" in c["paper"] and "value" in c["run"]
         if c["status"] == "holds" and c.get("difference"):
             assert c["difference"]["low"] > 0 or c["difference"]["high"] < 0  # the interval excludes the peer
+
+
+def test_deterioration_claims_read_the_stay_clustered_interval():
+    """The paper's finding (SV attention below the LSTM and softmax) holds only when the clustered paired
+    interval of the AUROC difference lies below 0; ten test stays carry the low-power flag."""
+    from evaluation.clinical.deterioration_results import deterioration_claims
+
+    sc = lambda a: {"auroc": a, "auroc_low": a - 0.1, "auroc_high": a + 0.1}  # noqa: E731
+    boot = {"level": 0.95, "scores": {"sv_attention": sc(0.645), "lstm": sc(0.728), "softmax": sc(0.70)},
+            "pairs": {"sv_attention - lstm": {"auroc_diff": -0.084, "auroc_diff_low": -0.145, "auroc_diff_high": 0.049},
+                      "sv_attention - softmax": {"auroc_diff": -0.06, "auroc_diff_low": -0.1,
+                                                 "auroc_diff_high": -0.01}}}
+    lstm, soft = deterioration_claims(boot, ["sv_attention", "softmax", "lstm"], test_stays=10)
+    assert lstm["status"] == "does not hold" and soft["status"] == "holds"
+    assert lstm["low_power"]["flag"] and lstm["low_power"]["n"] == 10 and "0.783" in lstm["paper"]["figure"]
+    assert deterioration_claims(boot, ["lstm", "softmax"], 10) == []
