@@ -84,6 +84,8 @@ class Claim(Part):
     strongest_peer: Measured = absent()
     difference: Measured = absent()
     low_power: LowPower = absent()
+    #: false when the deciding end of the interval lies within the figure's tolerance of the threshold
+    status_stable: StrictBool = absent()
 
     @model_validator(mode="before")
     @classmethod

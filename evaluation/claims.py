@@ -103,7 +103,11 @@ def _txt(d: Mapping[str, Any] | None) -> str:
     if not d:
         return "–"
     v, lo, hi = d.get("value"), d.get("low"), d.get("high")
-    f = (lambda x: x if isinstance(x, str) else "–" if x is None else f"{x:.3g}")  # noqa: E731
+
+    def f(x: Any) -> str:  # residuals print as their bound: the reason text is machine-independent
+        b = bounded(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+        return b if isinstance(b, str) else "–" if b is None else f"{b:.3g}"
+
     return f"{f(v)} [{f(lo)}, {f(hi)}]" if lo is not None or hi is not None else f(v)
 
 
@@ -111,7 +115,7 @@ def claim(statement: str, *, reference: str, path: str, rule: str, passed: bool 
           run: Mapping[str, Any], paper: Mapping[str, Any] | None = None, peer: Mapping[str, Any] | None = None,
           difference: Mapping[str, Any] | None = None, strongest_peer: Mapping[str, Any] | None = None,
           operation: str | None = None, value: Any = None, off_protocol: str | None = None,
-          power: Mapping[str, Any] | None = None, notes: str = "") -> dict[str, Any]:
+          power: Mapping[str, Any] | None = None, notes: str = "", fragile: str | None = None) -> dict[str, Any]:
     """One result claim (see the module doc).
 
     Parameters
@@ -125,6 +129,8 @@ def claim(statement: str, *, reference: str, path: str, rule: str, passed: bool 
         rule reads (``run − peer``), :func:`interval`.
     off_protocol : why the run is not at the paper's protocol (status "not run at the paper's protocol").
     power : :func:`low_power`.
+    fragile : why the status may differ on another machine (the deciding end of the interval lies within
+        the figure's stated tolerance of the threshold); sets ``status_stable: false``.
     """
     if difference:
         evidence = _txt(difference) + (f" (peer: {peer['name']})" if peer else "")
@@ -141,6 +147,8 @@ def claim(statement: str, *, reference: str, path: str, rule: str, passed: bool 
         reason = f"{rule} — not met: {evidence}" if passed is not None else f"{rule} — not evaluable on this run"
     if power and power.get("flag"):
         reason += f" ({power['label']})"
+    if fragile:
+        reason += f"; the status may differ on another machine: {fragile}"
     out: dict[str, Any] = {
         "statement": statement, "reference": reference, "path": path,
         "value": value if value is not None else run.get("value"),
@@ -159,6 +167,8 @@ def claim(statement: str, *, reference: str, path: str, rule: str, passed: bool 
         out["low_power"] = dict(power)
     if notes:
         out["notes"] = notes
+    if fragile:
+        out["status_stable"] = False
     return out
 
 

@@ -115,5 +115,8 @@ def deterioration_claims(boot: dict, models: list[str], test_stays: int) -> list
                                 how=f"{level} % stay-clustered paired bootstrap", n=test_stays),
             paper={"figure": f"AUROC {PAPER_AUROC['sv_attention']} (SV attention) vs {PAPER_AUROC[b]} ({LABELS[b]})",
                    "source": "seed 001 §5"},
-            value=f"{d['auroc_diff']:.3f} [{d['auroc_diff_low']:.3f}, {d['auroc_diff_high']:.3f}]", power=power))
+            value=f"{d['auroc_diff']:.3f} [{d['auroc_diff_low']:.3f}, {d['auroc_diff_high']:.3f}]", power=power,
+            fragile=(f"the interval's upper end ({d['auroc_diff_high']:.2g}) lies within the trained models' "
+                     f"tolerance ({TRAINED_TOLERANCE['abs']:g}) of 0" if abs(d["auroc_diff_high"])
+                     <= TRAINED_TOLERANCE["abs"] else None)))
     return out
