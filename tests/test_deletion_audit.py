@@ -153,6 +153,7 @@ def test_result_rows_headline_and_paper_columns(icu_data):
             m["failed"]) == (1200, 1175, 20, 3, 2)
     assert m["headline"].startswith("1,175/1,200 completed on the maintained path, 20 on it after an SMO polish, "
                                     "3 by the exact fallback, 2 failed")
+    assert m["completion_paths"] == {"maintained_path": 1175, "after_SMO_polish": 20, "exact_fallback": 3, "failed": 2}
     assert "paper: 1,199/1,200" in m["headline"]
     assert m["paper_protocol"] and not m["power"]["low_power"] and "not the paper" not in r["title"]
     rows = {row[0]: row for row in r["tables"][0]["rows"]}

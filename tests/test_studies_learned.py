@@ -42,6 +42,9 @@ def test_rare_fact_selection_at_a_matched_budget_below_the_stored_facts(model):
     assert sel["stored_tokens"] == 1 + 7 * 5 and sel["trials_with_budget_below_stored"] == 12
     assert sel["budget_max"] < sel["stored_tokens"] and sel["budget_min"] >= 0.5 * sel["stored_tokens"]  # k >= ν n
     assert "support size" in sel["budget"] and res["config"]["copies"] == 5
+    mb = res["metrics"]["matched_budget"]
+    assert mb["budget"] == sel["budget_mean"] < mb["facts"] == 36
+    assert mb["h2o"] == sel["rare_fact_kept"]["density"]["value"]
     r = sel["rare_fact_recall"]
     assert r["sv"]["mean"] > r["density"]["mean"] and sel["rare_fact_kept"]["sv"]["value"] == 1.0
     d = sel["vs_sv"]["diffs"]["density"]

@@ -162,6 +162,9 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
         "completed_polished": a["completed_polished"],
         "completed_fallback": a["completed_fallback"],
         "failed": a["failed"],
+        # every attempted trial under exactly one completion path (they add up to "attempted")
+        "completion_paths": {"maintained_path": a["completed_maintained"], "after_SMO_polish": a["completed_polished"],
+                             "exact_fallback": a["completed_fallback"], "failed": a["failed"]},
         "trials_per_regime": trials,
         "trials_label": trials_label(trials, len(names)),
         "paper_protocol": bool(paper_protocol),
@@ -198,6 +201,7 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
         "claims": claims,
         "tolerances": {**{f"metrics.*.{k}": path_tol for k in COUNT_KEYS[1:4]},
                        **{f"metrics.{k}": path_tol for k in ("headline", *COUNT_KEYS[1:4])},
+                       "metrics.completion_paths.*": path_tol,
                        **{f"metrics.*.score_dev_{k}": _STAT_TOLERANCE for k in ("median", "p95", "worst")}},
         "notes": notes,
         "config": {"trials_per_regime": trials, "regimes": names, "seed": seed,
