@@ -43,6 +43,12 @@ def bounded(x: float | None, bound: float = RESIDUAL_BOUND) -> float | str | Non
     return f"< {bound:.0e}" if abs(x) < bound else x
 
 
+def bounded_text(x: float | None, bound: float = RESIDUAL_BOUND) -> str:
+    """:func:`bounded` inside a sentence: ``"< 1e-12"`` or the number at 2 significant digits."""
+    b = bounded(x, bound)
+    return "–" if b is None else b if isinstance(b, str) else f"{b:.1e}"
+
+
 def tolerance(why: str, *, abs: float | None = None, rel: float | None = None, decades: float | None = None,
               bound: float | None = None) -> dict[str, Any]:
     """How far a printed figure may move on another machine (for ``reproduce --check``): ``abs`` /

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from evaluation.claims import bounded, claim, interval
+from evaluation.claims import bounded, bounded_text, claim, interval
 from evaluation.clinical.patient_deletion import GAMMAS, MIN_CONTEXTS, PAPER_DECAY_LEAKAGE, SEED_GAMMAS, gkey
 
 #: how the decay pair of the paper's 0.29 / 0.09 was chosen (the paper states no γ for it)
@@ -138,7 +138,8 @@ def study_result(m: dict[str, Any], *, data: str, seed_comparable: bool, gammas:
     dk = gp[f"decay_gamma_{SEED_GAMMAS[1]:g}"]
     seed_pair = " / ".join(f"{m['decay_leakage_mean'][f'gamma_{g:g}']:.3f}" for g in SEED_GAMMAS)
     m["headline"] = (f"gap to the same-C refit (max gate score, median over {over}): exact deletion "
-                     f"{_e(ex['score_median'])}, naive removal {nv['score_median']:.1e}, decay γ = {SEED_GAMMAS[1]:g} "
+                     f"{bounded_text(ex['score_median'])}, naive removal {nv['score_median']:.1e}, "
+                     f"decay γ = {SEED_GAMMAS[1]:g} "
                      f"{dk['score_median']:.1e}; leakage 0 after exact (and naive) removal, decay {seed_pair} "
                      f"(γ = {' / '.join(f'{g:g}' for g in SEED_GAMMAS)}"
                      + ("; paper 0.29 / 0.09)" if seed_comparable else ")"))
@@ -238,11 +239,6 @@ def _claims(m: dict[str, Any], over: str, pw: dict[str, Any], seed_comparable: b
         value=m["leakage_after_max"], power=power,
         notes=f"decay γ = {pair}: {GAMMA_SOURCE}")
     return [gap, leak]
-
-
-def _e(x: float) -> str:
-    b = bounded(x)
-    return b if isinstance(b, str) or b is None else f"{b:.1e}"
 
 
 def _f(x: Any) -> float | None:

@@ -39,7 +39,18 @@ import time
 
 import numpy as np
 
-from evaluation.claims import bounded, ci, claim, interval, peer_fig, proportion, strongest, tolerance, weakest
+from evaluation.claims import (
+    bounded,
+    bounded_text,
+    ci,
+    claim,
+    interval,
+    peer_fig,
+    proportion,
+    strongest,
+    tolerance,
+    weakest,
+)
 from evaluation.studies.common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
 from evaluation.studies.errors import StudyConfigError
 from evaluation.studies.readout import kernel_readout, kernel_weights
@@ -271,7 +282,7 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
     tables.append(vs_sv_table(
         f"under redundancy, matched budget k = |S∪E| (mean {sm['budget_mean']:.1f} of {sm['stored_tokens']})", sel_vs,
         {"sv": f"exact forget: forgotten weight {metrics['forgotten_weight_max']:.0e}; remove-add edit residual "
-               f"{_fmt_res(e['exact']['residual_max'])}; evicted tokens have α = 0"}))
+               f"{bounded_text(e['exact']['residual_max'])}; evicted tokens have α = 0"}))
     if "audit_learned" in metrics:
         a = metrics["audit_learned"]
         tables.append({"title": "deletion audit, learned-key regime (ν = 0.4, σ = 2, 2 removals)",
@@ -314,11 +325,6 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
     )
 
 
-def _fmt_res(x: float) -> str:
-    b = bounded(x)
-    return b if isinstance(b, str) else f"{b:.1e}"
-
-
 def _claims(m: dict, trials: int, copies: int) -> list[dict]:
     """Forget, edit and rare-fact selection claims, each decided on an interval or a range over every trial."""
     e, sm = m["edit"], m["selection"]
@@ -348,7 +354,7 @@ def _claims(m: dict, trials: int, copies: int) -> list[dict]:
         peer={"name": f"coefficient decay (γ = {dk.replace('decay_', '')}), minimum over trials",
               "value": e[dk]["residual_min"], "low": None, "high": None},
         paper={"figure": "residual ~0 vs 1.15 for decay (γ and units not stated)", "source": "seed 000 §6"},
-        value=_fmt_res(e["exact"]["residual_max"]))
+        value=bounded_text(e["exact"]["residual_max"]))
     r, d = sm["rare_fact_recall"], sm["vs_sv"]["diffs"]
     best = strongest({p: r[p] for p in PEERS})
     w, ok = weakest(d, PEERS)

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from evaluation.claims import ci, claim, interval, low_power, peer_fig, proportion, weakest
+from evaluation.claims import bounded_text, ci, claim, interval, low_power, peer_fig, proportion, weakest
 from evaluation.policies import get_policy
 from evaluation.studies.common import check_pos, envelope, paired_vs_sv, vs_sv_table
 from evaluation.studies.errors import OptionalDependencyMissing
@@ -187,7 +187,7 @@ def run(seed: int = 0, *, sigma: float = 1.0, nu: float = 0.5, tau: float = 0.5,
                    {"sv": "rare fact 1.00", "density": "rare fact 0.00"}.get(p)] for p, v in redundancy.items()]},
         vs_sv_table("boilerplate redundancy", vs, {
             "sv": f"exact deletion: deleted fact -> '{NO_RECORD}' (max |Δ score| vs refit "
-                  f"{rec.verification['max_abs_score_dev']:.1e}); evicted keys have α = 0"}),
+                  f"{bounded_text(rec.verification['max_abs_score_dev'])}); evicted keys have α = 0"}),
     ]
     claims = _claims(metrics, redundancy, vs, n)
     return envelope(

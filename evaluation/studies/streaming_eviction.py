@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from evaluation.claims import ci, claim, peer_fig, strongest, weakest
+from evaluation.claims import bounded_text, ci, claim, peer_fig, strongest, weakest
 from evaluation.studies.common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
 from evaluation.studies.readout import uniform_recall
 from evaluation.studies.skewed_redundancy import make_context
@@ -192,7 +192,7 @@ def run(trials: int = 60, seed: int = 0, *, budget_frac: float = 0.56, chunk: in
         "max_certified_weight_change": metrics["sv_max_certified_weight_change"],
         "exact_deletion": "C&P decrement (Gate.forget), also used for the budget evictions"}
     offers = {"sv": f"{metrics['sv_certified_evictions_mean']:.1f} certified reserve evictions/trial "
-                    f"(max readout-weight change {metrics['sv_max_certified_weight_change']:.1e}); "
+                    f"(max readout-weight change {bounded_text(metrics['sv_max_certified_weight_change'])}); "
                     f"{metrics['sv_budget_evictions_mean']:.1f} uncertified budget evictions/trial by exact decrement"}
     seed_fig = PAPER
     tables = [{"title": f"streamed context ({order} order), budget {metrics['budget']} of 66 tokens, chunk {chunk}",
