@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from evaluation.studies.language_model import PROTOCOLS
+from evaluation.studies.lm_claims import lm_claim
 
 
 def _num(x):
@@ -78,11 +79,7 @@ def study_result(res: dict, corpus_name: str) -> dict:
         "tables": tables,
         "figures": [{"kind": "line", "title": "validation bits per byte", "xlabel": "step",
                      "ylabel": "bits/byte", "series": series}] if series else [],
-        "claims": [{"statement": "SV hybrid minus matched sliding window, mean best-val bits/byte",
-                    "reference": "sliding-window softmax with window = measured mean |S∪E| + chunk, same seeds",
-                    "path": "fp32 FISTA partitions + ridged KKT solve (batched training path)",
-                    "operation": "batched training", "value": _num(t["mean_sv"] - t["mean_swa"])
-                    if t["n"] else None, "holds": bool(t["n"] and t["mean_sv"] < t["mean_swa"])}],
+        "claims": [lm_claim(t, protocol, proto_note(res))],
         "config": {"protocol": protocol, "protocol_label": proto_label,
                    **{k: v for k, v in res["config"].items() if isinstance(v, (int, float, str, bool))}},
         "notes": (f"Protocol: {proto_label}." + ("" if base in ("seed", "paper") else

@@ -133,7 +133,7 @@ def run_retention(warehouse: str, runs_dir: str, study_name: str, *, label: str,
                          "seeded order (capped)")
             sens = sensitivity_table(settings(sigma, NUS), sens_rows, seed=seed, n_boot=n_boot, sample_note=note)
         n_persisted = writing.result()
-    fields = comp.to_result_fields()
+    fields = comp.to_result_fields(study_name)
     m = fields["metrics"]
     dims = sorted(set(cols["d"].tolist()))
     inc = cols["included"]
