@@ -177,6 +177,12 @@ class DegenerateMixin(BorderedMixin):
         ``slots`` are the live slots, ``alpha``/``status`` aligned with them (from the refit
         oracle). The margin set, the bordered inverse and the gradient are rebuilt from scratch.
         """
+        self.load_deferred(slots, alpha, status, rho)
+        self.materialise()
+
+    def load_deferred(self, slots: np.ndarray, alpha: FloatArray, status: np.ndarray, rho: float) -> None:
+        """Set a solution of the live keys (as :meth:`load_solution`) but leave the kernel, the
+        bordered inverse and the gradient to :meth:`materialise` (O(n) work and memory here)."""
         slots = np.asarray(slots, dtype=np.int64)
         n = self.n_slots
         dead = np.ones(n, dtype=bool)
@@ -188,9 +194,18 @@ class DegenerateMixin(BorderedMixin):
         self.S = [int(s) for s in slots[np.asarray(status) == MARGIN]]
         self.rho = float(rho)
         self.solved = True
-        if self.S:
-            self.refactor()
-        else:
-            self.Rinv = np.zeros((1, 1))
-        self.recompute_g()
+        self.Rinv = np.zeros((1, 1))
+        self.deferred = True
 
+    def materialise(self) -> None:
+        """Build what a C&P step needs and a deferred state lacks: the missing kernel rows, then
+        (solved) the bordered inverse of the margin set and the exact gradient, exactly as
+        :meth:`load_solution` of the same solution would. No-op when nothing is deferred."""
+        if not self.deferred:
+            return
+        self._build_kernel()
+        if self.solved:
+            if self.S:
+                self.refactor()
+            self.recompute_g()
+        self.deferred = False

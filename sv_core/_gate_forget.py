@@ -63,6 +63,10 @@ class ForgetMixin(ExactCompletionMixin):
     def kkt_residual(self) -> dict:
         raise NotImplementedError  # sv_core.gate.Gate
 
+    def _keys_of(self, slots) -> np.ndarray:
+        assert self._core is not None
+        return self._core.X[slots].copy()
+
     def _slot(self, token_id) -> int:
         tid = check_token_id(token_id)
         if tid in self._forgotten:
@@ -85,7 +89,10 @@ class ForgetMixin(ExactCompletionMixin):
     def _forget_slot(self, tid: int, slot: int) -> Receipt:
         """Delete one live token (no compaction, no verification). On error the core is restored
         and the id maps are untouched."""
-        core = self._solver
+        core = self._core
+        assert core is not None
+        if core.solved:
+            core.materialise()  # a deletion from a solved gate is a C&P step
         n_before = self.n
         gated_before = core.solved
         status_before = _STATUS_NAMES[int(core.status[slot])] if gated_before else "warmup"
@@ -144,8 +151,8 @@ class ForgetMixin(ExactCompletionMixin):
 
     def _rollback(self, saved: tuple) -> None:
         snap, slot_of, forgotten, fallbacks, n_log = saved
-        if snap is not None:
-            self._solver.restore(snap)
+        if snap is not None and self._core is not None:
+            self._core.restore(snap)
         self._slot_of, self._forgotten, self.fallbacks = slot_of, forgotten, fallbacks
         del self.fallback_log[n_log:]
 
@@ -186,7 +193,7 @@ class ForgetMixin(ExactCompletionMixin):
         slot = self._slot(token_id)
         tid = int(token_id)
         self._preflight(1, f"token {tid}")
-        removed_key = self._solver.X[slot : slot + 1].copy() if verify else None
+        removed_key = self._keys_of([slot]) if verify else None
         saved = self._save() if verify else None
         receipt = self._forget_slot(tid, slot)
         if verify and self.gated:
@@ -220,7 +227,7 @@ class ForgetMixin(ExactCompletionMixin):
             return []
         slots = [self._slot(t) for t in tids]
         self._preflight(len(tids), f"{len(tids)} tokens")
-        removed = self._solver.X[slots].copy() if verify else None
+        removed = self._keys_of(slots) if verify else None
         saved = self._save()
         try:
             out = [self._forget_slot(t, s) for t, s in zip(tids, slots)]
@@ -249,7 +256,8 @@ class ForgetMixin(ExactCompletionMixin):
             dev[name] = float(np.abs(self.score(P) - s_ref).max())
         tol = 1e-9 * self.C
         part_ref = np.where(a_ref <= tol, RESERVE, np.where(a_ref >= self.C - tol, ERROR, MARGIN))
-        part_here = self._solver.status[self._live_slots()]
+        assert self._core is not None
+        part_here = self._core.status[self._live_slots()]
         return {
             "max_abs_score_dev": max(dev.values()),
             "score_dev_by_probe": dev,

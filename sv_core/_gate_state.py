@@ -15,7 +15,7 @@ from sv_core._state import ERROR, MARGIN, RESERVE
 from sv_core.calibrate import warmup_size
 from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, InvalidStateError, PathError
 from sv_core.solver import MaintainedSVDD
-from sv_core.validation import as_keys, check_finite_kernel
+from sv_core.validation import as_keys
 
 #: ``from_state`` accepts a solved state whose recomputed KKT residual is at most this
 STATE_KKT_TOL = 1e-8
@@ -60,9 +60,8 @@ def from_state(cls: Any, state: dict) -> Any:
             g._core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
         return g
     core = MaintainedSVDD(g.C, g.sigma, keys.shape[1], g.refactor_every)
-    slots = core.append(keys)
     try:
-        check_finite_kernel(core.K[: core.n_slots, : core.n_slots])
+        slots = core.append(keys)  # the kernel is built and checked finite
     except InvalidKeysError as exc:
         raise InvalidStateError(f"invalid gate state: {exc}") from exc
     core.alpha[slots] = st["alpha"]
@@ -102,8 +101,7 @@ def from_solution(cls: Any, X, alpha, C: float, sigma: float, refactor_every: in
     if n * g.C < 1.0 - 1e-12:
         raise InfeasibleError(f"n*C = {n * g.C:.6g} < 1: the fixed-C problem is infeasible")
     core = MaintainedSVDD(g.C, g.sigma, A.shape[1], g.refactor_every)
-    slots = core.append(A)
-    check_finite_kernel(core.K[:n, :n])
+    slots = core.append(A)  # the kernel is built and checked finite
     a = np.clip(a, 0.0, g.C)
     status = np.where(a <= 0.0, RESERVE, np.where(a >= g.C, ERROR, MARGIN)).astype(np.int8)
     a, status = consolidate_repeats(A, a, status, g.C)

@@ -33,7 +33,7 @@ from sv_core.errors import (
 from sv_core.kernels import rbf_kernel
 from sv_core.receipts import Certificate
 from sv_core.solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
-from sv_core.validation import as_keys, check_finite_kernel, check_params
+from sv_core.validation import as_keys, check_params
 
 _check_params = check_params  # backward-compatible private alias
 
@@ -97,7 +97,18 @@ class Gate(ForgetMixin, ExactCompletionMixin):
     # ------------------------------------------------------------------ properties
     @property
     def _solver(self) -> MaintainedSVDD:
-        """The maintained solver (exists once a key was admitted)."""
+        """The maintained solver (exists once a key was admitted), with everything a C&P step
+        needs built (a deferred first solve is materialised here)."""
+        core = self._core
+        if core is None:
+            raise GateError("the gate holds no keys")
+        core.materialise()
+        return core
+
+    @property
+    def _stored(self) -> MaintainedSVDD:
+        """The solver as stored, possibly deferred: keys, coefficients, statuses and rho (what
+        scores, readout, partition, eviction and serialisation read; nothing is built)."""
         core = self._core
         if core is None:
             raise GateError("the gate holds no keys")
@@ -141,18 +152,18 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         """(n, d) live keys aligned with ``ids``."""
         if self._core is None:
             return np.zeros((0, 0))
-        return self._solver.X[self._live_slots()].copy()
+        return self._stored.X[self._live_slots()].copy()
 
     @property
     def alpha(self) -> np.ndarray:
         slots = self._live_slots()
         if not self.gated:
             return np.full(slots.size, 1.0 / max(slots.size, 1)) if slots.size else np.zeros(0)
-        return self._solver.alpha[slots].copy()
+        return self._stored.alpha[slots].copy()
 
     @property
     def rho(self) -> float:
-        return float(self._solver.rho) if self.gated else float("nan")
+        return float(self._stored.rho) if self.gated else float("nan")
 
     def partition(self) -> dict[str, list[int]]:
         """Token ids of the margin (0<a<C), error (a=C) and reserve (a=0) sets."""
@@ -161,7 +172,7 @@ class Gate(ForgetMixin, ExactCompletionMixin):
             return out
         names = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
         for s in self._live_slots():
-            out[names[int(self._solver.status[s])]].append(self._id_of_slot[s])
+            out[names[int(self._stored.status[s])]].append(self._id_of_slot[s])
         return out
 
     def status_of(self, token_id: int) -> str:
@@ -169,7 +180,7 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         slot = self._slot(token_id)
         if not self.gated:
             return "warmup"
-        return {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}[int(self._solver.status[slot])]
+        return {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}[int(self._stored.status[slot])]
 
     def support_ids(self) -> np.ndarray:
         p = self.partition()
@@ -180,32 +191,37 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         """Admit one key ``(d,)`` or many ``(n, d)`` by C&P increments.
 
         Returns the new stable token ids, shape (n,). Below ``warmup_size`` keys the keys are
-        stored unsolved; the first admission that reaches it solves the gate from the feasible
-        start ``alpha = 1/n`` with the same event loop. If the maintained path cannot complete
-        (or its KKT residual guard trips) the admission completes by the exact fallback
-        (``fallbacks`` is incremented). On any error the gate is unchanged.
+        stored unsolved; the first admission that reaches it solves the gate (``cold_solve``):
+        by the certified solve, whose solution is loaded *deferred* (the kernel, bordered
+        inverse and gradient are built when a C&P step first needs them: memory O(n d) until
+        then), or by settling the keys one by one from the feasible start ``alpha = 1/n``. If
+        the maintained path cannot complete (or its KKT residual guard trips) the admission
+        completes by the exact fallback (``fallbacks`` is incremented). On any error the gate is
+        unchanged.
         """
         A = as_keys(X, self.dim)
         if A.shape[0] == 0:
             return np.zeros(0, dtype=np.int64)
         if self._core is None:
-            core = MaintainedSVDD(self.C, self.sigma, A.shape[1], self.refactor_every)
+            core = MaintainedSVDD(self.C, self.sigma, A.shape[1], self.refactor_every, deferred=True)
         else:
             core = self._core
+            if core.solved:
+                core.materialise()  # admitting into a solved gate is a C&P step
         snap = core.snapshot()
-        ids_before = (len(self._id_of_slot), self._next_id, self.fallbacks, len(self.fallback_log))
+        ids_before = (len(self._id_of_slot), self._next_id, self.fallbacks, len(self.fallback_log),
+                      len(self.cold_solve_log))
         new_ids = np.arange(self._next_id, self._next_id + A.shape[0], dtype=np.int64)
         try:
             slots = core.append(A)
-            check_finite_kernel(core.K[slots[0] : slots[-1] + 1, : core.n_slots])
             self._core = core
             self._next_id += A.shape[0]
-            for s, i in zip(slots, new_ids):
-                self._slot_of[int(i)] = int(s)
-                self._id_of_slot.append(int(i))
+            ids_list = new_ids.tolist()
+            self._slot_of.update(zip(ids_list, slots.tolist()))
+            self._id_of_slot.extend(ids_list)
             if not core.solved:
                 if self.n >= self.warmup_size:
-                    self._guarded("initialise", self._initialise_step(core))
+                    self._first_solve(core)
             else:
                 def step():
                     ev = 0
@@ -217,39 +233,39 @@ class Gate(ForgetMixin, ExactCompletionMixin):
                 self._guarded("admit", step)
         except BaseException:
             core.restore(snap)
-            n_ids, self._next_id, self.fallbacks, n_log = ids_before
+            n_ids, self._next_id, self.fallbacks, n_log, n_cold = ids_before
             for i in new_ids:
                 self._slot_of.pop(int(i), None)
             del self._id_of_slot[n_ids:]
             del self.fallback_log[n_log:]
+            del self.cold_solve_log[n_cold:]
             if self._core is core and snap["n_slots"] == 0 and not self._slot_of:
                 self._core = None if ids_before[0] == 0 else core
             raise
         return new_ids
 
-    def _initialise_step(self, core: MaintainedSVDD):
-        """The first solve: certified solve + state load, or C&P settling (see ``cold_solve``)."""
+    def _first_solve(self, core: MaintainedSVDD) -> None:
+        """The first solve (see ``cold_solve``): the certified solve loaded deferred, accepted
+        when its certificate (KKT on the exactly recomputed gradient) is within ``TIGHTEN_AT``;
+        otherwise the maintained state is built and its guard decides (tightening or the exact
+        fallback), or, when the solve cannot certify, the keys are settled one by one."""
         n = self.n
-        if self.cold_solve == "path" or (self.cold_solve == "auto" and n < CERTIFIED_MIN_KEYS):
-            def settle() -> int:
-                self.cold_solve_log.append({"method": "path", "keys": n, "kkt_violation": None,
-                                            "fallback_reason": None})
-                return core.initialise()
-
-            return settle
-
-        def certified_step() -> int:
+        entry: dict = {"method": "path", "keys": n, "kkt_violation": None, "fallback_reason": None}
+        if self.cold_solve == "certified" or (self.cold_solve == "auto" and n >= CERTIFIED_MIN_KEYS):
             try:
                 cert = load_certified(core)
             except PathError as exc:  # not certified (core untouched): settle one by one instead
-                self.cold_solve_log.append({"method": "path", "keys": n, "kkt_violation": None,
-                                            "fallback_reason": str(exc)})
-                return core.initialise()
-            self.cold_solve_log.append({"method": "certified", "keys": n,
-                                        "kkt_violation": cert.kkt_violation, "fallback_reason": None})
-            return 0
-
-        return certified_step
+                entry["fallback_reason"] = str(exc)
+            else:
+                entry.update(method="certified", kkt_violation=cert.kkt_violation)
+                self.cold_solve_log.append(entry)
+                if not cert.kkt_violation <= TIGHTEN_AT:
+                    core.materialise()
+                    self._guarded("initialise", lambda: 0)
+                return
+        self.cold_solve_log.append(entry)
+        core.materialise()
+        self._guarded("initialise", core.initialise)
 
     # ------------------------------------------------------------------ scores and readout
     def score(self, P) -> np.ndarray:
@@ -260,7 +276,7 @@ class Gate(ForgetMixin, ExactCompletionMixin):
                 "and has no gate score"
             )
         P = as_keys(P, self.dim)
-        core = self._solver
+        core = self._stored
         slots = self._live_slots()
         sup = slots[core.alpha[slots] != 0.0]
         return 2.0 * rbf_kernel(P, core.X[sup], self.sigma) @ core.alpha[sup] - core.rho
@@ -271,7 +287,7 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         slots = self._live_slots()
         if slots.size == 0:
             raise GateError("the gate holds no keys")
-        W = rbf_kernel(Q, self._solver.X[slots], self.sigma) * self.alpha[None, :]
+        W = rbf_kernel(Q, self._stored.X[slots], self.sigma) * self.alpha[None, :]
         den = W.sum(axis=1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             return W / den
@@ -299,7 +315,7 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         if not self.gated:
             return Certificate(issued=False, reason="warm-up: the gate is not solved", evicted=[],
                                n_before=self.n, n_after=self.n, C=self.C, sigma=self.sigma)
-        core = self._solver
+        core = self._stored
         slots = self._live_slots()
         res = slots[core.status[slots] == RESERVE]
         if max_evict is not None:
@@ -334,10 +350,10 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         """KKT violations recomputed from scratch: sum, box, margin/error/reserve gradients, inverse."""
         if not self.gated:
             raise WarmupError("the gate is in warm-up; no KKT state")
-        return self._solver.kkt_residual()
+        return self._stored.kkt_residual()
 
     def _maybe_compact(self) -> None:
-        core = self._solver
+        core = self._stored
         dead = core.n_slots - self.n
         if dead > 64 and dead > self.n:
             old_to_new = core.compact()
