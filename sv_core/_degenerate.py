@@ -18,7 +18,7 @@ them consistently:
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,8 +31,9 @@ class DegenerateMixin(BorderedMixin):
     """The event loop's edge cases: the empty-margin rho sweep, twin hand-over, near-twin swap,
     degenerate-pivot checks and state rebuilds."""
 
-    def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen: Iterable[int] = ()) -> int:
-        raise NotImplementedError  # the event loop (sv_core.solver.MaintainedSVDD)
+    #: the one C&P event loop, defined by :class:`sv_core.solver.MaintainedSVDD` (the pivots and
+    #: hand-overs below re-enter it): ``_sweep(c, mode, max_events=None, frozen=()) -> events``
+    _sweep: Callable[..., int]
 
     def _empty_margin_step(self, c: int, mode: str, s: float) -> tuple[bool, int]:
         """One event with the margin set empty: sweep rho (every g moves at rate 1) until an
