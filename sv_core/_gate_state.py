@@ -272,6 +272,7 @@ class GateState:
             ok = False
         if not ok:
             return None
+        core.defer()  # checked: held as a first solve is, the kernel rebuilt by the first C&P step
         g = cls(C, sigma, refactor_every)
         g.core = core
         g.next_id = n

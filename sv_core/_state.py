@@ -235,6 +235,18 @@ class SolverState:
         self.kd[lo:hi] = self.K.diagonal()[lo:hi]
         self._kn = hi
 
+    def defer(self) -> None:
+        """Drop the kernel, the bordered inverse and the gradient of a solved keyed state (memory
+        O(n d) again); ``materialise`` rebuilds them from the keys and the solution."""
+        if not self._keyed or not self.solved:
+            return
+        self.K = np.zeros((0, 0))
+        self._kn = 0
+        self.Rinv = np.zeros((1, 1))
+        self._rows = np.zeros((8, 0))
+        self._rows_gen = -1
+        self.deferred = True
+
     @classmethod
     def from_gram(cls, K: FloatArray, C: float, refactor_every: int = 64) -> Self:
         """A solver over a given symmetric Gram matrix (keys are not stored); call ``initialise``."""

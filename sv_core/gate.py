@@ -397,7 +397,8 @@ class Gate:
         coefficients exact for these keys) and the KKT guard is checked; if ``alpha`` does not
         solve the problem to the guard (``<= 1e-9``), the gate is solved by the maintained path
         instead. Token ids are ``0..n-1`` in row order. Below the warm-up size the keys are just
-        admitted (nothing is solved).
+        admitted (nothing is solved). The checked state is held deferred, as a first solve is
+        (its kernel and bordered inverse are built again by the first C&P step).
         """
         g = cls(C, sigma, refactor_every)
         A = as_keys(X)

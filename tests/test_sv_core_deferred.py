@@ -138,3 +138,18 @@ def test_an_uncertain_certificate_is_judged_by_the_maintained_guard(monkeypatch)
     g.admit(X)
     assert g.cold_solve_log[-1]["method"] == "certified" and not g._core.deferred
     assert g.kkt_residual()["max"] <= 1e-12
+
+
+def test_a_gate_from_a_given_solution_is_held_deferred_too():
+    """``from_solution`` checks the solution on the kernel, then drops it (the retention study
+    builds a gate per stay and only serialises it): nothing n x n stays behind."""
+    X, C = _keys(400, 6)
+    sol = solve(X, C, 3.0)
+    g = Gate.from_solution(X, sol.alpha, C=C, sigma=3.0)
+    assert g.gated and g._core.deferred and g._core.K.size == 0
+    assert g.kkt_residual()["max"] <= 1e-12
+    eager = Gate.from_state(g.to_state())
+    tid = int(g.support_ids()[-1])
+    g.forget(tid)
+    eager.forget(tid)
+    assert np.abs(g.score(X) - eager.score(X)).max() <= 1e-12 and g.kkt_residual()["max"] <= 1e-12
