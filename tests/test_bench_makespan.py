@@ -45,7 +45,7 @@ def test_calibration_recovers_known_costs():
     spec = [("batches", 1, 4000), ("batches", 3, 300), ("batches", 10, 120), ("audit", 1, 700),
             ("audit", 4, 200), ("sensitivity", 2, 500), ("sensitivity", 1, 900), ("batches", 1, 1500)]
     chunks = [(ph, m, h, s[ph] * m * stay_units([h])[0] + o) for ph, m, h in spec]
-    res = {"stays": 1000, "runs": [_run("dask-1", 0, chunks, 3e-7),
+    res = {"stays": 1000, "load_1min": {"median": 1.0}, "runs": [_run("dask-1", 0, chunks, 3e-7),
                                    _run("dask-2", 0, [(p, m, h, 1.2 * x) for p, m, h, x in chunks], 3e-7)]}
     cal = makespan.calibrate([res])
     for ph in s:

@@ -47,6 +47,13 @@ FULL_STAYS, FULL_SEED = 94_458, 0
 AUDIT_STAYS, SENSITIVITY_STAYS = 50, 200
 #: doubling the workers is "useful" while it cuts the predicted time by at least this factor
 USEFUL_GAIN = 1.10
+#: a result file whose median 1-minute load is above this (cores x 2 on the measuring machine)
+#: calibrates only the flow's part, in CPU seconds; its wall times are not compared
+MAX_LOAD = 4.0
+
+
+def _quiet(res: dict) -> bool:
+    return float(res["load_1min"]["median"]) <= MAX_LOAD
 
 
 def _factors() -> dict[str, float]:
@@ -85,9 +92,9 @@ def calibrate(results: list[dict]) -> dict:
     """Fit the model's constants on the measured runs (see the module docstring)."""
     f = _factors()
     rows, ys = [], []
-    for _, run in _dask_runs(results):
+    for res, run in _dask_runs(results):
         k = pilot_scale(run)
-        if run["mode"] != "dask-1" or k is None:
+        if run["mode"] != "dask-1" or k is None or not _quiet(res):
             continue
         for p in run["phases"]:
             if p["phase"] in f:
@@ -114,28 +121,30 @@ def calibrate(results: list[dict]) -> dict:
             spans.sort()
             gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:])]
         if run.get("lead_cpu_s") is not None and n:
-            # the flow process's CPU outside its own part: a share of the pool's time (its
-            # background threads) plus a cost per completion handled
-            lead.append([run["pool_s"], n])
-            lead_y.append(max(0.0, run["lead_cpu_s"] - run["flow_s"]))
+            # the flow process's CPU: its own part (a + b N), a share of the pool's time (its
+            # background threads) and a cost per completion handled
+            lead.append([1.0, float(res["stays"]), run["pool_s"], n])
+            lead_y.append(run["lead_cpu_s"])
         if run["mode"] == "dask-2":
             one = next((r for r in res["runs"] if r["mode"] == "dask-1" and r["round"] == run["round"]), None)
             if one is not None:
                 kappa.append(_work(run) / _work(one))
-    stays = [float(res["stays"]) for res in results for _ in res["runs"]]
-    flow = [float(r["flow_s"]) for res in results for r in res["runs"]]
-    if len(set(stays)) > 1:
-        b, a = np.polyfit(stays, flow, 1)
-    else:
-        a, b = statistics.median(flow), 0.0
     gap = statistics.median(gaps) if gaps else 0.0
+    sizes = sorted({float(res["stays"]) for res in results})
+    if len(sizes) > 1 and lead:  # the flow's own part in CPU seconds (robust to the machine's load)
+        a, b, _, c_fit = (float(v) for v in nnls(np.asarray(lead), np.asarray(lead_y))[0])
+        how = "the flow process's CPU of every Dask run: a + b N + a share of the pool's time + c per chunk"
+    else:  # one size: its measured wall, no growth
+        a, b, c_fit = statistics.median(float(r["flow_s"]) for res in results for r in res["runs"]), 0.0, 0.0
+        how = "the flow's own seconds of every run (one size measured: no growth with N)"
     # a completion is handled before the worker's next chunk is submitted: at most the gap
-    c_med = min(float(nnls(np.asarray(lead), np.asarray(lead_y))[0][1]), gap) if lead else 0.0
+    c_med = min(c_fit, gap)
     return {"s_per_unit": {q: float(coef[i]) for i, q in enumerate(PHASES)}, "chunk_s": float(coef[-1]),
             "chunk_fit_rel_err": _spread(np.abs(fit - ys) / np.maximum(ys, 1e-3)), "chunks_fitted": len(ys),
             "gap_s": gap - c_med, "gap_measured": _spread(gaps) if gaps else None,
             "client_s": c_med, "kappa": _spread(kappa) if kappa else None,
-            "flow": {"a_s": float(a), "b_s_per_stay": float(b), "stays": sorted(set(stays))}}
+            "flow": {"a_s": a, "b_s_per_stay": b, "stays": sizes, "fitted_on": how}, "max_load": MAX_LOAD,
+            "quiet_results": [i for i, res in enumerate(results) if _quiet(res)]}
 
 
 def _work(run: dict) -> float:
@@ -244,6 +253,8 @@ def validate(results: list[dict], cal: dict) -> list[dict]:
     kappa = cal["kappa"]["median"] if cal.get("kappa") else 1.0
     out = []
     for res in results:
+        if not _quiet(res):  # its wall times say how loaded the machine was, not what the model predicts
+            continue
         work = bench_workload(res)
         for mode, p in (("dask-1", 1), ("dask-2", 2)):
             meas = [r["seconds"] for r in res["runs"] if r["mode"] == mode]

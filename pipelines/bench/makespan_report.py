@@ -34,12 +34,14 @@ def render_section(m: dict) -> list[str]:
          f"| *c*, the flow's time per completion | {1e3 * cal['client_s']:.0f} ms | every Dask run: the flow "
          "process's CPU outside its own part fitted as a share of the pool's time plus *c* per chunk, at most the "
          "measured gap |",
-         f"| *F(N) = a + b N* | {fl['a_s']:.2f} s + {1e3 * fl['b_s_per_stay']:.2f} ms × N | every run at "
-         f"{', '.join(f'{int(x):,}' for x in fl['stays'])} stays |"]
+         f"| *F(N) = a + b N* | {fl['a_s']:.2f} s + {1e3 * fl['b_s_per_stay']:.3f} ms × N | {fl['fitted_on']}, "
+         f"at {', '.join(f'{int(x):,}' for x in fl['stays'])} stays |"]
     if kappa:
         L.append(f"| κ, two busy worker processes on the 2 cores | {_r(kappa, 2)} × | paired dask-2 / dask-1 rounds |")
-    L += ["", "**Validation** against every measured run (median and range over its rounds; *with κ*: the chunks "
-          "slowed by κ, as two worker processes on this machine's 2 cores are):", "",
+    L += ["", "**Validation** against every measured run whose machine was not overloaded (median 1-minute load "
+          f"at most {cal['max_load']:g}; median and range over its rounds; *with κ*: the chunks slowed by κ, as two "
+          "worker processes on this machine's 2 cores are). The constants *s* and *o* are fitted on these runs' "
+          "dask-1 chunks; the dask-2 rows are predictions:", "",
           "| stays (warehouse seed) | longest stay h | mode | measured s | model s | model / measured | with κ, s | "
           "with κ / measured | load |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for v in m["validation"]:
