@@ -36,7 +36,8 @@ def _run(mode: str, rnd: int, chunks: list[tuple[str, int, int, float]], k: floa
                                            "seconds": secs, "worker": 0, "start": t, "end": t + secs})
         t += secs + 0.01
     return {"mode": mode, "round": rnd, "flow_s": 1.0, "pool_s": t, "lead_cpu_s": 1.0 + 0.02 * len(chunks),
-            "seconds": 1.0 + t, "phases": [{"phase": p, "chunks": c} for p, c in phases.items()]}
+            "seconds": 1.0 + t, "load_1min": 1.0,
+            "phases": [{"phase": p, "start": 0.4, "chunks": c} for p, c in phases.items()]}
 
 
 def test_calibration_recovers_known_costs():
@@ -52,6 +53,7 @@ def test_calibration_recovers_known_costs():
         assert cal["s_per_unit"][ph] == pytest.approx(s[ph], rel=1e-6)
     assert cal["chunk_s"] == pytest.approx(o, abs=1e-9)
     assert cal["kappa"]["median"] == pytest.approx(1.2, rel=1e-6)
+    assert cal["flow"]["a_s"] == pytest.approx(0.4) and cal["flow"]["b_s_per_stay"] == pytest.approx(0.6 / 1000)
 
 
 @pytest.mark.parametrize("name", ["bench_dask.json", "bench_dask_seed1.json"])

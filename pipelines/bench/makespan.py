@@ -5,8 +5,9 @@
 
 A run on ``p`` worker processes takes ``T(p) = F(N) + pool(p)``:
 
-* ``F(N) = a + b N``: the flow's own seconds for ``N`` stays (start-up, pilot, planning, the
-  comparison, gate staging, the result), fitted on every measured run's ``flow_s``;
+* ``F(N) = a + b N``: the flow's own seconds for ``N`` stays: its head ``a`` before the pool
+  (start-up, pilot, planning) and its serial tail after it (the comparison, gate staging, the
+  result) taken as proportional to ``N`` (an upper estimate: part of it is fixed);
 * ``pool(p)``: the list schedule of :func:`pipelines.runtime.scaleout.map_phases` simulated
   (:func:`simulate`): the stay batches, refit audit and sensitivity chunks cut by the real
   :func:`~pipelines.runtime.scaleout.plan_chunks` for ``p`` slots, submitted most expensive
@@ -48,7 +49,8 @@ AUDIT_STAYS, SENSITIVITY_STAYS = 50, 200
 #: doubling the workers is "useful" while it cuts the predicted time by at least this factor
 USEFUL_GAIN = 1.10
 #: a result file whose median 1-minute load is above this (cores x 2 on the measuring machine)
-#: calibrates only the flow's part, in CPU seconds; its wall times are not compared
+#: calibrates nothing and is not compared in wall time: only its flow tail / head ratio is shown
+#: beside the model's (the load slows both alike)
 MAX_LOAD = 4.0
 
 
@@ -108,8 +110,10 @@ def calibrate(results: list[dict]) -> dict:
 
     coef, _ = nnls(np.asarray(rows), np.asarray(ys))  # seconds per unit and per chunk, none negative
     fit = np.asarray(rows) @ coef
-    gaps, lead, lead_y, kappa = [], [], [], []
+    gaps, lead, lead_y, kappa, head, tail, checks = [], [], [], [], [], [], []
     for res, run in _dask_runs(results):
+        if not _quiet(res):
+            continue
         by: dict = {}
         n = 0
         for p in run["phases"]:
@@ -121,30 +125,34 @@ def calibrate(results: list[dict]) -> dict:
             spans.sort()
             gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:])]
         if run.get("lead_cpu_s") is not None and n:
-            # the flow process's CPU: its own part (a + b N), a share of the pool's time (its
-            # background threads) and a cost per completion handled
-            lead.append([1.0, float(res["stays"]), run["pool_s"], n])
-            lead_y.append(run["lead_cpu_s"])
+            # the flow process's CPU outside its own part: a share of the pool's time (its
+            # background threads) plus a cost per completion handled
+            lead.append([run["pool_s"], n])
+            lead_y.append(max(0.0, run["lead_cpu_s"] - run["flow_s"]))
         if run["mode"] == "dask-2":
             one = next((r for r in res["runs"] if r["mode"] == "dask-1" and r["round"] == run["round"]), None)
             if one is not None:
                 kappa.append(_work(run) / _work(one))
+    for res in results:  # the flow's own part: its head (before the pool) and its tail (after it)
+        for run in res["runs"]:
+            h = min(p["start"] for p in run["phases"] if p["phase"] in PHASES)
+            (head if _quiet(res) else []).append(h)
+            (tail if _quiet(res) else []).append((run["flow_s"] - h) / res["stays"])
+            if not _quiet(res):
+                checks.append({"stays": res["stays"], "mode": run["mode"], "load_1min": run["load_1min"],
+                               "tail_over_head": (run["flow_s"] - h) / h})
     gap = statistics.median(gaps) if gaps else 0.0
-    sizes = sorted({float(res["stays"]) for res in results})
-    if len(sizes) > 1 and lead:  # the flow's own part in CPU seconds (robust to the machine's load)
-        a, b, _, c_fit = (float(v) for v in nnls(np.asarray(lead), np.asarray(lead_y))[0])
-        how = "the flow process's CPU of every Dask run: a + b N + a share of the pool's time + c per chunk"
-    else:  # one size: its measured wall, no growth
-        a, b, c_fit = statistics.median(float(r["flow_s"]) for res in results for r in res["runs"]), 0.0, 0.0
-        how = "the flow's own seconds of every run (one size measured: no growth with N)"
     # a completion is handled before the worker's next chunk is submitted: at most the gap
-    c_med = min(c_fit, gap)
+    c_med = min(float(nnls(np.asarray(lead), np.asarray(lead_y))[0][1]), gap) if lead else 0.0
+    h_med, t_med = statistics.median(head), statistics.median(tail)
+    for ch in checks:
+        ch["model_tail_over_head"] = t_med * ch["stays"] / h_med
     return {"s_per_unit": {q: float(coef[i]) for i, q in enumerate(PHASES)}, "chunk_s": float(coef[-1]),
             "chunk_fit_rel_err": _spread(np.abs(fit - ys) / np.maximum(ys, 1e-3)), "chunks_fitted": len(ys),
             "gap_s": gap - c_med, "gap_measured": _spread(gaps) if gaps else None,
             "client_s": c_med, "kappa": _spread(kappa) if kappa else None,
-            "flow": {"a_s": a, "b_s_per_stay": b, "stays": sizes, "fitted_on": how}, "max_load": MAX_LOAD,
-            "quiet_results": [i for i, res in enumerate(results) if _quiet(res)]}
+            "flow": {"a_s": h_med, "b_s_per_stay": t_med, "stays": sorted({float(r["stays"]) for r in results}),
+                     "checks": checks}, "max_load": MAX_LOAD}
 
 
 def _work(run: dict) -> float:
@@ -305,12 +313,21 @@ def _useful(work: dict, cal: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ command
+#: the full-size run-all record whose retention step the 1-worker prediction is shown beside
+FULL_RUN = "docs/results/run_all_full.json"
+
+
 def build(paths: list[str], workers) -> dict:
     results = [json.loads(Path(p).read_text()) for p in paths]
     cal = calibrate(results)
+    full = predict(cal, workers)
+    if Path(FULL_RUN).is_file():  # the measured full-size retention step (local thread pool)
+        step = json.loads(Path(FULL_RUN).read_text())["steps"].get("retention")
+        if step:
+            full["measured_run_all"] = {"wall_s": step["wall_s"], "cpu_s": step["cpu_s"], "record": FULL_RUN}
     return {"kind": "makespan_model", "results": [str(p) for p in paths], "calibration": cal,
-            "validation": validate(results, cal), "full_cohort": predict(cal, workers),
-            "command": "python -m pipelines.bench.makespan " + " ".join(f"--results {p}" for p in paths)}
+            "validation": validate(results, cal), "full_cohort": full,
+            "command": "python -m pipelines.bench.makespan --results " + " ".join(str(p) for p in paths)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,25 +29,30 @@ def render_section(m: dict) -> list[str]:
          f"| *s*, refit audit | {1e9 * s['audit']:.0f} ns / unit | 〃 |",
          f"| *s*, sensitivity | {1e9 * s['sensitivity']:.0f} ns / unit | 〃 |",
          f"| *o*, per chunk | {1e3 * cal['chunk_s']:.0f} ms | 〃 |",
-         f"| *g*, round trip between a worker's chunks | {1e3 * cal['gap_s']:.0f} ms | every Dask run (measured gap "
+         f"| *g*, round trip between a worker's chunks | {1e3 * cal['gap_s']:.0f} ms | those Dask runs (measured gap "
          f"{1e3 * cal['gap_measured']['median']:.0f} ms less *c*) |",
-         f"| *c*, the flow's time per completion | {1e3 * cal['client_s']:.0f} ms | every Dask run: the flow "
+         f"| *c*, the flow's time per completion | {1e3 * cal['client_s']:.0f} ms | those Dask runs: the flow "
          "process's CPU outside its own part fitted as a share of the pool's time plus *c* per chunk, at most the "
          "measured gap |",
-         f"| *F(N) = a + b N* | {fl['a_s']:.2f} s + {1e3 * fl['b_s_per_stay']:.3f} ms × N | {fl['fitted_on']}, "
-         f"at {', '.join(f'{int(x):,}' for x in fl['stays'])} stays |"]
+         f"| *F(N) = a + b N* | {fl['a_s']:.2f} s + {1e3 * fl['b_s_per_stay']:.2f} ms × N | the flow's own "
+         "seconds of those runs: *a* its head before the pool (start-up, pilot, planning), *b N* its serial tail "
+         "after it (comparison, gate staging, result), taken as proportional to *N*: an upper estimate |"]
     if kappa:
         L.append(f"| κ, two busy worker processes on the 2 cores | {_r(kappa, 2)} × | paired dask-2 / dask-1 rounds |")
     L += ["", "**Validation** against every measured run whose machine was not overloaded (median 1-minute load "
           f"at most {cal['max_load']:g}; median and range over its rounds; *with κ*: the chunks slowed by κ, as two "
-          "worker processes on this machine's 2 cores are). The constants *s* and *o* are fitted on these runs' "
-          "dask-1 chunks; the dask-2 rows are predictions:", "",
+          "worker processes on this machine's 2 cores are). Every constant is fitted on these runs (*s* and *o* on "
+          "their dask-1 chunks); the dask-2 rows are predictions:", "",
           "| stays (warehouse seed) | longest stay h | mode | measured s | model s | model / measured | with κ, s | "
           "with κ / measured | load |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for v in m["validation"]:
         wk = (f"{v['predicted_kappa_s']:.1f} | {v['ratio_kappa']:.2f}" if "predicted_kappa_s" in v else "– | –")
         L.append(f"| {v['stays']:,} ({v['warehouse_seed']}) | {v['longest_stay_h']:,} | {v['mode']} | "
                  f"{_r(v['measured_s'])} | {v['predicted_s']:.1f} | {v['ratio']:.2f} | {wk} | {v['load_1min']:.1f} |")
+    for ch in fl.get("checks", []):
+        L += ["", f"*Check of the tail's growth on a run not compared above* ({ch['stays']:,} stays, {ch['mode']}, "
+              f"load {ch['load_1min']:.1f}, which slows head and tail alike): tail / head measured "
+              f"{ch['tail_over_head']:.1f}, model {ch['model_tail_over_head']:.1f}."]
     u = full["useful"]
     share = 100 * full["longest_stay_share"]
     L += ["", f"**The full cohort** ({full['stays']:,} stays; its longest stay is {share:.1f} % of the stay-batch "
@@ -58,6 +63,11 @@ def render_section(m: dict) -> list[str]:
         L.append(f"| {r['workers']} | {r['seconds']:.1f} | {r['speedup']:.2f} | {r['flow_s']:.1f} | "
                  f"{r['pool_s']:.1f} | {r['chunks']} | {r['work_s']:.1f} | {r['longest_chunk_s']:.1f} | "
                  f"{r['bound_s']:.1f} | {r['seconds_kappa']:.1f} | {r['limit']} |")
+    ran = full.get("measured_run_all")
+    if ran:
+        L += ["", f"Beside it, measured: the full-size run-all's retention step (`{ran['record']}`, the local thread "
+              f"pool, whose threads share one interpreter) took {ran['wall_s']:.0f} s wall, {ran['cpu_s']:.0f} CPU-s; "
+              f"the model's 1 worker: {full['rows'][0]['seconds']:.0f} s."]
     L += ["", f"*Largest useful cluster*: **{u['workers']} workers** ({u['seconds']:.1f} s; doubling it gains less "
           f"than {100 * (u['gain'] - 1):.0f} %). Past it the time approaches *F(N)* + the longest chunk = "
           f"{full['asymptote_s']:.1f} s whatever the cluster: {full['rows'][-1]['limit']} limits it. *bound*: "
