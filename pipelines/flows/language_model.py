@@ -27,9 +27,9 @@ from evaluation.studies.language_model import (
     LMStudyError,
     check_references,
     run_comparison,
-    study_result,
     train_run,
 )
+from evaluation.studies.language_model_result import study_result
 from models.corpus import CorpusMissingError, load_corpus
 
 train_task = task(train_run, name="lm-train-run")
@@ -76,7 +76,8 @@ def language_model_flow(corpus: str | None = None, steps: int | None = None,
     path.parent.mkdir(parents=True, exist_ok=True)
     from dashboards.schema import write_result
 
-    write_result(study_result(res, Path(corpus).name if corpus else "Shakespeare (Project Gutenberg)"), path)
+    res["corpus_name"] = Path(corpus).name if corpus else "Shakespeare (Project Gutenberg)"
+    write_result(study_result(res, res["corpus_name"]), path)
     # full per-step curves and configuration beside it ("kind", not "study": the report skips it)
     details = dict(res)
     details["kind"] = details.pop("study")

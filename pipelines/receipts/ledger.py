@@ -75,6 +75,11 @@ def _append_line(path: Path, line: str) -> None:
             os.close(dfd)
 
 
+#: the same fsynced append, cut back on failure, for the log's other append-only files (its C2SP
+#: checkpoints and cosignatures: :mod:`pipelines.receipts.checkpoints`)
+append_line = _append_line
+
+
 class Ledger:
     """One ledger directory under one key. Reading verifies the whole log every time (HMAC
     chain, Merkle roots, the newest head's signature, the anchor), so a caller never acts on a

@@ -114,7 +114,7 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
     allow_absent : register a subject the warehouse does not hold (so future builds exclude them).
     """
     t0 = time.perf_counter()
-    with Warehouse.open(warehouse, write=True, ledger_dir=ledger_dir, wait=wait) as w:
+    with Warehouse.open(warehouse, write=True, ledger_dir=ledger_dir, wait=wait, on_witness_conflict="warn") as w:
         con = w.connect(read_only=True)
         try:
             sid = _resolve(con, subject_id, stay_id)

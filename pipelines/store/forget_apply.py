@@ -214,7 +214,8 @@ def ledger_result(w: WarehouseHandle, runtime_s: float = 0.0) -> dict:
                     "pending_erasures": pending, "head": s["head"] or "", "last_deletion_utc": s["last_ts"] or "",
                     "key_fingerprint": w.keys.fingerprint},
         "tables": [], "figures": [],
-        "notes": "verify independently: forgetful receipts verify --head HEAD --min-count N",
+        "notes": "verify independently with the log's public key (no secret): forgetful receipts verify --public-key "
+                 "log.pub --head HEAD --min-count N",
     }
 
 

@@ -72,8 +72,14 @@ class Warehouse:
     @contextlib.contextmanager
     def open(cls, path: str | os.PathLike, *, write: bool = True, must_exist: bool = True,
              ledger_dir: str | os.PathLike | None = None, wait: float | None = None,
-             reconcile: bool = True) -> Iterator[Warehouse]:
-        """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures."""
+             reconcile: bool = True, on_witness_conflict: str = "refuse") -> Iterator[Warehouse]:
+        """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures.
+
+        A writer first asks the log's witnesses, if it has any, whether they cosigned a larger or
+        another tree (:func:`pipelines.receipts.witness_client.ask`): a restored or forked log is
+        refused before anything is read (``on_witness_conflict="warn"``: said, not refused — a
+        forget, which only removes data); the log's newest checkpoint is submitted again when
+        the block ends (a forget grew the log)."""
         from pipelines.receipts import ledger as ledger_mod
         from pipelines.store.keys import Keys
         from pipelines.store.safe_io import refuse_link
@@ -92,8 +98,11 @@ class Warehouse:
             w = cls(p, keys, led)
             led.check_recorded(meta, f"the warehouse {p.name}")  # no rollback: nothing is touched
             if write:
+                from pipelines.receipts import witness_client
+
                 locking.clean_stale(p)
                 led.complete()  # sign receipts an interrupted append left without a signed head
+                witness_client.ask(led, refuse=on_witness_conflict == "refuse")
             if reconcile and p.is_file():
                 if write:
                     from pipelines.store.forget_apply import complete_pending
@@ -102,6 +111,8 @@ class Warehouse:
                 else:
                     led.verify()
             yield w
+            if write:
+                witness_client.ask(led, refuse=False)  # the block may have grown the log
 
     def connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         return duckdb.connect(str(require(self.path)), read_only=read_only)
