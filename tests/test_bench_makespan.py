@@ -72,3 +72,11 @@ def test_the_full_workload_is_the_full_size_run_all_data():
     w = makespan.full_workload()
     assert len(w["ids"]) == data["eligible_stays"]
     assert sum(w["hours"].values()) == pytest.approx(data["hourly_tokens"], rel=1e-5)
+
+
+def test_scale_md_is_the_rendering_of_its_result():
+    from pipelines.bench.scale_report import render_markdown
+
+    result = json.loads((ROOT / "docs" / "SCALE.json").read_text())
+    assert "scaleout" in result
+    assert (ROOT / "docs" / "SCALE.md").read_text() == render_markdown(result, "SCALE.json")
