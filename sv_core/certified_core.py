@@ -9,6 +9,7 @@ This module never imports the gate, so the gate can use it.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from dataclasses import asdict, dataclass, field
@@ -201,20 +202,18 @@ def not_certified_reason(at: Attempt, kkt_tol: float) -> str | None:
 
 def load_certified(core) -> SolveCertificate:
     """First solve of a cold maintained solver (:class:`sv_core.solver.MaintainedSVDD`): the
-    certified solve of its live keys over the Gram matrix it stores, then the maintained state
-    (margin set, bordered inverse, exact gradient) rebuilt from the solution. Raises
-    :class:`PathError` (the core untouched) when the solve cannot certify."""
+    certified solve of its live keys (:func:`attempt`, exactly as :func:`sv_core.solve` of those
+    keys), loaded *deferred*: the margin set, bordered inverse, kernel and gradient are built by
+    ``core.materialise()`` when a C&P step first needs them. Raises :class:`PathError` (the core
+    untouched) when the solve cannot certify."""
     live = core.live()
-    n = live.size
-    if n and live[-1] == n - 1:
-        K = core.K[:n, :n]  # a view: rows are read in place
-    else:
-        K = core.K[np.ix_(live, live)]
-    at = attempt(core.X[live], core.C, core.sigma, gram=K)
+    # the SMO touches few distinct kernel columns (its working set is about the support): a
+    # cache of ceil(1/C) columns (the error set's size) keeps the memory O(n |support|)
+    cols = max(2, math.ceil(1.0 / core.C))
+    at = attempt(core.X[live], core.C, core.sigma, cache_bytes=min(CACHE_BYTES, 8 * live.size * cols))
     reason = not_certified_reason(at, KKT_GUARD)
     if reason is not None:
         raise PathError(reason)
     sol = certified_solution(at, kkt_tol=KKT_GUARD, target=TARGET_KKT)
-    core.load_solution(live, sol.alpha, sol.status, sol.rho)
-    core.solved = True
+    core.load_deferred(live, sol.alpha, sol.status, sol.rho)
     return sol.certificate

@@ -295,6 +295,10 @@ PARSE_ONLY = {
     "[--study-stays N] [--repeat 2] [--out docs/SCALE.json]": "hours of CPU at these sizes; "
     "tests/test_pipelines_bench_scale.py runs it on a tiny root",
     "python -m pipelines.bench.scale --render FILE": "tests/test_pipelines_bench_scale.py renders result files",
+    "python -m pipelines.bench.makespan --results docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
+    "docs/results/bench_dask_4000.json --into docs/SCALE.json --doc docs/SCALE.md": "rewrites docs/SCALE.json's model "
+        "and docs/SCALE.md; tests/test_bench_makespan.py checks the document equals the rendering of the result and "
+        "checks the model's schedule, calibration and workloads",
     "python -m pipelines.bench.fullrun --root DIR --workdir DIR [--det-seeds 1] [--det-max-epochs 2]":
         "half an hour of CPU on a full-size root; tests/test_pipelines_bench_fullrun.py runs it with a stand-in "
         "run-all and records a run from its files",

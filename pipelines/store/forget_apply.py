@@ -15,13 +15,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from pipelines.errors import GateStoreError
 from pipelines.runtime.results import write_study_result
 from pipelines.store import erasure, gate_store, killpoint, safe_io
+from pipelines.store.handle import WarehouseHandle
 from pipelines.store.warehouse_files import data_kind, get_meta
 
 STALE_FILE = "stale.json"
@@ -175,7 +175,7 @@ def mark_stale(runs_dirs: list[Path], seq: int, kind: str) -> None:
         os.replace(tmp, d / STALE_FILE)
 
 
-def apply_erasure(w: Any, subjects: dict[int, str], updates: dict, seq_applied: int) -> dict[str, int]:
+def apply_erasure(w: WarehouseHandle, subjects: dict[int, str], updates: dict, seq_applied: int) -> dict[str, int]:
     """Erase ``subjects`` from the exports, purge the task cache, mark results stale, and rewrite
     the warehouse without them (physically). The warehouse comes last: until its swap the
     subjects are still present, so a kill or a storage failure anywhere before leaves the whole
@@ -194,7 +194,7 @@ def apply_erasure(w: Any, subjects: dict[int, str], updates: dict, seq_applied: 
     return removed
 
 
-def erase_exports(w: Any, entries: list | None = None) -> dict[str, int]:
+def erase_exports(w: WarehouseHandle, entries: list | None = None) -> dict[str, int]:
     """Rewrite every file the project wrote in the registered exports (or ``entries``) without
     any patient the registry names (:func:`pipelines.store.exports.erase`); counts only."""
     from pipelines.store import export_registry, exports
@@ -218,7 +218,7 @@ def say_exports(ex: dict[str, int]) -> None:
               file=sys.stderr)
 
 
-def complete_pending(w: Any) -> dict[str, int | None]:
+def complete_pending(w: WarehouseHandle) -> dict[str, int | None]:
     """Finish every erasure the registry holds but the warehouse does not reflect yet (a forget
     killed after its commit, a warehouse built without the registry, re-inserted rows, or a
     patient another registry of the same source names). Returns subject hash -> receipt seq for
@@ -253,7 +253,7 @@ def complete_pending(w: Any) -> dict[str, int | None]:
     return {h: reg[h] for h in present.values()}
 
 
-def recheck_exports(w: Any, reg: dict, state: str) -> None:
+def recheck_exports(w: WarehouseHandle, reg: dict, state: str) -> None:
     """Export folders whose files changed since the project last looked at them (a copy put back,
     stat only: :func:`pipelines.store.export_registry.changed`) are cleaned against the whole
     registry now, not at the next forget."""
@@ -265,7 +265,7 @@ def recheck_exports(w: Any, reg: dict, state: str) -> None:
             say_exports(erase_exports(w, moved))
 
 
-def ledger_result(w: Any, runtime_s: float = 0.0) -> dict:
+def ledger_result(w: WarehouseHandle, runtime_s: float = 0.0) -> dict:
     """The report's ledger card (aggregates only: counts, head, status, last deletion time)."""
     s = w.ledger.summary()
     pending = len(w.present_registered()) if s["chain_verified"] else 0
@@ -281,7 +281,7 @@ def ledger_result(w: Any, runtime_s: float = 0.0) -> dict:
     }
 
 
-def write_ledger_result(w: Any, render: bool = True) -> list[Path]:
+def write_ledger_result(w: WarehouseHandle, render: bool = True) -> list[Path]:
     """Write the ledger card of ``w``'s own ledger into every runs folder registered with the
     warehouse (found by identity: never a copy's or the original's), then — with ``render`` —
     re-render each folder's ``report.html`` so it says at once what the card and the stale marks
