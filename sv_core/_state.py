@@ -215,6 +215,11 @@ class SolverState:
             self._build_kernel()
         return np.arange(lo, hi)
 
+    def build_kernel(self) -> None:
+        """Build the kernel of every stored key now (a small first solve reads it, as the C&P
+        steps after it will: one kernel, the same bits)."""
+        self._build_kernel()
+
     def _build_kernel(self) -> None:
         """Kernel rows and columns of the slots ``_kn..n_slots`` into ``K``, in blocks (the
         kernel's temporaries stay O(block), not O(m n)); every new entry checked finite."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from sv_core._active_set import Problem, certify, margin_residual, read_off, repair
 from sv_core._blas import single_thread
-from sv_core._gate_exact import KKT_GUARD
+from sv_core._gate_exact import KKT_GUARD, consolidate_repeats
 from sv_core._state import ERROR, MARGIN, RESERVE
 from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
 from sv_core.kernels import rbf_kernel
@@ -207,13 +207,30 @@ def load_certified(core) -> SolveCertificate:
     ``core.materialise()`` when a C&P step first needs them. Raises :class:`PathError` (the core
     untouched) when the solve cannot certify."""
     live = core.live()
-    # the SMO touches few distinct kernel columns (its working set is about the support): a
-    # cache of ceil(1/C) columns (the error set's size) keeps the memory O(n |support|)
-    cols = max(2, math.ceil(1.0 / core.C))
-    at = attempt(core.X[live], core.C, core.sigma, cache_bytes=min(CACHE_BYTES, 8 * live.size * cols))
+    n = live.size
+    if n <= SMALL_N:
+        # small: the solve reads the kernel exactly as the state builds it (same blocks, same bits),
+        # so the partition it finds is the one the later C&P steps see; a kernel computed in other
+        # blocks differs in the last bits, and bit-identical keys may then both land on the margin
+        core.build_kernel()
+        K = core.K[:n, :n] if n and live[-1] == n - 1 else core.K[np.ix_(live, live)]
+        at = attempt(core.X[live], core.C, core.sigma, gram=K)
+    else:
+        # the SMO touches few distinct kernel columns (its working set is about the support): a
+        # cache of ceil(1/C) columns (the error set's size) keeps the memory O(n |support|)
+        cols = max(2, math.ceil(1.0 / core.C))
+        at = attempt(core.X[live], core.C, core.sigma, cache_bytes=min(CACHE_BYTES, 8 * n * cols))
     reason = not_certified_reason(at, KKT_GUARD)
     if reason is not None:
         raise PathError(reason)
     sol = certified_solution(at, kkt_tol=KKT_GUARD, target=TARGET_KKT)
-    core.load_deferred(live, sol.alpha, sol.status, sol.rho)
+    alpha, status = sol.alpha, sol.status
+    margin = status == MARGIN
+    X = core.X[live]
+    if np.count_nonzero(margin) > 1 and np.unique(X[margin], axis=0).shape[0] < np.count_nonzero(margin):
+        # bit-identical keys on the margin: any split of their mass is optimal, but the bordered
+        # system needs one of them (the same gathering the exact fallback applies)
+        alpha, status = consolidate_repeats(X, alpha, status, core.C)
+    core.load_deferred(live, alpha, status, sol.rho)
+    core.defer()  # the kernel a small solve read is rebuilt, in the same blocks, by materialise
     return sol.certificate

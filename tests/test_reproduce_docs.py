@@ -93,9 +93,18 @@ def test_figures_compare_at_printed_precision_not_rounding_noise():
     assert agree("| sv | 1.07e+04 |", "| sv | 1.09e+04 |")
     assert agree("- claim: 0.899 — holds", "- claim: 0.899 — **does not hold**")
     assert agree("x\ny", "x")
-    # a trained model's figure moves within the stated tolerance; early-stopping epochs are not compared
-    assert not agree("| LSTM | 0.728 | 12 |", "| LSTM | 0.741 | 9 |", study="deterioration")
-    assert agree("| LSTM | 0.728 |", "| LSTM | 0.8 |", study="deterioration")
+    # a trained model's figure moves within the tolerance its result states, and no further
+    tol = {"abs": 0.02}
+    assert not agree("| LSTM | 0.728 |", "| LSTM | 0.741 |", tol=tol)
+    assert agree("| LSTM | 0.728 |", "| LSTM | 0.8 |", tol=tol)
+    assert not agree("worst < 1e-11", "worst < 1e-8", tol={"decades": 1.5})
+    assert agree("worst < 1e-11", "worst < 1e-9", tol={"decades": 2})
+    assert not agree("| 1.2 s |", "| 9.9 s |", timed=True)
+    # the loosest tolerance a result states, at the top or per table column
+    assert reproduce.study_tolerance({"tolerances": {"m.x": {"abs": 0.02, "why": "w"}},
+                                      "tables": [{"tolerances": {"c": {"rel": 0.1, "why": "w"}}}]}) == \
+        {"abs": 0.02, "rel": 0.1}
+    assert reproduce.study_tolerance({}) == {}
     assert agree("| LSTM | 0.728 |", "| LSTM | 0.741 |")  # a deterministic study: no tolerance
 
 

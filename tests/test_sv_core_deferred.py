@@ -153,3 +153,32 @@ def test_a_gate_from_a_given_solution_is_held_deferred_too():
     g.forget(tid)
     eager.forget(tid)
     assert np.abs(g.score(X) - eager.score(X)).max() <= 1e-12 and g.kkt_residual()["max"] <= 1e-12
+
+
+def test_first_solve_on_exact_repeats_never_leaves_twins_on_the_margin():
+    """The redundant audit regime (exact repeats): a batch admit followed by two deletions
+    completes on every trial, as before the state was deferred (the deferred load had left
+    bit-identical twins on the margin: 'bordered KKT matrix is singular' in trials 12 and 39)."""
+    from sv_core.audit import run_audit
+
+    out = run_audit(trials=40, regimes=["redundant"], progress=False)
+    r = out["regimes"]["redundant"]
+    assert out["failures"] == [] and r["failed"] == 0 and r["completed_fallback"] == 0
+
+
+def test_twins_on_the_margin_are_gathered_at_load():
+    from sv_core import Gate, calibrate_C
+    from sv_core.solver import MARGIN
+
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((30, 4))
+    X = np.vstack([base, base[:10], base[:10]])  # every one of the first ten keys three times
+    g = Gate(C=calibrate_C(nu=0.5, n0=len(X)), sigma=2.0)
+    ids = g.admit(X)
+    st = g.to_state()
+    margin = np.asarray(st["status"]) == MARGIN
+    keys = np.asarray(st["keys"])[margin]
+    assert np.unique(keys, axis=0).shape[0] == keys.shape[0]  # at most one of each twin group
+    for i in g.support_ids()[:3]:
+        g.forget(int(i), verify=True)
+    assert g.fallbacks == 0 and len(ids) == len(X)
