@@ -102,11 +102,10 @@ def encodings(i: int) -> dict[str, bytes]:
 
 def _retention_batch(warehouse: str, stay_ids) -> dict:
     """The retention study's map step over stays, with their gates (record-level)."""
-    from evaluation.clinical.retention import DEFAULT_POLICIES
-    from pipelines.flows.clinical_retention import batch_results
+    from evaluation.clinical.retention_spec import StaySpec
+    from pipelines.flows.retention_chunks import batch_results
 
-    return batch_results(warehouse, list(stay_ids), label="event_composite", drop=[], nu=0.3, sigma=3.0,
-                         policies=list(DEFAULT_POLICIES), build_gate=True)
+    return batch_results(warehouse, list(stay_ids), StaySpec(build_gate=True))
 
 
 def byte_hits(folders, ids) -> list[tuple[str, int, str]]:

@@ -342,38 +342,51 @@ def lock_conflict_line(exc: BaseException) -> str:
             "rerun the command")
 
 
+def report_error(exc: BaseException) -> int | None:
+    """The exit code of a command's error, after its one line on stderr: a typed project error
+    (pipelines, cohort, evaluation, sv_core, dashboards) 3; a storage failure (disk full,
+    read-only, permission: :class:`~pipelines.errors.StorageError`, or such an ``OSError`` /
+    DuckDB I/O error raised untyped) 4; another process holding the DuckDB file 3. None: not a
+    command error (a bug: let it raise). :func:`pipelines.cli.main` applies it to every command."""
+    from cohort.errors import CohortError
+    from dashboards.errors import ReportError
+    from evaluation.errors import EvaluationError
+    from pipelines.errors import PipelineError, StorageError
+    from pipelines.store.safe_io import describe, storage_errno
+    from sv_core.errors import GateError
+
+    if isinstance(exc, StorageError):
+        print(f"error: StorageError: {exc}", file=sys.stderr)
+        return EXIT_STORAGE
+    if isinstance(exc, (PipelineError, CohortError, EvaluationError, GateError, ReportError)):
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_DOMAIN
+    if not isinstance(exc, Exception):
+        return None
+    if is_lock_conflict(exc):  # another process (a reader too) holds the DuckDB file
+        print(f"error: WarehouseBusyError: {lock_conflict_line(exc)}", file=sys.stderr)
+        return EXIT_DOMAIN
+    if storage_errno(exc) is None:
+        return None
+    where = getattr(exc, "filename", None)
+    print(f"error: StorageError: {describe(exc)}{f' at {where}' if where else ''}; the command stopped; rerun "
+          "it once the disk allows (a pending erasure is completed by the next command)", file=sys.stderr)
+    return EXIT_STORAGE
+
+
 def cli_errors(fn):
-    """Wrap a CLI ``func``: a typed project error (pipelines, cohort, evaluation, sv_core,
-    dashboards) prints one line and exits 3; a storage failure (disk full, read-only, permission:
-    :class:`~pipelines.errors.StorageError`, or such an ``OSError`` / DuckDB I/O error raised
-    untyped) prints one line and exits 4; usage errors stay argparse's 2."""
+    """Wrap a CLI ``func`` with :func:`report_error` (usage errors stay argparse's 2). The
+    ``forgetful`` entry point applies it to every command itself; this decorator is for a command
+    function called on its own."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(args) -> int:
-        from cohort.errors import CohortError
-        from dashboards.errors import ReportError
-        from evaluation.errors import EvaluationError
-        from pipelines.errors import PipelineError, StorageError
-        from pipelines.store.safe_io import describe, storage_errno
-        from sv_core.errors import GateError
-
         try:
             return int(fn(args) or 0)
-        except StorageError as exc:
-            print(f"error: StorageError: {exc}", file=sys.stderr)
-            return EXIT_STORAGE
-        except (PipelineError, CohortError, EvaluationError, GateError, ReportError) as exc:
-            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return EXIT_DOMAIN
         except Exception as exc:
-            if is_lock_conflict(exc):  # another process (a reader too) holds the DuckDB file
-                print(f"error: WarehouseBusyError: {lock_conflict_line(exc)}", file=sys.stderr)
-                return EXIT_DOMAIN
-            if storage_errno(exc) is None:
+            rc = report_error(exc)
+            if rc is None:
                 raise
-            where = getattr(exc, "filename", None)
-            print(f"error: StorageError: {describe(exc)}{f' at {where}' if where else ''}; the command stopped; rerun "
-                  "it once the disk allows (a pending erasure is completed by the next command)", file=sys.stderr)
-            return EXIT_STORAGE
+            return rc
     return wrapper

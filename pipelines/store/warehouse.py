@@ -60,12 +60,14 @@ class Warehouse:
     keys : :class:`pipelines.store.keys.Keys`
     ledger : :class:`pipelines.receipts.ledger.Ledger`
     completed : subject hashes whose pending erasure this open completed.
+    writable : whether this handle holds the writer lock (exclusive).
     """
 
-    def __init__(self, path: Path, keys, ledger):
+    def __init__(self, path: Path, keys, ledger, writable: bool = True):
         self.path = path
         self.keys = keys
         self.ledger = ledger
+        self.writable = writable
         self.completed: dict[str, int] = {}
 
     @classmethod
@@ -73,23 +75,34 @@ class Warehouse:
     def open(cls, path: str | os.PathLike, *, write: bool = True, must_exist: bool = True,
              ledger_dir: str | os.PathLike | None = None, wait: float | None = None,
              reconcile: bool = True) -> Iterator[Warehouse]:
-        """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures."""
+        """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures.
+
+        Opened once per command: inside an open of the same warehouse (and ledger) in this process
+        that holds at least the lock this one asks for, the outer handle is yielded as it is — the
+        key is not read again, the ledger not checked again, nothing completed twice."""
         from pipelines.receipts import ledger as ledger_mod
+        from pipelines.store import keys as keys_mod
         from pipelines.store.keys import Keys
         from pipelines.store.safe_io import refuse_link
 
         refuse_link(Path(path).absolute(), "warehouse")  # resolve() below would follow it
         p = Path(path).resolve()
+        led_dir = Path(ledger_dir or ledger_mod.default_dir(p)).resolve()
+        outer = _OPEN.get(p)
+        if outer is not None and (outer.writable or not write) and outer.ledger.dir == led_dir:
+            if must_exist:
+                require(p)
+            yield outer
+            return
         refuse_link(p.parent / (p.name + ".wal"), "warehouse WAL")
         if must_exist:
             require(p)
-        led_dir = Path(ledger_dir or ledger_mod.default_dir(p)).resolve()
         with locking.hold(p, exclusive=write, wait=wait):
             meta = read_meta(p) if p.is_file() else {}
             check_key_location(p, led_dir, meta)  # before a key is read or created
             keys = Keys.load()
             led = ledger_mod.Ledger(led_dir, keys)
-            w = cls(p, keys, led)
+            w = cls(p, keys, led, writable=write)
             led.check_recorded(meta, f"the warehouse {p.name}")  # no rollback: nothing is touched
             if write:
                 locking.clean_stale(p)
@@ -101,7 +114,15 @@ class Warehouse:
                     w.completed = complete_pending(w)
                 else:
                     led.verify()
-            yield w
+            _OPEN[p], keys_mod.HELD[p] = w, keys
+            try:
+                yield w
+            finally:
+                if outer is None:
+                    _OPEN.pop(p, None)
+                    keys_mod.HELD.pop(p, None)
+                else:
+                    _OPEN[p], keys_mod.HELD[p] = outer, outer.keys
 
     def connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         return duckdb.connect(str(require(self.path)), read_only=read_only)
@@ -227,6 +248,10 @@ class Warehouse:
         from pipelines.store.exports import MedsFolder
 
         return self._remembered("exports") + [MedsFolder(p) for p in self._remembered("meds_exports")]
+
+
+#: resolved path -> the handle an active :meth:`Warehouse.open` holds in this process
+_OPEN: dict[Path, Warehouse] = {}
 
 
 class ForgetExclusion:
