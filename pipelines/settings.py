@@ -106,6 +106,17 @@ def event_file(text: str) -> EventDefinition:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def utc_microseconds(text: str) -> int:
+    """argparse ``type`` of an ISO time (``--as-of``): microseconds since the epoch, read as UTC."""
+    import datetime as dt
+
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO time (e.g. 2180-07-23T12:00): {text!r}") from None
+    return int(t.replace(tzinfo=dt.UTC).timestamp() * 1_000_000)
+
+
 def check(what: str, value: Any, bound: Bound, optional: bool = False) -> None:
     """Raise :class:`SettingsError` when ``value`` is out of ``bound`` (None passes when ``optional``)."""
     if value is None and optional:

@@ -121,8 +121,11 @@ def test_deterioration_and_audit_flows(prefect_harness, small):
     from pipelines.flows.clinical_deterioration import deterioration_flow
 
     w, runs = small
-    res = _run(deterioration_flow, runs, warehouse=w, runs_dir=runs, seeds=1, max_epochs=2, n_boot=50,
-               size={"hidden": 8, "d_model": 8, "heads": 1, "fista_iters": 10}, progress=False)
+    from pipelines.settings import DeteriorationSettings
+
+    res = _run(deterioration_flow, runs, warehouse=w, runs_dir=runs, progress=False,
+               settings=DeteriorationSettings(seeds=1, max_epochs=2, n_boot=50,
+                                              size={"hidden": 8, "d_model": 8, "heads": 1, "fista_iters": 10}))
     for mdl in ("lstm", "softmax", "sv_attention"):
         a = res["metrics"][mdl]["auroc_mean"]
         assert 0.0 <= a <= 1.0 and a != 0.5

@@ -38,9 +38,10 @@ FIX = Path(__file__).parent / "fixtures" / "cohort"
 def _build(warehouse: Path, source: str = "mimic", root=None, min_hours: float = 48) -> dict:
     """The pipelines' build (registry applied), without a Prefect server."""
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
-    return build_task.fn(source, str(root) if root else None, str(warehouse), min_hours, None, 0, "1GB", False,
-                         None, str(warehouse.parent))
+    return build_task.fn(source, str(root) if root else None, str(warehouse),
+                         CohortSettings(min_hours=min_hours, memory_limit="1GB"), runs_dir=str(warehouse.parent))
 
 
 @pytest.fixture(scope="module")

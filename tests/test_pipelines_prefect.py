@@ -289,9 +289,9 @@ def test_the_retry_condition_retries_transient_io_only():
 
 
 def test_every_deployment_has_concurrency_limit_one():
-    from pipelines.flows.serve_cli import build_deployments, describe
+    from pipelines.flows.serve_cli import IngestSchedule, build_deployments, describe
 
-    d = describe(build_deployments(ingest_root="/tmp/forgetful-none"))
+    d = describe(build_deployments(ingest=IngestSchedule("/tmp/forgetful-none")))
     assert {x["name"] for x in d} >= {"forgetful-run-all", "forgetful-ingest"}
     assert all(x["concurrency_limit"] == 1 for x in d), d
 
