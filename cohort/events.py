@@ -211,9 +211,9 @@ def read_predicates(spec: Any, where: str = "events") -> dict[str, Predicate | D
             raise _fail(at, f"expr must be and(a, b, …) or or(a, b, …) over ≥ 2 predicates, got {p['expr']!r}")
         out[name] = Derived(name, m.group(1), members)
     for d in (x for x in out.values() if isinstance(x, Derived)):
-        for m in d.members:
-            if not isinstance(out.get(m), Predicate):
-                raise _fail(f"{where}: predicate {d.name!r}", f"{m!r} is not a plain predicate of this file "
+        for member in d.members:
+            if not isinstance(out.get(member), Predicate):
+                raise _fail(f"{where}: predicate {d.name!r}", f"{member!r} is not a plain predicate of this file "
                                                              "(derived predicates combine plain ones)")
     return out
 

@@ -108,9 +108,17 @@ def _light_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error in one line, ``forgetful CMD: error: …``, exit 2 (``--help`` shows the usage);
+    its subparsers are of this class too."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
 def build_parser(commands=None) -> argparse.ArgumentParser:
     """The full parser (imports the modules of ``commands``, default: all)."""
-    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION, epilog=EPILOG)
+    parser = OneLineParser(prog="forgetful", description=DESCRIPTION, epilog=EPILOG)
     _global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

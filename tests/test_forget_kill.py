@@ -30,7 +30,8 @@ FORGET = ("import sys; from pipelines.store.forget import forget_subject; import
           "print('ready', flush=True)\nforget_subject(sys.argv[1], subject_id=int(sys.argv[2]))\nprint('done', flush=True)")
 BUILD = ("import sys; from pipelines.flows.clinical_cohort import build_task\n"
          "from pipelines.settings import CohortSettings\nprint('ready', flush=True)\n"
-         "build_task.fn('mimic', sys.argv[2], sys.argv[1], CohortSettings(memory_limit='1GB'))\nprint('done', flush=True)")
+         "build_task.fn('mimic', sys.argv[2], sys.argv[1], CohortSettings(memory_limit='1GB'))\n"
+         "print('done', flush=True)")
 
 
 def _child(code, *args):
@@ -81,8 +82,8 @@ def _kill_loop(tmp_path, base, code, args_of, check, n=KILLS, seed=0):
 def test_kill_forget_anywhere(tmp_path_factory, tmp_path):
     from cohort.synthetic import generate
     from pipelines.flows.clinical_cohort import build_task
-    from pipelines.settings import CohortSettings
     from pipelines.receipts.ledger import Ledger, default_dir
+    from pipelines.settings import CohortSettings
     from pipelines.store.keys import Keys
     from pipelines.store.warehouse import Warehouse
 

@@ -119,7 +119,8 @@ def test_kill_at_fixed_points_then_rerun(parts, reference, tmp_path, kill):
 PARALLEL_CHILD = ("import sys; import pipelines.ingest.gates as ig; from pipelines.ingest import ingest\n"
                   "from pipelines.settings import IngestSettings\n"
                   "ig.PARALLEL_MIN_STAYS = 1\nprint('ready', flush=True)\n"
-                  "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, settings=IngestSettings(batch_stays=2, jobs=2))\n")
+                  "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True,\n"
+                  "       settings=IngestSettings(batch_stays=2, jobs=2))\n")
 
 
 def test_kill_with_worker_processes_leaves_none_behind(parts, reference, tmp_path):

@@ -23,8 +23,8 @@ import pytest
 
 from cohort.incremental.replay import make_replay
 from pipelines.ingest import ingest
-from pipelines.settings import IngestSettings
 from pipelines.ingest import state as st
+from pipelines.settings import IngestSettings
 
 
 @pytest.fixture(scope="module")

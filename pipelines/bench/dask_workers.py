@@ -211,8 +211,8 @@ def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stay
     from prefect_dask import DaskTaskRunner
 
     from pipelines.flows.clinical_retention import retention_flow
-    from pipelines.settings import RetentionSettings
     from pipelines.runtime import runner, scaleout, task_cache
+    from pipelines.settings import RetentionSettings
     from pipelines.store import warehouse as wh
 
     tmp = Path(tempfile.mkdtemp(prefix="forgetful-bench-dask-"))

@@ -115,7 +115,8 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
                     "rows": [[s, a, b] for s, a, b in funnel]}],
         "figures": [{"kind": "funnel", "title": "cohort funnel (stays)",
                      "stages": [{"label": s, "count": a} for s, a, _ in funnel]}],
-        "config": {"source": kind, "seed": seed, "sample": settings.sample, "stays": stays if kind == "synthetic" else None,
+        "config": {"source": kind, "seed": seed, "sample": settings.sample,
+                   "stays": stays if kind == "synthetic" else None,
                    "content_hash": summary["content_hash"]},
     }
     runner.write_study_result(result, runs_dir)

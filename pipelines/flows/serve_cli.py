@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipelines import jsonout
 from pipelines.runtime import runner
+from pipelines.settings import INTERVAL
 
 DEFAULT_CRON = "0 3 * * *"
 
@@ -117,7 +118,7 @@ def add_cli(sub) -> None:
                    help="also schedule `forgetful ingest` on this growing source root (concurrency limit 1)")
     p.add_argument("--ingest-source", default="mimic", choices=["mimic", "clif"],
                    help="layout of the ingest root (default: %(default)s)")
-    p.add_argument("--ingest-interval", type=float, default=3600, metavar="SECONDS",
+    p.add_argument("--ingest-interval", type=INTERVAL, default=3600, metavar="SECONDS",
                    help="ingest schedule interval (default: %(default)s s)")
     p.add_argument("--ingest-warehouse", default=None, help="streaming warehouse (default: <runs>/stream.duckdb)")
     jsonout.add_json_arg(p)

@@ -54,7 +54,6 @@ from cohort.incremental import load_stays, plan_files
 from cohort.incremental.frozen import frozen_from_batch
 from pipelines.ingest import state as st
 from pipelines.ingest.state import IngestError
-from pipelines.settings import IngestSettings
 from pipelines.ingest.steps import (
     KILL_ENV,
     MEMORY_LIMIT,
@@ -66,6 +65,7 @@ from pipelines.ingest.steps import (
     stage_step,
     step_series,
 )
+from pipelines.settings import IngestSettings
 
 __all__ = ["ingest", "init_tables", "read_frozen", "summary_line", "step_series", "gate_C", "KILL_ENV", "NU", "SIGMA",
            "N0"]

@@ -31,6 +31,7 @@ from pipelines.runtime.results import (  # noqa: F401  (re-exported: the flows i
     seed_only_where_comparable,
     write_study_result,
 )
+from pipelines.settings import COUNT, SECONDS
 
 RESULTS_SUBDIR = ".prefect-results"
 DEFAULT_RUNS = Path("runs")
@@ -174,7 +175,7 @@ def add_common_args(p, *, warehouse: bool = True) -> None:
                    help="runs directory for results and the task cache (default: %(default)s)")
     p.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="run the work on the Dask scheduler at ADDRESS (README: Dask cluster)")
-    p.add_argument("--workers", type=int, default=2, help="thread-pool size when --dask is not given (default: 2)")
+    p.add_argument("--workers", type=COUNT, default=2, help="thread-pool size when --dask is not given (default: 2)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_lock_args(p)
 
@@ -184,7 +185,7 @@ def add_lock_args(p) -> None:
     p.add_argument("--ledger", default=None, metavar="DIR",
                    help="forget registry / receipt ledger directory (default: $FORGETFUL_LEDGER_DIR or "
                         "<warehouse folder>/forget-registry)")
-    p.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--wait", type=SECONDS, default=None, metavar="SECONDS",
                    help="how long to wait for another command's writer lock (default: $FORGETFUL_LOCK_WAIT or 300)")
 
 
