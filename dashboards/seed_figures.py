@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["SEED_FIGURES", "CONTRACT_CARD", "SEED_DATA", "REAL_SOURCES", "seed_figure_for", "seed_comparability",
+__all__ = ["SEED_FIGURES", "SEED_CLAIMS", "CONTRACT_CARD", "SEED_DATA", "REAL_SOURCES", "seed_figure_for", "seed_comparability",
            "seed_line"]
 
 SEED_FIGURES: dict[str, dict[str, Any]] = {
@@ -172,6 +172,33 @@ SEED_FIGURES: dict[str, dict[str, Any]] = {
         "figure": None,
     },
 }
+
+#: The papers' claims, one headline row each (dashboards.headline): the study that tests it, the claim
+#: in a few words, the paper's figure, and what runs it when no result is there.
+SEED_CLAIMS: list[dict[str, str]] = [
+    {"study": "deletion_audit", "claim": "exact deletion equals a same-C refit (deletion audit)",
+     "paper": "1,199/1,200 complete; median max |Δs| 4.5e-13…5.7e-7; worst 1.1e-2", "not_run": "forgetful audit"},
+    {"study": "icu_retention", "claim": "ICU event hours kept at budget |S∪E|",
+     "paper": "SV 0.80 vs density 0.05", "not_run": "forgetful retention"},
+    {"study": "heldout_spo2", "claim": "held-out SpO₂ control (SpO₂ hidden from every selector)",
+     "paper": "SV 0.464 vs density 0.225: diff 0.239 [0.194, 0.284]", "not_run": "forgetful heldout-spo2"},
+    {"study": "patient_deletion", "claim": "patient deletion: zero leakage, refit-equal",
+     "paper": "leakage 0 vs decay 0.29 / 0.09; KKT ~1e-12", "not_run": "forgetful patient-deletion"},
+    {"study": "skewed_redundancy", "claim": "rare groups kept under skewed redundancy",
+     "paper": "rare recall SV 0.861 vs oracle H2O 0.319", "not_run": "forgetful skewed-redundancy"},
+    {"study": "streaming_eviction", "claim": "streaming eviction keeps rare items",
+     "paper": "SV 0.93 vs streaming H2O 0.30", "not_run": "forgetful streaming-eviction"},
+    {"study": "deterioration", "claim": "deterioration in the next 6 h: SV competitive, LSTM best",
+     "paper": "AUROC SV 0.696, LSTM 0.783, softmax 0.751", "not_run": "forgetful deterioration"},
+    {"study": "language_model", "claim": "byte-level LM: SV hybrid beats a matched-state sliding window",
+     "paper": "2.178 vs 2.383 bits/char, 7 seeds, p = 0.001 (enwik8)",
+     "not_run": "forgetful lm --protocol paper (hours; docs/results/studies/)"},
+    {"study": "learned_keys", "claim": "learned keys: forget a fact, edit exactly, keep the rare fact",
+     "paper": "forgotten → chance; edit residual ~0 vs 1.15 decay; rare fact kept 100 % vs H2O 21 %",
+     "not_run": "forgetful learned-keys"},
+    {"study": "retrieval_memory", "claim": "forgettable retrieval memory (MiniLM keys)",
+     "paper": "7/7 answered; deleted fact → no record", "not_run": "forgetful retrieval-memory"},
+]
 
 #: Seed 001 Table 1 — operation, certified statement, reference & numerical path, explicit boundary.
 CONTRACT_CARD: list[dict[str, str]] = [

@@ -152,10 +152,10 @@ def test_readme_bench_dask_block_is_the_rendering_of_the_committed_results():
 
     root = Path(__file__).resolve().parents[1]
     text = "\n\n".join(bench_dask.table(json.loads((root / f).read_text())) for f in bench_dask.README_RESULTS)
-    doc = (root / "README.md").read_text()
+    doc = (root / "docs" / "DASK.md").read_text()
     block = doc.split(bench_dask.BEGIN)[1].split(bench_dask.END)[0]
-    assert block == f"\n{text}\n", "README bench_dask block is stale: rerun python -m pipelines.bench.dask_workers --table " \
-        + " ".join(bench_dask.README_RESULTS) + " --readme README.md"
+    assert block == f"\n{text}\n", "docs/DASK.md bench_dask block is stale: rerun python -m pipelines.bench.dask_workers --table " \
+        + " ".join(bench_dask.README_RESULTS) + " --readme docs/DASK.md"
 
 
 # ------------------------------------------------------------------------------ local vs LocalCluster

@@ -177,6 +177,9 @@ EXECUTED = {
     "python -m dashboards.report --runs runs --out report.html": "test_study_and_report_forms",
     "python -m dashboards.report --runs runs --out runs/report.html": "test_study_and_report_forms",
     "python -m dashboards.reproduce --write": "test_study_and_report_forms (outputs redirected to copies)",
+    "python -m dashboards.reproduce --check": "test_study_and_report_forms (the committed documents against "
+                                              "the committed results)",
+    "forgetful receipts verify --public-key log.pub --ledger runs/forget-registry": "test_auditor_forms",
     "python -m sv_core.audit --trials 300 --json OUT": "test_audit_module_forms (--trials 3; as written: slow)",
     "python -m sv_core.audit --regimes duplicates": "test_audit_module_forms (--trials 3; as written: slow)",
     "forgetful serve --cron \"0 3 * * *\" [--ingest-root DIR]": "test_serve_dry_run_form (with --dry-run)",
@@ -229,14 +232,12 @@ PARSE_ONLY = {
     "python -m evaluation.clinical.deterioration_bench --warehouse W --rounds 3 --threads 1 0 --json OUT":
         "the same benchmark at 1 thread and torch's default (minutes on the 42k warehouse)",
     "python -m evaluation.clinical.deterioration_bench --table docs/results/deterioration_bench_42k.json "
-    "--readme README.md": "rewrites the README's deterioration_bench block from the committed result file "
+    "--readme docs/COMMANDS.md": "rewrites docs/COMMANDS.md's deterioration_bench block from the committed result file "
                           "(tests/test_clinical_deterioration.py checks the block equals its rendering)",
     "python -m models.corpus fetch": "set-up step that downloads (network); tests never download",
     "forgetful serve --ingest-root DIR --ingest-interval 3600": "serves until stopped; tests/test_ingest_served.py "
                                                                 "(slow) serves it on a 3-s interval",
     "forgetful serve --ingest-root DIR": "serves until stopped (see the row above)",
-    "forgetful lm --protocol seed --steps N --seeds 0 1 …": "the seed protocol: hours of CPU (test_slow_lm runs "
-                                                           "the same command with --protocol tiny)",
     "python -m pipelines.bench.ingest --stays 42000 --days 2": "a benchmark of tens of minutes; "
                                                               "tests/test_ingest_scale.py runs it at 30 stays",
     "python -m pipelines.bench.ingest --cli --stays 60 --repeats 2 --pythonpath DIR": "starts Prefect servers for "
@@ -257,13 +258,20 @@ PARSE_ONLY = {
     "docs/results/bench_stream_gauss.json": "minutes of CPU (a stationary control); test_slow_benchmarks runs the "
                                             "same benchmark at --sizes 300,600",
     "python -m sv_core.bench.stream --table docs/results/bench_stream.json docs/results/bench_stream_100k_refit.json "
-    "docs/results/bench_stream_100k.json docs/results/bench_stream_gauss.json --write-docs README.md": "rewrites README.md's bench_stream block from the committed result files; "
+    "docs/results/bench_stream_100k.json docs/results/bench_stream_gauss.json --write-docs docs/STREAMING.md": "rewrites docs/STREAMING.md's bench_stream block from the committed result files; "
                               "tests/test_sv_core_streaming_bench.py writes the block of a decoy copy",
     "python -m pipelines.bench.dask_workers --stays 1000 --warehouse-seed 1 --json OUT": "minutes of CPU (as the row above, "
                                                                                   "another generated warehouse)",
     "python -m pipelines.bench.dask_workers --table docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
-    "--readme README.md": "rewrites the README's bench_dask block from the committed result files "
+    "--readme docs/DASK.md": "rewrites docs/DASK.md's bench_dask block from the committed result files "
                           "(tests/test_dask_scaleout.py checks the block equals their rendering)",
+    "forgetful lm --protocol paper --steps 400 --threads 1 --references --out runs/language_model/result.json":
+        "the paper's comparison: hours of CPU (test_slow_lm runs the command with --protocol tiny)",
+    "forgetful lm --protocol paper --device cuda --references": "needs a GPU and hours (see the row above)",
+    "python -m dashboards.reproduce --store --runs runs": "rewrites docs/results/ and the documents; "
+                                                         "tests/test_reproduce_docs.py runs it on copies",
+    "forgetful run-all --source synthetic --stays 42000 --runs runs_42k": "half an hour of CPU at MIMIC-IV size "
+                                                                          "(docs/SCALE.md); test_slow_run_all runs it at 40 stays",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the main job (minutes; install included) (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",
@@ -466,6 +474,7 @@ def _help_problems(prog: str, text: str, options: set[str], description: str | N
     problems = [f"{prog}: raw reStructuredText in --help"] if "``" in text or ":func:`" in text else []
     if description and not WHOLE_END.search(" ".join(description.split())):
         problems.append(f"{prog}: description cut off: ...{' '.join(description.split())[-60:]!r}")
+    text = re.sub(r"(--[a-z][a-z0-9-]*-)\n\s*", r"\1", text)  # argparse wraps an option at its hyphen
     for opt in set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", text)) - options:
         problems.append(f"{prog}: --help names {opt}, which it does not have")
     for cmd in set(re.findall(r"\bforgetful ([a-z][a-z0-9-]+)", text)) - set(COMMANDS):
@@ -626,6 +635,8 @@ def test_auditor_forms(site, forgotten):
     op = site["tmp"]  # the operator: runs/warehouse.duckdb and runs/forget-registry/ below
     run_form("forgetful receipts public-key --out log.pub", site)
     assert (op / "log.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    (out,) = run_form("forgetful receipts verify --public-key log.pub --ledger runs/forget-registry", site)
+    assert json.loads(out)["chain_verified"] is True  # README's first hour, step 4
     run_form("forgetful receipts head --out sth.json", site)
     assert json.loads((op / "sth.json").read_text())["tree_size"] >= 1
     run_form("forgetful receipts prove --seq 12 --out receipt12.proof.json", site, subst=(("--seq 12", "--seq 1"),))
@@ -739,16 +750,19 @@ def test_study_and_report_forms(site, prefect_harness):
     run_form("python -m dashboards.report --runs runs --out report.html", site, cwd=work)
     run_form("python -m dashboards.report --runs runs --out runs/report.html", site, cwd=work)
     assert (work / "report.html").read_text().startswith("<!DOCTYPE html>")
-    # --write rewrites the committed docs by default: here it writes copies
-    shutil.copy(ROOT / "README.md", work / "README.md")
-    copies = ("--runs", "runs", "--figures", str(work / "FIGURES.md"), "--readme", str(work / "README.md"))
+    # --write renders the committed results into the committed docs by default: here into copies
+    for name in ("README.md", "REPRODUCE.md"):
+        shutil.copy(ROOT / name, work / name)
+    copies = ("--figures", str(work / "FIGURES.md"), "--readme", str(work / "README.md"),
+              "--reproduce-md", str(work / "REPRODUCE.md"))
     run_form("python -m dashboards.reproduce --write", site, cwd=work, extra=copies)
     assert "`forgetful planted-secret`" in (work / "FIGURES.md").read_text()
-    with _kept_process_state():
-        os.chdir(work)
-        from dashboards import reproduce
-
-        assert reproduce.main(["--check", *copies]) == 0
+    assert (work / "README.md").read_text() == (ROOT / "README.md").read_text()
+    run_form("python -m dashboards.reproduce --check", site, cwd=work,
+             extra=(*copies, "--runs", str(ROOT / "docs" / "results" / "demo")))
+    (work / "FIGURES.md").write_text((work / "FIGURES.md").read_text().replace("Planted secret", "Planted"))
+    run_form("python -m dashboards.reproduce --check", site, cwd=work, expect=1,
+             extra=(*copies, "--runs", str(ROOT / "docs" / "results" / "demo")))
 
 
 def test_audit_module_forms(site):

@@ -3,7 +3,7 @@
 Command line::
 
     python -m evaluation.clinical.deterioration_bench --warehouse W [--rounds 3] [--threads 0 1] [--json OUT]
-    python -m evaluation.clinical.deterioration_bench --table OUT [--readme README.md]
+    python -m evaluation.clinical.deterioration_bench --table OUT [--readme docs/COMMANDS.md]
 
 Each round trains every model of ``--models`` (default softmax and SV attention) for one epoch
 with the same seed under every CPU thread count of ``--threads`` (default: torch's default count,
@@ -91,7 +91,7 @@ def table(out: dict, models: list[str]) -> list[str]:
 
 
 BEGIN, END = "<!-- deterioration_bench:begin -->", "<!-- deterioration_bench:end -->"
-#: the result file the README's block is rendered from (``--table FILE --readme README.md``)
+#: the result file the block of docs/COMMANDS.md is rendered from (``--table FILE --readme docs/COMMANDS.md``)
 README_RESULT = "docs/results/deterioration_bench_42k.json"
 
 

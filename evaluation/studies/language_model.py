@@ -382,6 +382,21 @@ def _num(x):
     return float(x) if x is not None and math.isfinite(float(x)) else None
 
 
+def proto_note(res: dict) -> str:
+    """How a run differs from the paper's protocol (3.22M model, enwik8's first 5M bytes, 7 seeds)."""
+    cfg = res["config"]
+    parts = []
+    if (cfg["d_model"], cfg["n_layers"], cfg["n_heads"], cfg["block"], cfg["batch"]) != (256, 4, 4, 256, 16):
+        parts.append(f"a smaller model (d {cfg['d_model']}, {cfg['n_layers']} layers, block {cfg['block']})")
+    if len(res.get("seeds", [])) != 7:
+        parts.append(f"{len(res.get('seeds', []))} seeds, not 7")
+    parts.append(f"{cfg['steps']:,} steps per run (the paper does not state its count)")
+    if cfg.get("device", "cpu") == "cpu":
+        parts.append("on CPU")
+    parts.append(f"corpus {res.get('corpus_name', 'Shakespeare')} ({res.get('corpus_bytes', 0):,} bytes), not enwik8")
+    return ", ".join(parts)
+
+
 def study_result(res: dict, corpus_name: str) -> dict:
     """The report's ``language_model`` study result (dashboards/SCHEMA.md) from the raw comparison.
     A non-seed protocol is named in the title and the notes (the report shows both)."""
@@ -423,6 +438,10 @@ def study_result(res: dict, corpus_name: str) -> dict:
                     "mean_rel_improvement": _num(t["mean_rel_improvement"]), "paired_t_p": _num(t["t_p"]),
                     "wilcoxon_p": _num(t["wilcoxon_p"]), "d_z": _num(t.get("d_z")),
                     "seeds_favouring_sv": t.get("seeds_favouring_sv"),
+                    "diff_ci95": [_num(v) for v in t.get("diff_ci95", [None, None])],
+                    "rel_improvement_ci95": [_num(v) for v in t.get("rel_improvement_ci95", [None, None])],
+                    "references": {r["variant"]: _num(r["best_val_bpb"]) for r in res.get("references", [])},
+                    "protocol_note": proto_note(res),
                     "n_seeds": t["n"], "steps": res["config"]["steps"],
                     "corpus_bytes": res["corpus_bytes"], "protocol": protocol},
         "tables": tables,

@@ -24,8 +24,8 @@ flow-side seconds plus, per phase, the work halved (a stay never split), the lon
 schedule of its own chunks, and the bound with the audit and sensitivity chunks overlapping the
 stay batches. The result file holds the runs, the median and range per mode, the paired
 speed-ups (median and range over rounds), those bounds, the largest chunk's share of the work
-and whether every run's retention metrics were identical. ``--table FILE …`` prints the README's
-tables from result files; ``--readme README.md`` writes them between its ``bench_dask`` markers.
+and whether every run's retention metrics were identical. ``--table FILE …`` prints the
+tables from result files; ``--readme docs/DASK.md`` writes them between its ``bench_dask`` markers.
 """
 from __future__ import annotations
 

@@ -88,7 +88,8 @@ def language_model_flow(corpus: str | None = None, out: str = "runs/language_mod
     path.parent.mkdir(parents=True, exist_ok=True)
     from dashboards.schema import write_result
 
-    write_result(study_result(res, Path(corpus).name if corpus else "Shakespeare (Project Gutenberg)"), path)
+    res["corpus_name"] = Path(corpus).name if corpus else "Shakespeare (Project Gutenberg)"
+    write_result(study_result(res, res["corpus_name"]), path)
     # full per-step curves and configuration beside it ("kind", not "study": the report skips it)
     details = dict(res)
     details["kind"] = details.pop("study")

@@ -1,7 +1,7 @@
 """Streaming benchmark: StreamingGate vs a plain Gate vs libsvm re-solves, token by token, on an ICU-like stream.
 
 ``python -m sv_core.bench.stream [--sizes 1000,10000,100000] [--threads both] [--quick] [--json PATH]``;
-``--table FILE … [--write-docs README.md]`` prints the tables of saved results (and writes them
+``--table FILE … [--write-docs docs/STREAMING.md]`` prints the tables of saved results (and writes them
 between the ``bench_stream`` markers of a document; :mod:`sv_core.bench.stream_tables`).
 
 An ICU-like drifting stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare far
@@ -339,7 +339,7 @@ def main(argv=None) -> int:
                     help="only print the markdown tables of these result files")
     ap.add_argument("--write-docs", default=None, metavar="FILE",
                     help="with --table: replace the text between <!-- bench_stream:begin --> and "
-                         "<!-- bench_stream:end --> in FILE (e.g. README.md) by the tables")
+                         "<!-- bench_stream:end --> in FILE (e.g. docs/STREAMING.md) by the tables")
     a = ap.parse_args(argv)
     if a.table:
         res = []
