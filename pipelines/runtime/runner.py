@@ -215,9 +215,12 @@ def warehouse_session(args, must_exist: bool = True):
 def warehouse_locked(fn):
     """Decorate a flow function whose ``warehouse`` parameter names an existing warehouse: the
     flow body runs inside :meth:`Warehouse.open` (lock, clean-up, pending erasures completed),
-    however the flow is started (CLI, ``serve`` deployment, another flow)."""
+    however the flow is started (CLI, ``serve`` deployment, another flow); inside the command's
+    own session that open is its handle, reused. The wrapper carries the function's annotations
+    resolved in its own module (Prefect validates the parameters by them: a settings dataclass)."""
     import functools
     import inspect
+    import typing
 
     sig = inspect.signature(fn)
 
@@ -232,6 +235,10 @@ def warehouse_locked(fn):
 
         with Warehouse.open(path, write=True, must_exist=True):
             return fn(*args, **kwargs)
+    hints = typing.get_type_hints(fn)
+    wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()],
+        return_annotation=hints.get("return", sig.return_annotation))
     return wrapper
 
 
