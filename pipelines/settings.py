@@ -127,15 +127,25 @@ def check(what: str, value: Any, bound: Bound, optional: bool = False) -> None:
 
 
 def check_fields(obj: Any, bounds: dict[str, Bound]) -> None:
-    """:func:`check` every named field of a settings dataclass (None passes where the default is None)."""
+    """:func:`check` every named field of a frozen settings dataclass (None passes where the default
+    is None) and store it as its bound's kind (``48`` -> ``48.0`` for a float, a NumPy integer -> int),
+    as a flow's typed parameter would have been."""
     defaults = {f.name: f.default for f in fields(obj)}
     for name, bound in bounds.items():
-        check(name, getattr(obj, name), bound, optional=defaults.get(name) is None)
+        v = getattr(obj, name)
+        check(name, v, bound, optional=defaults.get(name) is None)
+        if v is not None:
+            object.__setattr__(obj, name, bound.kind(v))
 
 
-def check_each(what: str, values: Any, bound: Bound) -> None:
+def check_each(obj: Any, name: str, bound: Bound) -> None:
+    """:func:`check` every value of the tuple field ``name`` (None: none) and store them as the bound's kind."""
+    values = getattr(obj, name)
+    if values is None:
+        return
     for v in values:
-        check(what, v, bound)
+        check(name, v, bound)
+    object.__setattr__(obj, name, tuple(bound.kind(v) for v in values))
 
 
 # ------------------------------------------------------------------------------ the studies
@@ -245,8 +255,8 @@ class DeletionSettings:
         check_fields(self, {"nu": NU, "sigma": POSITIVE, "per_context": COUNT, "max_hours": COUNT,
                             "dedupe_tol": Bound(float, 0.0), "max_contexts": COUNT, "max_stays": COUNT, "seed": SEED,
                             "batch_contexts": COUNT, "refit_sample": COUNT})
-        check_each("gammas", self.gammas or (), NU)
-        check_each("decay_sigmas", self.decay_sigmas, POSITIVE)
+        check_each(self, "gammas", NU)
+        check_each(self, "decay_sigmas", POSITIVE)
 
 
 @dataclass(frozen=True)
