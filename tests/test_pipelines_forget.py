@@ -617,7 +617,7 @@ def test_concurrent_forgets_all_succeed(site):
 def test_busy_warehouse_is_one_typed_line(site):
     p, subjects = site
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pipelines import locking\n"
+        "import sys, time; from pipelines.store import locking\n"
         f"with locking.hold({str(p)!r}):\n    print('held', flush=True); time.sleep(60)")],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

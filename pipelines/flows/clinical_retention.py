@@ -91,14 +91,14 @@ def _study(w: wh.Warehouse, runs_dir: str, settings: RetentionSettings, progress
         writing = writer.submit(  # the gates as the chunks serialised them (digest-checked, gate_store.staged_state)
             stay_results.write_study, warehouse, settings.study, cols, out.gates, memory_limit=DUCKDB_MEMORY,
             keys=w.keys)
-        comp = study.comparison_from_columns(cols, policies=POLICIES, nu=settings.nu, sigma=settings.sigma,
-                                             seed=settings.seed, n_boot=settings.n_boot)
+        fields = study.comparison_from_columns(cols, policies=POLICIES, nu=settings.nu, sigma=settings.sigma,
+                                               seed=settings.seed, n_boot=settings.n_boot).to_result_fields()
         sens = _sensitivity(out.sensitivity_rows, cols, settings)
         n_persisted = writing.result()
-    fields = _fields(comp, cols, out, settings, sens, n_persisted)
-    seed_text = SEED_TEXT.get(settings.study)
-    result = {"study": settings.study, "title": f"{_title(settings)} ({wh.data_kind(warehouse)})",
-              "data": wh.data_kind(warehouse), "runtime_s": time.perf_counter() - t0,
+    _complete(fields, cols, out, settings, sens, n_persisted)
+    seed_text, data = SEED_TEXT.get(settings.study), wh.data_kind(warehouse)
+    result = {"study": settings.study, "title": f"{_title(settings)} ({data})", "data": data,
+              "runtime_s": time.perf_counter() - t0,
               "seed_figure": {"text": seed_text} if seed_text else {}, **fields}
     runner.write_study_result(result, runs_dir)
     return result
@@ -126,12 +126,12 @@ def _title(settings: RetentionSettings) -> str:
     return "Held-out SpO2 control" if settings.heldout else "ICU event-hour retention by policy"
 
 
-def _fields(comp, cols: dict, out: retention_plan.Computed, settings: RetentionSettings, sens,
-            n_persisted: int) -> dict:
-    """The study result's metrics, tables and config (aggregates only)."""
+def _complete(fields: dict, cols: dict, out: retention_plan.Computed, settings: RetentionSettings, sens,
+              n_persisted: int) -> None:
+    """Add to the comparison's result fields what the run measured besides it: keys, solve
+    certificates, gates, the refit audit, the sensitivity table, the config (aggregates only)."""
     from evaluation.clinical.retention_audit import audit_summary
 
-    fields = comp.to_result_fields()
     m = fields["metrics"]
     dims = sorted(set(cols["d"].tolist()))
     inc = cols["included"]
@@ -168,4 +168,3 @@ def _fields(comp, cols: dict, out: retention_plan.Computed, settings: RetentionS
                    f"{out.n_sampled} of {out.n_eligible} eligible stays, seeded hash order (seed {seed})")})
     if settings.event is not None:
         fields["config"]["event"] = settings.event.describe()
-    return fields

@@ -61,6 +61,7 @@ class Warehouse:
     ledger : :class:`pipelines.receipts.ledger.Ledger`
     completed : subject hashes whose pending erasure this open completed.
     writable : whether this handle holds the writer lock (exclusive).
+    reconciled : whether pending erasures were completed through this handle.
     """
 
     def __init__(self, path: Path, keys, ledger, writable: bool = True):
@@ -69,6 +70,7 @@ class Warehouse:
         self.ledger = ledger
         self.writable = writable
         self.completed: dict[str, int] = {}
+        self.reconciled = False
 
     @classmethod
     @contextlib.contextmanager
@@ -79,7 +81,9 @@ class Warehouse:
 
         Opened once per command: inside an open of the same warehouse (and ledger) in this process
         that holds at least the lock this one asks for, the outer handle is yielded as it is — the
-        key is not read again, the ledger not checked again, nothing completed twice."""
+        key is not read again, the ledger not checked again, nothing completed twice (a pending
+        erasure is completed on the first writable open that finds the file: after a build the
+        command's outer open made before the file existed)."""
         from pipelines.receipts import ledger as ledger_mod
         from pipelines.store import keys as keys_mod
         from pipelines.store.keys import Keys
@@ -92,6 +96,8 @@ class Warehouse:
         if outer is not None and (outer.writable or not write) and outer.ledger.dir == led_dir:
             if must_exist:
                 require(p)
+            if reconcile and write and not outer.reconciled and p.is_file():
+                outer.reconcile()
             yield outer
             return
         refuse_link(p.parent / (p.name + ".wal"), "warehouse WAL")
@@ -109,9 +115,7 @@ class Warehouse:
                 led.complete()  # sign receipts an interrupted append left without a signed head
             if reconcile and p.is_file():
                 if write:
-                    from pipelines.store.forget_apply import complete_pending
-
-                    w.completed = complete_pending(w)
+                    w.reconcile()
                 else:
                     led.verify()
             _OPEN[p], keys_mod.HELD[p] = w, keys
@@ -123,6 +127,13 @@ class Warehouse:
                     keys_mod.HELD.pop(p, None)
                 else:
                     _OPEN[p], keys_mod.HELD[p] = outer, outer.keys
+
+    def reconcile(self) -> None:
+        """Complete any pending erasure (:func:`pipelines.store.forget_apply.complete_pending`), once."""
+        from pipelines.store.forget_apply import complete_pending
+
+        self.completed = complete_pending(self)
+        self.reconciled = True
 
     def connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         return duckdb.connect(str(require(self.path)), read_only=read_only)
