@@ -19,6 +19,7 @@ run it checks that the committed documents equal a rendering of the committed re
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shutil
 import sys
@@ -28,6 +29,7 @@ from typing import Any
 
 from dashboards.commands import RESULT_COMMANDS
 from dashboards.errors import ReportError
+from dashboards.headline import BEGIN, END, headline_rows, lm_block, render_headline
 from dashboards.numbers import doc_fmt, md_table
 from dashboards.report import load_results
 
@@ -39,7 +41,6 @@ RESULTS = ROOT / "docs" / "results"
 DEMO_RESULTS = RESULTS / "demo"
 STUDY_RESULTS = RESULTS / "studies"
 COMMITTED = (DEMO_RESULTS, STUDY_RESULTS)
-BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 LM_BEGIN, LM_END = "<!-- lm:begin -->", "<!-- lm:end -->"
 #: studies stored in docs/results/studies/ (run apart from `make demo`); every other goes to demo/
 APART = ("language_model", "throughput", "deletion_latency")
@@ -60,15 +61,24 @@ COMMANDS = {**RESULT_COMMANDS, "ledger": "forgetful receipts verify",
 DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic",
         "mimic": "user MIMIC-IV root", "clif": "user CLIF root", "text": "text corpus"}
 
-#: Studies with trained models: another CPU's instruction set or BLAS changes the order of sums, so
-#: training takes another trajectory. Their rates and AUROCs must agree within TRAINED_ATOL; counts
-#: above 1 that training chooses (early-stopping epochs) are not compared. Every other figure is
-#: deterministic for a seed and must agree at the precision it prints.
-TRAINED = ("deterioration", "learned_keys", "selective_copying", "capacity", "mqar_control", "language_model",
-           "retrieval_memory", "throughput", "deletion_latency")
-TRAINED_ATOL = 0.05
 #: timing studies: figures are seconds of this machine; printed, never compared
 TIMED = ("throughput", "deletion_latency")
+
+
+def study_tolerance(payload: Mapping[str, Any] | None) -> dict[str, float]:
+    """The loosest of the tolerances a result states (``tolerances`` at the top and per table
+    column, dashboards/SCHEMA.md): how far a figure of that study may move on another machine.
+    Empty for a study that states none: its figures must agree at the precision they print."""
+    specs = list(((payload or {}).get("tolerances") or {}).values())
+    for t in (payload or {}).get("tables", []):
+        specs += list((t.get("tolerances") or {}).values())
+    out: dict[str, float] = {}
+    for spec in specs:
+        for k in ("abs", "rel", "decades"):
+            if isinstance(spec.get(k), (int, float)):
+                out[k] = max(out.get(k, 0.0), float(spec[k]))
+    return out
+
 
 _NUMBER = re.compile(r"(-?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]?\d+)?)")
 
@@ -80,26 +90,30 @@ def _unit(token: str) -> float:
     return 10.0 ** (int(exp or 0) - decimals)
 
 
-def _numbers_agree(a: str, b: str, study: str | None = None, bound: bool = False) -> bool:
-    """Same string; one unit in the last printed digit; for printed bounds (``< 1e-k``) the same or the
-    next decade; for a trained-model study within :data:`TRAINED_ATOL` (counts above 1 not compared)."""
-    if a == b:
+def _numbers_agree(a: str, b: str, tol: Mapping[str, float] | None = None, bound: bool = False,
+                   timed: bool = False) -> bool:
+    """Same string; one unit in the last printed digit; for printed bounds (``< 1e-k``) the same or
+    the next decade (more where ``tol`` allows decades); within a study's stated tolerance ``tol``
+    (:func:`study_tolerance`); anything for a timing."""
+    if a == b or timed:
         return True
     x, y = float(a.replace(",", "")), float(b.replace(",", ""))
+    tol = tol or {}
     if bound:
-        return x > 0 and y > 0 and 0.05 < x / y < 20
-    if study in TIMED:
+        return x > 0 and y > 0 and abs(math.log10(x / y)) <= max(1.0, tol.get("decades", 0.0)) + 1e-9
+    if abs(x - y) <= min(_unit(a), _unit(b)) * (1 + 1e-9):
         return True
-    if study in TRAINED:
-        return abs(x - y) <= TRAINED_ATOL or (abs(x) > 1 and abs(y) > 1 and float(x).is_integer())
-    return abs(x - y) <= min(_unit(a), _unit(b)) * (1 + 1e-9)
+    if abs(x - y) <= tol.get("abs", 0.0) or abs(x - y) <= tol.get("rel", 0.0) * max(abs(x), abs(y)):
+        return True
+    return x > 0 and y > 0 and abs(math.log10(x / y)) <= tol.get("decades", 0.0)
 
 
-def figure_differences(old: str, new: str, limit: int = 5, study: str | None = None) -> list[str]:
+def figure_differences(old: str, new: str, limit: int = 5, tol: Mapping[str, float] | None = None,
+                       timed: bool = False) -> list[str]:
     """Lines where ``new`` disagrees with ``old`` at the precision they print (empty: they agree).
 
     Words, punctuation and layout must be identical; numbers are compared by :func:`_numbers_agree`
-    (``study`` selects the tolerance of a trained or timed study). At most ``limit`` differences."""
+    (``tol``: the study's stated tolerance; ``timed``: a timing, never compared). At most ``limit``."""
     a, b = old.splitlines(), new.splitlines()
     out: list[str] = []
     if len(a) != len(b):
@@ -107,7 +121,7 @@ def figure_differences(old: str, new: str, limit: int = 5, study: str | None = N
     for i, (la, lb) in enumerate(zip(a, b), 1):
         pa, pb = _NUMBER.split(la), _NUMBER.split(lb)
         same_text = len(pa) == len(pb) and pa[0::2] == pb[0::2]
-        agree = same_text and all(_numbers_agree(x, y, study, bound=pa[2 * k].endswith("< "))
+        agree = same_text and all(_numbers_agree(x, y, tol, bound=pa[2 * k].endswith("< "), timed=timed)
                                   for k, (x, y) in enumerate(zip(pa[1::2], pb[1::2])))
         if not agree:
             out.append(f"line {i}: {la!r} vs {lb!r}")
@@ -196,8 +210,6 @@ def _replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) ->
 
 def render_lm_block(found: Mapping[str, Mapping[str, Any]]) -> str:
     """REPRODUCE.md's language-model block: the committed result's per-seed table and tests."""
-    from dashboards.headline import lm_block
-
     return "\n".join([LM_BEGIN, *lm_block(found.get("language_model")), LM_END])
 
 
@@ -217,8 +229,6 @@ def store(runs: str | Path) -> list[str]:
 
 def documents(runs_dirs: Sequence[str | Path], figures: Path, readme: Path, reproduce_md: Path) -> dict[Path, str]:
     """Every generated document, rendered from ``runs_dirs``."""
-    from dashboards.headline import render_headline
-
     found = collect(runs_dirs)
     out = {figures: "\n".join(t for _, t in figure_blocks(found)).rstrip() + "\n",
            readme: _replace_block(readme.read_text(), render_headline(found))}
@@ -230,18 +240,18 @@ def documents(runs_dirs: Sequence[str | Path], figures: Path, readme: Path, repr
 def check_run(runs_dirs: Sequence[str | Path]) -> list[str]:
     """Differences between the documents rendered from a run and from the committed results, study
     by study at printed precision (empty: the run reproduces every documented figure)."""
-    from dashboards.headline import headline_rows
-
     fresh, committed = collect([*runs_dirs, *COMMITTED]), collect(COMMITTED)
     out: list[str] = []
     for (sa, ta), (sb, tb) in zip(figure_blocks(committed), figure_blocks(fresh)):
         if sa != sb:
             out.append(f"FIGURES.md: study {sa} vs {sb}")
             continue
-        out += [f"FIGURES.md § {sa}: {d}" for d in figure_differences(ta, tb, study=sa)]
+        tol = study_tolerance(committed.get(sa)) if sa else None
+        out += [f"FIGURES.md § {sa}: {d}" for d in figure_differences(ta, tb, tol=tol, timed=sa in TIMED)]
     rows_a, rows_b = headline_rows(committed), headline_rows(fresh)
-    for (sa, ra), (sb, rb) in zip(rows_a, rows_b):
-        out += [f"README headline § {sa}: {d}" for d in figure_differences(ra, rb, study=sa)]
+    for (sa, ra), (_, rb) in zip(rows_a, rows_b):
+        out += [f"README headline § {sa}: {d}"
+                for d in figure_differences(ra, rb, tol=study_tolerance(committed.get(sa)), timed=sa in TIMED)]
     if len(rows_a) != len(rows_b):
         out.append(f"README headline: {len(rows_a)} rows vs {len(rows_b)}")
     return out

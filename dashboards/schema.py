@@ -37,9 +37,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from dashboards.errors import AggregateOnlyError, ResultSchemaError
+from dashboards.schema_parts import Claim, Count, Number, Part, Tolerance, absent, bad_value
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -138,25 +138,9 @@ def scan_aggregates(obj: Any, source: str | None = None, path: str = "$") -> Non
 
 
 # ------------------------------------------------------------------------------ 2. layout models
-Number = Annotated[StrictInt | StrictFloat, Field(allow_inf_nan=False)]
-Count = Annotated[StrictInt, Field(ge=0)]
+# (strict nested parts, claims and tolerances: dashboards.schema_parts)
 Cell = StrictStr | StrictBool | StrictInt | StrictFloat | None
-
-
-def _absent() -> Any:
-    """The default of an optional field that must not be ``null`` when given (pydantic does not
-    validate defaults, so an absent field passes and an explicit ``null`` is refused)."""
-    return Field(default=None)
-
-
-def _bad(message: str) -> PydanticCustomError:
-    return PydanticCustomError("forgetful", message)
-
-
-class _Part(BaseModel):
-    """A nested object: strict types, extra (presentation) keys allowed."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
+_absent, _bad, _Part = absent, bad_value, Part
 
 
 class BarFigure(_Part):
@@ -246,29 +230,18 @@ class Table(_Part):
     title: StrictStr = ""
     columns: list[StrictStr] = Field(min_length=1)
     rows: list[list[Cell]]
+    #: column name -> how far its numbers may move on another machine
+    tolerances: dict[str, Tolerance] = _absent()
 
     @model_validator(mode="after")
     def _row_width(self) -> Table:
         for i, r in enumerate(self.rows):
             if len(r) != len(self.columns):
                 raise _bad(f"rows[{i}]: must be a list of {len(self.columns)} cells")
+        unknown = sorted(set(self.tolerances or {}) - set(self.columns))
+        if unknown:
+            raise _bad(f"tolerances: {unknown} name no column")
         return self
-
-
-class Claim(_Part):
-    statement: StrictStr
-    reference: StrictStr
-    path: StrictStr
-    holds: StrictBool = _absent()
-    operation: StrictStr = _absent()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _named(cls, v: Any) -> Any:
-        for key in ("statement", "reference", "path"):
-            if isinstance(v, Mapping) and not (isinstance(v.get(key), str) and v[key].strip()):
-                raise _bad(f"{key}: every claim must name its statement, reference state and numerical path")
-        return v
 
 
 class Receipts(_Part):
@@ -322,6 +295,8 @@ class Result(BaseModel):
     claims: list[Claim] = _absent()
     receipts: Receipts = _absent()
     timing: Timing = _absent()
+    #: dotted metric path (``*`` matches one level) -> how far that figure may move on another machine
+    tolerances: dict[str, Tolerance] = _absent()
 
     @field_validator("study")
     @classmethod

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from evaluation.errors import PolicyError
-from evaluation.policy_base import SelectionPolicy, as_keys, check_sigma, rbf
+from evaluation.policy_base import SelectionPolicy, as_keys, check_sigma, gram_row_blocks, rbf
 
 __all__ = [
     "LeveragePolicy",
@@ -168,17 +168,19 @@ class KernelLeveragePolicy(SelectionPolicy):
 
     def score(self, keys: Any, *, rng: np.random.Generator | None = None, queries: Any = None) -> np.ndarray:
         X = as_keys(keys)
-        # one n x n buffer for K, its Cholesky factor and the factor's inverse (a 10,000-hour stay
-        # holds 0.8 GB, not five times that): the ridge is added on the diagonal in place and LAPACK
-        # factors and inverts in place
-        K = np.asarray(rbf()(X, X, self.sigma), dtype=np.float64)
+        # one n x n buffer (Fortran order: LAPACK factors and inverts it in place) holds K's lower
+        # triangle, its Cholesky factor and the factor's inverse; K is written into it by row
+        # blocks (gram_row_blocks: the same entries as the whole kernel), so nothing else of n x n
+        # size is ever allocated: a 7,670-hour stay needs one 0.47 GB buffer, not two
+        n = X.shape[0]
+        K = np.empty((n, n), order="F")
+        for r0, r1, B in gram_row_blocks(X, self.sigma, lower=True):
+            K[r0:r1, :r1] = B
         lam = self.ridge(K)
         from scipy.linalg.lapack import dpotrf, dtrtri
 
-        K.flat[:: K.shape[0] + 1] += lam
-        # K is symmetric: its transpose is the same matrix in Fortran order, which LAPACK
-        # overwrites in place (a C-ordered array would be copied first)
-        L, info = dpotrf(K.T, lower=1, clean=1, overwrite_a=1)
+        K.flat[:: n + 1] += lam
+        L, info = dpotrf(K, lower=1, clean=1, overwrite_a=1)
         if info != 0:
             raise PolicyError(f"kernel leverage: K + λI is not positive definite (LAPACK info {info})")
         # L⁻¹ by LAPACK's triangular inverse (n³/3 flops; a general solve against I costs ~8× that);

@@ -16,8 +16,13 @@ import numpy as np
 
 from evaluation.errors import PolicyError
 
-__all__ = ["SelectionPolicy", "as_keys", "check_sigma", "check_scores", "check_budget", "rbf",
+__all__ = ["SelectionPolicy", "as_keys", "check_sigma", "check_scores", "check_budget", "gram_row_blocks", "rbf",
            "select_top_k", "select_top_k_reference"]
+
+#: kernel entries per block of :func:`gram_row_blocks` (8 MB of fp64 per block)
+GRAM_BLOCK = 1 << 20
+#: rows of a block at least (a one-row product takes the BLAS's vector path, whose rounding differs)
+GRAM_MIN_ROWS = 64
 
 
 # --------------------------------------------------------------------------------------------
@@ -49,6 +54,22 @@ def rbf() -> Callable[..., np.ndarray]:
     from sv_core import rbf_kernel
 
     return rbf_kernel
+
+
+def gram_row_blocks(X: np.ndarray, sigma: float, *, lower: bool = False, block: int | None = None):
+    """The Gram matrix ``rbf_kernel(X, X, σ)`` by row blocks, never whole: yields ``(r0, r1, B)``
+    with ``B = K[r0:r1, :]`` (``lower``: ``K[r0:r1, :r1]``, what the lower triangle needs) in order,
+    at most ``block`` (default :data:`GRAM_BLOCK`) entries a block, and :data:`GRAM_MIN_ROWS` rows.
+
+    Every entry equals the whole matrix's (tests check it bit for bit): each block is the kernel
+    of its rows against ``X`` from its first row on, so the kernel's centring (on ``X[0]``) and
+    each entry's arithmetic are the same (a symmetric entry ``K[j, i]`` is computed as ``K[i, j]``).
+    """
+    n = X.shape[0]
+    rows = max(GRAM_MIN_ROWS, int(GRAM_BLOCK if block is None else block) // max(n, 1))
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        yield r0, r1, rbf()(X[r0:r1], X[:r1] if lower else X, sigma)
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-all": ("run_all", "the main job: demo check, warehouse, every clinical study, report"),
     "forget": ("forget_cli", "forget one patient everywhere, durably, with one tamper-evident receipt"),
     "receipts": ("receipts_cli", "verify, list, export or prove the deletion-receipt log"),
+    "witness": ("witness_cli", "run a transparency-log witness that cosigns a receipt log's checkpoints"),
     "export": ("export_cli", "export the warehouse as Parquet or MEDS for your own analysis"),
     "report": ("report_cli", "re-render the HTML report from the stored results (no Prefect server)"),
     "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),

@@ -69,6 +69,22 @@ class LedgerRollbackError(LedgerTamperedError):
         return f"the deletion-receipt log was rolled back or replaced: {self.reason}"
 
 
+class EmptyLedgerError(LedgerError):
+    """The ledger folder an auditor named does not exist or holds no receipt: never "verified:
+    0 receipts" unless ``--allow-empty`` says an empty log is expected (exit 3)."""
+
+
+class WitnessError(PipelineError):
+    """A witness is misconfigured or cannot be used as asked (a bad verifier key, a URL that is
+    not HTTP(S), a witness folder without its key, an auditor's witness that cannot be reached)."""
+
+
+class WitnessConflictError(LedgerRollbackError):
+    """A witness has cosigned a larger tree of this log, or another tree of the same size: the
+    log was restored from a backup or forked. Builds and exports are refused until the newer log
+    is put back (a verification failure for ``receipts verify``)."""
+
+
 class WarehouseBusyError(PipelineError):
     """Another forgetful command holds the warehouse's writer lock past the wait limit."""
 
@@ -121,3 +137,9 @@ class StorageError(PipelineError, OSError):
         return str(self.args[0]) if self.args else "storage error"
 
 
+
+
+# ---- the forget registry as an operator meets it (issue 31; pipelines/store/registries.py) ----
+class RegistryUnreadableError(PipelineError):
+    """A forget registry this configuration keeps for the source (or the index naming them)
+    cannot be read: the command refuses rather than building, exporting or ingesting without it."""

@@ -25,6 +25,7 @@ from sv_core._state import (
     SolverState,
 )
 from sv_core.errors import PathError
+from sv_core.smo import gradient
 
 _KEEP: dict[tuple[int, int], IntArray] = {}
 
@@ -251,12 +252,18 @@ class BorderedMixin(SolverState):
         self._since_polish = 0
 
     def kkt_residual(self) -> dict[str, float]:
-        """KKT violations recomputed from scratch (not from the maintained g)."""
+        """KKT violations recomputed from scratch (not from the maintained g): from the stored
+        kernel, or (deferred, no kernel stored) from blocked kernel products over the support
+        (:func:`sv_core.smo.gradient`, O(block) memory). ``inverse`` is ``||M Rinv - I||`` of the
+        maintained bordered inverse (0 when S is empty or no inverse is built)."""
         live = self.live()
         a = self.alpha[live]
         st = self.status[live]
-        sup = live[a != 0.0]
-        g = self.rho - self.kd[live] + 2.0 * (self.K[np.ix_(live, sup)] @ self.alpha[sup])
+        if self._kn < self.n_slots:
+            g = self.rho + gradient(self.X[live], a, self.sigma)
+        else:
+            sup = live[a != 0.0]
+            g = self.rho - self.kd[live] + 2.0 * (self.K[np.ix_(live, sup)] @ self.alpha[sup])
         out = {
             "sum": float(abs(a.sum() - 1.0)),
             "box": float(max(0.0, -a.min(initial=0.0), (a - self.C).max(initial=0.0))),
@@ -264,7 +271,7 @@ class BorderedMixin(SolverState):
             "error_gradient": float(np.maximum(g[st == ERROR], 0.0).max(initial=0.0)),
             "reserve_gradient": float(np.maximum(-g[st == RESERVE], 0.0).max(initial=0.0)),
         }
-        if self._S:
+        if self._S and not self.deferred:
             M = self._bordered()
             # diagnostic only: ||M Rinv - I|| grows with cond(M) even when the solution is exact
             out["inverse"] = float(np.abs(M @ self.Rinv - np.eye(M.shape[0])).max())

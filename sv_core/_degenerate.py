@@ -18,7 +18,7 @@ them consistently:
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,8 +31,9 @@ class DegenerateMixin(BorderedMixin):
     """The event loop's edge cases: the empty-margin rho sweep, twin hand-over, near-twin swap,
     degenerate-pivot checks and state rebuilds."""
 
-    def _sweep(self, c: int, mode: str, max_events: int | None = None, frozen: Iterable[int] = ()) -> int:
-        raise NotImplementedError  # the event loop (sv_core.solver.MaintainedSVDD)
+    #: the one C&P event loop, defined by :class:`sv_core.solver.MaintainedSVDD` (the pivots and
+    #: hand-overs below re-enter it): ``_sweep(c, mode, max_events=None, frozen=()) -> events``
+    _sweep: Callable[..., int]
 
     def _empty_margin_step(self, c: int, mode: str, s: float) -> tuple[bool, int]:
         """One event with the margin set empty: sweep rho (every g moves at rate 1) until an
@@ -177,6 +178,12 @@ class DegenerateMixin(BorderedMixin):
         ``slots`` are the live slots, ``alpha``/``status`` aligned with them (from the refit
         oracle). The margin set, the bordered inverse and the gradient are rebuilt from scratch.
         """
+        self.load_deferred(slots, alpha, status, rho)
+        self.materialise()
+
+    def load_deferred(self, slots: np.ndarray, alpha: FloatArray, status: np.ndarray, rho: float) -> None:
+        """Set a solution of the live keys (as :meth:`load_solution`) but leave the kernel, the
+        bordered inverse and the gradient to :meth:`materialise` (O(n) work and memory here)."""
         slots = np.asarray(slots, dtype=np.int64)
         n = self.n_slots
         dead = np.ones(n, dtype=bool)
@@ -188,9 +195,18 @@ class DegenerateMixin(BorderedMixin):
         self.S = [int(s) for s in slots[np.asarray(status) == MARGIN]]
         self.rho = float(rho)
         self.solved = True
-        if self.S:
-            self.refactor()
-        else:
-            self.Rinv = np.zeros((1, 1))
-        self.recompute_g()
+        self.Rinv = np.zeros((1, 1))
+        self.deferred = True
 
+    def materialise(self) -> None:
+        """Build what a C&P step needs and a deferred state lacks: the missing kernel rows, then
+        (solved) the bordered inverse of the margin set and the exact gradient, exactly as
+        :meth:`load_solution` of the same solution would. No-op when nothing is deferred."""
+        if not self.deferred:
+            return
+        self._build_kernel()
+        if self.solved:
+            if self.S:
+                self.refactor()
+            self.recompute_g()
+        self.deferred = False

@@ -1,11 +1,13 @@
-"""Exact completion for :class:`sv_core.Gate` (mixin): the KKT guard, the warm SMO tightening and
-the exact fallback (fresh independent refit, maintained state rebuilt from it).
+"""Exact completion of the gate's maintained operations: the KKT guard, the warm SMO tightening
+and the exact fallback (fresh independent refit, maintained state rebuilt from it).
 
-Split from ``gate.py`` along its seam: the public gate calls ``_guarded`` around every maintained
-operation; this module decides when the maintained path's result is accepted.
+:class:`ExactCompletion` (one per gate, part of :class:`sv_core._gate_state.GateState`) runs every
+maintained C&P operation through :meth:`ExactCompletion.guarded`, which decides when the path's
+result is accepted, and counts what it had to do (``fallbacks``, ``log``, ``tightenings``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -85,44 +87,54 @@ def consolidate_repeats(X: np.ndarray, a: np.ndarray, status: np.ndarray, C: flo
 
 
 
-class ExactCompletionMixin:
-    """``_exact_fallback``, ``_guarded`` and ``_tighten`` of :class:`sv_core.Gate`."""
+class ExactCompletion:
+    """The guard around a gate's maintained operations and its record.
 
-    C: float
-    sigma: float
-    fallbacks: int
-    fallback_log: list[dict]
-    tightenings: int
+    Attributes
+    ----------
+    fallbacks : operations completed by the exact fallback (fresh refit, maintained state rebuilt)
+    log : one ``{"op", "reason"}`` dict per fallback taken, in order
+    tightenings : operations whose end state was tightened by a warm SMO polish (``tighten``)
+    """
 
-    @property
-    def _solver(self) -> MaintainedSVDD:
-        raise NotImplementedError  # sv_core.gate.Gate
+    def __init__(self) -> None:
+        self.fallbacks = 0
+        self.log: list[dict] = []
+        self.tightenings = 0
 
-    def _exact_fallback(self, op: str, reason: str) -> None:
+    def mark(self) -> tuple[int, int, int]:
+        """What :meth:`reset` needs to undo the record of operations that are rolled back."""
+        return self.fallbacks, len(self.log), self.tightenings
+
+    def reset(self, mark: tuple[int, int, int]) -> None:
+        self.fallbacks, n_log, self.tightenings = mark
+        del self.log[n_log:]
+
+    def fallback(self, core: MaintainedSVDD, op: str, reason: str) -> None:
         """Complete an operation exactly when the maintained path cannot: solve the current live
         keys afresh with the independent refit oracle and rebuild the maintained state from it
         (margin set, bordered inverse and gradient recomputed). Counted in ``fallbacks``."""
-        core = self._solver
         slots = core.live()
         try:
-            a, rho, info = refit(core.X[slots], C=self.C, sigma=self.sigma, return_info=True)
+            a, rho, info = refit(core.X[slots], C=core.C, sigma=core.sigma, return_info=True)
         except RefitError as exc:
             raise PathError(f"{op}: maintained path failed ({reason}) and the exact fallback "
                             f"failed too ({exc})") from exc
-        a, status = consolidate_repeats(core.X[slots], a, info["status"], self.C)
+        a, status = consolidate_repeats(core.X[slots], a, info["status"], core.C)
         core.load_solution(slots, a, status, rho)
         v = core.maintained_violation()
         if not v <= VERIFY_KKT:
             raise PathError(f"{op}: exact fallback left KKT violation {v:.3g} ({reason})")
         self.fallbacks += 1
-        self.fallback_log.append({"op": op, "reason": reason})
+        self.log.append({"op": op, "reason": reason})
 
-    def _guarded(self, op: str, step, on_fail=None, snap=None) -> tuple[int, str | None]:
+    def guarded(self, core: MaintainedSVDD, op: str, step: Callable[[], int],
+                on_fail: Callable[[], None] | None = None, snap: dict | None = None) -> tuple[int, str | None]:
         """Run ``step()`` (a maintained-path operation returning its event count) and check the
         maintained KKT residual; on a path error (state restored to before ``step``, then
         ``on_fail()`` applies the structural change) or a tripped guard, complete exactly by
-        :meth:`_exact_fallback`. Returns (events, fallback reason or None)."""
-        core = self._solver
+        :meth:`fallback`. Returns (events, fallback reason or None)."""
+        core.materialise()
         if snap is None:
             snap = core.snapshot()
         try:
@@ -134,7 +146,7 @@ class ExactCompletionMixin:
             if on_fail is not None:
                 on_fail()
             reason = f"{type(exc).__name__}: {exc}"
-            self._exact_fallback(op, reason)
+            self.fallback(core, op, reason)
             return 0, reason
         v = core.guard_residual()
         if not v <= TIGHTEN_AT:
@@ -142,23 +154,22 @@ class ExactCompletionMixin:
             core.recompute_g()
             v = core.guard_residual()
             if v > TIGHTEN_AT and np.isfinite(v):
-                v = self._tighten(v)
+                v = self.tighten(core, v)
             if not v <= KKT_GUARD:
                 reason = f"KKT guard: maintained-path residual {v:.3g} > {KKT_GUARD:g}"
-                self._exact_fallback(op, reason)
+                self.fallback(core, op, reason)
                 return events, reason
         return events, None
 
-    def _tighten(self, v: float) -> float:
+    def tighten(self, core: MaintainedSVDD, v: float) -> float:
         """Ill-conditioned (near-duplicate) margin systems leave KKT residuals of 1e-11..1e-9
         that the score at off-data probes amplifies; a warm pairwise SMO polish of the current
         coefficients drives the KKT gap to rounding level. Kept only if it lowers the residual."""
-        core = self._solver
         slots = core.live()
         snap = core.snapshot()
         K = core.K[np.ix_(slots, slots)]
-        a2, rho2, st2 = smo_polish(K, self.C, core.alpha[slots])
-        a2, st2 = consolidate_repeats(core.X[slots], a2, st2, self.C)
+        a2, rho2, st2 = smo_polish(K, core.C, core.alpha[slots])
+        a2, st2 = consolidate_repeats(core.X[slots], a2, st2, core.C)
         try:
             core.load_solution(slots, a2, st2, rho2)
             v2 = core.guard_residual()

@@ -4,7 +4,9 @@ The solver is split along its seams: this module holds the status codes and tole
 slot storage (keys, Gram matrix, coefficients, gradient, status), the margin set ``S`` with its
 cached *bordered rows* ``[1; 2 K[S, :n]]`` (kept by row appends/deletions as keys enter or leave
 ``S``, so the event loop never gathers ``K[S, :]``), the exact gradient recompute and the KKT
-diagnostics; :mod:`sv_core._bordered` holds the bordered-inverse algebra,
+diagnostics, and the *deferred* mode (a loaded solution whose kernel, bordered inverse and
+gradient are built by :meth:`SolverState.materialise` the first time a C&P step needs them, so a
+batch solve costs O(n d) memory here); :mod:`sv_core._bordered` holds the bordered-inverse algebra,
 :mod:`sv_core._degenerate` the handling of (near-)duplicate keys and :mod:`sv_core.solver` the
 one C&P event loop and the operations built on it.
 """
@@ -15,7 +17,7 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from sv_core.kernels import rbf_kernel
+from sv_core.kernels import check_finite_kernel, rbf_kernel
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -58,14 +60,19 @@ class SolverState:
     #: relative Schur-complement size below which a border update is refused as ill-conditioned
     GUARD = 1e-14
 
-    def __init__(self, C: float, sigma: float, dim: int, refactor_every: int = 64):
+    def __init__(self, C: float, sigma: float, dim: int, refactor_every: int = 64, deferred: bool = False):
         self.C = float(C)
         self.sigma = float(sigma)
         self.dim = int(dim)
         self.refactor_every = int(refactor_every)
         cap = 16
         self.X: FloatArray = np.zeros((cap, dim))
-        self.K: FloatArray = np.zeros((cap, cap))
+        #: the Gram matrix of the first ``_kn`` slots (allocated at the key capacity once built)
+        self.K: FloatArray = np.zeros((0, 0))
+        self._kn = 0
+        #: the kernel, bordered inverse and gradient are not built: keys are stored and a solution
+        #: loaded (``load_deferred``) without them; ``materialise`` builds them (:mod:`sv_core._degenerate`)
+        self.deferred = bool(deferred)
         self.kd: FloatArray = np.zeros(cap)
         self.alpha: FloatArray = np.zeros(cap)
         self.g: FloatArray = np.zeros(cap)
@@ -183,33 +190,67 @@ class SolverState:
             return
         new = max(need, 2 * cap)
         X = np.zeros((new, self.dim)); X[:cap] = self.X
-        K = np.zeros((new, new)); K[:cap, :cap] = self.K
         kd = np.zeros(new); kd[:cap] = self.kd
         a = np.zeros(new); a[:cap] = self.alpha
         g = np.zeros(new); g[:cap] = self.g
         st = np.full(new, DEAD, dtype=np.int8); st[:cap] = self.status
-        self.X, self.K, self.kd, self.alpha, self.g, self.status = X, K, kd, a, g, st
+        self.X, self.kd, self.alpha, self.g, self.status = X, kd, a, g, st
+        if self.K.size:
+            K = np.zeros((new, new)); K[: self._kn, : self._kn] = self.K[: self._kn, : self._kn]
+            self.K = K
 
     def append(self, Xnew: FloatArray) -> IntArray:
-        """Store new keys as PENDING slots (alpha 0); returns their slots. No solve."""
+        """Store new keys as PENDING slots (alpha 0); returns their slots. No solve. Their kernel
+        rows are computed now, or (deferred) by :meth:`materialise`."""
         m = Xnew.shape[0]
         lo = self.n_slots
         hi = lo + m
         self._grow(hi)
         self.X[lo:hi] = Xnew
-        # new rows in blocks straight into K (the kernel's temporaries stay O(block), not O(m n))
-        step = max(1, APPEND_BLOCK // hi)
-        for r in range(lo, hi, step):
-            e = min(hi, r + step)
-            Kb = rbf_kernel(self.X[r:e], self.X[:hi], self.sigma)
-            self.K[r:e, :hi] = Kb
-            self.K[:hi, r:e] = Kb.T
-        self.kd[lo:hi] = np.diag(self.K)[lo:hi]
         self.alpha[lo:hi] = 0.0
         self.g[lo:hi] = 0.0
         self.status[lo:hi] = PENDING
         self.n_slots = hi
+        if not self.deferred:
+            self._build_kernel()
         return np.arange(lo, hi)
+
+    def build_kernel(self) -> None:
+        """Build the kernel of every stored key now (a small first solve reads it, as the C&P
+        steps after it will: one kernel, the same bits)."""
+        self._build_kernel()
+
+    def _build_kernel(self) -> None:
+        """Kernel rows and columns of the slots ``_kn..n_slots`` into ``K``, in blocks (the
+        kernel's temporaries stay O(block), not O(m n)); every new entry checked finite."""
+        lo, hi = self._kn, self.n_slots
+        if lo >= hi:
+            return
+        cap = self.X.shape[0]
+        if self.K.shape[0] < cap:
+            K = np.zeros((cap, cap)); K[:lo, :lo] = self.K[:lo, :lo]
+            self.K = K
+        step = max(1, APPEND_BLOCK // hi)
+        for r in range(lo, hi, step):
+            e = min(hi, r + step)
+            Kb = rbf_kernel(self.X[r:e], self.X[:hi], self.sigma)
+            check_finite_kernel(Kb)
+            self.K[r:e, :hi] = Kb
+            self.K[:hi, r:e] = Kb.T
+        self.kd[lo:hi] = self.K.diagonal()[lo:hi]
+        self._kn = hi
+
+    def defer(self) -> None:
+        """Drop the kernel, the bordered inverse and the gradient of a solved keyed state (memory
+        O(n d) again); ``materialise`` rebuilds them from the keys and the solution."""
+        if not self._keyed or not self.solved:
+            return
+        self.K = np.zeros((0, 0))
+        self._kn = 0
+        self.Rinv = np.zeros((1, 1))
+        self._rows = np.zeros((8, 0))
+        self._rows_gen = -1
+        self.deferred = True
 
     @classmethod
     def from_gram(cls, K: FloatArray, C: float, refactor_every: int = 64) -> Self:
@@ -218,10 +259,12 @@ class SolverState:
         core = cls(C, 1.0, 1, refactor_every)
         core._keyed = False
         core._grow(n)
+        cap = core.X.shape[0]
+        core.K = np.zeros((cap, cap))
         core.K[:n, :n] = K
         core.kd[:n] = np.diag(K)
         core.status[:n] = PENDING
-        core.n_slots = n
+        core.n_slots = core._kn = n
         return core
 
     def live(self) -> IntArray:
@@ -234,7 +277,11 @@ class SolverState:
         old_to_new[keep] = np.arange(keep.size)
         n = keep.size
         self.X[:n] = self.X[keep]
-        self.K[:n, :n] = self.K[np.ix_(keep, keep)]
+        if self._kn == self.n_slots:
+            self.K[:n, :n] = self.K[np.ix_(keep, keep)]
+            self._kn = n
+        else:  # a partly built kernel (deferred): rebuilt whole by the next materialise
+            self._kn = 0
         for arr in (self.kd, self.alpha, self.g):
             arr[:n] = arr[keep]
         self.status[:n] = self.status[keep]
@@ -312,9 +359,12 @@ class SolverState:
         return {"margin": cnt[MARGIN], "error": cnt[ERROR], "reserve": cnt[RESERVE]}
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything an operation may change, for bit-for-bit rollback (K/X are append-only)."""
+        """Everything an operation may change, for bit-for-bit rollback (K/X are append-only;
+        a kernel built since is kept, a bordered inverse or gradient built since is dropped
+        with ``deferred``)."""
         n = self.n_slots
         return {
+            "deferred": self.deferred,
             "alpha": self.alpha[:n].copy(),
             "g": self.g[:n].copy(),
             "status": self.status[:n].copy(),
@@ -334,6 +384,10 @@ class SolverState:
         self.status[n : self.n_slots] = DEAD
         self.alpha[n : self.n_slots] = 0.0
         self.n_slots = n
+        self._kn = min(self._kn, n)
+        self.deferred = snap["deferred"]
+        if not self.deferred:
+            self._build_kernel()  # (only if the kernel was dropped since: keys already checked)
         self.S = list(snap["S"])
         self.Rinv = snap["Rinv"].copy()
         self.rho = snap["rho"]

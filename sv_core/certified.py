@@ -63,8 +63,8 @@ def _fallback(X: np.ndarray, C: float, sigma: float) -> tuple[np.ndarray, float,
     if X.shape[0] >= warmup_size(C):
         g = Gate(C, sigma, cold_solve="path")
         g.admit(X)
-        slots = g._live_slots()
-        return g.alpha, g.rho, g._solver.status[slots].copy(), "fallback:cp"
+        st = g.to_state()
+        return st["alpha"], st["rho"], st["status"], "fallback:cp"
     a, rho, info = refit(X, C=C, sigma=sigma, return_info=True)
     a, st = consolidate_repeats(X, a, info["status"], C)
     return a, rho, st, "fallback:refit"

@@ -9,6 +9,7 @@ This module never imports the gate, so the gate can use it.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,7 @@ import numpy as np
 
 from sv_core._active_set import Problem, certify, margin_residual, read_off, repair
 from sv_core._blas import single_thread
-from sv_core._gate_exact import KKT_GUARD
+from sv_core._gate_exact import KKT_GUARD, consolidate_repeats
 from sv_core._state import ERROR, MARGIN, RESERVE
 from sv_core.errors import InfeasibleError, InvalidKeysError, InvalidParameterError, PathError
 from sv_core.kernels import rbf_kernel
@@ -201,20 +202,35 @@ def not_certified_reason(at: Attempt, kkt_tol: float) -> str | None:
 
 def load_certified(core) -> SolveCertificate:
     """First solve of a cold maintained solver (:class:`sv_core.solver.MaintainedSVDD`): the
-    certified solve of its live keys over the Gram matrix it stores, then the maintained state
-    (margin set, bordered inverse, exact gradient) rebuilt from the solution. Raises
-    :class:`PathError` (the core untouched) when the solve cannot certify."""
+    certified solve of its live keys (:func:`attempt`, exactly as :func:`sv_core.solve` of those
+    keys), loaded *deferred*: the margin set, bordered inverse, kernel and gradient are built by
+    ``core.materialise()`` when a C&P step first needs them. Raises :class:`PathError` (the core
+    untouched) when the solve cannot certify."""
     live = core.live()
     n = live.size
-    if n and live[-1] == n - 1:
-        K = core.K[:n, :n]  # a view: rows are read in place
+    if n <= SMALL_N:
+        # small: the solve reads the kernel exactly as the state builds it (same blocks, same bits),
+        # so the partition it finds is the one the later C&P steps see; a kernel computed in other
+        # blocks differs in the last bits, and bit-identical keys may then both land on the margin
+        core.build_kernel()
+        K = core.K[:n, :n] if n and live[-1] == n - 1 else core.K[np.ix_(live, live)]
+        at = attempt(core.X[live], core.C, core.sigma, gram=K)
     else:
-        K = core.K[np.ix_(live, live)]
-    at = attempt(core.X[live], core.C, core.sigma, gram=K)
+        # the SMO touches few distinct kernel columns (its working set is about the support): a
+        # cache of ceil(1/C) columns (the error set's size) keeps the memory O(n |support|)
+        cols = max(2, math.ceil(1.0 / core.C))
+        at = attempt(core.X[live], core.C, core.sigma, cache_bytes=min(CACHE_BYTES, 8 * n * cols))
     reason = not_certified_reason(at, KKT_GUARD)
     if reason is not None:
         raise PathError(reason)
     sol = certified_solution(at, kkt_tol=KKT_GUARD, target=TARGET_KKT)
-    core.load_solution(live, sol.alpha, sol.status, sol.rho)
-    core.solved = True
+    alpha, status = sol.alpha, sol.status
+    margin = status == MARGIN
+    X = core.X[live]
+    if np.count_nonzero(margin) > 1 and np.unique(X[margin], axis=0).shape[0] < np.count_nonzero(margin):
+        # bit-identical keys on the margin: any split of their mass is optimal, but the bordered
+        # system needs one of them (the same gathering the exact fallback applies)
+        alpha, status = consolidate_repeats(X, alpha, status, core.C)
+    core.load_deferred(live, alpha, status, sol.rho)
+    core.defer()  # the kernel a small solve read is rebuilt, in the same blocks, by materialise
     return sol.certificate

@@ -4,39 +4,29 @@
 >>> g = Gate(C=calibrate_C(nu=0.4, n0=20), sigma=2.0)
 >>> ids = g.admit(np.random.default_rng(0).normal(size=(20, 3)))
 >>> receipt = g.forget(ids[0], verify=True)
+
+Every public method of :class:`Gate` is here; the state behind it is one
+:class:`sv_core._gate_state.GateState` (the maintained solver, token ids, the exact-completion
+record), and the deletion work is :mod:`sv_core._gate_forget`.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
-from sv_core import _gate_state
+from sv_core import _gate_forget
 
 # the guard/fallback constants and STATE_KKT_TOL are re-exported from here for callers
-from sv_core._gate_exact import (  # noqa: F401
-    JITTER_SCALE,
-    KKT_GUARD,
-    TIGHTEN_AT,
-    VERIFY_KKT,
-    VERIFY_SCORE_TOL,
-    ExactCompletionMixin,
-)
-from sv_core._gate_forget import ForgetMixin
-from sv_core._gate_state import STATE_KKT_TOL  # noqa: F401
+from sv_core._gate_exact import JITTER_SCALE, KKT_GUARD, TIGHTEN_AT, VERIFY_KKT, VERIFY_SCORE_TOL  # noqa: F401
+from sv_core._gate_state import STATE_KKT_TOL, GateState  # noqa: F401
 from sv_core.calibrate import warmup_size
 from sv_core.certified_core import load_certified
-from sv_core.errors import (
-    GateError,
-    InvalidKeysError,
-    InvalidParameterError,  # noqa: F401  (re-exported for callers that import it from here)
-    PathError,
-)
+from sv_core.errors import GateError, InvalidKeysError, InvalidParameterError, PathError, UnknownTokenError
 from sv_core.kernels import rbf_kernel
-from sv_core.receipts import Certificate
-from sv_core.solver import DEAD, ERROR, MARGIN, RESERVE, MaintainedSVDD
-from sv_core.validation import as_keys, check_finite_kernel, check_params
-
-_check_params = check_params  # backward-compatible private alias
-
+from sv_core.receipts import Certificate, Receipt
+from sv_core.solver import ERROR, MARGIN, RESERVE, STATUS_NAMES, MaintainedSVDD
+from sv_core.validation import as_keys, check_params, check_token_id
 
 #: first-solve methods of :class:`Gate` (``cold_solve``)
 COLD_SOLVES = ("auto", "certified", "path")
@@ -49,7 +39,7 @@ class WarmupError(GateError):
     """The gate has fewer than ``ceil(1/C) + 2`` keys: it is not solved and has no gate score."""
 
 
-class Gate(ForgetMixin, ExactCompletionMixin):
+class Gate:
     """Fixed-C SVDD gate with an exact maintained fp64 C&P solver.
 
     Parameters
@@ -62,54 +52,66 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         Low-rank updates between full refactorisations of the bordered inverse.
     cold_solve : "auto" | "certified" | "path"
         How the first solve (the admission that reaches ``warmup_size``) is done: by the certified
-        solve (:func:`sv_core.solve`: SMO, margin system, KKT on the recomputed gradient) and the
-        maintained state loaded from it, or by settling the keys one by one on the C&P path.
-        "auto" uses the certified solve from ``CERTIFIED_MIN_KEYS`` keys. If the certified solve
-        cannot certify, the path is taken (``cold_solve_log`` says so).
+        solve (:func:`sv_core.solve`: SMO, margin system, KKT on the recomputed gradient), loaded
+        *deferred* (the kernel, bordered inverse and gradient are built by the first C&P step),
+        or by settling the keys one by one on the C&P path. "auto" uses the certified solve from
+        ``CERTIFIED_MIN_KEYS`` keys. If the certified solve cannot certify, the path is taken
+        (``cold_solve_log`` says so).
 
     Attributes
     ----------
     ids : (n,) int array, live token ids in admission order.
     alpha : (n,) float array, coefficients aligned with ``ids`` (uniform ``1/n`` in warm-up).
     rho : float, offset (``nan`` in warm-up).
+    fallbacks, fallback_log, tightenings, cold_solve_log : how operations completed.
     """
 
     def __init__(self, C: float, sigma: float, refactor_every: int = 64, cold_solve: str = "auto"):
-        self.C, self.sigma = _check_params(C, sigma)
+        self.C, self.sigma = check_params(C, sigma)
         self.refactor_every = int(refactor_every)
         if cold_solve not in COLD_SOLVES:
             raise InvalidParameterError(f"cold_solve must be one of {COLD_SOLVES}, got {cold_solve!r}")
         self.cold_solve = cold_solve
-        #: one ``{"method", "keys", "kkt_violation", "fallback_reason"}`` dict per first solve
-        self.cold_solve_log: list[dict] = []
-        self._core: MaintainedSVDD | None = None
-        self._slot_of: dict[int, int] = {}
-        self._id_of_slot: list[int] = []
-        self._next_id = 0
-        self._forgotten: set[int] = set()
-        #: operations completed by the exact fallback (fresh refit, maintained state rebuilt)
-        self.fallbacks = 0
-        #: one ``{"op", "reason"}`` dict per fallback taken, in order
-        self.fallback_log: list[dict] = []
-        #: operations whose end state was tightened by a warm SMO polish (see ``_tighten``)
-        self.tightenings = 0
+        self._state = GateState(self.C, self.sigma, self.refactor_every)
 
     # ------------------------------------------------------------------ properties
     @property
+    def fallbacks(self) -> int:
+        """Operations completed by the exact fallback (fresh refit, maintained state rebuilt)."""
+        return self._state.exact.fallbacks
+
+    @property
+    def fallback_log(self) -> list[dict]:
+        """One ``{"op", "reason"}`` dict per fallback taken, in order."""
+        return self._state.exact.log
+
+    @property
+    def tightenings(self) -> int:
+        """Operations whose end state was tightened by a warm SMO polish."""
+        return self._state.exact.tightenings
+
+    @property
+    def cold_solve_log(self) -> list[dict]:
+        """One ``{"method", "keys", "kkt_violation", "fallback_reason"}`` dict per first solve."""
+        return self._state.cold_solve_log
+
+    @property
+    def _core(self) -> MaintainedSVDD | None:
+        """The solver as stored (None before the first key; possibly deferred)."""
+        return self._state.core
+
+    @property
     def _solver(self) -> MaintainedSVDD:
-        """The maintained solver (exists once a key was admitted)."""
-        core = self._core
-        if core is None:
-            raise GateError("the gate holds no keys")
-        return core
+        """The maintained solver with everything a C&P step needs built (diagnostics)."""
+        return self._state.solver()
 
     @property
     def dim(self) -> int | None:
-        return None if self._core is None else self._core.dim
+        return self._state.dim
 
     @property
     def n(self) -> int:
-        return len(self._slot_of)
+        return self._state.n
 
     @property
     def warmup_size(self) -> int:
@@ -124,52 +126,43 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         the maintained state stays solved (deletions keep ``n C >= 1`` by preflight, and reserve
         eviction keeps the support, which carries all the mass).
         """
-        return self._core is not None and self._core.solved
-
-    def _live_slots(self) -> np.ndarray:
-        if self._core is None:
-            return np.zeros(0, dtype=np.int64)
-        return self._core.live()
+        return self._state.solved
 
     @property
     def ids(self) -> np.ndarray:
-        slots = self._live_slots()
-        return np.asarray([self._id_of_slot[s] for s in slots], dtype=np.int64)
+        return self._state.ids()
 
     @property
     def keys(self) -> np.ndarray:
         """(n, d) live keys aligned with ``ids``."""
-        if self._core is None:
+        if self._state.core is None:
             return np.zeros((0, 0))
-        return self._solver.X[self._live_slots()].copy()
+        return self._state.keys_of(self._state.live_slots())
 
     @property
     def alpha(self) -> np.ndarray:
-        slots = self._live_slots()
-        if not self.gated:
-            return np.full(slots.size, 1.0 / max(slots.size, 1)) if slots.size else np.zeros(0)
-        return self._solver.alpha[slots].copy()
+        return self._state.alpha()
 
     @property
     def rho(self) -> float:
-        return float(self._solver.rho) if self.gated else float("nan")
+        return float(self._state.stored().rho) if self.gated else float("nan")
 
     def partition(self) -> dict[str, list[int]]:
         """Token ids of the margin (0<a<C), error (a=C) and reserve (a=0) sets."""
         out: dict[str, list[int]] = {"margin": [], "error": [], "reserve": []}
         if not self.gated:
             return out
-        names = {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}
-        for s in self._live_slots():
-            out[names[int(self._solver.status[s])]].append(self._id_of_slot[s])
+        st = self._state
+        slots = st.live_slots()
+        status = st.stored().status[slots]
+        for code in (MARGIN, ERROR, RESERVE):
+            out[STATUS_NAMES[code]] = [st.id_of_slot[s] for s in slots[status == code].tolist()]
         return out
 
     def status_of(self, token_id: int) -> str:
         """``"margin" | "error" | "reserve" | "warmup"`` for a live id."""
-        slot = self._slot(token_id)
-        if not self.gated:
-            return "warmup"
-        return {MARGIN: "margin", ERROR: "error", RESERVE: "reserve"}[int(self._solver.status[slot])]
+        slot = self._state.slot(token_id)
+        return STATUS_NAMES[int(self._state.stored().status[slot])] if self.gated else "warmup"
 
     def support_ids(self) -> np.ndarray:
         p = self.partition()
@@ -180,76 +173,59 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         """Admit one key ``(d,)`` or many ``(n, d)`` by C&P increments.
 
         Returns the new stable token ids, shape (n,). Below ``warmup_size`` keys the keys are
-        stored unsolved; the first admission that reaches it solves the gate from the feasible
-        start ``alpha = 1/n`` with the same event loop. If the maintained path cannot complete
-        (or its KKT residual guard trips) the admission completes by the exact fallback
-        (``fallbacks`` is incremented). On any error the gate is unchanged.
+        stored unsolved; the first admission that reaches it solves the gate (``cold_solve``):
+        by the certified solve, loaded deferred (memory O(n d) here until a C&P step), or by
+        settling the keys one by one from the feasible start ``alpha = 1/n``. If the maintained
+        path cannot complete (or its KKT residual guard trips) the admission completes by the
+        exact fallback (``fallbacks`` is incremented). On any error the gate is unchanged.
         """
         A = as_keys(X, self.dim)
         if A.shape[0] == 0:
             return np.zeros(0, dtype=np.int64)
-        if self._core is None:
-            core = MaintainedSVDD(self.C, self.sigma, A.shape[1], self.refactor_every)
-        else:
-            core = self._core
-        snap = core.snapshot()
-        ids_before = (len(self._id_of_slot), self._next_id, self.fallbacks, len(self.fallback_log))
-        new_ids = np.arange(self._next_id, self._next_id + A.shape[0], dtype=np.int64)
+        st = self._state
+        if st.solved:
+            st.solver()  # admitting into a solved gate is a C&P step: build what it needs
+        saved = st.save()
         try:
-            slots = core.append(A)
-            check_finite_kernel(core.K[slots[0] : slots[-1] + 1, : core.n_slots])
-            self._core = core
-            self._next_id += A.shape[0]
-            for s, i in zip(slots, new_ids):
-                self._slot_of[int(i)] = int(s)
-                self._id_of_slot.append(int(i))
+            core, slots, new_ids = st.append(A)
             if not core.solved:
-                if self.n >= self.warmup_size:
-                    self._guarded("initialise", self._initialise_step(core))
+                if st.n >= self.warmup_size:
+                    self._first_solve(core)
             else:
-                def step():
+                def step() -> int:
                     ev = 0
-                    for s in slots:
-                        ev += core.admit_slot(int(s))
+                    for s in slots.tolist():
+                        ev += core.admit_slot(s)
                     core.finish()
                     return ev
 
-                self._guarded("admit", step)
+                st.exact.guarded(core, "admit", step)
         except BaseException:
-            core.restore(snap)
-            n_ids, self._next_id, self.fallbacks, n_log = ids_before
-            for i in new_ids:
-                self._slot_of.pop(int(i), None)
-            del self._id_of_slot[n_ids:]
-            del self.fallback_log[n_log:]
-            if self._core is core and snap["n_slots"] == 0 and not self._slot_of:
-                self._core = None if ids_before[0] == 0 else core
+            st.rollback(saved)
             raise
         return new_ids
 
-    def _initialise_step(self, core: MaintainedSVDD):
-        """The first solve: certified solve + state load, or C&P settling (see ``cold_solve``)."""
+    def _first_solve(self, core: MaintainedSVDD) -> None:
+        """The certified solve loaded deferred, accepted when its certificate (KKT on the exactly
+        recomputed gradient) is within ``TIGHTEN_AT``, else the maintained state is built and its
+        guard decides (tightening or the exact fallback); keys settled one by one on the path
+        when ``cold_solve`` asks for it or the solve cannot certify."""
         n = self.n
-        if self.cold_solve == "path" or (self.cold_solve == "auto" and n < CERTIFIED_MIN_KEYS):
-            def settle() -> int:
-                self.cold_solve_log.append({"method": "path", "keys": n, "kkt_violation": None,
-                                            "fallback_reason": None})
-                return core.initialise()
-
-            return settle
-
-        def certified_step() -> int:
+        entry: dict = {"method": "path", "keys": n, "kkt_violation": None, "fallback_reason": None}
+        log, exact = self._state.cold_solve_log, self._state.exact
+        if self.cold_solve == "certified" or (self.cold_solve == "auto" and n >= CERTIFIED_MIN_KEYS):
             try:
                 cert = load_certified(core)
             except PathError as exc:  # not certified (core untouched): settle one by one instead
-                self.cold_solve_log.append({"method": "path", "keys": n, "kkt_violation": None,
-                                            "fallback_reason": str(exc)})
-                return core.initialise()
-            self.cold_solve_log.append({"method": "certified", "keys": n,
-                                        "kkt_violation": cert.kkt_violation, "fallback_reason": None})
-            return 0
-
-        return certified_step
+                entry["fallback_reason"] = str(exc)
+            else:
+                entry.update(method="certified", kkt_violation=cert.kkt_violation)
+                log.append(entry)
+                if not cert.kkt_violation <= TIGHTEN_AT:
+                    exact.guarded(core, "initialise", lambda: 0)
+                return
+        log.append(entry)
+        exact.guarded(core, "initialise", core.initialise)
 
     # ------------------------------------------------------------------ scores and readout
     def score(self, P) -> np.ndarray:
@@ -259,19 +235,14 @@ class Gate(ForgetMixin, ExactCompletionMixin):
                 f"the gate has {self.n} keys (< ceil(1/C)+2 = {self.warmup_size}); it is not solved "
                 "and has no gate score"
             )
-        P = as_keys(P, self.dim)
-        core = self._solver
-        slots = self._live_slots()
-        sup = slots[core.alpha[slots] != 0.0]
-        return 2.0 * rbf_kernel(P, core.X[sup], self.sigma) @ core.alpha[sup] - core.rho
+        return self._state.scores(as_keys(P, self.dim))
 
     def weights(self, Q) -> np.ndarray:
         """Normalised readout weights ``a_i k(q, x_i) / sum_j a_j k(q, x_j)``, (m, n) aligned with ids."""
         Q = as_keys(Q, self.dim)
-        slots = self._live_slots()
-        if slots.size == 0:
+        if self.n == 0:
             raise GateError("the gate holds no keys")
-        W = rbf_kernel(Q, self._solver.X[slots], self.sigma) * self.alpha[None, :]
+        W = rbf_kernel(Q, self.keys, self.sigma) * self.alpha[None, :]
         den = W.sum(axis=1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             return W / den
@@ -287,71 +258,120 @@ class Gate(ForgetMixin, ExactCompletionMixin):
             raise InvalidKeysError(f"V has {V.shape[0]} rows but the gate holds {self.n} keys")
         return self.weights(Q) @ V
 
-    # ------------------------------------------------------------------ eviction
-    def evict_reserve(self, probes=None, max_evict: int | None = None) -> Certificate:
-        """Evict certified-inert (alpha = 0) keys without re-solving (Proposition 1).
-
-        The certificate
-        lists the evicted ids and the *measured* max change of gate score and readout weights on
-        the probes (default: every key before eviction). In warm-up nothing is evicted and the
-        certificate says ``issued=False``.
-        """
-        if not self.gated:
-            return Certificate(issued=False, reason="warm-up: the gate is not solved", evicted=[],
-                               n_before=self.n, n_after=self.n, C=self.C, sigma=self.sigma)
-        core = self._solver
-        slots = self._live_slots()
-        res = slots[core.status[slots] == RESERVE]
-        if max_evict is not None:
-            res = res[: max(int(max_evict), 0)]
-        P = core.X[slots].copy() if probes is None else as_keys(probes, self.dim)
-        s_before = self.score(P)
-        W_before = self.weights(P)
-        keep_cols = ~np.isin(slots, res)
-        evicted = [self._id_of_slot[s] for s in res]
-        n_before = self.n
-        for s in res:
-            core.status[s] = DEAD
-            core.alpha[s] = 0.0
-            del self._slot_of[self._id_of_slot[s]]
-        self._maybe_compact()
-        s_after = self.score(P)
-        W_after = self.weights(P)
-        return Certificate(
-            issued=True,
-            reason="reserve keys (alpha = 0) of the current solved fixed-C state",
-            evicted=[int(i) for i in evicted],
-            n_before=n_before,
-            n_after=self.n,
-            C=self.C,
-            sigma=self.sigma,
-            max_abs_score_change=float(np.abs(s_after - s_before).max(initial=0.0)),
-            max_abs_weight_change=float(np.abs(W_after - W_before[:, keep_cols]).max(initial=0.0)),
-            n_probes=int(P.shape[0]),
-        )
-
     def kkt_residual(self) -> dict:
         """KKT violations recomputed from scratch: sum, box, margin/error/reserve gradients, inverse."""
         if not self.gated:
             raise WarmupError("the gate is in warm-up; no KKT state")
-        return self._solver.kkt_residual()
+        return self._state.stored().kkt_residual()
 
-    def _maybe_compact(self) -> None:
-        core = self._solver
-        dead = core.n_slots - self.n
-        if dead > 64 and dead > self.n:
-            old_to_new = core.compact()
-            new_ids = [-1] * core.n_slots
-            for old, new in enumerate(old_to_new.tolist()):
-                if new >= 0:
-                    new_ids[new] = self._id_of_slot[old]
-            self._id_of_slot = new_ids
-            self._slot_of = {i: s for s, i in enumerate(new_ids)}
+    # ------------------------------------------------------------------ eviction and deletion
+    def evict_reserve(self, probes=None, max_evict: int | None = None) -> Certificate:
+        """Evict certified-inert (alpha = 0) keys without re-solving (Proposition 1).
 
-    # ------------------------------------------------------------------ serialisation (sv_core._gate_state)
+        The certificate lists the evicted ids and the *measured* max change of gate score and
+        readout weights on the probes (default: every key before eviction). Nothing is built:
+        no coefficient changes. In warm-up nothing is evicted and the certificate says
+        ``issued=False``.
+        """
+        if not self.gated:
+            return Certificate(issued=False, reason="warm-up: the gate is not solved", evicted=[],
+                               n_before=self.n, n_after=self.n, C=self.C, sigma=self.sigma)
+        st = self._state
+        slots = st.live_slots()
+        res = slots[st.stored().status[slots] == RESERVE]
+        if max_evict is not None:
+            res = res[: max(int(max_evict), 0)]
+        P = self.keys if probes is None else as_keys(probes, self.dim)
+        s_before, W_before = self.score(P), self.weights(P)
+        n_before = self.n
+        evicted = st.evict(res)
+        st.compact()
+        s_after, W_after = self.score(P), self.weights(P)
+        return Certificate(
+            issued=True, reason="reserve keys (alpha = 0) of the current solved fixed-C state",
+            evicted=[int(i) for i in evicted], n_before=n_before, n_after=self.n, C=self.C, sigma=self.sigma,
+            max_abs_score_change=float(np.abs(s_after - s_before).max(initial=0.0)),
+            max_abs_weight_change=float(np.abs(W_after - W_before[:, ~np.isin(slots, res)]).max(initial=0.0)),
+            n_probes=int(P.shape[0]),
+        )
+
+    def _forget_slot(self, tid: int, slot: int) -> Receipt:
+        """Delete one live token: C&P decrement under the guard, receipt (no compaction)."""
+        return _gate_forget.forget_slot(self._state, tid, slot)
+
+    def forget(self, token_id: int, verify: bool = False, probe_seed: int = 0) -> Receipt:
+        """Delete a token by the C&P decremental path; returns a JSON-serialisable receipt.
+
+        Preflight (no state change on failure): the id must be a live integer id, and
+        ``(n-1) C >= 1``. If the maintained path cannot complete, or its KKT residual guard trips,
+        the deletion completes by the exact fallback (fresh refit of the retained keys, state
+        rebuilt from it) and ``receipt.fallback`` is True. ``verify=True`` compares the result
+        with an independent :func:`refit` on retained, removed and jittered probes; if that
+        comparison cannot be made or fails its tolerances after the fallback, a
+        :class:`VerificationError` is raised and the gate is restored bit-for-bit.
+        """
+        st = self._state
+        slot = st.slot(token_id)
+        tid = int(token_id)
+        _gate_forget.preflight(st, 1, f"token {tid}")
+        removed_key = st.keys_of([slot]) if verify else None
+        saved = st.save() if verify else None  # (the deletion itself restores the solver on error)
+        receipt = self._forget_slot(tid, slot)
+        if saved is not None and self.gated:
+            try:
+                _gate_forget.verify_or_fallback(st, receipt, removed_key, probe_seed)
+            except BaseException:
+                st.rollback(saved)
+                raise
+        st.compact()
+        return receipt
+
+    def forget_many(self, token_ids: Iterable[int], verify: bool = False) -> list[Receipt]:
+        """Forget several tokens; all-or-nothing (the gate is restored if any deletion fails).
+
+        ``verify=True`` compares the state after the last deletion with one independent same-C
+        :func:`refit` of the retained keys (probes: retained, removed and jittered keys). That one
+        comparison verifies every deletion of the call, so each receipt carries it, with
+        ``verification["batch_tokens"]`` naming the tokens it covers; the intermediate states
+        (after some but not all of the deletions) are not refit. ``fallback`` is set on the last
+        receipt when the verification took the exact fallback.
+        """
+        try:
+            token_ids = list(token_ids)
+        except TypeError as exc:
+            raise UnknownTokenError(f"token ids must be an iterable of integers, got {token_ids!r}") from exc
+        tids = [check_token_id(t) for t in token_ids]
+        if len(set(tids)) != len(tids):
+            raise UnknownTokenError("token ids to forget contain repeats")
+        if not tids:
+            return []
+        st = self._state
+        slots = [st.slot(t) for t in tids]
+        _gate_forget.preflight(st, len(tids), f"{len(tids)} tokens")
+        removed = st.keys_of(slots) if verify else None
+        saved = st.save()
+        try:
+            out = [self._forget_slot(t, s) for t, s in zip(tids, slots)]
+            if verify and self.gated:
+                _gate_forget.verify_or_fallback(st, out[-1], removed, 0)
+                ver = out[-1].verification or {}
+                for r in out:
+                    r.verification = {**ver, "batch_tokens": list(tids)}
+        except BaseException:
+            st.rollback(saved)
+            raise
+        st.compact()
+        return out
+
+    def verify_against_refit(self, removed=None, seed: int = 0) -> dict:
+        """Max |gate score difference| between this state and an independent :func:`refit`
+        (retained, jittered and ``removed`` probes), alpha deviation, partition match, KKT."""
+        return _gate_forget.refit_comparison(self._state, removed, seed)
+
+    # ------------------------------------------------------------------ serialisation
     def to_state(self) -> dict:
         """Arrays and scalars that reproduce this gate exactly (``np.savez``-able)."""
-        return _gate_state.to_state(self)
+        return self._state.to_dict()
 
     @classmethod
     def from_state(cls, state: dict) -> Gate:
@@ -362,7 +382,10 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         box, the partition and the KKT residual (``<= STATE_KKT_TOL``, recomputed from scratch).
         Raises :class:`InvalidStateError` (one line saying what is wrong).
         """
-        return _gate_state.from_state(cls, state)
+        st = GateState.from_dict(state)
+        g = cls(st.C, st.sigma, st.refactor_every)
+        g._state = st
+        return g
 
     @classmethod
     def from_solution(cls, X, alpha, C: float, sigma: float, refactor_every: int = 64) -> Gate:
@@ -374,9 +397,20 @@ class Gate(ForgetMixin, ExactCompletionMixin):
         coefficients exact for these keys) and the KKT guard is checked; if ``alpha`` does not
         solve the problem to the guard (``<= 1e-9``), the gate is solved by the maintained path
         instead. Token ids are ``0..n-1`` in row order. Below the warm-up size the keys are just
-        admitted (nothing is solved).
+        admitted (nothing is solved). The checked state is held deferred, as a first solve is
+        (its kernel and bordered inverse are built again by the first C&P step).
         """
-        return _gate_state.from_solution(cls, X, alpha, C, sigma, refactor_every)
+        g = cls(C, sigma, refactor_every)
+        A = as_keys(X)
+        a = np.asarray(alpha, dtype=np.float64).reshape(-1)
+        if a.shape != (A.shape[0],) or not np.isfinite(a).all():
+            raise InvalidKeysError(f"alpha must be a finite array of shape ({A.shape[0]},), got {a.shape}")
+        st = None if A.shape[0] < g.warmup_size else GateState.from_solution(A, a, g.C, g.sigma, g.refactor_every)
+        if st is None:
+            g.admit(A)
+        else:
+            g._state = st
+        return g
 
     def __repr__(self) -> str:
         p = {k: len(v) for k, v in self.partition().items()}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sv_core.errors import InvalidKeysError
+
 
 def sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """Squared Euclidean distances, clamped at 0.
@@ -59,6 +61,13 @@ def rbf_kernel(A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
     D = sq_dists(A, B)
     np.divide(D, -(float(sigma) ** 2), out=D)  # = (-D) / sigma^2, in place
     return np.exp(D, out=D)
+
+
+def check_finite_kernel(K: np.ndarray) -> None:
+    """Belt and braces after a kernel evaluation: every entry finite and in [0, 1]
+    (:class:`sv_core.errors.InvalidKeysError` otherwise)."""
+    if K.size and not (np.isfinite(K).all() and K.min() >= 0.0 and K.max() <= 1.0):
+        raise InvalidKeysError("the RBF kernel of these keys is not finite; rescale the keys or sigma")
 
 
 def torch_kernel(A, B, sigma):

@@ -25,7 +25,7 @@ Two implementations of the same loop, tested against each other
 * :func:`smo_reference` -- NumPy, slow and readable: one kernel column per use, no cache;
 * the compiled loop ``sv_core._smo`` (``sv_core/_smo.c``, optional, built by ``setup.py``): kernel
   columns on demand into an LRU cache of bounded memory (never the n x n matrix), or the rows of
-  a Gram matrix the caller already holds (the maintained gate stores one).
+  a Gram matrix the caller already holds.
 
 :func:`smo` runs the compiled loop when it is built (``fast_smo_available()``) and the reference
 otherwise; ``FORGETFUL_SOLVER=reference`` selects the reference, as for the C&P fast path.

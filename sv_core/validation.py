@@ -77,12 +77,6 @@ def check_token_id(token_id) -> int:
     return int(token_id)
 
 
-def check_finite_kernel(K: np.ndarray) -> None:
-    """Belt and braces after a kernel evaluation: every entry finite and in [0, 1]."""
-    if K.size and not (np.isfinite(K).all() and K.min() >= 0.0 and K.max() <= 1.0):
-        raise InvalidKeysError("the RBF kernel of these keys is not finite; rescale the keys or sigma")
-
-
 _REQUIRED = ("C", "sigma", "keys", "ids", "alpha", "status", "margin_ids", "rho", "solved",
              "next_id", "forgotten")
 

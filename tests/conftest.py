@@ -15,6 +15,18 @@ os.environ["FORGETFUL_CONFIG_DIR"] = tempfile.mkdtemp(prefix="forgetful-test-con
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_registry_index():
+    """Every test starts as its own configuration for the forget registries: the index of
+    registries by source (``<config>/registries.json``, :mod:`pipelines.store.registries`) is
+    emptied, so one test's forgets never reach another test's builds of the same source (the
+    keys stay the session's)."""
+    from pipelines.store.registries import index_path
+
+    index_path().unlink(missing_ok=True)
+    yield
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One ephemeral Prefect API for the whole test session (cold start is 12-22 s)."""

@@ -140,6 +140,19 @@ def test_sql_aggregates_match_numpy_and_the_result_labels_low_power(base_wh):
 
     validate_result(res)
     validate_result(real)
+    # claims on ranges over contexts; the decay pair is stated as fitted to the paper's figure, not "not stated"
+    assert m["decay_leakage_min"]["gamma_0.1"] == pytest.approx(col("leak_g0p1").min(), rel=1e-12)
+    assert m["gap_to_refit"]["naive"]["score_min"] == pytest.approx(col("gap_score_naive").min(), rel=1e-12)
+    assert "fitted to the paper's figure" in real["metrics"]["decay_gamma_source"]
+    assert real["metrics"]["decay_gammas"] == [0.5, 0.1] and "fitted to the paper's figure" in real["notes"]
+    assert real["metrics"]["decay_gamma_note"] == "fitted to the paper's figure"
+    gap, leak_claim = real["claims"]
+    assert gap["status"] == "holds" and gap["peer"]["value"] == m["gap_to_refit"]["naive"]["score_min"]
+    assert leak_claim["status"] == "holds" and "fitted to the paper's figure" in leak_claim["paper"]["figure"]
+    assert leak_claim["low_power"] == {"flag": True, "n": 3, "minimum": 20, "unit": "five-patient contexts",
+                                       "label": res["metrics"]["power"]["label"]}
+    assert res["claims"][1]["paper"]["figure"] is None  # synthetic run: the paper's real-record figure not shown
+    assert any(row[1] == "< 1e-12" for row in res["tables"][0]["rows"])  # the exact gap prints as its bound
 
 
 def test_flow_runs_in_batches_and_publishes_its_gates_once(prefect_harness, base_wh, tmp_path):

@@ -86,7 +86,7 @@ def test_linked_export_file_planted_after_the_check_is_not_followed(site, tmp_pa
     from pipelines.errors import UnsafePathError
 
     with pytest.raises(UnsafePathError):
-        exports.erase([out], {TARGET})
+        exports.erase([exports.ExportEntry(out, "parquet")], exports.SubjectSet({TARGET}))
     assert sha(decoy) == before
 
 

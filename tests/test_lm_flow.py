@@ -206,7 +206,8 @@ def test_no_progress_prints_nothing(capsys):
 
 
 def test_protocols_and_the_recorded_label():
-    from evaluation.studies.language_model import CPU, PROTOCOLS, LMConfig, study_result
+    from evaluation.studies.language_model import CPU, PROTOCOLS, LMConfig
+    from evaluation.studies.language_model_result import study_result
 
     assert PROTOCOLS["seed"][0] == LMConfig() and PROTOCOLS["seed"][1] == [0, 1, 2]
     assert LMConfig().steps == 2000 and CPU.steps < 200 and PROTOCOLS["cpu"][0] is CPU

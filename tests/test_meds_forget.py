@@ -1,9 +1,9 @@
 """``forget`` reaches a registered MEDS export exactly as it reaches a Parquet export (issue 23,
 item 1): every data shard and the split file lose the patient's rows (fresh file, fsync, atomic
 swap, old inode zeroed), ``codes.parquet`` and ``dataset.json`` stay byte-identical, no byte of
-the patient's id is left, a link anywhere in the export is refused before the receipt, an
-unreadable shard is removed (fail closed), a kill half-way is completed by the next command, a
-rebuild keeps the registration, and a Parquet export folder's own ``data/`` is never touched.
+the patient's id is left, a link anywhere in the export is refused before the receipt, a
+shard edited by hand is left alone and reported (issue 31), a kill half-way is completed by the
+next command, a rebuild keeps the registration, and a Parquet export folder's own ``data/`` is never touched.
 Attacks aim at decoy files in a temporary folder only."""
 from __future__ import annotations
 
@@ -67,8 +67,9 @@ def _export(p: Path, out: Path, capsys, *extra: str) -> None:
     capsys.readouterr()
 
 
-def _events(root: Path) -> pl.DataFrame:
-    return pl.concat([pl.from_arrow(pq.read_table(f)) for f in sorted((root / "data").rglob("*.parquet"))])
+def _events(root: Path, skip: Path | None = None) -> pl.DataFrame:
+    return pl.concat([pl.from_arrow(pq.read_table(f)) for f in sorted((root / "data").rglob("*.parquet"))
+                      if f != skip])
 
 
 def test_forget_erases_the_patient_from_every_shard_and_the_split_file(site, tmp_path, capsys):
@@ -145,12 +146,14 @@ def test_link_planted_after_the_check_is_not_followed(site, tmp_path, monkeypatc
     split_file.unlink()
     split_file.symlink_to(decoy)
     with pytest.raises(UnsafePathError):
-        exports.erase([exports.MedsFolder(exp)], {subjects[0]})
+        exports.erase([exports.ExportEntry(exp, "meds")], exports.SubjectSet({subjects[0]}))
     assert _sha(decoy) == before
 
 
-def test_unreadable_shard_is_removed_and_a_kill_is_completed_by_the_next_command(site, tmp_path, monkeypatch,
-                                                                                 capsys):
+def test_edited_shard_is_left_alone_and_a_kill_is_completed_by_the_next_command(site, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """A shard edited by hand is no longer one the project wrote (issue 31, item 4): left byte for
+    byte, reported, and counted by ``receipts verify``; the project's own files are completed."""
     import pipelines.store.exports as exports
 
     p, _, subjects = site
@@ -162,23 +165,26 @@ def test_unreadable_shard_is_removed_and_a_kill_is_completed_by_the_next_command
     edited.write_bytes(b"edited by hand")
     real, calls = exports._swap, []
 
-    def swap_then_die(frame, target):
+    def swap_then_die(frame, target, recorded):
         calls.append(target.name)
         if len(calls) == 2:
             raise KeyboardInterrupt("killed between the shard and the split file")
-        return real(frame, target)
+        return real(frame, target, recorded)
     monkeypatch.setattr(exports, "_swap", swap_then_die)
     with pytest.raises(KeyboardInterrupt):
         forget_subject(p, subject_id=subjects[0])
     monkeypatch.undo()
     assert calls == [hit[0].name, "subject_splits.parquet"]
-    assert not edited.exists()  # could not be shown clean: zeroed and removed
+    assert edited.read_bytes() == b"edited by hand"  # not the project's: never touched
     assert subjects[0] in pq.read_table(exp / "metadata" / "subject_splits.parquet").column("subject_id").to_pylist()
     assert main(["export", "--warehouse", str(p), "--out", str(tmp_path / "x")]) == 0  # any next command
     capsys.readouterr()
     splits = pq.read_table(exp / "metadata" / "subject_splits.parquet")
     assert subjects[0] not in splits.column("subject_id").to_pylist()
-    assert _events(exp).filter(pl.col("subject_id") == subjects[0]).height == 0
+    assert _events(exp, skip=edited).filter(pl.col("subject_id") == subjects[0]).height == 0
+    assert edited.read_bytes() == b"edited by hand"
+    assert main(["receipts", "verify", "--warehouse", str(p)]) == 1  # it cannot be shown clean: not verified
+    assert "cannot be read to show them clean" in capsys.readouterr().err
 
 
 def test_a_rebuild_keeps_the_registration_and_foreign_folders_are_never_touched(site, tmp_path, capsys):

@@ -238,12 +238,17 @@ def test_stale_temporaries_are_removed_by_the_next_command(site):
     for f in files:
         f.write_bytes(b"record-level")
     (p.parent / f".{p.name}.building-{dead}.buckets").mkdir()
-    live = p.parent / f".{p.name}.building-{os.getppid()}"
-    live.write_bytes(b"in use")
+    # a live process's pid is no sign of an owner: under the writer lock no other command writes
+    # this warehouse, so the file is a killed command's orphan whose pid was reused (issue 31)
+    reused = p.parent / f".{p.name}.building-{os.getppid()}"
+    reused.write_bytes(b"record-level")
+    mine = p.parent / f".{p.name}.forget-{os.getpid()}"  # this process's own is never swept under it
+    mine.write_bytes(b"in flight")
     with Warehouse.open(p):
         pass
     assert not any(f.exists() for f in files) and not (p.parent / f".{p.name}.building-{dead}.buckets").exists()
-    assert live.exists()
+    assert not reused.exists() and mine.exists()
+    mine.unlink()
 
 
 # ------------------------------------------------------------------------------ 3. caches
@@ -673,11 +678,11 @@ def test_forget_reaches_exported_parquet_and_never_foreign_files(site, tmp_path,
     # killed after hourly.parquet was rewritten, before stays.parquet: the next command completes it
     real, calls = exports._swap, []
 
-    def swap_then_die(frame, target_path):
+    def swap_then_die(frame, target_path, recorded):
         calls.append(target_path.name)
         if len(calls) == 2:
             raise KeyboardInterrupt("killed between the two export files")
-        return real(frame, target_path)
+        return real(frame, target_path, recorded)
     monkeypatch.setattr(exports, "_swap", swap_then_die)
     with pytest.raises(KeyboardInterrupt):
         forget_subject(p, subject_id=target)
@@ -696,10 +701,16 @@ def test_forget_reaches_exported_parquet_and_never_foreign_files(site, tmp_path,
         assert stat.S_IMODE(f.stat().st_mode) == 0o600
     assert (foreign / "stays.parquet").read_bytes() == b"the user's own file"
 
-    # an export that can no longer be read as one fails closed: zeroed and removed
+    # a file edited by hand is no longer the project's (issue 31): left byte for byte and reported;
+    # the export's own hourly.parquet is still cleaned (by the stays the receipt names)
     exp2 = tmp_path / "export2"
     assert main(["export", "--warehouse", str(p), "--out", str(exp2)]) == 0
+    other_stays = [r[0] for r in duckdb.connect(str(p), read_only=True).execute(
+        "SELECT stay_id FROM cohort_stays WHERE subject_id = ?", [other]).fetchall()]
     (exp2 / "stays.parquet").write_bytes(b"edited by hand")
+    capsys.readouterr()
     forget_subject(p, subject_id=other)
-    assert not (exp2 / "stays.parquet").exists() and not (exp2 / "hourly.parquet").exists()
+    assert "not the ones forgetful wrote" in capsys.readouterr().err
+    assert (exp2 / "stays.parquet").read_bytes() == b"edited by hand"
+    assert pl.read_parquet(exp2 / "hourly.parquet").filter(pl.col("stay_id").is_in(other_stays)).height == 0
     assert pl.read_parquet(exp / "stays.parquet").filter(pl.col("subject_id") == other).height == 0

@@ -161,6 +161,20 @@ EXECUTED = {
     "forgetful receipts prove --seq 12 --out receipt12.proof.json": "test_auditor_forms (--seq 1: the site's receipt)",
     "forgetful receipts verify-proof --public-key log.pub receipt12.proof.json": "test_auditor_forms",
     "forgetful receipts accept-rollback --warehouse W": "test_rollback_recovery_form (backup, forget, restore)",
+    # docs/RECEIPTS.md: the C2SP auditor's path and a witness (served in a thread on a free port)
+    "forgetful receipts public-key --format vkey --out log.vkey": "test_c2sp_forms",
+    "forgetful receipts head --format checkpoint --out checkpoint.txt": "test_c2sp_forms",
+    "forgetful receipts prove --index 0 --format tlog-proof --out receipt0.tlog-proof": "test_c2sp_forms",
+    "forgetful receipts verify --public-key log.vkey --ledger runs/forget-registry/": "test_c2sp_forms",
+    "forgetful receipts verify-proof --public-key log.vkey receipt0.tlog-proof": "test_c2sp_forms",
+    "forgetful receipts prove --since checkpoint.txt --format tlog-witness --out add-checkpoint.txt":
+        "test_c2sp_forms",
+    "forgetful witness init --dir witness/ --name witness.example/w1 --out witness.vkey": "test_c2sp_forms",
+    "forgetful receipts witness add --url http://127.0.0.1:7380 --vkey witness.vkey":
+        "test_c2sp_forms (the port of the witness it serves)",
+    "forgetful receipts witness list": "test_c2sp_forms",
+    "forgetful receipts verify --public-key log.vkey --ledger runs/forget-registry/ --witness witness.vkey "
+    "--quorum 1 --witness-url http://127.0.0.1:7380": "test_c2sp_forms (the port of the witness it serves)",
     # MEDS out and in (docs/MEDS.md)
     "forgetful export --format meds --out DIR": "test_meds_forms",
     "forgetful export --format meds --out my_meds/": "test_meds_forms",
@@ -238,6 +252,8 @@ PARSE_ONLY = {
     "forgetful serve --ingest-root DIR --ingest-interval 3600": "serves until stopped; tests/test_ingest_served.py "
                                                                 "(slow) serves it on a 3-s interval",
     "forgetful serve --ingest-root DIR": "serves until stopped (see the row above)",
+    "forgetful witness serve --dir witness/ --log-vkey log.vkey --port 7380": "serves until stopped; "
+        "tests/test_witness.py runs it as a process, test_c2sp_forms serves the same witness in a thread",
     "python -m pipelines.bench.ingest --stays 42000 --days 2": "a benchmark of tens of minutes; "
                                                               "tests/test_ingest_scale.py runs it at 30 stays",
     "python -m pipelines.bench.ingest --cli --stays 60 --repeats 2 --pythonpath DIR": "starts Prefect servers for "
@@ -279,6 +295,10 @@ PARSE_ONLY = {
     "[--study-stays N] [--repeat 2] [--out docs/SCALE.json]": "hours of CPU at these sizes; "
     "tests/test_pipelines_bench_scale.py runs it on a tiny root",
     "python -m pipelines.bench.scale --render FILE": "tests/test_pipelines_bench_scale.py renders result files",
+    "python -m pipelines.bench.makespan --results docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
+    "docs/results/bench_dask_4000.json --into docs/SCALE.json --doc docs/SCALE.md": "rewrites docs/SCALE.json's model "
+        "and docs/SCALE.md; tests/test_bench_makespan.py checks the document equals the rendering of the result and "
+        "checks the model's schedule, calibration and workloads",
     "python -m pipelines.bench.fullrun --root DIR --workdir DIR [--det-seeds 1] [--det-max-epochs 2]":
         "half an hour of CPU on a full-size root; tests/test_pipelines_bench_fullrun.py runs it with a stand-in "
         "run-all and records a run from its files",
@@ -660,6 +680,48 @@ def test_auditor_forms(site, forgotten):
     proof["leaf"] = proof["leaf"].replace('"certified":', '"certified" :', 1)
     (aud / "receipt12.proof.json").write_text(json.dumps(proof))
     run_form("forgetful receipts verify-proof --public-key log.pub receipt12.proof.json", auditor, cwd=aud, expect=1)
+
+
+def test_c2sp_forms(site, forgotten):
+    """docs/RECEIPTS.md as written: the vkey, checkpoint and tlog-proof (checked by the independent
+    C2SP verifier), the auditor's check, a witness made, served and added, the auditor's check with
+    one witness cosignature required, and a witness request body the witness accepts."""
+    import http.client
+
+    import c2sp_verifier as ref
+    from witness_site import Served
+
+    from pipelines.receipts.c2sp import Vkey
+
+    t = site["tmp"]
+    run_form("forgetful receipts public-key --format vkey --out log.vkey", site)
+    run_form("forgetful receipts head --format checkpoint --out checkpoint.txt", site)
+    run_form("forgetful receipts prove --index 0 --format tlog-proof --out receipt0.tlog-proof", site)
+    vk = (t / "log.vkey").read_text()
+    assert ref.verify_tlog_proof((t / "receipt0.tlog-proof").read_text(), vk)["index"] == 0
+    (out,) = run_form("forgetful receipts verify --public-key log.vkey --ledger runs/forget-registry/", site)
+    assert json.loads(out)["chain_verified"] is True
+    run_form("forgetful receipts verify-proof --public-key log.vkey receipt0.tlog-proof", site)
+    run_form("forgetful witness init --dir witness/ --name witness.example/w1 --out witness.vkey", site)
+    served = Served(t / "witness", [Vkey.parse(vk)])
+    port = (("7380", str(served.port)),)
+    try:
+        run_form("forgetful receipts witness add --url http://127.0.0.1:7380 --vkey witness.vkey", site, subst=port)
+        (out,) = run_form("forgetful receipts witness list", site)
+        assert json.loads(out)["witnesses"][0]["newest_cosigned_size"] >= 1
+        form = "forgetful receipts verify --public-key log.vkey --ledger runs/forget-registry/ --witness witness.vkey --quorum 1 --witness-url http://127.0.0.1:7380"  # noqa: E501
+        (out,) = run_form(form, site, subst=port)
+        assert json.loads(out)["witnessed"]["cosigned_newest"] == 1
+        run_form("forgetful receipts prove --since checkpoint.txt --format tlog-witness --out add-checkpoint.txt",
+                 site)
+        c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        c.request("POST", "/add-checkpoint", body=(t / "add-checkpoint.txt").read_bytes())
+        assert c.getresponse().status == 200  # the witness accepts the body as written
+        c.close()
+    finally:
+        served.stop()
+        main(["receipts", "witness", "remove", "--vkey", str(t / "witness.vkey"), "--warehouse",
+              str(site["warehouse"])])
 
 
 def test_rollback_recovery_form(site, tmp_path):

@@ -1,17 +1,25 @@
 """The receipt log verified with the public key only (issue 19, items 1-2): no HMAC key and no
 signing key exist where the auditor runs ``receipts verify --public-key``.
 
-Each tampering runs in its own temporary folder on a copy of a 5-receipt log, and is verified
-four times, each time with one more recorded state available:
+Each tampering runs in its own temporary folder on a copy of a 5-receipt log whose every
+checkpoint a witness cosigned (issue 33), and is verified with one more recorded state each time:
 
 * ``log``: the public key and the log alone;
 * ``anchor``: + the signed anchor in the (key-less) config folder;
 * ``warehouse``: + the size and root a warehouse recorded;
-* ``kept``: + a signed tree head the auditor kept (at size 5).
+* ``kept``: + a signed tree head the auditor kept (at size 5);
 
-The test states, for every tampering, the first of these at which it is detected (exit 1), and
-checks that every later one detects it too and that every earlier one passes (exit 0) —
-nothing else (no exit 3, no traceback). ``FORGETFUL_TAMPER_TABLE=PATH`` writes the table as JSON.
+and once more in a column of its own, **without** a kept head:
+
+* ``witness``: the ``warehouse`` level + the auditor requires one witness cosignature on the
+  newest checkpoint (``--witness WVKEY --quorum 1``) and asks that witness (``--witness-url``,
+  a real witness on 127.0.0.1) whether it cosigned a larger or another tree.
+
+The test states, for every tampering, the first of the four levels at which it is detected, and
+checks that every later one detects it too and that every earlier one passes (exit 0); the
+``witness`` column detects every one. Detected means exit 1, or exit 3 with one
+``EmptyLedgerError`` line (the ledger folder or its receipt log is gone: never "verified: 0
+receipts") — nothing else, no traceback. ``FORGETFUL_TAMPER_TABLE=PATH`` writes the table as JSON.
 """
 from __future__ import annotations
 
@@ -26,16 +34,22 @@ from pathlib import Path
 import duckdb
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from witness_site import Served
 
 from pipelines.cli import main
-from pipelines.receipts import logaudit, signing, translog
+from pipelines.receipts import logaudit, signing, translog, witness, witness_client
+from pipelines.receipts.c2sp import Vkey
+from pipelines.receipts.checkpoints import Checkpoints, Witness
 from pipelines.receipts.ledger import Ledger
 from pipelines.receipts.logaudit import Row, canonical_json
 from pipelines.store.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = ("log", "anchor", "warehouse", "kept")
+COLUMNS = (*LEVELS, "witness")
 N = 5
+#: the log folder's C2SP files (a copy or restore of the folder carries them)
+C2SP_FILES = ("checkpoints.jsonl", "origin", "witnesses.json")
 
 
 def _anchor_file(cfg: Path, ledger_dir: Path) -> Path:
@@ -45,37 +59,52 @@ def _anchor_file(cfg: Path, ledger_dir: Path) -> Path:
 
 def _snapshot(led: Ledger) -> dict:
     return {"receipts": led.path.read_bytes(), "heads": led.heads_path.read_bytes(),
-            "anchor": logaudit.anchor_path(led.path).read_bytes(), "record": led.record()}
+            "anchor": logaudit.anchor_path(led.path).read_bytes(), "record": led.record(),
+            "c2sp": {f: (led.dir / f).read_bytes() for f in C2SP_FILES if (led.dir / f).is_file()}}
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """Five genuine receipts (snapshots after each), a fork the operator signed after receipt 2,
-    a second log under the same key, the public key, the head kept at size 5."""
+    """Five genuine receipts (snapshots after each), each checkpoint cosigned by a witness that
+    keeps running on 127.0.0.1 for the module; a fork the operator signed after receipt 2 (its
+    checkpoints refused by the witness); a second log under the same key; the public key; the
+    head kept at size 5."""
     base = tmp_path_factory.mktemp("publog")
     keys = Keys.load()
     led = Ledger(base / "ledger", keys)
+    wv = witness.init(base / "witness", "witness.example/tamper")
+    origin = Checkpoints(led.dir).ensure_origin(signing.log_id(led.signer(create=True)))
+    served = Served(base / "witness", [Vkey.of(origin, led.signer())])
+    url = f"http://127.0.0.1:{served.port}"
+    Checkpoints(led.dir).set_witnesses([Witness(url, wv)])
     snaps = {}
-    for i in range(1, N + 1):
-        led.append("forget_subject", keys.subject_hash(1000 + i),
-                   {"n_stays": i, "certified": True, "rows_deleted": {"cohort_stays": i, "vitals_hourly": 48 * i},
-                    "max_abs_score_dev": 1.2e-15 * i})
-        snaps[i] = _snapshot(led)
-    fork = Ledger(base / "fork", keys)  # the operator's own keys sign another history after receipt 2
-    fork.dir.mkdir()
-    fork.path.write_bytes(snaps[2]["receipts"])
-    fork.heads_path.write_bytes(snaps[2]["heads"])
-    for i in range(3, N + 1):
-        fork.append("forget_subject", keys.subject_hash(2000 + i), {"n_stays": 0, "certified": True})
-    other = Ledger(base / "other", keys)
-    for i in range(N):
-        other.append("forget_subject", keys.subject_hash(3000 + i), {"n_stays": 1, "certified": True})
-    pub = base / "log.pub"
-    pub.write_text(signing.public_key_text(led.signer(), "pem"))
-    kept = base / "kept.json"
-    kept.write_text(json.dumps(signing.TreeHead.from_json(json.loads(snaps[N]["heads"].splitlines()[-1])).to_json()))
-    return {"snaps": snaps, "fork": _snapshot(fork), "other": _snapshot(other), "pub": pub, "kept": kept,
-            "keys": keys, "signer": led.signer()}
+    try:
+        for i in range(1, N + 1):
+            led.append("forget_subject", keys.subject_hash(1000 + i),
+                       {"n_stays": i, "certified": True, "rows_deleted": {"cohort_stays": i, "vitals_hourly": 48 * i},
+                        "max_abs_score_dev": 1.2e-15 * i})
+            assert [o["status"] for o in witness_client.ask(led)] == ["cosigned"]
+            snaps[i] = _snapshot(led)
+        fork = Ledger(base / "fork", keys)  # the operator's own keys sign another history after receipt 2
+        fork.dir.mkdir()
+        fork.path.write_bytes(snaps[2]["receipts"])
+        fork.heads_path.write_bytes(snaps[2]["heads"])
+        for f, data in snaps[2]["c2sp"].items():
+            (fork.dir / f).write_bytes(data)
+        for i in range(3, N + 1):
+            fork.append("forget_subject", keys.subject_hash(2000 + i), {"n_stays": 0, "certified": True})
+            assert witness_client.ask(fork, refuse=False)[0]["status"] in ("ahead", "forked")
+        other = Ledger(base / "other", keys)
+        for i in range(N):
+            other.append("forget_subject", keys.subject_hash(3000 + i), {"n_stays": 1, "certified": True})
+        pub = base / "log.pub"
+        pub.write_text(signing.public_key_text(led.signer(), "pem"))
+        kept = base / "kept.json"
+        kept.write_text(json.dumps(signing.TreeHead.from_json(json.loads(snaps[N]["heads"].splitlines()[-1])).to_json()))
+        yield {"snaps": snaps, "fork": _snapshot(fork), "other": _snapshot(other), "pub": pub, "kept": kept,
+               "keys": keys, "signer": led.signer(), "wvkey": wv.text(), "url": url}
+    finally:
+        served.stop()
 
 
 class Case:
@@ -90,6 +119,7 @@ class Case:
         self.receipts, self.heads = self.dir / logaudit.FILE, self.dir / logaudit.HEADS
         self.receipts.write_bytes(s["receipts"])
         self.heads.write_bytes(s["heads"])
+        self.put_c2sp(s)
         self.cfg, self.empty_cfg = tmp / "cfg", tmp / "cfg-empty"
         self.empty_cfg.mkdir()
         self.anchor = _anchor_file(self.cfg, self.dir)
@@ -105,9 +135,14 @@ class Case:
             con.execute("INSERT OR REPLACE INTO forgetful_meta VALUES (?, ?)", [k, v])
         con.close()
 
+    def put_c2sp(self, snap: dict) -> None:
+        for f, data in snap["c2sp"].items():
+            (self.dir / f).write_bytes(data)
+
     def restore(self, snap: dict, anchor: bool = False, warehouse: bool = False) -> None:
         self.receipts.write_bytes(snap["receipts"])
         self.heads.write_bytes(snap["heads"])
+        self.put_c2sp(snap)
         if anchor:
             self.anchor.write_bytes(snap["anchor"])
         if warehouse:
@@ -209,8 +244,8 @@ TAMPERINGS = {
     "delete the last row and its head": (lambda c: (c.put_rows(c.rows()[:-1]), c.put_heads(c.head_list()[:-1])),
                                          "anchor"),
     "delete every row": (lambda c: c.receipts.write_text(""), "log"),
-    "delete both log files": (lambda c: (c.receipts.unlink(), c.heads.unlink()), "anchor"),
-    "delete the ledger folder and the anchor": (lambda c: (shutil.rmtree(c.dir), c.anchor.unlink()), "warehouse"),
+    "delete both log files": (lambda c: (c.receipts.unlink(), c.heads.unlink()), "log"),
+    "delete the ledger folder and the anchor": (lambda c: (shutil.rmtree(c.dir), c.anchor.unlink()), "log"),
     "reorder two rows": (lambda c: c.put_rows([c.rows()[1], c.rows()[0], *c.rows()[2:]]), "log"),
     "duplicate a row": (lambda c: c.put_rows(c.rows() + [c.rows()[-1]]), "log"),
     "append a forged row": (lambda c: c.put_rows(c.rows() + [_forged_row(c)]), "log"),
@@ -255,14 +290,22 @@ TAMPERINGS = {
 
 
 def _verify(c: Case, level: str, capsys, monkeypatch) -> int:
+    """1 when the auditor's check at ``level`` detects the tampering, 0 when it passes."""
     monkeypatch.setenv("FORGETFUL_CONFIG_DIR", str(c.empty_cfg if level == "log" else c.cfg))
     args = ["receipts", "verify", "--public-key", str(c.w["pub"]), "--ledger", str(c.dir),
-            "--warehouse", str(c.wh if level in ("warehouse", "kept") else c.dir.parent / "absent.duckdb")]
+            "--warehouse", str(c.wh if level in ("warehouse", "kept", "witness") else c.dir.parent / "absent.duckdb")]
     if level == "kept":
         args += ["--head", str(c.w["kept"])]
+    if level == "witness":
+        args += ["--witness", c.w["wvkey"], "--quorum", "1", "--witness-url", c.w["url"]]
     rc = main(args)
     err = capsys.readouterr().err
     assert "Traceback" not in err
+    if rc == 3:  # the log is gone: one line, never "verified: 0 receipts"
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: EmptyLedgerError"), err[-400:]
+        return 1
+    assert rc in (0, 1), (rc, err[-400:])
     return rc
 
 
@@ -277,7 +320,7 @@ TABLE: dict[str, dict] = {}
 def test_untouched_log_verifies_with_the_public_key_only(world, tmp_path, capsys, monkeypatch):
     c = Case(tmp_path, world)
     _no_secret(monkeypatch)
-    for level in LEVELS:
+    for level in COLUMNS:
         assert _verify(c, level, capsys, monkeypatch) == 0, level
     assert sorted(p.name for p in c.cfg.iterdir()) == ["anchors"]  # no key was read, none created
     assert list(c.empty_cfg.iterdir()) == []
@@ -289,9 +332,10 @@ def test_tampering_is_detected_with_the_public_key(name, world, tmp_path, capsys
     c = Case(tmp_path, world)
     fn(c)
     _no_secret(monkeypatch)
-    rcs = {level: _verify(c, level, capsys, monkeypatch) for level in LEVELS}
+    rcs = {level: _verify(c, level, capsys, monkeypatch) for level in COLUMNS}
     want = {level: 1 if LEVELS.index(level) >= LEVELS.index(first) else 0 for level in LEVELS}
-    TABLE[name] = {level: rcs[level] == 1 for level in LEVELS}
+    want["witness"] = 1  # one witness cosignature, asked for, catches every tampering without a kept head
+    TABLE[name] = {level: rcs[level] == 1 for level in COLUMNS}
     assert rcs == want, (name, rcs)
     assert not (c.cfg / "ledger.key").exists() and not (c.cfg / "signing.key").exists()
     if os.environ.get("FORGETFUL_TAMPER_TABLE"):
@@ -299,6 +343,7 @@ def test_tampering_is_detected_with_the_public_key(name, world, tmp_path, capsys
 
 
 def test_at_least_thirty_tamperings_and_every_one_caught_with_a_kept_head():
+    """(and, by the ``witness`` column of every tampering above, with one witness instead)"""
     assert len(TAMPERINGS) >= 30
     assert all(first in LEVELS for _, first in TAMPERINGS.values())
 
@@ -337,3 +382,22 @@ def test_all_signatures_path_agrees_with_the_chained_path(world, tmp_path, monke
     for every in (False, True):
         with pytest.raises(logaudit.LedgerTamperedError):
             logaudit.audit(c.dir, pub, all_signatures=every)
+
+
+def test_the_documented_tamper_table_is_this_one():
+    """docs/RECEIPTS.md's table says, per tampering, the first level that catches it and that one
+    witness cosignature catches it; its counts are the table's (the ``witness`` column is
+    asserted for every tampering by the test above)."""
+    text = (ROOT / "docs" / "RECEIPTS.md").read_text()
+    block = text.split("<!-- tamper-table:begin -->")[1].split("<!-- tamper-table:end -->")[0]
+    rows = {}
+    for line in block.strip().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    assert rows == {name: [first, "caught"] for name, (_, first) in TAMPERINGS.items()}
+    labels = ("the public key and the log alone", "+ the signed anchor", "+ the warehouse's record",
+              "+ a head the auditor kept")
+    for level, label in zip(LEVELS, labels):
+        n = sum(LEVELS.index(level) >= LEVELS.index(first) for _, first in TAMPERINGS.values())
+        assert f"| {label} | {n} |" in text, label
+    assert f"| **the auditor requires one witness cosignature** (no kept head) | **{len(TAMPERINGS)}** |" in text

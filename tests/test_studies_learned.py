@@ -28,9 +28,42 @@ def test_forget_and_edit_on_frozen_keys(model):
     assert m["edit"]["decay_0.1"]["old_weight_mean"] > m["edit"]["decay_0.01"]["old_weight_mean"] > 0
     sel = m["selection"]
     assert set(sel["vs_sv"]["diffs"]) == set(learned_keys.SELECTION_POLICIES) - {"sv"}
-    if sel["trials_with_budget_below_P"] == 0:  # budget = P: every policy keeps every key, differences exactly 0
-        assert all(d["mean"] == 0.0 for d in sel["vs_sv"]["diffs"].values())
     assert m["peer_beats_sv"] == sel["vs_sv"]["peer_beats_sv"]
+
+
+def test_rare_fact_selection_at_a_matched_budget_below_the_stored_facts(model):
+    """Seed 000 §6: under redundancy the support set keeps a queried rare fact where H2O does not, at a
+    budget below the stored facts (the old distinct-fact comparison had k = P in every trial, so every
+    policy kept every key and the comparison was empty)."""
+    from dashboards.schema import validate_result
+
+    res = learned_keys.run(trials=12, model=model, copies=5)
+    sel = res["metrics"]["selection"]
+    assert sel["stored_tokens"] == 1 + 7 * 5 and sel["trials_with_budget_below_stored"] == 12
+    assert sel["budget_max"] < sel["stored_tokens"] and sel["budget_min"] >= 0.5 * sel["stored_tokens"]  # k >= ν n
+    assert "support size" in sel["budget"] and res["config"]["copies"] == 5
+    mb = res["metrics"]["matched_budget"]
+    assert mb["budget"] == sel["budget_mean"] < mb["facts"] == 36
+    assert mb["h2o"] == sel["rare_fact_kept"]["density"]["value"]
+    r = sel["rare_fact_recall"]
+    assert r["sv"]["mean"] > r["density"]["mean"] and sel["rare_fact_kept"]["sv"]["value"] == 1.0
+    d = sel["vs_sv"]["diffs"]["density"]
+    assert d["low"] > 0 and d["n_units"] == 12
+    h2o = next(cl for cl in res["claims"] if "H2O (density)" in cl["rule"])
+    assert h2o["status"] == "holds" and h2o["difference"]["low"] == d["low"] and "21 %" in h2o["paper"]["figure"]
+    # the paired comparison, not a point gap, decides: a peer tied with SV on every trial is no win
+    lev = sel["vs_sv"]["diffs"]["leverage"]
+    peers = next(cl for cl in res["claims"] if "each peer's rare-fact" in cl["rule"])
+    assert (peers["status"] == "holds") == (min(sel["vs_sv"]["diffs"][p]["low"] for p in learned_keys.PEERS) > 0)
+    assert lev["low"] <= lev["mean"] <= lev["high"]
+    validate_result(res)
+
+
+def test_selection_refuses_a_budget_that_reaches_the_stored_facts(model):
+    from evaluation.studies.errors import StudyConfigError
+
+    with pytest.raises(StudyConfigError, match="matched budget"):  # ν = 1: the support is every token
+        learned_keys.run(trials=2, model=model, nu=1.0)
 
 
 def test_learned_regime_in_audit(model):

@@ -158,7 +158,11 @@ def test_selective_copying_support_small_and_gate_beats_ablation():
         assert res["metrics"][F]["recall"]["sv"] >= 0.9
         assert res["metrics"][F]["support_max"] <= 20            # support does not grow with F
     assert res["metrics"]["64"]["recall"]["sv"] > res["metrics"]["64"]["recall"]["rbf"]  # the gate is load-bearing
-    assert all(c["holds"] for c in res["claims"])
+    # claims are decided on intervals: with 5 trials the recall bar is judged on the interval's low end
+    load = next(c for c in res["claims"] if "load-bearing" in c["statement"])
+    assert load["status"] == "holds" and load["difference"]["low"] > 0
+    high = next(c for c in res["claims"] if "stays small" in c["statement"])
+    assert high["status"] == ("holds" if high["run"]["low"] >= 0.9 else "does not hold")
     _no_cross_model_rows(res)
     assert len(res["tables"]) == 1
 

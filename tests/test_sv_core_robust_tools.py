@@ -38,7 +38,7 @@ def test_redundant_regime_is_hard():
         g = Gate(C=calibrate_C(0.4, X.shape[0]), sigma=2.0)
         g.admit(X)
         sup = g.alpha > 0
-        K = g._core.K[: X.shape[0], : X.shape[0]][np.ix_(sup, sup)]
+        K = g._solver.K[: X.shape[0], : X.shape[0]][np.ix_(sup, sup)]
         conds.append(np.linalg.cond(K))
     assert np.median(conds) >= 1e9
 

@@ -47,7 +47,7 @@ def test_bordered_row_cache_matches_a_fresh_gather(seed):
             except GateError:
                 pass
         else:
-            g._exact_fallback("test", "forced")  # state rebuilt from a fresh refit
+            g._state.exact.fallback(g._solver, "test", "forced")  # state rebuilt from a fresh refit
         _assert_cache_fresh(g)
         assert g.kkt_residual()["max"] <= 1e-9
 

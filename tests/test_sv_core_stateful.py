@@ -140,7 +140,7 @@ class GateMachine(RuleBasedStateMachine):
 
     @rule(offset=st.integers(1, 1000))
     def forget_unknown_or_forgotten(self, offset):
-        forgotten = sorted(self.g._forgotten)
+        forgotten = self.g.to_state()["forgotten"].tolist()
         tid = forgotten[offset % len(forgotten)] if forgotten and offset % 2 else 10**6 + offset
         self._invalid(lambda: self.g.forget(tid), UnknownTokenError)
 

@@ -23,6 +23,8 @@ Pipeline (SPEC §2)
    ``value``) is not a measurement.
 3. Filters, each counted in the funnel: numeric value; intime ≤ charttime ≤ outtime;
    plausible range (after unit conversion). Stays that never record a plausible vital are dropped.
+   With a forget registry that keeps content fingerprints, a stay whose observed hourly content
+   is a forgotten stay's (a re-keyed copy) is dropped too (:mod:`cohort.build.content`).
    The usable rows are spooled to scratch files in buckets of contiguous stays
    (``batch_stays`` stays each), so every later step holds one bucket at a time: memory grows
    with the number of stays and hours, not with the number of chartevents rows.
@@ -74,6 +76,7 @@ from pathlib import Path
 
 import duckdb
 
+from cohort.build.content import drop_forgotten_content
 from cohort.build.grid import final_cohort, hourly_grid, standardise, write_outputs
 from cohort.build.scan import (
     HOUR_US,
@@ -208,6 +211,7 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
     funnel = Funnel(con)
     select_stays(con, adapter, funnel, min_hours, sample, seed, exclude_subjects)  # 1
     scanned = scan_vitals(con, adapter, funnel, scratch, batch_stays, convention, progress)  # 2, 3
+    drop_forgotten_content(scanned, exclude_subjects, funnel)  # 3b: a re-keyed copy of a forgotten stay
     final, train = final_cohort(con, funnel, scanned, seed)  # 5
     grid = hourly_grid(scanned, final, train, scratch, funnel, fill, frozen, progress)  # 4, 6
     stats, std_ddl = standardise(con, grid, funnel, fill, frozen)  # 7
@@ -244,7 +248,10 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
         too, whichever subject the source lists them under. Applied to the source's stays before
         any measurement is scanned (:func:`exclude_stays`). The funnel gains the step
         ``not_in_forget_registry`` (a count only). Independently of it, a stay the source lists
-        under more than one subject is dropped (step ``one_subject_per_stay``).
+        under more than one subject is dropped (step ``one_subject_per_stay``). If it also has
+        ``contents`` (not None: the registry keeps content fingerprints), a stay whose observed
+        hourly content matches a forgotten stay's is dropped after the scan (step
+        ``content_not_forgotten``; :mod:`cohort.build.content`).
     fill : "backfill" (default: forward fill, back fill, cohort median) or "causal" (forward
         fill within the stay, the cohort median for leading gaps; no value from the future).
     frozen : optional frozen standardisation, vital -> {"mean", "sd", "median"} (see

@@ -354,9 +354,10 @@ class RetentionComparison:
     def low_power(self) -> tuple[bool, str]:
         return low_power(self.n_included, self.n_event_hours)
 
-    def to_result_fields(self) -> dict[str, Any]:
+    def to_result_fields(self, study: str | None = None) -> dict[str, Any]:
         """``metrics``/``tables``/``figures``/``claims``/``config`` fields for a result file
-        (dashboards/SCHEMA.md) — aggregates only."""
+        (dashboards/SCHEMA.md) — aggregates only; ``study`` (``icu_retention`` / ``heldout_spo2``)
+        puts the paper's figures beside the claims (:mod:`evaluation.clinical.retention_claims`)."""
         pols = list(self.means)
         weak, why = self.low_power
         metrics: dict[str, Any] = {
@@ -387,16 +388,10 @@ class RetentionComparison:
             "categories": pols, "values": [self.means[p] for p in pols],
             "ci_low": [self.mean_ci[p].low for p in pols], "ci_high": [self.mean_ci[p].high for p in pols],
         }]
-        power = f"; {why}" if weak else ""
-        claims = [{
-            "statement": f"mean event-hour retention, SV minus {p} ({int(level * 100)}% paired bootstrap over "
-                         f"stays{power})",
-            "reference": "same per-stay budget k = |S∪E| for every policy" + (
-                "; random = its exact expectation k/n per stay" if p == "random" else ""),
-            "path": SOLVE_PATH,
-            "value": f"{ci.mean_diff:.3f} [{ci.low:.3f}, {ci.high:.3f}]",
-            "holds": bool(ci.low > 0),
-        } for p, ci in self.diffs.items()]
+        from evaluation.clinical.retention_claims import retention_claims
+
+        claims = retention_claims(study, means_ci=self.mean_ci, diffs=self.diffs, n=self.n_included, weak=weak,
+                                  why=why, min_stays=LOW_POWER_MIN_STAYS, level=level, path=SOLVE_PATH, labels=label)
         return {
             "metrics": metrics,
             "tables": [{"title": "retention by policy" + (f" ({why})" if weak else ""),

@@ -44,8 +44,10 @@ def mean_ci(x: Iterable[float], z: float = 1.96) -> dict:
 
 def envelope(study: str, title: str, *, runtime_s: float, metrics: dict, config: dict,
              tables: list | None = None, figures: list | None = None, claims: list | None = None,
-             notes: str = "", data: str = "synthetic", receipts: dict | None = None) -> dict:
-    """Result dict in the ``dashboards/SCHEMA.md`` layout (``seed_figure`` left to the built-in)."""
+             notes: str = "", data: str = "synthetic", receipts: dict | None = None,
+             tolerances: dict | None = None) -> dict:
+    """Result dict in the ``dashboards/SCHEMA.md`` layout (``seed_figure`` left to the built-in);
+    ``tolerances``: figures that may move on another machine (:func:`evaluation.claims.tolerance`)."""
     out = {
         "study": study,
         "title": title,
@@ -62,6 +64,8 @@ def envelope(study: str, title: str, *, runtime_s: float, metrics: dict, config:
     }
     if receipts is not None:
         out["receipts"] = receipts
+    if tolerances:
+        out["tolerances"] = tolerances
     return out
 
 

@@ -1,11 +1,8 @@
 """Surgical forgetting and exact editing on the frozen keys of a trained recall model (seed 000 §6).
 
-Model (torch, CPU, a few seconds): a one-layer multi-query associative-recall (MQAR) reader.
-A context holds ``P`` facts ``(name_i, city_i)``; each fact is one token with key
-``k_i = W_k e(name_i)`` (d_k = 8) and value ``u_i = W_v e'(city_i)``; a question about ``name``
-has query ``q = W_q e(name)``; the answer is ``head(Σ_i κ(q, k_i) u_i / Σ_i κ(q, k_i))`` over the
-city vocabulary — the uniform-RBF readout of the project's kernel, trained end to end with
-cross-entropy until recall@1 ≈ 1.
+Model (:mod:`evaluation.studies.recall_model`; torch, CPU, a few seconds): a one-layer
+multi-query associative-recall (MQAR) reader whose fact tokens carry learned keys
+``k_i = W_k e(name_i)`` (d_k = 8), trained end to end until recall@1 ≈ 1.
 
 Frozen evaluation (fp64): the learned keys of a fresh context are admitted to the exact
 maintained gate (:class:`sv_core.Gate`, ``C = 1/(ν n₀)``, n₀ = P) and answered with the gated
@@ -21,141 +18,64 @@ readout. Then
   Residual = ‖logits(q) − logits_ref(q)‖₂ at the edited question; the old binding's weight share
   is reported beside it.
 
-* **select** at a matched budget ``k = |S∪E|`` (the gate's support size on the frozen keys): SV
-  (top-k α), H2O-style density, recency, random and the query-free peers of
-  :mod:`evaluation.peers` (ridge leverage, kernel leverage with the model's σ, KeyDiff) each keep
-  ``k`` keys; recall@1 of all ``P`` questions under the uniform-RBF readout over the kept keys.
-  ``metrics["selection"]["vs_sv"]``: paired SV − policy recall, bootstrap over trials. With
-  distinct facts the gate usually keeps every key (``k = P``); then every policy keeps the same
-  set and the differences are exactly 0 — the fraction of trials with ``k < P`` is reported.
+* **select under redundancy at a matched budget** (seed 000 §6: "under redundancy, certified
+  eviction keeps a queried rare fact 100 % of the time at a token budget where heavy-hitter (H2O)
+  eviction keeps it 21 %"): a fresh context stores one *rare* fact once and each of the other
+  ``P − 1`` facts ``copies`` times (the same name → city binding restated; its learned key repeats
+  exactly), ``n = 1 + (P − 1)·copies`` tokens in a random order. The budget is the paper's matched
+  budget (seed 000 §5, "a token budget equal to the gate's support size"): ``k = |S∪E|`` of the
+  certified fixed-C solve of that context (``C = 1/(ν n)``), strictly below the ``n`` stored tokens
+  in every trial (asserted and recorded). SV (top-k α), H2O-style density, recency, random and the
+  query-free peers of :mod:`evaluation.peers` (ridge leverage, kernel leverage with the model's σ,
+  KeyDiff) each keep ``k`` tokens; per policy: the rare fact kept, its question answered (recall@1
+  under the uniform-RBF readout over the kept tokens) and the other facts' recall.
+  ``metrics["selection"]["vs_sv"]``: paired SV − policy rare-fact recall, bootstrap over trials.
 
 :func:`learned_key_sampler` turns the trained model into an audit regime (``fn(rng) -> keys``).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import nn
 
+from evaluation.claims import (
+    bounded,
+    bounded_text,
+    ci,
+    claim,
+    interval,
+    peer_fig,
+    proportion,
+    strongest,
+    tolerance,
+    weakest,
+)
 from evaluation.studies.common import check_int, check_pos, envelope, mean_ci, paired_vs_sv, vs_sv_table
+from evaluation.studies.errors import StudyConfigError
 from evaluation.studies.readout import kernel_readout, kernel_weights
+from evaluation.studies.recall_model import (  # noqa: F401  (re-exported: the model is part of the study's API)
+    RecallModel,
+    TrainReport,
+    frozen,
+    learned_key_sampler,
+    logits_of,
+    sample_facts,
+    train_model,
+)
 from sv_core import Gate, calibrate_C, refit
 
 STUDY = "learned_keys"
 SELECTION_POLICIES = ("sv", "density", "recency", "random", "leverage", "kernel_leverage", "keydiff")
-
-
-class RecallModel(nn.Module):
-    """One-layer MQAR reader with learned key/query/value projections and an RBF readout.
-
-    Parameters
-    ----------
-    n_names, n_cities : vocabulary sizes; d_emb : embedding width; d_k : key width;
-    d_v : value width; sigma : RBF bandwidth of the readout.
-    """
-
-    def __init__(self, n_names: int = 24, n_cities: int = 24, d_emb: int = 32, d_k: int = 8, d_v: int = 32,
-                 sigma: float = 1.0):
-        super().__init__()
-        self.name_emb = nn.Embedding(n_names, d_emb)
-        self.city_emb = nn.Embedding(n_cities, d_emb)
-        self.Wk = nn.Linear(d_emb, d_k)
-        self.Wq = nn.Linear(d_emb, d_k)
-        self.Wv = nn.Linear(d_emb, d_v)
-        self.head = nn.Linear(d_v, n_cities)
-        self.sigma = float(sigma)
-        self.n_names, self.n_cities = n_names, n_cities
-
-    def keys(self, names: torch.Tensor) -> torch.Tensor:
-        """(..., P) name ids -> (..., P, d_k) learned keys."""
-        return self.Wk(self.name_emb(names))
-
-    def queries(self, names: torch.Tensor) -> torch.Tensor:
-        return self.Wq(self.name_emb(names))
-
-    def values(self, cities: torch.Tensor) -> torch.Tensor:
-        return self.Wv(self.city_emb(cities))
-
-    def forward(self, names: torch.Tensor, cities: torch.Tensor, q_names: torch.Tensor) -> torch.Tensor:
-        """names, cities (B, P); q_names (B, M) -> logits (B, M, n_cities)."""
-        from sv_core import torch_kernel
-
-        K, U, Q = self.keys(names), self.values(cities), self.queries(q_names)
-        W = torch_kernel(Q, K, self.sigma)
-        W = W / W.sum(-1, keepdim=True).clamp_min(1e-30)
-        return self.head(W @ U)
-
-
-def sample_facts(rng: np.random.Generator, n_names: int, n_cities: int, P: int, batch: int):
-    """Distinct names and distinct cities per context: (batch, P) each."""
-    names = np.stack([rng.choice(n_names, P, replace=False) for _ in range(batch)])
-    cities = np.stack([rng.choice(n_cities, P, replace=False) for _ in range(batch)])
-    return names, cities
-
-
-@dataclass
-class TrainReport:
-    steps: int
-    final_loss: float
-    recall_at_1: float
-    seconds: float
-
-
-def train_model(seed: int = 0, *, P: int = 8, steps: int = 1500, batch: int = 64, lr: float = 3e-3,
-                progress: bool = False, **model_kw) -> tuple[RecallModel, TrainReport]:
-    """Train :class:`RecallModel` on random MQAR contexts (CPU, fixed seed)."""
-    from tqdm.auto import trange
-
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    model = RecallModel(**model_kw).double()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    t0 = time.perf_counter()
-    loss = torch.tensor(float("nan"))
-    for _ in trange(steps, desc="train MQAR", disable=not progress, leave=False):
-        names, cities = sample_facts(rng, model.n_names, model.n_cities, P, batch)
-        n_t, c_t = torch.as_tensor(names), torch.as_tensor(cities)
-        order = torch.as_tensor(np.stack([rng.permutation(P) for _ in range(batch)]))
-        logits = model(n_t, c_t, torch.gather(n_t, 1, order))
-        loss = nn.functional.cross_entropy(logits.reshape(-1, model.n_cities), torch.gather(c_t, 1, order).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        names, cities = sample_facts(np.random.default_rng([seed, 1]), model.n_names, model.n_cities, P, 512)
-        n_t, c_t = torch.as_tensor(names), torch.as_tensor(cities)
-        acc = float((model(n_t, c_t, n_t).argmax(-1) == c_t).double().mean())
-    return model, TrainReport(steps, float(loss.detach()), acc, time.perf_counter() - t0)
-
-
-def frozen(model: RecallModel, names: np.ndarray, cities: np.ndarray, q_names: np.ndarray):
-    """fp64 numpy keys (P, d_k), values (P, d_v), queries (M, d_k) of one context."""
-    with torch.no_grad():
-        return (model.keys(torch.as_tensor(names)).double().numpy(),
-                model.values(torch.as_tensor(cities)).double().numpy(),
-                model.queries(torch.as_tensor(q_names)).double().numpy())
-
-
-def logits_of(model: RecallModel, readout: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model.head(torch.as_tensor(readout, dtype=torch.float64)).numpy()
-
-
-def learned_key_sampler(model: RecallModel, n_facts: int = 16):
-    """Audit regime from a trained model: ``fn(rng) -> (n_facts, d_k)`` learned keys of a random
-    context of distinct names (for :func:`sv_core.audit.register_regime`)."""
-    n_facts = check_int("n_facts", n_facts, 3, model.n_names)
-
-    def regime(rng: np.random.Generator) -> np.ndarray:
-        names = rng.choice(model.n_names, n_facts, replace=False)
-        with torch.no_grad():
-            return model.keys(torch.as_tensor(names)).double().numpy()
-
-    return regime
+#: the query-free published peers (evaluation.peers)
+PEERS = ("leverage", "kernel_leverage", "keydiff")
+#: seed 000 §6: "keeps a queried rare fact 100 % of the time ... where heavy-hitter (H2O) eviction keeps it 21 %"
+PAPER_RARE_KEPT = {"sv": 1.0, "density": 0.21}
+#: figures of the trained model: torch CPU kernels (vector width, thread count) change its last bits, and a
+#: trained model's recall can move by a trial or two
+TRAINED_TOLERANCE = tolerance("figures of a model trained with torch on CPU: its weights depend on the CPU's vector "
+                              "kernels and thread count, so a question near a decision boundary can flip",
+                              abs=0.02)
 
 
 def run_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, nu: float = 0.5,
@@ -208,22 +128,7 @@ def run_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, nu: f
             "residual": float(np.linalg.norm(logit_dec - logit_ref)),
             "old_weight": float(kernel_weights(Q[j : j + 1], K_dd, a, sigma)[0, j]),
             "answers_new": bool(logit_dec.argmax() == new_city)}
-    # ---- matched-budget selection (no rng drawn: the trial's numbers above are unchanged)
-    from evaluation.policies import get_policy, select_top_k
-
-    alpha0 = np.asarray(state0["alpha"], dtype=np.float64)
-    k = int(np.count_nonzero(alpha0 > 0))
-    selection = {"k": k}
-    for pol in SELECTION_POLICIES:
-        if pol == "sv":
-            kept = select_top_k(alpha0, k)
-        else:
-            kw = {"sigma": sigma} if pol in ("density", "kernel_leverage") else ({"seed": 0} if pol == "random" else {})
-            kept = get_policy(pol, **kw).select(K, k)
-        pred_k = logits_of(model, kernel_readout(Q, K[kept], np.ones(kept.size), U[kept], sigma)).argmax(1)
-        selection[pol] = float(np.mean(pred_k == cities))
     return {
-        "selection": selection,
         "recall_before": recall_before,
         "forgotten_recall": float(pred_f[j] == cities[j]),
         "others_recall": float(np.mean(pred_f[keep] == cities[keep])),
@@ -234,9 +139,63 @@ def run_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, nu: f
     }
 
 
+def selection_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, copies: int = 6,
+                    nu: float = 0.5) -> dict:
+    """Matched-budget selection on one redundant context of frozen learned keys (see module doc):
+    ``{"k", "n", policy: {"rare_answered", "rare_kept", "others_recall", "all_recall"}}``."""
+    from evaluation.policies import get_policy
+
+    sigma = model.sigma
+    names, cities = sample_facts(rng, model.n_names, model.n_cities, P, 1)
+    names, cities = names[0], cities[0]
+    fact = rng.permutation(np.concatenate([[0], np.repeat(np.arange(1, P), copies)]))  # fact 0 is the rare one
+    K, U, Q = frozen(model, names[fact], cities[fact], names)
+    sv = get_policy("sv", nu=nu, sigma=sigma)
+    k = sv.support_size(K)
+    out: dict = {"k": int(k), "n": int(fact.size)}
+    kept = {}
+    for pol in SELECTION_POLICIES:
+        p = sv if pol == "sv" else get_policy(pol, **({"sigma": sigma} if pol in ("density", "kernel_leverage")
+                                                      else {}))
+        kept[pol] = p.select(K, k, rng=rng)
+    reads = [kernel_readout(Q, K[kp], np.ones(kp.size), U[kp], sigma) for kp in kept.values()]
+    preds = logits_of(model, np.concatenate(reads)).argmax(1).reshape(len(reads), -1)  # one head pass
+    for (pol, kp), pred in zip(kept.items(), preds):
+        out[pol] = {"rare_answered": float(pred[0] == cities[0]), "rare_kept": float(np.any(fact[kp] == 0)),
+                    "others_recall": float(np.mean(pred[1:] == cities[1:])),
+                    "all_recall": float(np.mean(pred == cities))}
+    return out
+
+
+def _selection_metrics(sel: list[dict], seed: int) -> dict:
+    n_tok = sel[0]["n"]
+    vs = paired_vs_sv({p: [r[p]["rare_answered"] for r in sel] for p in SELECTION_POLICIES},
+                      metric="rare-fact recall@1", seed=seed)
+    return {
+        "budget": "the paper's matched budget, the gate's support size (seed 000 §5): k = |S∪E| of the certified "
+                  "fixed-C solve of the redundant context (C = 1/(nu n), n the stored tokens)",
+        "stored_tokens": n_tok,
+        "budget_mean": float(np.mean([r["k"] for r in sel])),
+        "budget_min": int(min(r["k"] for r in sel)), "budget_max": int(max(r["k"] for r in sel)),
+        "budget_frac_mean": float(np.mean([r["k"] / r["n"] for r in sel])),
+        "trials_with_budget_below_stored": int(sum(r["k"] < r["n"] for r in sel)),
+        "trials": len(sel),
+        "rare_fact_recall": {p: mean_ci(r[p]["rare_answered"] for r in sel) for p in SELECTION_POLICIES},
+        "rare_fact_kept": {p: proportion(int(sum(r[p]["rare_kept"] for r in sel)), len(sel))
+                           for p in SELECTION_POLICIES},
+        "others_recall": {p: mean_ci(r[p]["others_recall"] for r in sel) for p in SELECTION_POLICIES},
+        "all_recall": {p: mean_ci(r[p]["all_recall"] for r in sel) for p in SELECTION_POLICIES},
+        "vs_sv": vs,
+        "vs_sv_all_facts": paired_vs_sv({p: [r[p]["all_recall"] for r in sel] for p in SELECTION_POLICIES},
+                                        metric="recall@1 of all P questions", seed=seed),
+    }
+
+
 def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps: int = 1500,
-        gammas=(0.1, 0.01), audit_trials: int = 0, model: RecallModel | None = None, progress: bool = False) -> dict:
-    """Train (unless ``model`` is given), freeze, forget and edit; optional learned-key audit."""
+        gammas=(0.1, 0.01), audit_trials: int = 0, copies: int = 6, model: RecallModel | None = None,
+        progress: bool = False) -> dict:
+    """Train (unless ``model`` is given), freeze, forget and edit; select under redundancy at the
+    matched budget; optional learned-key audit."""
     from tqdm.auto import tqdm
 
     trials = check_int("trials", trials, 1)
@@ -248,6 +207,12 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
                  "seconds": rep.seconds}
     else:
         train = {"steps": 0, "note": "model given by the caller"}
+    copies = check_int("copies", copies, 2)
+    sel = [selection_trial(model, np.random.default_rng([seed, 3, t]), P=P, copies=copies, nu=nu)
+           for t in tqdm(range(trials), desc="learned keys: selection", disable=not progress, leave=False)]
+    if any(r["k"] >= r["n"] for r in sel):
+        raise StudyConfigError(f"the matched budget k = |S∪E| reached the {sel[0]['n']} stored tokens in "
+                               f"{sum(r['k'] >= r['n'] for r in sel)} trial(s): lower nu or raise copies")
     rows = [run_trial(model, np.random.default_rng([seed, 2, t]), P=P, nu=nu, gammas=gammas)
             for t in tqdm(range(trials), desc="learned keys", disable=not progress, leave=False)]
     chance = 1.0 / model.n_cities
@@ -262,6 +227,7 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
         "support_fraction_mean": float(np.mean([r["support_fraction"] for r in rows])),
         "edit": {k: {"residual_median": float(np.median([r["edit"][k]["residual"] for r in rows])),
                      "residual_max": float(max(r["edit"][k]["residual"] for r in rows)),
+                     "residual_min": float(min(r["edit"][k]["residual"] for r in rows)),
                      "old_weight_mean": float(np.mean([r["edit"][k]["old_weight"] for r in rows])),
                      "answers_new": float(np.mean([r["edit"][k]["answers_new"] for r in rows]))}
                  for k in rows[0]["edit"]},
@@ -276,19 +242,20 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
             REGIMES.pop("learned", None)
         metrics["audit_learned"] = aud["regimes"]["learned"]
         metrics["audit_failures"] = len(aud["failures"])
-    sel_vs = paired_vs_sv({p: [r["selection"][p] for r in rows] for p in SELECTION_POLICIES},
-                          metric="recall@1 of all P questions", seed=seed)
-    metrics["selection"] = {
-        "budget_mean": float(np.mean([r["selection"]["k"] for r in rows])),
-        "trials_with_budget_below_P": int(sum(r["selection"]["k"] < P for r in rows)),
-        "recall": {p: mean_ci(r["selection"][p] for r in rows) for p in SELECTION_POLICIES},
-        "vs_sv": sel_vs,
-    }
+    metrics["selection"] = _selection_metrics(sel, seed)
+    sel_vs = metrics["selection"]["vs_sv"]
+    sk = metrics["selection"]["rare_fact_kept"]
+    # the headline's row: the rare fact kept at the matched budget, below the stored facts
+    metrics["matched_budget"] = {"budget": metrics["selection"]["budget_mean"],
+                                 "facts": metrics["selection"]["stored_tokens"],
+                                 **{p: sk[p]["value"] for p in ("sv", "leverage", "kernel_leverage", "keydiff")},
+                                 "h2o": sk["density"]["value"]}
     metrics["peer_beats_sv"] = list(sel_vs["peer_beats_sv"])
     metrics["sv_offers"] = {"forgotten_weight_max": metrics["forgotten_weight_max"],
                             "score_dev_vs_refit_max": metrics["score_dev_vs_refit_max"]}
     rt = time.perf_counter() - t0
     e = metrics["edit"]
+    sm = metrics["selection"]
     tables = [
         {"title": "forgetting one fact (frozen learned keys, exact fp64 gate)",
          "columns": ["quantity", "this run", "seed"],
@@ -299,37 +266,132 @@ def run(trials: int = 200, seed: int = 0, *, P: int = 8, nu: float = 0.5, steps:
                   ["forgotten token readout weight (max)", metrics["forgotten_weight_max"], 0.0]]},
         {"title": "editing one fact: old-binding residual ‖Δ logits‖ vs fresh same-C refit",
          "columns": ["edit", "residual median", "residual max", "old binding weight", "answers new city", "seed"],
-         "rows": [[k, v["residual_median"], v["residual_max"], v["old_weight_mean"], v["answers_new"],
+         "rows": [[k, bounded(v["residual_median"]), bounded(v["residual_max"]), v["old_weight_mean"], v["answers_new"],
                    "~0" if k == "exact" else "1.15 (decay)"] for k, v in e.items()]},
+        {"title": f"under redundancy at the matched budget k = |S∪E| (mean {sm['budget_mean']:.1f} of "
+                  f"{sm['stored_tokens']} stored tokens: one rare fact + {P - 1} facts x {copies}; k < n in "
+                  f"{sm['trials_with_budget_below_stored']}/{trials} trials)",
+         "columns": ["policy", "rare fact answered", "ci low", "ci high", "rare fact kept", "other facts recall",
+                     "seed (rare fact kept)"],
+         "rows": [[p, sm["rare_fact_recall"][p]["mean"], sm["rare_fact_recall"][p]["low"],
+                   sm["rare_fact_recall"][p]["high"], sm["rare_fact_kept"][p]["value"], sm["others_recall"][p]["mean"],
+                   PAPER_RARE_KEPT.get(p)] for p in SELECTION_POLICIES],
+         "tolerances": {c: TRAINED_TOLERANCE for c in ("rare fact answered", "ci low", "ci high", "rare fact kept",
+                                                       "other facts recall")}},
     ]
     tables.append(vs_sv_table(
-        f"matched budget k = |S∪E| (mean {metrics['selection']['budget_mean']:.2f} of P = {P}; "
-        f"k < P in {metrics['selection']['trials_with_budget_below_P']}/{trials} trials)", sel_vs,
-        {"sv": f"exact forget: forgotten weight {metrics['forgotten_weight_max']:.0e}, max |Δ score| vs refit "
-               f"{metrics['score_dev_vs_refit_max']:.1e}; remove-add edit residual {e['exact']['residual_max']:.1e}"}))
+        f"under redundancy, matched budget k = |S∪E| (mean {sm['budget_mean']:.1f} of {sm['stored_tokens']})", sel_vs,
+        {"sv": f"exact forget: forgotten weight {metrics['forgotten_weight_max']:.0e}; remove-add edit residual "
+               f"{bounded_text(e['exact']['residual_max'])}; evicted tokens have α = 0"}))
     if "audit_learned" in metrics:
         a = metrics["audit_learned"]
         tables.append({"title": "deletion audit, learned-key regime (ν = 0.4, σ = 2, 2 removals)",
-                       "columns": ["completed", "partition match %", "median |Δs|", "worst |Δs|", "decay median", "seed"],
-                       "rows": [[f"{a['completed']}/{a['attempted']}", a["partition_match_pct"], a["score_dev_median"],
-                                 a["score_dev_worst"], a["decay_median"], "300/300, 100 %, 4.5e-13, 1.1e-11"]]})
-    claims = [
-        {"statement": "forgetting one fact removes its answer and leaves the others intact",
-         "reference": "fresh same-C refit without the fact", "path": "maintained fp64 C&P decrement on frozen keys",
-         "operation": "active deletion",
-         "value": {"forgotten": metrics["forgotten_recall"]["mean"], "others": metrics["others_recall_after_forget"]["mean"]},
-         "holds": bool(metrics["forgotten_weight_max"] == 0.0 and metrics["others_recall_after_forget"]["mean"] >= 0.99)},
-        {"statement": "exact remove-add edit leaves no residual of the old binding",
-         "reference": "fresh same-C refit of the edited context", "path": "C&P decrement + increment (fp64)",
-         "operation": "active deletion", "value": e["exact"]["residual_max"], "holds": bool(e["exact"]["residual_max"] < 1e-8)},
-    ]
+                       "columns": ["completed", "partition match %", "median |Δs|", "worst |Δs|", "decay median",
+                                   "seed"],
+                       "rows": [[f"{a['completed']}/{a['attempted']}", a["partition_match_pct"],
+                                 bounded(a["score_dev_median"]), bounded(a["score_dev_worst"]), a["decay_median"],
+                                 "300/300, 100 %, 4.5e-13, 1.1e-11"]]})
+    claims = _claims(metrics, trials, copies)
     return envelope(
-        STUDY, "Learned keys: forgetting and exact editing on a trained recall model", runtime_s=rt, metrics=metrics,
-        tables=tables, claims=claims,
-        config={"trials": trials, "seed": seed, "seeds": f"torch.manual_seed({seed}); contexts default_rng([{seed}, 2, trial])",
+        STUDY, "Learned keys: forgetting, exact editing and rare-fact selection on a trained recall model",
+        runtime_s=rt, metrics=metrics, tables=tables, claims=claims,
+        config={"trials": trials, "seed": seed,
+                "seeds": f"torch.manual_seed({seed}); contexts default_rng([{seed}, 2, trial]); redundant contexts "
+                         f"default_rng([{seed}, 3, trial])",
                 "P": P, "nu": nu, "n0": P, "C": calibrate_C(nu, P), "sigma": model.sigma, "train_steps": steps,
-                "gammas": list(gammas), "n_names": model.n_names, "n_cities": model.n_cities, "audit_trials": audit_trials},
-        notes="Seed 000 §6 / 001 §4: trained MQAR model recall@1 = 1.0; forgetting one fact drops it to chance with the "
-              "others intact; remove–add edit residual ~0 vs 1.15 for decay (the seed does not state its γ or the "
-              "residual's units; here ‖Δ logits‖₂ at the edited question).",
+                "gammas": list(gammas), "n_names": model.n_names, "n_cities": model.n_cities,
+                "audit_trials": audit_trials, "copies": copies, "selection_budget": sm["budget"],
+                "selection_tokens": sm["stored_tokens"]},
+        notes="Seed 000 §6 / 001 §4: trained MQAR model recall@1 = 1.0; forgetting one fact drops it to chance with "
+              "the others intact; remove–add edit residual ~0 vs 1.15 for decay (the seed does not state its γ or the "
+              "residual's units; here ‖Δ logits‖₂ at the edited question); under redundancy certified eviction keeps a "
+              "queried rare fact 100 % of the time vs 21 % for H2O at a matched token budget (the seed states neither "
+              "the context nor the budget for this comparison; the budget here is its matched budget elsewhere, the "
+              "gate's support size, and the redundancy is the study's own construction). The model is trained with "
+              "torch on CPU: its recall figures carry a stated tolerance (tolerances).",
+        tolerances={"metrics.recall_before.*": TRAINED_TOLERANCE, "metrics.forgotten_recall.*": TRAINED_TOLERANCE,
+                    "metrics.others_recall_after_forget.*": TRAINED_TOLERANCE,
+                    "metrics.selection.rare_fact_recall.*.*": TRAINED_TOLERANCE,
+                    "metrics.selection.rare_fact_kept.*.*": TRAINED_TOLERANCE,
+                    "metrics.selection.others_recall.*.*": TRAINED_TOLERANCE,
+                    "metrics.selection.all_recall.*.*": TRAINED_TOLERANCE,
+                    "metrics.selection.vs_sv_all_facts.diffs.*.*": TRAINED_TOLERANCE,
+                    "metrics.selection.budget_mean": TRAINED_TOLERANCE,
+                    "metrics.matched_budget.*": TRAINED_TOLERANCE,
+                    "metrics.selection.vs_sv.diffs.*.*": TRAINED_TOLERANCE,
+                    "metrics.edit.*.old_weight_mean": TRAINED_TOLERANCE,
+                    "metrics.edit.decay_*.*": TRAINED_TOLERANCE,
+                    "metrics.train.*": TRAINED_TOLERANCE},
     )
+
+
+def _claims(m: dict, trials: int, copies: int) -> list[dict]:
+    """Forget, edit and rare-fact selection claims, each decided on an interval or a range over every trial."""
+    e, sm = m["edit"], m["selection"]
+    others = m["others_recall_after_forget"]
+    forget = claim(
+        "forgetting one fact removes its answer and leaves the others intact",
+        reference="fresh same-C refit without the fact", path="maintained fp64 C&P decrement on frozen keys",
+        operation="active deletion",
+        rule="the forgotten token's readout weight is 0 in every trial and the other facts' recall@1 95 % interval "
+             "lies at or above 0.95",
+        passed=bool(m["forgotten_weight_max"] == 0.0 and others["low"] is not None and others["low"] >= 0.95),
+        run=ci(others, how=f"other facts' recall@1, 95 % normal interval over {trials} trials"),
+        peer={"name": "chance (1/#cities), the forgotten fact's recall", "value": m["chance"], "low": None,
+              "high": None},
+        paper={"figure": "forgotten fact → chance, the other seven intact", "source": "seed 001 §4; seed 000 §6"},
+        value={"forgotten": m["forgotten_recall"]["mean"], "others": others["mean"],
+               "forgotten_weight_max": m["forgotten_weight_max"]})
+    dk = "decay_0.1" if "decay_0.1" in e else next(k for k in e if k != "exact")
+    edit = claim(
+        "exact remove-add edit leaves no residual of the old binding, unlike coefficient decay",
+        reference="fresh same-C refit of the edited context", path="C&P decrement + increment (fp64)",
+        operation="active deletion",
+        rule=f"the exact edit's residual, max over {trials} trials, lies below decay's "
+             f"(γ = {dk.replace('decay_', '')}) minimum over them",
+        passed=bool(e["exact"]["residual_max"] < e[dk]["residual_min"]),
+        run=interval(bounded(e["exact"]["residual_max"]), how=f"max over {trials} trials"),
+        peer={"name": f"coefficient decay (γ = {dk.replace('decay_', '')}), minimum over trials",
+              "value": e[dk]["residual_min"], "low": None, "high": None},
+        paper={"figure": "residual ~0 vs 1.15 for decay (γ and units not stated)", "source": "seed 000 §6"},
+        value=bounded_text(e["exact"]["residual_max"]))
+    r, d = sm["rare_fact_recall"], sm["vs_sv"]["diffs"]
+    best = strongest({p: r[p] for p in PEERS})
+    w, ok = weakest(d, PEERS)
+    budget = (f"matched budget k = |S∪E| (mean {sm['budget_mean']:.1f} of {sm['stored_tokens']} stored tokens, "
+              f"below them in {sm['trials_with_budget_below_stored']}/{trials} trials)")
+    how = f"95 % paired bootstrap over {trials} trials"
+    h2o = claim(
+        f"under redundancy, at the {budget}, certified selection keeps a queried rare fact answerable more often than "
+        "H2O-style heavy-hitter eviction",
+        reference="same redundant context, same budget and uniform-RBF readout for every policy",
+        path="certified fp64 solve of the frozen keys; point-in-time selection", operation="reserve removal",
+        rule="95 % paired bootstrap interval of SV − H2O (density) rare-fact recall above 0",
+        passed=d["density"]["low"] is not None and d["density"]["low"] > 0,
+        run=ci(r["sv"], how=f"SV rare-fact recall@1, 95 % normal interval over {trials} trials"),
+        peer=peer_fig("H2O-style density", r["density"]), difference=ci(d["density"], how=how),
+        strongest_peer=peer_fig(best, r[best]) if best else None,
+        paper={"figure": "rare fact kept 100 % (SV) vs 21 % (H2O) at a matched budget", "source": "seed 000 §6"},
+        value={"sv": r["sv"]["mean"], "h2o": r["density"]["mean"]})
+    peers = claim(
+        f"under redundancy, at the {budget}, certified selection keeps the rare fact answerable more often than every "
+        "query-free published peer (ridge leverage, kernel leverage, KeyDiff)",
+        reference="same redundant context, same budget and uniform-RBF readout for every policy",
+        path="certified fp64 solve of the frozen keys; point-in-time selection", operation="reserve removal",
+        rule="95 % paired bootstrap interval of SV − each peer's rare-fact recall above 0",
+        passed=ok, run=ci(r["sv"], how=f"SV rare-fact recall@1, 95 % normal interval over {trials} trials"),
+        peer=peer_fig(w, r[w]), difference=ci(d[w], how=how),
+        value={p: r[p]["mean"] for p in ("sv", *PEERS)})
+    ra, da = sm["all_recall"], sm["vs_sv_all_facts"]["diffs"]
+    wa, ok_all = weakest(da, PEERS)
+    every = claim(
+        f"under redundancy, at the {budget}, certified selection keeps every fact answerable (the rare one and the "
+        "restated ones) better than every query-free published peer",
+        reference="same redundant context, same budget and uniform-RBF readout for every policy",
+        path="certified fp64 solve of the frozen keys; point-in-time selection", operation="reserve removal",
+        rule="95 % paired bootstrap interval of SV − each peer's recall@1 over all P questions above 0",
+        passed=ok_all,
+        run=ci(ra["sv"], how=f"SV recall@1 of all P questions, 95 % normal interval over {trials} trials"),
+        peer=peer_fig(wa, ra[wa]), difference=ci(da[wa], how=how),
+        value={p: ra[p]["mean"] for p in ("sv", *PEERS)})
+    return [forget, edit, h2o, peers, every]

@@ -41,7 +41,8 @@ import time
 import numpy as np
 import torch
 
-from evaluation.studies.common import check_int, check_pos, envelope, mean_ci
+from evaluation.claims import ci, claim, interval, peer_fig
+from evaluation.studies.common import check_int, check_pos, envelope, mean_ci, paired_vs_sv
 from evaluation.studies.errors import StudyConfigError
 from evaluation.studies.readout import kernel_readout
 from models.attn_deltanet import deltanet_chunked
@@ -193,7 +194,8 @@ def _sweep(name, values, make, trials, seed, C, sigma, mechanisms, progress):
             for m in mechanisms:
                 rec[m].append(recall_at_1(outs[m], lab))
             sup.append(s)
-        res[val] = {"recall": {m: mean_ci(rec[m]) for m in mechanisms},
+        gap = paired_vs_sv({"sv": rec["sv"], "rbf": rec["rbf"]}, metric="recall@1", seed=seed)["diffs"]["rbf"]
+        res[val] = {"recall": {m: mean_ci(rec[m]) for m in mechanisms}, "gated_minus_ungated": gap,
                     "support_mean": float(np.mean(sup)), "support_min": int(min(sup)), "support_max": int(max(sup)),
                     "n_tokens": int(X.shape[0])}
     return res
@@ -217,7 +219,8 @@ def _sweep_result(study, title, xname, res, config, notes, seed_col=None, rt=0.0
     metrics = {str(x): {"recall": {m: res[x]["recall"][m]["mean"] for m in mechanisms},
                         "recall_ci": {m: [res[x]["recall"][m]["low"], res[x]["recall"][m]["high"]] for m in mechanisms},
                         "support_mean": res[x]["support_mean"], "support_min": res[x]["support_min"],
-                        "support_max": res[x]["support_max"], "n_tokens": res[x]["n_tokens"]} for x in xs}
+                        "support_max": res[x]["support_max"], "n_tokens": res[x]["n_tokens"],
+                        "gated_minus_ungated": res[x]["gated_minus_ungated"]} for x in xs}
     tables = [{"title": f"{title}: SV gate vs its gate-off ablation (same RBF readout)", "columns": columns,
                "rows": rows}]
     if references:
@@ -262,15 +265,29 @@ def run_selective_copying(trials: int = 100, seed: int = 0, *, fillers=(8, 16, 3
     rt = time.perf_counter() - t0
     sv = [res[F]["recall"]["sv"]["mean"] for F in fillers]
     gain = [res[F]["recall"]["sv"]["mean"] - res[F]["recall"]["rbf"]["mean"] for F in fillers]
-    claims = [{"statement": "the SV support stays small while the filler grows",
-               "reference": "exact fixed-C gate, C calibrated once at the smallest context",
-               "path": "maintained fp64 C&P solve", "operation": "reserve removal",
-               "value": {"support_range": [min(res[F]["support_min"] for F in fillers),
-                                           max(res[F]["support_max"] for F in fillers)], "sv_recall_min": min(sv)},
-               "holds": bool(min(sv) >= 0.9)},
-              {"statement": "the gate is load-bearing: gated recall exceeds the ungated readout at the largest filler",
-               "reference": "same RBF readout with uniform α (gate off)", "path": "maintained fp64 C&P solve",
-               "value": {"gated_minus_ungated_at_max_F": gain[-1]}, "holds": bool(gain[-1] > 0)}]
+    how = f"95 % normal interval over {trials} trials"
+    lows = {F: res[F]["recall"]["sv"]["low"] for F in fillers}
+    wF = min(fillers, key=lambda F: (lows[F], F))
+    top = fillers[-1]
+    gap = res[top]["gated_minus_ungated"]
+    claims = [
+        claim("the SV support stays small while the filler grows, and SV recall stays high",
+              reference="exact fixed-C gate, C calibrated once at the smallest context",
+              path="maintained fp64 C&P solve", operation="reserve removal",
+              rule="SV recall@1 95 % interval at or above 0.9 at every filler length, support below the context",
+              passed=bool(lows[wF] >= 0.9 and all(res[F]["support_max"] < res[F]["n_tokens"] for F in fillers)),
+              run=ci(res[wF]["recall"]["sv"], how=f"SV recall@1 at F = {wF} (the lowest interval), {how}"),
+              paper={"figure": "SV recall@1 ~0.99 for F 8 → 120; support 11–14 tokens", "source": "SPEC §3 (seed 000)"},
+              value={"support_range": [min(res[F]["support_min"] for F in fillers),
+                                       max(res[F]["support_max"] for F in fillers)], "sv_recall_min": min(sv)}),
+        claim("the gate is load-bearing: gated recall exceeds the ungated readout at the largest filler",
+              reference="same RBF readout with uniform α (gate off)", path="maintained fp64 C&P solve",
+              rule=f"95 % paired bootstrap interval of gated − ungated recall@1 at F = {top} above 0",
+              passed=gap["low"] is not None and gap["low"] > 0,
+              run=ci(res[top]["recall"]["sv"], how=f"SV recall@1 at F = {top}, {how}"),
+              peer=peer_fig("ungated RBF (gate off)", res[top]["recall"]["rbf"]),
+              difference=ci(gap, how=f"95 % paired bootstrap over {trials} trials"),
+              value={"gated_minus_ungated_at_max_F": gain[-1]})]
     return _sweep_result(
         "selective_copying", "Selective copying: 8 informative tokens + F filler", "F", res,
         {"trials": trials, "seed": seed, "seeds": f"numpy default_rng([{seed}, F index, trial])", "n_info": n_info,
@@ -297,14 +314,25 @@ def run_capacity(trials: int = 100, seed: int = 0, *, items=(8, 16, 24, 32, 40),
     rt = time.perf_counter() - t0
     seed_vals = {8: "SV ~1.0", 24: "SV ~1.0", 40: "SV 0.95, support 37"}
     top = items[-1]
-    claims = [{"statement": f"SV recall stays high as distinct items grow to {top} with 20 filler (support grows "
-                            "adaptively, below the context)",
-               "reference": "exact fixed-C gate, C calibrated once at the smallest context",
-               "path": "maintained fp64 C&P solve", "operation": "reserve removal",
-               "value": {"sv_recall_at_max": res[top]["recall"]["sv"]["mean"],
-                         "support_mean_at_max": res[top]["support_mean"], "tokens_at_max": res[top]["n_tokens"]},
-               "holds": bool(res[top]["recall"]["sv"]["mean"] >= 0.9
-                             and res[top]["support_mean"] < res[top]["n_tokens"])}]
+    sv_top = res[top]["recall"]["sv"]
+    claims = [
+        claim(f"SV recall stays high as distinct items grow to {top} with 20 filler (support grows adaptively, below "
+              "the context)",
+              reference="exact fixed-C gate, C calibrated once at the smallest context",
+              path="maintained fp64 C&P solve", operation="reserve removal",
+              rule=f"SV recall@1 95 % interval at {top} items at or above 0.9, mean support below the context",
+              passed=bool(sv_top["low"] >= 0.9 and res[top]["support_mean"] < res[top]["n_tokens"]),
+              run=ci(sv_top, how=f"SV recall@1 at {top} items, 95 % normal interval over {trials} trials"),
+              paper={"figure": "SV 0.95 at 40 items, support 9 → 37", "source": "seed 000 §5; SPEC §3"},
+              value={"sv_recall_at_max": sv_top["mean"], "support_mean_at_max": res[top]["support_mean"],
+                     "tokens_at_max": res[top]["n_tokens"]}),
+        claim("an adaptive support set keeps recall where a matched-state DeltaNet recurrence collapses",
+              reference="a trained matched-state DeltaNet", path="maintained fp64 C&P solve vs a trained recurrence",
+              rule="SV − DeltaNet recall@1 interval at 40 items above 0", passed=None,
+              run=ci(sv_top, how=f"SV recall@1 at {top} items, 95 % normal interval over {trials} trials"),
+              paper={"figure": "SV 0.95 vs DeltaNet 0.93 → 0.06 (8 → 40 items)", "source": "seed 000 §5"},
+              off_protocol="not run at the paper's protocol: the paper's DeltaNet is a trained sequence model; this "
+                           "study trains none (only the gate and its gate-off ablation are compared)")]
     return _sweep_result(
         "capacity", "Capacity: near-orthogonal items + 20 filler", "items", res,
         {"trials": trials, "seed": seed, "seeds": f"numpy default_rng([{seed}, N index, trial])", "n_filler": n_filler,
@@ -338,9 +366,15 @@ def run_mqar_control(trials: int = 200, seed: int = 0, *, n_pairs: int = 10, d: 
         "Seed 001 §5: gated 0.955 vs ungated RBF 0.970; support fraction 1.00 (the gate selects nothing on distinct "
         "keys, so the gain is the RBF readout, not the gate).", seed_col=lambda n: "gated 0.955, ungated 0.970",
         rt=rt, references=refs,
-        claims=[{"statement": "on distinct keys every key is active: the gate performs no selection",
-                 "reference": "exact fixed-C gate on the 10 keys", "path": "maintained fp64 C&P solve",
-                 "value": frac, "holds": bool(frac == 1.0)}])
+        claims=[claim("on distinct keys every key is active: the gate performs no selection",
+                      reference="exact fixed-C gate on the 10 keys", path="maintained fp64 C&P solve",
+                      rule="support fraction 1.0 in every trial (a count over every trial, not an estimate)",
+                      passed=bool(r["support_min"] == n_pairs),
+                      run=interval(frac, r["support_min"] / n_pairs, r["support_max"] / n_pairs,
+                                   how=f"mean; range over {trials} trials", n=trials),
+                      paper={"figure": "support fraction 1.0; gated 0.955 vs ungated RBF 0.970",
+                             "source": "seed 001 §5"},
+                      peer=peer_fig("ungated RBF recall@1", r["recall"]["rbf"]), value=frac)])
     out["metrics"]["support_fraction"] = frac
     out["metrics"]["support_fraction_min"] = r["support_min"] / n_pairs
     return out

@@ -53,6 +53,9 @@ def merge_results(results: list[dict]) -> dict:
     full = [r["full_run"] for r in results if r.get("full_run")]
     if full:  # the latest full-size run-all record (pipelines.bench.fullrun) is kept
         out["full_run"] = full[-1]
+    models = [r["scaleout"] for r in results if r.get("scaleout")]
+    if models:  # the latest scale-out model (pipelines.bench.makespan) is kept
+        out["scaleout"] = models[-1]
     return out
 
 
@@ -401,4 +404,8 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
     L.append("")
     if result.get("full_run"):
         L += render_section(result["full_run"])
+    if result.get("scaleout"):
+        from pipelines.bench.makespan_report import render_section as scaleout_section
+
+        L += scaleout_section(result["scaleout"])
     return "\n".join(L)

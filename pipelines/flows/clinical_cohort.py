@@ -35,26 +35,36 @@ def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
 @task(name="build-warehouse",
       retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 def build_task(source: str, root: str | None, warehouse: str, settings: CohortSettings = CohortSettings(),
-               progress: bool = False, ledger_dir: str | None = None, runs_dir: str | None = None) -> dict:
-    """Build with the forget registry applied at scan time; the new warehouse records the
-    ledger head it reflects and keeps the runs and export folders registered with the old one
-    (a later forget still reaches an export written before the rebuild)."""
+               progress: bool = False, ledger_dir: str | None = None, runs_dir: str | None = None,
+               source_key: str | None = None) -> dict:
+    """Build with the forget registry applied at scan time — the warehouse's own log and every
+    other log this configuration keeps for the same source (``source_key``, default from
+    ``source`` and ``root``: :mod:`pipelines.store.registries`), so a second warehouse of the same
+    data admits no forgotten patient; a listed log that cannot be read refuses the build. The
+    new warehouse records the ledger head it reflects and its source, and keeps the runs and
+    export folders registered with the old one (a later forget still reaches an export written
+    before the rebuild)."""
     import duckdb
 
     from cohort.build import build_warehouse
+    from pipelines.store import export_registry, registries
     from pipelines.store.safe_io import storage_errors
     from pipelines.store.warehouse import Warehouse, put_meta, read_meta
 
-    with Warehouse.open(warehouse, write=True, must_exist=False, ledger_dir=ledger_dir, reconcile=False) as w:
+    key = source_key or registries.source_key(source, root)
+    with Warehouse.open(warehouse, write=True, must_exist=False, ledger_dir=ledger_dir, reconcile=False,
+                        source=key) as w:
         registered = w.runs_registry()  # carried into the rebuilt file
         old_meta = read_meta(w.path) if w.path.is_file() else {}
-        exports = {k: old_meta[k] for k in ("exports", "meds_exports") if old_meta.get(k)}
+        exports = {k: old_meta[k] for k in export_registry.META_KEYS if old_meta.get(k)}
+        w.bind_registry()  # a log that holds receipts (e.g. from before sources were recorded) joins its source
+        exclusion = w.exclusion()  # every registry of the source, verified, before anything is written
         with storage_errors("build-cohort: building the warehouse",
                             "the previous warehouse is unchanged (a build writes a new file and swaps it in only "
                             "when complete) and its temporary files were removed; rerun once the disk allows"):
             s = build_warehouse(source, root, warehouse, min_hours=settings.min_hours, sample=settings.sample,
                                 seed=settings.seed, memory_limit=settings.memory_limit, progress=progress,
-                                exclude_subjects=w.exclusion(), meds_codes=settings.meds_codes)
+                                exclude_subjects=exclusion, meds_codes=settings.meds_codes)
         con = duckdb.connect(str(w.path))
         try:
             for k, v in {**w.ledger_meta(), **exports}.items():
@@ -96,11 +106,14 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
         from cohort.demo_data import ensure_demo
 
         root = str(ensure_demo(root, fetch=settings.fetch))
-    elif source == "synthetic":
+    from pipelines.store.registries import source_key
+
+    key = source_key(source, root, stays=stays, seed=seed)  # the data, whichever folder it is generated into
+    if source == "synthetic":
         gen_dir = Path(warehouse).resolve().parent / f"synthetic_{stays}_seed{seed}"
         root = generate_synthetic(str(gen_dir / "mimic"), stays, seed)
         source = "mimic"
-    summary = build_task(source, root, warehouse, settings, progress, ledger_dir, runs_dir)
+    summary = build_task(source, root, warehouse, settings, progress, ledger_dir, runs_dir, key)
     wh.set_data_kind(warehouse, data_kind_of(kind, root))
     funnel = summary["funnel"]
     result = {

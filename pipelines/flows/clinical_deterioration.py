@@ -44,8 +44,10 @@ from evaluation.clinical.deterioration_results import (
     BASELINE,
     LABELS,
     SEED_TEXT,
+    TRAINED_TOLERANCE,
     aggregate,
     comparison_pairs,
+    deterioration_claims,
     roc_figure,
     seed_paired,
 )
@@ -269,7 +271,16 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
                               "train_windows": data.train.n_windows, "val_windows": data.val.n_windows,
                               "test_stays": int(data.test.stay_ids.size), "test_windows": data.test.n_windows},
                    "training": dtr.TRAINING},
+        "claims": deterioration_claims(boot, names, first["n_groups"]),
+        # trained models: the figures move across machines within this tolerance (dashboards/SCHEMA.md)
+        "tolerances": {f"metrics.{k}": TRAINED_TOLERANCE for k in (
+            "*.auroc_mean", "*.auprc_mean", "*.auroc_sd", "*.auprc_sd", "*.auroc_seedavg", "*.auroc_seedavg_low",
+            "*.auroc_seedavg_high", "*.auprc_seedavg", "*.auprc_seedavg_low", "*.auprc_seedavg_high",
+            "paired.*.*", "*.auroc_ci_low_mean", "*.auroc_ci_high_mean")},
     }
+    for tab in result["tables"][:3]:  # the AUROC / AUPRC tables
+        tab["tolerances"] = {c: TRAINED_TOLERANCE for c in tab["columns"]
+                             if c not in ("model", "seed", "seeds", "a − b", "epochs")}
     runner.write_study_result(result, runs_dir)
     return result
 

@@ -8,8 +8,11 @@ discharge events, ``metadata/dataset.json``, ``codes.parquet``, ``subject_splits
 :mod:`cohort.meds_export`). Every file is readable by the owner only (mode 0600) and nothing is
 overwritten. This is record-level data from your own local warehouse: keep it where the source
 data may be kept. The writer lock is taken first, so pending erasures of forgotten patients are
-completed before anything is read, and the folder is registered with the warehouse: a later
-``forgetful forget`` erases the patient from these files too (:mod:`pipelines.store.exports`).
+completed before anything is read. The files are written into a staging folder inside DIR, moved
+into place, and only then registered with the warehouse together with their content identity
+(sha256): a later ``forgetful forget`` erases the patient from exactly these files
+(:mod:`pipelines.store.exports`), never from anything else in DIR. A failed export registers
+nothing and leaves DIR as it was.
 In Python: ``cohort.load_hourly(warehouse)`` / ``cohort.load_stays(warehouse)`` return the
 same frames as ``polars.DataFrame``; ``cohort.meds_export.export_meds`` writes the MEDS dataset.
 No Prefect server is started; the printed summary holds counts only.
@@ -28,7 +31,9 @@ def _main(args) -> int:
     from pathlib import Path
 
     from cohort.errors import BadParameterError
+    from pipelines.store import export_registry
     from pipelines.store.exports import FILES, MEDS_TOP
+    from pipelines.store.safe_io import storage_errors
 
     meds = args.format == "meds"
     if meds and args.columns:
@@ -36,32 +41,39 @@ def _main(args) -> int:
     with runner.warehouse_session(args) as w:
         names = MEDS_TOP if meds else FILES
         taken = [f for f in names if (Path(args.out) / f).exists() or (Path(args.out) / f).is_symlink()]
-        if taken:  # checked before registering: a forget must never touch files this did not write
+        if taken:  # a forget must never touch files this did not write
             raise BadParameterError(f"{args.out} already holds {', '.join(taken)}; choose an empty folder")
-        # registered before writing, so a forget reaches the folder even if this command dies
-        # half-way (pipelines.store.exports); only the folder path is stored
-        w.register_export(args.out, fmt=args.format)
         from pipelines.store import warehouse as wh
 
         kind = wh.data_kind(w.path)  # demo / synthetic / mimic / clif: the MEDS dataset's name says it
-        con = w.connect(read_only=False)
+        # written into a staging folder, moved into place, and only then registered with the
+        # warehouse with each file's content identity (pipelines.store.export_registry)
+        stage = export_registry.begin(w, args.out, args.format)
         try:
-            from pipelines.store.exports import remove_partial
-            from pipelines.store.safe_io import storage_errors
-
             with storage_errors(f"export: writing the {'MEDS' if meds else 'Parquet'} files",
-                                lambda: remove_partial(args.out, args.format)):
-                if meds:
-                    from cohort.meds_export import export_meds
+                                lambda: export_registry.abandon(w, args.out, stage)):
+                con = w.connect(read_only=False)
+                try:
+                    if meds:
+                        from cohort.meds_export import export_meds
 
-                    out = export_meds(con, args.out, split=args.split, shard_subjects=args.shard_subjects,
-                                      dataset_name=f"forgetful {kind} cohort")
-                else:
-                    from cohort.frames import export_parquet
+                        out = export_meds(con, stage, split=args.split, shard_subjects=args.shard_subjects,
+                                          dataset_name=f"forgetful {kind} cohort")
+                    else:
+                        from cohort.frames import export_parquet
 
-                    out = export_parquet(con, args.out, split=args.split, columns=args.columns)
-        finally:
-            con.close()
+                        out = export_parquet(con, stage, split=args.split, columns=args.columns)
+                finally:
+                    con.close()
+                export_registry.finish(w, args.out, args.format, stage)
+        except BaseException:
+            export_registry.abandon(w, args.out, stage)  # idempotent: nothing registered, nothing left
+            raise
+    folder = Path(args.out).resolve()
+    if meds:
+        out["root"] = str(folder)
+    else:
+        out["files"] = {k: str(folder / Path(v).name) for k, v in out["files"].items()}
     what = (f"{out['subjects']:,} subjects, {out['stays']:,} stays, {out['rows']:,} MEDS events"
             if meds else f"{out['stays']:,} stays, {out['rows']:,} stay-hours")
     print(f"exported {what} (record-level, owner-only files) to {args.out}", file=sys.stderr)

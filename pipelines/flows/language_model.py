@@ -27,9 +27,9 @@ from evaluation.studies.language_model import (
     LMStudyError,
     check_references,
     run_comparison,
-    study_result,
     train_run,
 )
+from evaluation.studies.language_model_result import study_result
 from models.corpus import CorpusMissingError, load_corpus
 
 train_task = task(train_run, name="lm-train-run")

@@ -146,7 +146,11 @@ def ingest(warehouse: str | os.PathLike, source: str, root: str | os.PathLike, *
         raise IngestError(f"memory limit {memory_limit!r} is not like '1GB' or '512MB'")
     p = Path(warehouse).resolve()
     phases: dict[str, float] = {}
-    with Warehouse.open(p, write=True, must_exist=not init, ledger_dir=ledger_dir, wait=wait) as w:
+    from pipelines.store.registries import source_key
+
+    # the source is recorded, so every forget registry this configuration keeps for it applies
+    with Warehouse.open(p, write=True, must_exist=not init, ledger_dir=ledger_dir, wait=wait,
+                        source=source_key(source, root)) as w:
         phases["open_s"] = time.perf_counter() - t0
         if init:
             _create(w, p, source, root, frozen, min_hours, seed)

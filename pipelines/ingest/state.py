@@ -242,7 +242,7 @@ def process_deletions(w, source: str, root: Path, min_hours: float) -> dict:
     done, unknown = 0, 0
     for rk, kind, h in pending:
         sid = (by_subj if kind == "subject" else by_stay).get(h)
-        reg = w.ledger.registry()
+        reg = w.registry()  # also the other registries this configuration keeps for the source (seq None)
         if sid is None:
             sh = h if kind == "subject" else None
             if sh is not None and sh in reg:  # already forgotten (absent now): done
@@ -259,16 +259,16 @@ def process_deletions(w, source: str, root: Path, min_hours: float) -> dict:
                 res = forget_subject(w.path, subject_id=sid, ledger_dir=w.ledger.dir, allow_absent=sid not in present)
                 seq = res.receipt_seq
             except AlreadyForgottenError:
-                seq = w.ledger.registry()[sh]
+                seq = w.registry()[sh]
         _mark_done(w, rk, seq)
         done += 1
     return {"imported": imported, "processed": done, "unknown_pending": unknown}
 
 
-def _mark_done(w, rk: str, seq: int) -> None:
+def _mark_done(w, rk: str, seq: int | None) -> None:
     con = w.connect()
     try:
         con.execute(f"UPDATE {REQUESTS} SET status = 'done', receipt_seq = ?, done_utc = ? WHERE request_key = ?",
-                    [int(seq), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rk])
+                    [None if seq is None else int(seq), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rk])
     finally:
         con.close()

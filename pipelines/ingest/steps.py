@@ -7,10 +7,7 @@ already carries the step).
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -28,11 +25,11 @@ HOUR_MS = 3_600_000
 
 
 def kill_point(step: int, phase: str) -> None:
-    """Test hook: SIGKILL this process at ``<step>:<phase>`` when :data:`KILL_ENV` names it."""
-    spec = os.environ.get(KILL_ENV)
-    if spec and spec == f"{step}:{phase}":
-        sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Test hook: SIGKILL this process at ``<step>:<phase>`` when :data:`KILL_ENV` names it
+    (:func:`pipelines.store.killpoint.hit`)."""
+    from pipelines.store import killpoint
+
+    killpoint.hit(f"{step}:{phase}", KILL_ENV)
 
 
 def now_utc() -> str:

@@ -23,7 +23,11 @@ File ``<ledger dir>/receipts.jsonl``, one canonical JSON object per line::
 
 The *registry* is the set of ``subject_id_hash`` values of ``forget_subject`` rows: every build
 excludes those subjects at scan time, and every command completes pending erasures first.
-Appends are serialised by an exclusive lock on ``<ledger dir>/.lock`` and fsynced before return.
+Appends are serialised by an exclusive lock on ``<ledger dir>/.lock`` and fsynced before return;
+a receipt is committed together with its signed head or not at all (a failed head write cuts the
+row back off; only a kill between the two leaves an unsigned tail, which the next writer signs).
+No symbolic link is followed: the log folder, its files, the anchors folder and the anchor are
+checked before every read and write (:meth:`Ledger.check_links`) and opened with ``O_NOFOLLOW``.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from pipelines.errors import LedgerError, LedgerKeyMismatchError, LedgerTampered
 from pipelines.receipts import logaudit, signing, translog
 from pipelines.receipts.logaudit import FILE, GENESIS, HEADS, LogState, Row, canonical_json  # noqa: F401  (public names)
 from pipelines.store.keys import Keys
+from pipelines.store.safe_io import open_nofollow, refuse_link
 
 LEDGER_ENV = "FORGETFUL_LEDGER_DIR"
 FORGET_KIND = "forget_subject"
@@ -45,9 +50,20 @@ ROLLBACK_KIND = "rollback_accepted"
 
 
 def default_dir(warehouse: str | os.PathLike) -> Path:
-    """``$FORGETFUL_LEDGER_DIR``, else ``<warehouse folder>/forget-registry``."""
+    """``$FORGETFUL_LEDGER_DIR``, else ``<warehouse folder>/forget-registry`` (absolute; the last
+    component is never resolved, so a link in its place is seen and refused by :class:`Ledger`)."""
     env = os.environ.get(LEDGER_ENV)
-    return Path(env).expanduser().resolve() if env else Path(warehouse).resolve().parent / "forget-registry"
+    if env:
+        return Path(os.path.abspath(Path(env).expanduser()))
+    return Path(warehouse).resolve().parent / "forget-registry"
+
+
+def log_exists(directory: str | os.PathLike) -> bool:
+    """Does ``directory`` hold a receipt log (a non-empty ``receipts.jsonl``)?"""
+    try:
+        return os.lstat(Path(directory) / FILE).st_size > 0
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def _append_line(path: Path, line: str) -> None:
@@ -55,7 +71,7 @@ def _append_line(path: Path, line: str) -> None:
     never ends in half a line."""
     new = not path.exists()
     data = (line + "\n").encode("ascii")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "receipt log file")
     try:
         size = os.fstat(fd).st_size
         try:
@@ -75,13 +91,35 @@ def _append_line(path: Path, line: str) -> None:
             os.close(dfd)
 
 
+#: the same fsynced append, cut back on failure, for the log's other append-only files (its C2SP
+#: checkpoints and cosignatures: :mod:`pipelines.receipts.checkpoints`)
+append_line = _append_line
+
+
+def _cut_back(sizes: list[tuple[Path, int | None]]) -> None:
+    """Return each file to its recorded size (None: it did not exist), fsynced: an append whose
+    signed head could not be written leaves neither the receipt nor a head."""
+    for f, size in sizes:
+        if size is None:
+            f.unlink(missing_ok=True)
+            continue
+        fd = open_nofollow(f, os.O_WRONLY, "receipt log file")
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class Ledger:
     """One ledger directory under one key. Reading verifies the whole log every time (HMAC
     chain, Merkle roots, the newest head's signature, the anchor), so a caller never acts on a
     tampered registry."""
 
     def __init__(self, directory: str | os.PathLike, keys: Keys):
-        self.dir = Path(directory).resolve()
+        given = Path(os.path.abspath(directory))
+        refuse_link(given, "receipt log folder")  # resolve() below would follow it
+        self.dir = given.resolve()
         self.path = self.dir / FILE
         self.heads_path = self.dir / HEADS
         self.keys = keys
@@ -103,11 +141,28 @@ class Ledger:
         """The anchor's signed head (or a legacy ``{"seq", "head"}``), None when absent."""
         return logaudit.read_anchor(self.path)
 
+    def check_links(self) -> None:
+        """Refuse (:class:`~pipelines.errors.UnsafePathError`, nothing written) a symbolic link in
+        place of the log folder or of anything in it (receipts, signed heads, lock, checkpoints,
+        witnesses), of the configuration or anchors folder, or of this log's anchor."""
+        a = logaudit.anchor_path(self.path)
+        for f, what in ((self.dir, "receipt log folder"), (a.parent.parent, "configuration folder"),
+                        (a.parent, "anchors folder"), (a, "anchor")):
+            refuse_link(f, what)
+        try:
+            entries = list(os.scandir(self.dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for e in entries:
+            if e.is_symlink():
+                refuse_link(e.path, "receipt log file")
+
     def _write_anchor(self, head: signing.TreeHead) -> None:
         p = logaudit.anchor_path(self.path)
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = p.with_suffix(f".tmp{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        tmp.unlink(missing_ok=True)  # a killed writer's leftover, or a planted link (removed, never followed)
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "anchor")
         with os.fdopen(fd, "w") as fh:
             fh.write(canonical_json({"head": head.to_json(), "ledger": str(self.path)}))
             fh.flush()
@@ -130,6 +185,7 @@ class Ledger:
         """The verified log (see :meth:`verify`); ``check_anchor=False`` only for the recovery.
         A full verification is repeated whenever any file it read changed (a command reads the
         registry many times; an unchanged log is not re-hashed within one process)."""
+        self.check_links()
         sig = self._signature()
         if check_anchor and self._verified is not None and self._verified[0] == sig:
             return self._verified[1]
@@ -218,8 +274,9 @@ class Ledger:
     # -- writing -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self):
+        self.check_links()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_nofollow(self.dir / ".lock", os.O_RDWR | os.O_CREAT, "receipt log lock file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -269,8 +326,13 @@ class Ledger:
             row = Row(seq + 1, ts or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), kind, str(subject_id_hash),
                       json.loads(canonical_json(payload)), self.keys.fingerprint, prev, "")
             row = Row(**{**row.to_json(), "mac": self.keys.mac("ledger", row.body())})
+            sizes = [(f, f.stat().st_size if f.exists() else None) for f in (self.path, self.heads_path)]
             _append_line(self.path, row.line().decode("ascii"))
-            self._sign_tail(self.state())
+            try:
+                self._sign_tail(self.state())
+            except Exception:  # a receipt is committed with its signed head, or not at all (an interrupt
+                _cut_back(sizes)  # or a kill leaves an unsigned tail, which the next writer signs)
+                raise
         return row
 
     # -- auditor exports -----------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 from pipelines.errors import LedgerError, LedgerRollbackError, LedgerTamperedError
 from pipelines.receipts import translog
 from pipelines.receipts.signing import ZERO, TreeHead
-from pipelines.store.keys import config_dir
+from pipelines.store.keys import anchors_dir
 
 FILE = "receipts.jsonl"
 HEADS = "heads.jsonl"
@@ -232,7 +232,22 @@ def check_kept_head(st: LogState, head: TreeHead, pub, what: str = "the kept hea
 def anchor_path(ledger_file: str | os.PathLike) -> Path:
     """Where the anchor of the log at ``ledger_file`` lives: ``<config dir>/anchors/<hash>.json``."""
     h = hashlib.sha256(str(Path(ledger_file).resolve()).encode()).hexdigest()[:32]
-    return config_dir() / "anchors" / f"{h}.json"
+    return anchors_dir() / f"{h}.json"
+
+
+def anchored_heads() -> list[TreeHead]:
+    """The signed head of every anchor in this configuration (legacy unsigned ones skipped), for
+    checking that the configured signing key is the one that signed them."""
+    from pipelines.store.keys import kept_logs
+
+    out = []
+    for p in kept_logs():
+        try:
+            a = json.loads(p.read_text(encoding="ascii"))
+            out.append(TreeHead.from_json(a["head"]))
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            continue  # legacy or unreadable: read_anchor reports it for its own log
+    return out
 
 
 def read_anchor(ledger_file: str | os.PathLike) -> TreeHead | dict | None:

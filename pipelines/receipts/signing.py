@@ -2,8 +2,9 @@
 
 **Key.** ``<config dir>/signing.key`` (``$FORGETFUL_SIGNING_KEY_FILE`` overrides): an unencrypted
 PKCS#8 PEM Ed25519 private key, created on first use with mode 0600 in a 0700 folder — beside the
-HMAC key (:mod:`pipelines.store.keys`), never beside the warehouse. A key file readable by group or
-others is refused. The **log id** is ``SHA-256(raw 32-byte public key)`` (hex).
+HMAC key (:mod:`pipelines.store.keys`), never beside the warehouse — and only in a fresh
+configuration: once a log is anchored, a missing key is refused, never silently replaced. A key
+file readable by group or others is refused. The **log id** is ``SHA-256(raw 32-byte public key)`` (hex).
 
 **Public key file** (``forgetful receipts public-key --out FILE``): PEM (SubjectPublicKeyInfo,
 ``-----BEGIN PUBLIC KEY-----``) or, with ``--format hex``, the 64 hex characters of the raw
@@ -32,7 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.errors import LedgerError, LedgerKeyError, LedgerTamperedError
-from pipelines.store.keys import SIGNING_KEY_ENV, signing_key_file, write_private
+from pipelines.store.keys import (
+    SIGNING_KEY_ENV,
+    kept_logs,
+    missing_key,
+    signing_key_file,
+    why_not_created,
+    write_private,
+)
 
 STH_FORMAT = "forgetful-sth-v1"
 _TAG = b"forgetful/sth/v1"
@@ -41,15 +49,16 @@ _HEAD_FIELDS = ("log_id", "prev", "root_hash", "signature", "timestamp", "tree_s
 
 
 def load_signing_key(create: bool = False):
-    """The Ed25519 private key (``cryptography``); created in the config dir when ``create``."""
+    """The Ed25519 private key (``cryptography``); created in the config dir when ``create`` and
+    the configuration is fresh (it has anchored no receipt log: :func:`pipelines.store.keys.kept_logs`);
+    otherwise a missing key is :class:`LedgerKeyError` naming the recovery."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     p = signing_key_file()
     if not p.exists():
-        if not create or os.environ.get(SIGNING_KEY_ENV):
-            raise LedgerKeyError(f"no signing key at {p}: restore it from your backup (see README, deletion "
-                                 "guarantees); without it no new receipt can be signed")
+        if not create or os.environ.get(SIGNING_KEY_ENV) or kept_logs():
+            raise missing_key(p, "signing key", why_not_created(SIGNING_KEY_ENV))
         pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                          serialization.NoEncryption())
         write_private(p, pem)

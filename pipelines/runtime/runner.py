@@ -199,7 +199,7 @@ def warehouse_session(args, must_exist: bool = True):
 
     # one setting for the whole process, so every flow and task resolves the same ledger and wait
     if getattr(args, "ledger", None):
-        os.environ[LEDGER_ENV] = str(Path(args.ledger).resolve())
+        os.environ[LEDGER_ENV] = os.path.abspath(args.ledger)  # not resolved: a link there is refused, not followed
     if getattr(args, "wait", None) is not None:
         os.environ[WAIT_ENV] = str(float(args.wait))
     path = getattr(args, "warehouse", None)

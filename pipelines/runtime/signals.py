@@ -19,8 +19,8 @@ server child
 * imports Prefect and builds the app with the garbage collector paused (:data:`SERVER_MAIN`).
 
 ``FORGETFUL_API_SERVER=0`` leaves it to Prefect's own ephemeral server (the behaviour before).
-Commands that are not flows (``forget``, ``receipts``, ``gate-demo``, ``export``, ``report``,
-``serve --dry-run``, any ``--help``) start nothing.
+Commands that are not flows (``forget``, ``receipts``, ``witness``, ``gate-demo``, ``export``,
+``report``, ``serve --dry-run``, any ``--help``) start nothing.
 
 **Signals.** SIGINT and SIGTERM are blocked in every thread of the command and taken by one
 watcher thread (``sigwaitinfo``), so a signal is seen at once even while the main thread is
@@ -63,7 +63,7 @@ from pathlib import Path
 from pipelines.errors import PipelineError
 
 #: commands that are not flows: they never need a Prefect API
-SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo", "export", "report"})
+SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo", "export", "report", "witness"})
 #: commands whose signals Prefect handles (``serve``: its runner starts flow runs as subprocesses,
 #: which would inherit the blocked SIGINT/SIGTERM of a guarded command)
 UNGUARDED_COMMANDS = frozenset({"serve"})

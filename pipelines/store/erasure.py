@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.errors import ErasureError
+from pipelines.store import killpoint
 from pipelines.store.safe_io import open_nofollow, refuse_link
 
 #: tables that hold no record-level rows (aggregates, build metadata, opaque gate states)
@@ -163,6 +164,7 @@ def rewrite(warehouse: str | os.PathLike, subjects: set[int], gate_updates: dict
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    killpoint.hit("warehouse.written")
     try:
         os.replace(tmp, wh)
     except BaseException:
@@ -175,5 +177,6 @@ def rewrite(warehouse: str | os.PathLike, subjects: set[int], gate_updates: dict
         os.close(old_fd)
         raise
     (wh.parent / (wh.name + ".wal")).unlink(missing_ok=True)
+    killpoint.hit("warehouse.swapped")
     zero_and_close(old_fd)
     return removed

@@ -1,48 +1,71 @@
-"""Erasing forgotten patients from ``forgetful export`` folders.
+"""Erasing forgotten patients from ``forgetful export`` folders, and scanning them (counts only).
 
 An export (``stays.parquet`` + ``hourly.parquet``, owner-only; or a MEDS dataset,
-:mod:`cohort.meds_export`) is record-level data the project wrote, so a forget must reach it like
-every other byte: :func:`erase` rewrites each registered export without the forgotten subjects'
-rows. In a MEDS export every data shard (``data/**/*.parquet``) and
-``metadata/subject_splits.parquet`` lose the subjects' rows; ``codes.parquet`` and
-``dataset.json`` hold no record and are left as they are. Each file is written afresh beside the old one
-(never copying the removed rows), fsynced, swapped in atomically, and the old inode is zeroed
-before it is released. A file that can no longer be read as an export (edited, truncated, an
-``hourly.parquet`` without its ``stays.parquet``, which maps stays to patients, or a MEDS shard
-without an integer ``subject_id``) cannot be shown clean, so it is zeroed and removed (fail
-closed). Idempotent: rerunning finds nothing to remove, so a forget killed half-way is completed
-by the next command.
+:mod:`cohort.meds_export`) is record-level data the project wrote, so a forget reaches it like
+every other byte: :func:`erase` rewrites every file the project wrote in each registered export
+(:mod:`pipelines.store.export_registry`) without **every** patient the forget registry names —
+not only the newest, so a restored copy of an older version is cleaned too. Subjects are matched
+by keyed hash (the registry), stays by the keyed hashes their receipts name. In a Parquet export
+``hourly.parquet`` is cleaned first and ``stays.parquet`` (which maps stays to patients) last; in a
+MEDS export every data shard (``data/**/*.parquet``) and ``metadata/subject_splits.parquet``;
+``codes.parquet`` and ``dataset.json`` hold no record and are left as they are.
+
+Each rewrite is a fresh file beside the old one (``.<name>.forget-<pid>``, never copying the
+removed rows), fsynced, recorded as a version the project wrote (before the swap, so a kill never
+leaves a file of ours unrecognised), swapped in atomically; the old inode is zeroed before it is
+released. A file whose content is no version the project wrote (edited, or the user's own file
+under an export's name) is left byte for byte and counted (``export_files_left_alone``). In a
+folder registered before content identities (recognised by name) a file that cannot be read as an
+export is zeroed and removed, as then (fail closed). Idempotent: rerunning finds nothing to
+remove, so a forget killed half-way is completed by the next command, and the temporary file it
+left is removed by the next writing command (:func:`pipelines.store.export_registry.sweep`).
+
+:func:`scan` (``receipts verify --warehouse``) reads every export-named file of every registered
+folder — the project's or not — and counts forgotten subjects in them; nothing is written.
 
 Links are never followed (:mod:`pipelines.store.safe_io`): a registered folder, ``stays.parquet`` or
 ``hourly.parquet``, or a MEDS export's ``data``/``metadata`` folder, any folder or file under
 ``data``, or its split file, that is a symbolic link is refused with one typed line before anything is
 changed (:func:`check_links`, also run by ``forget`` before its receipt is committed), and every
-file is opened with ``O_NOFOLLOW``.
-
-Only folder paths are remembered (in the warehouse's meta table, by
-:meth:`pipelines.store.warehouse.Warehouse.register_export`); nothing here prints an identifier.
+file is opened with ``O_NOFOLLOW``. Nothing here prints an identifier.
 """
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from pipelines.errors import UnsafePathError
+import numpy as np
+
+from pipelines.store import killpoint
 from pipelines.store.erasure import fsync_dir, zero_and_close
+from pipelines.store.export_registry import MEDS_TOP, PARQUET_FILES, ExportEntry, sha256_file, zero_remove
 from pipelines.store.safe_io import open_nofollow, refuse_link, storage_errno
 
-FILES = ("stays.parquet", "hourly.parquet")
-#: the top-level names of a MEDS export and its one record-level metadata file
-MEDS_TOP = ("data", "metadata")
+FILES = PARQUET_FILES
 MEDS_SPLITS = Path("metadata") / "subject_splits.parquet"
 WHAT = "export file"
+__all__ = ["FILES", "MEDS_TOP", "ExportEntry", "SubjectSet", "check_links", "erase", "meds_shards", "scan"]
 
 
-class MedsFolder(type(Path())):  # type: ignore[misc]
-    """The path of a registered MEDS export folder (:meth:`pipelines.store.warehouse.Warehouse.export_dirs`):
-    only in such a folder are ``data/**/*.parquet`` and ``metadata/subject_splits.parquet`` the
-    export's own files (a Parquet export folder's other files are never touched)."""
+class SubjectSet:
+    """An exclusion given as plain subject ids (the shape of
+    :class:`pipelines.store.warehouse.ForgetExclusion`: a subject mask, no stays)."""
+
+    stays = None
+
+    def __init__(self, subject_ids: Iterable[int]):
+        self._ids = np.asarray(sorted(int(s) for s in subject_ids), dtype=np.int64)
+
+    def __call__(self, ids) -> np.ndarray:
+        return np.isin(np.asarray(ids, dtype=np.int64), self._ids)
+
+
+def _mask(fn, ids) -> np.ndarray:
+    """One boolean per id (``fn`` None: all False)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return np.zeros(ids.size, dtype=bool) if fn is None else np.asarray(fn(ids), dtype=bool)
 
 
 def meds_shards(folder: Path) -> list[Path]:
@@ -60,25 +83,55 @@ def meds_shards(folder: Path) -> list[Path]:
     return sorted(out)
 
 
-def check_links(folders: Iterable[Path]) -> None:
+def check_links(entries: Iterable[ExportEntry]) -> None:
     """Refuse (:class:`~pipelines.errors.UnsafePathError`) a registered export folder or export
-    file that is a symbolic link (a :class:`MedsFolder`: its ``data`` and ``metadata`` folders,
-    every entry under ``data`` and the split file); nothing is changed."""
-    for d in folders:
-        refuse_link(Path(d), "export folder")
-        if isinstance(d, MedsFolder):
+    file that is a symbolic link (MEDS: its ``data`` and ``metadata`` folders, every entry under
+    ``data`` and the split file); nothing is changed."""
+    for e in entries:
+        refuse_link(e.folder, "export folder")
+        if e.meds:
             for f in MEDS_TOP:
-                refuse_link(d / f, "MEDS export folder")
-            refuse_link(d / MEDS_SPLITS, WHAT)
-            meds_shards(d)
+                refuse_link(e.folder / f, "MEDS export folder")
+            refuse_link(e.folder / MEDS_SPLITS, WHAT)
+            meds_shards(e.folder)
         else:
             for f in FILES:
-                refuse_link(Path(d) / f, WHAT)
+                refuse_link(e.folder / f, WHAT)
 
 
-def _swap(frame, target: Path) -> None:
-    """Replace ``target`` by ``frame`` (fresh file, fsync, atomic rename, old inode zeroed);
-    ``frame`` is a Polars frame or a pyarrow table (MEDS files keep their exact Arrow schema)."""
+def _read(target: Path) -> tuple[bytes, str]:
+    """The file's bytes (read through ``O_NOFOLLOW``) and their sha256."""
+    with os.fdopen(open_nofollow(target, os.O_RDONLY, WHAT), "rb") as fh:
+        data = fh.read()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def _table(data: bytes):
+    """The Parquet table in ``data``, or None when it is not one (it cannot be shown clean)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(pa.BufferReader(data))
+    except Exception as exc:  # noqa: BLE001 - any parse failure: not an export we can read
+        if storage_errno(exc) is not None:
+            raise
+        return None
+
+
+def _ids(table, col: str):
+    import pyarrow as pa
+
+    if col not in table.column_names or not pa.types.is_integer(table.schema.field(col).type):
+        return None
+    return table.column(col).to_numpy(zero_copy_only=False)
+
+
+def _swap(table, target: Path, recorded: Callable[[str], None]) -> None:
+    """Replace ``target`` by ``table`` (fresh file, fsync, its sha256 recorded, atomic rename,
+    old inode zeroed); the table keeps its exact Arrow schema."""
+    import pyarrow.parquet as pq
+
     tmp = target.parent / f".{target.name}.forget-{os.getpid()}"
     tmp.unlink(missing_ok=True)  # a killed run's leftover (or a planted link: unlinking never follows)
     old = open_nofollow(target, os.O_RDWR, WHAT)
@@ -86,19 +139,17 @@ def _swap(frame, target: Path) -> None:
         fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, WHAT)
         try:
             with os.fdopen(fd, "wb") as fh:
-                if hasattr(frame, "write_parquet"):
-                    frame.write_parquet(fh)
-                else:
-                    import pyarrow.parquet as pq
-
-                    pq.write_table(frame, fh)
+                pq.write_table(table, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
+            recorded(sha256_file(tmp))
+            killpoint.hit("export.written")
             os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         fsync_dir(target.parent)
+        killpoint.hit("export.swapped")
     except BaseException:
         os.close(old)
         raise
@@ -106,145 +157,140 @@ def _swap(frame, target: Path) -> None:
 
 
 def _remove(target: Path) -> None:
-    """Zero ``target``'s bytes, then unlink it (the link itself if one was planted meanwhile)."""
-    zero_and_close(open_nofollow(target, os.O_RDWR, WHAT))
-    target.unlink()
+    """Zero ``target``'s bytes, then unlink it, fsynced (a link is refused, never followed)."""
+    refuse_link(target, WHAT)
+    zero_remove(target)
     fsync_dir(target.parent)
 
 
-def _read(target: Path):
-    """Read a Parquet export file through a descriptor opened with ``O_NOFOLLOW``."""
-    import polars as pl
+class _Eraser:
+    """One pass of :func:`erase` over one registered folder (counts in ``out``)."""
 
-    with os.fdopen(open_nofollow(target, os.O_RDONLY, WHAT), "rb") as fh:
-        return pl.read_parquet(fh)
+    def __init__(self, e: ExportEntry, excl, out: dict[str, int], remember):
+        self.e, self.excl, self.out, self.remember = e, excl, out, remember
 
-
-def remove_partial(folder: str | os.PathLike, fmt: str = "parquet") -> str:
-    """After a failed ``forgetful export``: zero and remove the export files it left in
-    ``folder`` (the export refuses a folder that already holds them, so they are its own; MEDS:
-    every file under ``data`` and ``metadata``, then those folders). Returns what was done, for
-    the error message."""
-    gone = []
-    d = Path(folder)
-    if fmt == "meds":
-        files = [p for top in MEDS_TOP if (d / top).is_dir() and not (d / top).is_symlink()
-                 for p in sorted((d / top).rglob("*"), reverse=True)]
-    else:
-        files = [d / f for f in FILES]
-    for p in files:
-        if p.is_file() and not p.is_symlink():
-            try:
-                _remove(p)
-                gone.append(str(p.relative_to(d)))
-            except OSError:
-                return f"the partial export in {folder} could not be removed: delete {p} yourself"
-    if fmt == "meds":
-        for p in [*files, *(d / t for t in MEDS_TOP)]:
-            if p.is_dir() and not p.is_symlink():
-                try:
-                    p.rmdir()
-                except OSError:
-                    pass
-    done = f"the partial file(s) {', '.join(gone)} were removed" if gone else "no export file was written"
-    return f"{done}; the warehouse is unchanged; rerun once the disk allows"
-
-
-def _readable(target: Path):
-    """The frame in ``target``, or None when it cannot be read as Parquet (fail closed). A link
-    or a storage failure raises instead: neither says anything about the file's content."""
-    try:
-        return _read(target)
-    except UnsafePathError:
-        raise
-    except Exception as exc:
-        if storage_errno(exc) is not None:
-            raise
-        return None
-
-
-def _readable_table(target: Path):
-    """A MEDS file as a pyarrow table, or None when it cannot be shown clean (not Parquet, or no
-    integer ``subject_id``); a link or a storage failure raises (see :func:`_readable`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        with os.fdopen(open_nofollow(target, os.O_RDONLY, WHAT), "rb") as fh:
-            table = pq.read_table(fh)
-    except UnsafePathError:
-        raise
-    except Exception as exc:
-        if storage_errno(exc) is not None:
-            raise
-        return None
-    if "subject_id" not in table.column_names or not pa.types.is_integer(table.schema.field("subject_id").type):
-        return None
-    return table
-
-
-def _erase_meds(d: Path, subj: list[int], out: dict[str, int]) -> None:
-    """Remove ``subj``'s rows from every data shard and the split file of the MEDS export ``d``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    targets = meds_shards(d) + ([d / MEDS_SPLITS] if (d / MEDS_SPLITS).is_file() else [])
-    ids = pa.array(subj, pa.int64())
-    for f in targets:
-        table = _readable_table(f)
-        if table is None:  # cannot be shown clean -> fail closed
+    def own_table(self, f: Path):
+        """The file's table if it is the project's and readable; None otherwise (left alone, or —
+        legacy folders only — zeroed and removed when unreadable)."""
+        if not f.is_file():
+            return None
+        rel = f.relative_to(self.e.folder).as_posix()
+        data, sha = _read(f)
+        if not self.e.own(rel, sha):
+            self.out["export_files_left_alone"] += 1
+            return None
+        table = _table(data)
+        if table is None:  # a legacy folder's unreadable file: it cannot be shown clean -> fail closed
             _remove(f)
-            out["export_files_removed"] += 1
-            continue
-        hit = pc.fill_null(pc.is_in(pc.cast(table.column("subject_id"), pa.int64()), value_set=ids), False)
-        n = pc.sum(hit).as_py() or 0
-        if n:
-            _swap(table.filter(pc.invert(hit)), f)
-            out["export_files_rewritten"] += 1
-            out["export_rows_removed"] += n
+            self.out["export_files_removed"] += 1
+        return table
 
+    def keep(self, f: Path, table, drop: np.ndarray) -> None:
+        """Rewrite ``f`` without the rows ``drop`` marks (nothing when none)."""
+        import pyarrow as pa
 
-def erase(folders: Iterable[Path], subjects: set[int]) -> dict[str, int]:
-    """Remove every row of ``subjects`` from the registered export ``folders``.
+        n = int(drop.sum())
+        if not n:
+            return
+        rel = f.relative_to(self.e.folder).as_posix()
+        _swap(table.filter(pa.array(~drop)), f, lambda sha: self.remember(self.e.folder, rel, sha))
+        self.out["export_files_rewritten"] += 1
+        self.out["export_rows_removed"] += n
 
-    Returns counts only: ``{"export_files_rewritten", "export_files_removed", "export_rows_removed"}``.
-    Raises :class:`~pipelines.errors.UnsafePathError` (a link, nothing changed) or a storage
-    error (the files are left as they were or already clean; rerunning completes it).
-    """
-    import polars as pl
+    def meds(self) -> None:
+        targets = meds_shards(self.e.folder) + [self.e.folder / MEDS_SPLITS]
+        for f in targets:
+            table = self.own_table(f)
+            if table is None:
+                continue
+            ids = _ids(table, "subject_id")
+            if ids is None:  # no integer subject_id: cannot be shown clean -> fail closed
+                _remove(f)
+                self.out["export_files_removed"] += 1
+                continue
+            self.keep(f, table, _mask(self.excl, ids))
 
-    out = {"export_files_rewritten": 0, "export_files_removed": 0, "export_rows_removed": 0}
-    subj = sorted(int(s) for s in subjects)
-    folders = [d if isinstance(d, MedsFolder) else Path(d) for d in folders]
-    check_links(folders)
-    for d in folders:
-        if isinstance(d, MedsFolder):
-            _erase_meds(d, subj, out)
-            continue
-        stays_p, hourly_p = (d / f for f in FILES)
-        # the stay -> patient map comes from stays.parquet; hourly.parquet is cleaned first, so a
-        # kill between the two leaves the map in place for the rerun
-        stays, drop = None, None
-        if stays_p.is_file():
-            stays = _readable(stays_p)
-            if stays is None:  # unreadable: cannot be shown clean -> fail closed
+    def parquet(self) -> None:
+        stays_p, hourly_p = (self.e.folder / f for f in FILES)
+        stays = self.own_table(stays_p)
+        drop_stays, dropped = None, np.zeros(0, dtype=np.int64)
+        if stays is not None:
+            sid, subj = _ids(stays, "stay_id"), _ids(stays, "subject_id")
+            if sid is None or subj is None:
                 _remove(stays_p)
-                out["export_files_removed"] += 1
+                self.out["export_files_removed"] += 1
+                stays = None
             else:
-                drop = [int(s) for s in stays.filter(pl.col("subject_id").is_in(subj))["stay_id"].to_list()]
-        if hourly_p.is_file() and (drop is None or drop):
-            hourly = None if drop is None else _readable(hourly_p)  # no readable stay -> patient map beside it
-            if hourly is None:
+                drop_stays = _mask(self.excl, subj) | _mask(self.excl.stays, sid)
+                dropped = sid[drop_stays]
+        legacy_blind = self.e.files is None and stays is None  # no stay -> patient map beside it
+        if hourly_p.is_file():
+            if legacy_blind:
                 _remove(hourly_p)
-                out["export_files_removed"] += 1
+                self.out["export_files_removed"] += 1
             else:
-                keep = hourly.filter(~pl.col("stay_id").is_in(drop))
-                if keep.height != hourly.height:
-                    _swap(keep, hourly_p)
-                    out["export_files_rewritten"] += 1
-                    out["export_rows_removed"] += hourly.height - keep.height
-        if stays is not None and drop:
-            _swap(stays.filter(~pl.col("subject_id").is_in(subj)), stays_p)
-            out["export_files_rewritten"] += 1
-            out["export_rows_removed"] += len(drop)
+                hourly = self.own_table(hourly_p)
+                hid = None if hourly is None else _ids(hourly, "stay_id")
+                if hid is not None:
+                    self.keep(hourly_p, hourly, np.isin(hid, dropped) | _mask(self.excl.stays, hid))
+        if stays is not None:
+            self.keep(stays_p, stays, drop_stays)
+
+
+def _counts() -> dict[str, int]:
+    return {"export_files_rewritten": 0, "export_files_removed": 0, "export_rows_removed": 0,
+            "export_files_left_alone": 0}
+
+
+def erase(entries: Iterable[ExportEntry], excl, remember: Callable[[Path, str, str], None] | None = None
+          ) -> dict[str, int]:
+    """Remove every row of the forgotten patients from the registered exports.
+
+    excl : the registry (:class:`pipelines.store.warehouse.ForgetExclusion`: called on subject
+        ids, ``excl.stays`` on stay ids), or a :class:`SubjectSet`.
+    remember : ``f(folder, path in folder, sha256)`` records a version the project wrote, before
+        it is swapped in (:func:`pipelines.store.export_registry.add_version`).
+
+    Returns counts only: ``export_files_rewritten``, ``export_files_removed`` (unreadable, legacy
+    folders), ``export_rows_removed``, ``export_files_left_alone`` (not the project's). Raises
+    :class:`~pipelines.errors.UnsafePathError` (a link, nothing changed) or a storage error (the
+    files are left as they were or already clean; rerunning completes it).
+    """
+    entries = list(entries)
+    out = _counts()
+    check_links(entries)
+    for e in entries:
+        er = _Eraser(e, excl, out, remember or (lambda folder, rel, sha: None))
+        er.meds() if e.meds else er.parquet()
+    return out
+
+
+def scan(entries: Iterable[ExportEntry], excl) -> dict[str, int]:
+    """Counts of forgotten subjects in every export-named file of the registered folders (the
+    project's or not; read only, links refused): ``export_files_scanned``,
+    ``export_files_not_ours``, ``export_files_unreadable``, ``export_forgotten_rows``."""
+    entries = list(entries)
+    check_links(entries)
+    out = {"export_folders": len(entries), "export_files_scanned": 0, "export_files_not_ours": 0,
+           "export_files_unreadable": 0, "export_forgotten_rows": 0}
+    for e in entries:
+        files = (meds_shards(e.folder) + [e.folder / MEDS_SPLITS]) if e.meds else [e.folder / f for f in FILES]
+        for f in files:
+            if not f.is_file():
+                continue
+            data, sha = _read(f)
+            out["export_files_scanned"] += 1
+            out["export_files_not_ours"] += not e.own(f.relative_to(e.folder).as_posix(), sha)
+            table = _table(data)
+            subj = None if table is None else _ids(table, "subject_id")
+            sid = None if table is None else _ids(table, "stay_id")
+            if subj is None and sid is None:
+                out["export_files_unreadable"] += 1
+                continue
+            hit = np.zeros(table.num_rows, dtype=bool)
+            if subj is not None:
+                hit |= _mask(excl, subj)
+            if sid is not None:
+                hit |= _mask(excl.stays, sid)
+            out["export_forgotten_rows"] += int(hit.sum())
     return out

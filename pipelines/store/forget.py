@@ -34,14 +34,17 @@ import numpy as np
 
 from pipelines.errors import AlreadyForgottenError, UnknownSubjectError
 from pipelines.receipts.ledger import FORGET_KIND
-from pipelines.store import gate_store, safe_io
+from pipelines.store import gate_store, killpoint, safe_io
 from pipelines.store.forget_apply import (  # noqa: F401  (complete_pending, ledger_result, STALE_FILE: re-exported)
     STALE_FILE,
     UNUSABLE,
     apply_erasure,
     complete_pending,
+    content_fingerprints,
+    erase_exports,
     ledger_result,
     plan_contexts,
+    say_exports,
     say_unusable,
     write_ledger_result,
 )
@@ -114,14 +117,17 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
     allow_absent : register a subject the warehouse does not hold (so future builds exclude them).
     """
     t0 = time.perf_counter()
-    with Warehouse.open(warehouse, write=True, ledger_dir=ledger_dir, wait=wait) as w:
+    with Warehouse.open(warehouse, write=True, ledger_dir=ledger_dir, wait=wait, on_witness_conflict="warn") as w:
         con = w.connect(read_only=True)
         try:
             sid = _resolve(con, subject_id, stay_id)
             if sid is None:
                 raise UnknownSubjectError("no warehouse table or stored gate holds the given stay id; nothing changed")
             h = w.keys.subject_hash(sid)
-            reg = w.ledger.registry()
+            reg = w.registry()
+            if h in reg and reg[h] is None:
+                raise AlreadyForgottenError("that patient was already forgotten in another forget registry this "
+                                            "configuration keeps for the same source; nothing changed")
             if h in reg:
                 seq = reg[h]
                 if h in w.completed:  # the earlier forget died after its commit: finished now
@@ -147,6 +153,7 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
                 raise UnknownSubjectError("no warehouse table or stored gate holds the given subject id; nothing changed "
                                           "(--allow-absent registers it anyway, so no future build admits it)")
             updates, infos = plan_contexts(con, sid, w.keys, verify=verify)
+            fingerprints = content_fingerprints(con, stays, w.keys)
         finally:
             con.close()
         certified = all(i.get("certified", False) for i in infos)
@@ -154,6 +161,7 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
             "rows_deleted": counts,
             "n_stays": len(stays),
             "stay_id_hashes": sorted(w.keys.stay_hash(s) for s in stays),
+            "content_fingerprints": fingerprints,
             "contexts": infos,
             "certified": certified,
             "verified_against_refit": bool(verify),
@@ -162,11 +170,14 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
             "path": "maintained fp64 C&P decremental path",
         }
         say_unusable(infos)
-        from pipelines.store import exports
+        from pipelines.store import exports, runs_registry
 
-        exports.check_links(w.export_dirs())  # a link is refused before anything is committed
+        exports.check_links(w.export_entries())  # a link is refused before anything is committed
+        runs_registry.check_links(w.runs_dirs())
         with safe_io.storage_errors("forget: writing the receipt", lambda: _append_state(w, h)):
             row = w.ledger.append(KIND, h, payload)  # the durable commitment (registry entry)
+            killpoint.hit("forget.committed")
+            w.bind_registry()  # every warehouse of this source obeys this log from now on
         with safe_io.storage_errors("forget: erasing", (
                 f"receipt #{row.seq} is committed, so the patient is forgotten and every build excludes them; the "
                 "erasure is pending and the next forgetful command on this warehouse completes it (rerun this "
@@ -174,9 +185,11 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
             if stays or any(counts.values()):
                 apply_erasure(w, {sid: h}, updates, row.seq)
             else:
-                exports.erase(w.export_dirs(), {sid})
+                ex = erase_exports(w)
                 safe_io.remove_own_dir(w.cache_dir, "task cache folder")
                 w.record_ledger()
+                say_exports(ex)
+            killpoint.hit("forget.erased")
         with safe_io.storage_errors("forget: updating the report's ledger card",
                                     f"receipt #{row.seq} is committed and the erasure is complete"):
             write_ledger_result(w)

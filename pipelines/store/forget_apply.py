@@ -15,13 +15,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from pipelines.errors import GateStoreError
 from pipelines.runtime.results import write_study_result
-from pipelines.store import erasure, gate_store, safe_io
+from pipelines.store import erasure, gate_store, killpoint, safe_io
+from pipelines.store.handle import WarehouseHandle
 from pipelines.store.warehouse_files import data_kind, get_meta
 
 STALE_FILE = "stale.json"
@@ -91,6 +91,32 @@ def plan_contexts(con, subject_id: int, keys, verify: bool = True, score_tol: fl
     return updates, infos
 
 
+def content_fingerprints(con, stays: set[int], keys) -> list[str]:
+    """Keyed fingerprints of the hourly content of ``stays`` (:func:`cohort.build.content.blocks`
+    of their observed hourly means in ``vitals_hourly``; HMAC under the ``content`` sub-key, so
+    the receipt holds no value). Empty when the warehouse has no such table (a streaming one)."""
+    from cohort.build.content import blocks
+    from cohort.constants import VITALS
+    from pipelines.store.warehouse_files import table_names
+
+    if not stays or "vitals_hourly" not in table_names(con):
+        return []
+    cols = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'vitals_hourly' "
+                                      "AND database_name = current_database()").fetchall()}
+    if not all(v in cols and f"{v}_observed" in cols for v in VITALS):
+        return []
+    sel = ", ".join(f"CASE WHEN {v}_observed THEN {v} END" for v in VITALS)
+    out: set[str] = set()
+    for stay in sorted(stays):
+        rows = con.execute(f"SELECT hour, {sel} FROM vitals_hourly WHERE stay_id = ? ORDER BY hour", [int(stay)]
+                           ).fetchnumpy()
+        hours = np.asarray(rows["hour"], dtype=np.int64)
+        values = np.column_stack([np.ma.asarray(rows[k], dtype=np.float64).filled(np.nan) for k in list(rows)[1:]]) \
+            if hours.size else np.empty((0, len(VITALS)))  # NULL (not observed) -> NaN
+        out.update(keys.content_hash(b) for b in blocks(hours, values))
+    return sorted(out)
+
+
 UNUSABLE = "stored state unusable"
 
 
@@ -149,32 +175,55 @@ def mark_stale(runs_dirs: list[Path], seq: int, kind: str) -> None:
         os.replace(tmp, d / STALE_FILE)
 
 
-def apply_erasure(w: Any, subjects: dict[int, str], updates: dict, seq_applied: int) -> dict[str, int]:
+def apply_erasure(w: WarehouseHandle, subjects: dict[int, str], updates: dict, seq_applied: int) -> dict[str, int]:
     """Erase ``subjects`` from the exports, purge the task cache, mark results stale, and rewrite
     the warehouse without them (physically). The warehouse comes last: until its swap the
     subjects are still present, so a kill or a storage failure anywhere before leaves the whole
     erasure pending and the next command's :func:`complete_pending` redoes every step
     (each is idempotent)."""
     from cohort.build import content_hash
-    from pipelines.store import exports
 
     runs = w.runs_dirs()
-    ex = exports.erase(w.export_dirs(), set(subjects))
+    ex = erase_exports(w)
     safe_io.remove_own_dir(w.cache_dir, "task cache folder")
+    killpoint.hit("forget.cache_removed")
     mark_stale(runs, seq_applied, data_kind(w.path))
+    killpoint.hit("forget.stale_marked")
     removed = erasure.rewrite(w.path, set(subjects), updates, w.ledger_meta(), content_hash_fn=content_hash)
-    if any(ex.values()):
-        print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
-              f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
-              file=sys.stderr)
+    say_exports(ex)
     return removed
 
 
-def complete_pending(w: Any) -> dict[str, int]:
+def erase_exports(w: WarehouseHandle, entries: list | None = None) -> dict[str, int]:
+    """Rewrite every file the project wrote in the registered exports (or ``entries``) without
+    any patient the registry names (:func:`pipelines.store.exports.erase`); counts only."""
+    from pipelines.store import export_registry, exports
+
+    entries = w.export_entries() if entries is None else entries
+    ex = exports.erase(entries, w.exclusion(), w.remember_export_version)
+    export_registry.note_seen(w, entries)
+    return ex
+
+
+def say_exports(ex: dict[str, int]) -> None:
+    """What :func:`erase_exports` did, on stderr (counts only)."""
+    if any(v for k, v in ex.items() if k != "export_files_left_alone"):
+        print(f"[forgetful] exports: {ex['export_files_rewritten']} file(s) rewritten, "
+              f"{ex['export_files_removed']} removed (unreadable), {ex['export_rows_removed']} rows erased",
+              file=sys.stderr)
+    if ex["export_files_left_alone"]:
+        print(f"[forgetful] exports: {ex['export_files_left_alone']} file(s) in registered export folders are not "
+              "the ones forgetful wrote (changed or put there since): left exactly as they are; they may still hold "
+              "forgotten patients (`forgetful receipts verify` counts them): check or delete them yourself",
+              file=sys.stderr)
+
+
+def complete_pending(w: WarehouseHandle) -> dict[str, int | None]:
     """Finish every erasure the registry holds but the warehouse does not reflect yet (a forget
-    killed after its commit, a warehouse built without the registry, re-inserted rows).
-    Returns subject hash -> receipt seq for the subjects erased now."""
-    reg = w.ledger.registry()
+    killed after its commit, a warehouse built without the registry, re-inserted rows, or a
+    patient another registry of the same source names). Returns subject hash -> receipt seq for
+    the subjects erased now (None: named by another registry of the source)."""
+    reg = w.registry()
     con = w.connect(read_only=True)
     try:
         present = w.present_registered(con) if reg else {}
@@ -194,16 +243,29 @@ def complete_pending(w: Any) -> dict[str, int]:
             with safe_io.storage_errors("removing the task cache", state):
                 safe_io.remove_own_dir(w.cache_dir, "task cache folder")  # caches may predate the last receipt
                 w.record_ledger()  # it reflects every receipt: record the log it extends (no rollback)
+        recheck_exports(w, reg, state)
         return {}
     with safe_io.storage_errors(f"completing {len(present)} pending erasure(s)", state):
-        apply_erasure(w, present, updates, max(reg[h] for h in present.values()))
+        apply_erasure(w, present, updates, max(n if reg[h] is None else reg[h] for h in present.values()))
     with safe_io.storage_errors("updating the report's ledger card", "the pending erasures are complete"):
         write_ledger_result(w)
     print(f"[forgetful] completed {len(present)} pending erasure(s) from the forget registry", file=sys.stderr)
     return {h: reg[h] for h in present.values()}
 
 
-def ledger_result(w: Any, runtime_s: float = 0.0) -> dict:
+def recheck_exports(w: WarehouseHandle, reg: dict, state: str) -> None:
+    """Export folders whose files changed since the project last looked at them (a copy put back,
+    stat only: :func:`pipelines.store.export_registry.changed`) are cleaned against the whole
+    registry now, not at the next forget."""
+    from pipelines.store import export_registry
+
+    moved = [e for e in w.export_entries() if export_registry.changed(e)] if reg else []
+    if moved:  # (no forgotten patient: nothing to look for, and nothing is written)
+        with safe_io.storage_errors("checking the registered exports", state):
+            say_exports(erase_exports(w, moved))
+
+
+def ledger_result(w: WarehouseHandle, runtime_s: float = 0.0) -> dict:
     """The report's ledger card (aggregates only: counts, head, status, last deletion time)."""
     s = w.ledger.summary()
     pending = len(w.present_registered()) if s["chain_verified"] else 0
@@ -214,11 +276,12 @@ def ledger_result(w: Any, runtime_s: float = 0.0) -> dict:
                     "pending_erasures": pending, "head": s["head"] or "", "last_deletion_utc": s["last_ts"] or "",
                     "key_fingerprint": w.keys.fingerprint},
         "tables": [], "figures": [],
-        "notes": "verify independently: forgetful receipts verify --head HEAD --min-count N",
+        "notes": "verify independently with the log's public key (no secret): forgetful receipts verify --public-key "
+                 "log.pub --head HEAD --min-count N",
     }
 
 
-def write_ledger_result(w: Any, render: bool = True) -> list[Path]:
+def write_ledger_result(w: WarehouseHandle, render: bool = True) -> list[Path]:
     """Write the ledger card of ``w``'s own ledger into every runs folder registered with the
     warehouse (found by identity: never a copy's or the original's), then — with ``render`` —
     re-render each folder's ``report.html`` so it says at once what the card and the stale marks

@@ -7,6 +7,7 @@ invertible by someone who can write the data directories:
 sub-key                used for
 =====================  =============================================================
 ``subject``            HMAC of subject and stay ids (the forget registry, receipts)
+``content``            HMAC of a forgotten stay's hourly content (:mod:`cohort.build.content`)
 ``ledger``             the MAC chain of the receipt ledger
 ``gate``               the MAC of every stored gate state
 ``cache``              the MAC of every task-cache file
@@ -18,8 +19,11 @@ Where the key comes from (first match):
 1. ``$FORGETFUL_LEDGER_KEY`` — the key itself (≥ 32 characters);
 2. ``$FORGETFUL_KEY_FILE`` — a key file;
 3. ``<config dir>/ledger.key`` where the config dir is ``$FORGETFUL_CONFIG_DIR``, else
-   ``$XDG_CONFIG_HOME/forgetful``, else ``~/.config/forgetful`` — created on first use with
-   64 random hex characters, mode 0600, in a directory of mode 0700.
+   ``$XDG_CONFIG_HOME/forgetful``, else ``~/.config/forgetful`` — created with 64 random hex
+   characters, mode 0600, in a directory of mode 0700, **only for a fresh configuration**: one
+   that has anchored no receipt log yet (:func:`kept_logs`). A key missing from a configuration
+   that keeps a log is one typed line naming the recovery (restore it from the backup), never a
+   new key that could neither verify nor extend that log.
 
 The key is never stored beside the warehouse: a key file (this one or the log's signing key,
 :mod:`pipelines.receipts.signing`) beside the warehouse or inside the ledger, runs or export folders is
@@ -46,7 +50,8 @@ CONFIG_ENV = "FORGETFUL_CONFIG_DIR"
 ALLOW_NEAR_ENV = "FORGETFUL_ALLOW_KEY_NEAR_DATA"
 SIGNING_KEY_ENV = "FORGETFUL_SIGNING_KEY_FILE"
 MIN_KEY_CHARS = 32
-PURPOSES = ("subject", "ledger", "gate", "cache", "fingerprint")
+PURPOSES = ("subject", "ledger", "gate", "cache", "fingerprint", "content")
+ANCHORS = "anchors"
 
 
 def config_dir() -> Path:
@@ -55,6 +60,35 @@ def config_dir() -> Path:
         return Path(os.environ[CONFIG_ENV]).expanduser()
     xdg = os.environ.get("XDG_CONFIG_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".config") / "forgetful"
+
+
+def anchors_dir() -> Path:
+    """``<config dir>/anchors``: the newest signed head of every receipt log this configuration
+    writes (:func:`pipelines.receipts.logaudit.anchor_path`)."""
+    return config_dir() / ANCHORS
+
+
+def kept_logs() -> list[Path]:
+    """The anchor files of this configuration: one per receipt log it has signed a head for.
+    Empty for a fresh configuration, the only one in which a key may be created."""
+    try:
+        return sorted(q for q in anchors_dir().iterdir() if q.suffix == ".json")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def missing_key(p: Path, what: str, why: str) -> LedgerKeyError:
+    """The one-line refusal for a key file that is not there (nothing is created)."""
+    return LedgerKeyError(f"no {what} at {p}{why}: restore {p.name} from your backup (docs/DELETION.md, keys); a key "
+                          "is created only for a fresh configuration, so none was made")
+
+
+def why_not_created(env: str) -> str:
+    """Why a missing key file was not created: the configuration keeps a log, or ``$env`` named it."""
+    kept = kept_logs()
+    if kept:
+        return f", but this configuration keeps {len(kept)} receipt log(s) made with it ({anchors_dir()})"
+    return f" (named by ${env})" if os.environ.get(env) else ""
 
 
 def key_file() -> Path:
@@ -87,15 +121,19 @@ def load_master(create: bool = True) -> bytes:
         return _read_file(p)
     if p.exists():
         raise LedgerKeyError(f"key path {p} exists but is not a file")
-    if not create or os.environ.get(KEY_FILE_ENV):
-        raise LedgerKeyError(f"no key at {p} (and ${KEY_ENV} is unset)")
+    if not create or os.environ.get(KEY_FILE_ENV) or kept_logs():
+        raise missing_key(p, f"key (and ${KEY_ENV} is unset)", why_not_created(KEY_FILE_ENV))
     write_private(p, (secrets.token_hex(32) + "\n").encode())
     return _read_file(p)
 
 
 def write_private(p: Path, data: bytes) -> bool:
     """Create ``p`` with ``data``, mode 0600, in a folder created 0700; fsynced. Returns False
-    (and writes nothing) when the file exists already (created concurrently by another process)."""
+    (and writes nothing) when the file exists already (created concurrently by another process).
+    The folder itself must not be a symbolic link (:func:`pipelines.store.safe_io.refuse_link`)."""
+    from pipelines.store.safe_io import refuse_link
+
+    refuse_link(p.parent, "configuration folder")
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -170,6 +208,10 @@ class Keys:
 
     def stay_hash(self, stay_id: int) -> str:
         return self.mac("subject", f"stay:{int(stay_id)}".encode())
+
+    def content_hash(self, block: bytes) -> str:
+        """Keyed fingerprint of one block of a stay's hourly content (:func:`cohort.build.content.blocks`)."""
+        return self.mac("content", block)
 
     @staticmethod
     def equal(a: str, b: str) -> bool:

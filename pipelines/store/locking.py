@@ -4,9 +4,12 @@ Commands that change a warehouse (build, forget, every study flow) take it exclu
 commands (``receipts verify|list``) take it shared. A second command waits up to ``wait``
 seconds, saying so once on stderr, then raises :class:`WarehouseBusyError` (one typed line).
 The lock is re-entrant within a process (a flow calling another flow) and is released by the
-kernel when a process dies, so a ``kill -9`` never leaves it held. Stale temporary files of
-killed processes (``.<name>.building-PID``, ``.<name>.forget-PID`` …, and half-written task-cache
-entries) are removed by the next exclusive holder (:func:`clean_stale`).
+kernel when a process dies, so a ``kill -9`` never leaves it held. Temporary files that a
+killed command left (``.<name>.building-PID``, ``.<name>.forget-PID``, ``.<name>.ingest-init-PID``
+…, and half-written task-cache entries) are removed by the next exclusive holder
+(:func:`clean_stale`) whatever their pid, but this process's own: under the exclusive lock no other
+command writes this warehouse, so every such file is an orphan (a pid, once dead, may be reused
+by an unrelated process, which must not keep an orphan alive).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ DEFAULT_WAIT_S = 300.0
 _held: dict[str, list] = {}  # path -> [fd, mode, depth]
 _mutex = threading.RLock()
 _CACHE_TEMP = re.compile(r"^\..+\.json\.tmp(?P<pid>\d+)-\d+$")
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(building|forget)-(?P<pid>\d+)(\.wal|\.spill|\.buckets|\.tmp)?$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(building|forget|ingest-init)-(?P<pid>\d+)(\.wal|\.spill|\.buckets|\.tmp)?$")
 
 
 def lock_path(warehouse: str | os.PathLike) -> Path:
@@ -95,28 +98,24 @@ def hold(warehouse: str | os.PathLike, exclusive: bool = True, wait: float | Non
                 os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def depth(warehouse: str | os.PathLike) -> int:
+    """How many nested holds of ``warehouse``'s lock this process has (0: none)."""
+    with _mutex:
+        ent = _held.get(str(lock_path(warehouse)))
+        return 0 if ent is None else int(ent[2])
 
 
 def clean_stale(warehouse: str | os.PathLike) -> int:
-    """Remove temporary build/forget files of dead processes beside ``warehouse`` (call with the
-    exclusive lock held). Returns how many were removed."""
+    """Remove the temporary build/forget files beside ``warehouse`` and the task cache's
+    half-written entries, of every process but this one (call with the exclusive lock held:
+    see the module docstring). Returns how many were removed."""
     p = Path(warehouse).resolve()
     n = 0
     if not p.parent.is_dir():
         return 0
     for q in p.parent.iterdir():
         m = _TEMP.match(q.name)
-        if not m or m["name"] != p.name or _alive(int(m["pid"])):
+        if not m or m["name"] != p.name or int(m["pid"]) == os.getpid():
             continue
         if q.is_dir() and not q.is_symlink():
             shutil.rmtree(q, ignore_errors=True)
@@ -127,7 +126,7 @@ def clean_stale(warehouse: str | os.PathLike) -> int:
     if cache.is_dir() and not cache.is_symlink():
         for q in cache.iterdir():
             m = _CACHE_TEMP.match(q.name)
-            if m and not _alive(int(m["pid"])):
+            if m and int(m["pid"]) != os.getpid():
                 q.unlink(missing_ok=True)
                 n += 1
     return n

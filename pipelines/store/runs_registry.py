@@ -16,6 +16,10 @@ id. So a runs folder moved together with its warehouse is still found; a *copy* 
 folder whose id is already registered for another folder that still exists (a copy registered
 with the same warehouse) gives the copy a fresh id. Entries written before identities existed (a
 bare absolute path) are still honoured and are upgraded when that folder is registered again.
+
+A runs folder, or its ``ledger`` folder, found as a symbolic link is refused
+(:class:`~pipelines.errors.UnsafePathError`, :func:`check_links`): a forget would otherwise write
+its stale marks and ledger card into whatever the link points at (e.g. a copy).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from pipelines.store import safe_io
 
-__all__ = ["ID_FILE", "folder_id", "load", "dump", "locate", "register", "resolve"]
+__all__ = ["ID_FILE", "check_links", "folder_id", "load", "dump", "locate", "register", "resolve"]
 
 ID_FILE = ".forgetful-runs-id"
 _ID = re.compile(r"^[0-9a-f]{32}$")
@@ -90,13 +94,23 @@ def _rel(p: Path, base: Path) -> str | None:
         return None
 
 
+def check_links(folders) -> None:
+    """Refuse a runs folder, or its ``ledger`` folder, that is a symbolic link (nothing written)."""
+    for d in folders:
+        safe_io.refuse_link(d, "runs folder")
+        safe_io.refuse_link(Path(d) / "ledger", "runs folder's ledger folder")
+
+
 def locate(entry: dict, base: str | os.PathLike) -> Path | None:
-    """Where the registered folder is now (``base``: the warehouse's folder), or None."""
+    """Where the registered folder is now (``base``: the warehouse's folder), or None. A
+    candidate place that is a symbolic link is refused, never followed (:func:`check_links`)."""
     if entry["id"] is None:  # legacy: the absolute path, as before identities
         p = Path(entry["abs"])
+        check_links([p])
         return p.resolve() if p.is_dir() else None
-    cands = ([Path(base) / entry["rel"]] if entry.get("rel") else []) + [Path(entry["abs"])]
+    cands = ([Path(os.path.abspath(Path(base) / entry["rel"]))] if entry.get("rel") else []) + [Path(entry["abs"])]
     for c in cands:
+        check_links([c])
         if c.is_dir() and _read_id(c) == entry["id"]:
             return c.resolve()
     return None

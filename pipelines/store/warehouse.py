@@ -1,11 +1,17 @@
 """The warehouse handle, and the warehouse facts the flows need.
 
 :class:`Warehouse` is the one seam every command goes through: ``Warehouse.open(path)`` takes the
-writer lock (:mod:`pipelines.store.locking`), loads the key (:mod:`pipelines.store.keys`) and the forget
-registry (:mod:`pipelines.receipts.ledger`), removes stale temporary files of killed processes, and
-*completes any pending erasure* (a forget that died after its receipt was committed) before the
-caller sees a single row. Inside the block, tasks still receive the warehouse *path* and its
-*content hash* (never DataFrames); the hash keys their cached results.
+writer lock (:mod:`pipelines.store.locking`), loads the key (:mod:`pipelines.store.keys`; created
+only for a fresh configuration) and the forget registry (:mod:`pipelines.receipts.ledger`),
+removes the temporary files killed commands left (beside the warehouse, in its task cache and in
+its export folders: :mod:`pipelines.store.export_registry`), and *completes any pending erasure*
+(a forget that died after its receipt was committed, or a patient another registry of the same
+source names) before the caller sees a single row. Inside the block, tasks still receive the
+warehouse *path* and its *content hash* (never DataFrames); the hash keys their cached results.
+
+The forget registry a warehouse obeys (:meth:`Warehouse.registry`) is its own log **and** every
+other log the configuration keeps for the same source (:mod:`pipelines.store.registries`): the
+source key is recorded in the meta table (``source_key``) by the build and the ingest.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from pathlib import Path
 
 import duckdb
 
-from pipelines.store import locking, runs_registry
+from pipelines.store import export_registry, locking, registries, runs_registry
 from pipelines.store.warehouse_files import (
     META,
     cache_dir,
@@ -42,12 +48,10 @@ __all__ = ["META", "ForgetExclusion", "Warehouse", "cache_dir", "check_key_locat
 def check_key_location(warehouse: Path, ledger_dir: Path, meta: dict[str, str]) -> None:
     """No key file beside the warehouse or inside its ledger, runs or export folders
     (:func:`pipelines.store.keys.check_location`)."""
-    import json
-
     from pipelines.store.keys import check_location, key_files
 
     dirs = runs_registry.resolve(runs_registry.load(meta.get("runs_dirs")), warehouse.parent)
-    dirs += [Path(d) for key in ("exports", "meds_exports") for d in json.loads(meta.get(key) or "[]")]
+    dirs += [e.folder for e in export_registry.entries(meta)]
     check_location(key_files(), warehouse, [ledger_dir, *dirs])
 
 
@@ -58,32 +62,44 @@ class Warehouse:
     ----------
     path : absolute path of the DuckDB file (may not exist yet for a build).
     keys : :class:`pipelines.store.keys.Keys`
-    ledger : :class:`pipelines.receipts.ledger.Ledger`
-    completed : subject hashes whose pending erasure this open completed.
+    ledger : :class:`pipelines.receipts.ledger.Ledger` (this warehouse's own receipt log)
+    source_key : the source it is built from (:func:`pipelines.store.registries.source_key`), or None.
+    completed : subject hashes whose pending erasure this open completed (receipt seq; None when
+        another registry of the source names them).
     writable : whether this handle holds the writer lock (exclusive).
     reconciled : whether pending erasures were completed through this handle.
     """
 
-    def __init__(self, path: Path, keys, ledger, writable: bool = True):
+    def __init__(self, path: Path, keys, ledger, source_key: str | None = None, writable: bool = True):
         self.path = path
         self.keys = keys
         self.ledger = ledger
+        self.source_key = source_key
         self.writable = writable
-        self.completed: dict[str, int] = {}
+        self.completed: dict[str, int | None] = {}
         self.reconciled = False
+        self._others: list | None = None
 
     @classmethod
     @contextlib.contextmanager
     def open(cls, path: str | os.PathLike, *, write: bool = True, must_exist: bool = True,
              ledger_dir: str | os.PathLike | None = None, wait: float | None = None,
-             reconcile: bool = True) -> Iterator[Warehouse]:
+             reconcile: bool = True, on_witness_conflict: str = "refuse",
+             source: str | None = None) -> Iterator[Warehouse]:
         """Lock (exclusive when ``write``), clean stale temporaries, complete pending erasures.
+        ``source``: the source key of a warehouse being built (else the one it recorded).
 
-        Opened once per command: inside an open of the same warehouse (and ledger) in this process
-        that holds at least the lock this one asks for, the outer handle is yielded as it is — the
-        key is not read again, the ledger not checked again, nothing completed twice (a pending
-        erasure is completed on the first writable open that finds the file: after a build the
-        command's outer open made before the file existed)."""
+        A writer first asks the log's witnesses, if it has any, whether they cosigned a larger or
+        another tree (:func:`pipelines.receipts.witness_client.ask`): a restored or forked log is
+        refused before anything is read (``on_witness_conflict="warn"``: said, not refused — a
+        forget, which only removes data); the log's newest checkpoint is submitted again when
+        the block ends (a forget grew the log).
+
+        Opened once per command: inside an open of the same warehouse (and ledger, and source) in
+        this process that holds at least the lock this one asks for, the outer handle is yielded as
+        it is — the key is not read again, the ledger not checked again, nothing completed twice (a
+        pending erasure is completed on the first writable open that finds the file: after a build
+        the command's outer open made before the file existed)."""
         from pipelines.receipts import ledger as ledger_mod
         from pipelines.store import keys as keys_mod
         from pipelines.store.keys import Keys
@@ -91,11 +107,14 @@ class Warehouse:
 
         refuse_link(Path(path).absolute(), "warehouse")  # resolve() below would follow it
         p = Path(path).resolve()
-        led_dir = Path(ledger_dir or ledger_mod.default_dir(p)).resolve()
+        led_dir = Path(os.path.abspath(ledger_dir or ledger_mod.default_dir(p)))  # a link there is refused
         outer = _OPEN.get(p)
-        if outer is not None and (outer.writable or not write) and outer.ledger.dir == led_dir:
+        if (outer is not None and (outer.writable or not write) and outer.ledger.dir == led_dir.resolve()
+                and source in (None, outer.source_key)):
             if must_exist:
                 require(p)
+            if outer.source_key is None and p.is_file():  # built inside the outer open: its recorded source
+                outer.source_key, outer._others = read_meta(p).get("source_key"), None
             if reconcile and write and not outer.reconciled and p.is_file():
                 outer.reconcile()
             yield outer
@@ -106,13 +125,18 @@ class Warehouse:
         with locking.hold(p, exclusive=write, wait=wait):
             meta = read_meta(p) if p.is_file() else {}
             check_key_location(p, led_dir, meta)  # before a key is read or created
-            keys = Keys.load()
+            keys = Keys.load(create=not ledger_mod.log_exists(led_dir))  # never a new key beside a log
             led = ledger_mod.Ledger(led_dir, keys)
-            w = cls(p, keys, led, writable=write)
+            w = cls(p, keys, led, source or meta.get("source_key"), writable=write)
             led.check_recorded(meta, f"the warehouse {p.name}")  # no rollback: nothing is touched
             if write:
-                locking.clean_stale(p)
+                from pipelines.receipts import witness_client
+
+                if locking.depth(p) == 1:  # the outermost hold: no write of this command is in flight
+                    locking.clean_stale(p)
+                    export_registry.sweep(w, meta)
                 led.complete()  # sign receipts an interrupted append left without a signed head
+                witness_client.ask(led, refuse=on_witness_conflict == "refuse")
             if reconcile and p.is_file():
                 if write:
                     w.reconcile()
@@ -127,6 +151,8 @@ class Warehouse:
                     keys_mod.HELD.pop(p, None)
                 else:
                     _OPEN[p], keys_mod.HELD[p] = outer, outer.keys
+            if write:
+                witness_client.ask(led, refuse=False)  # the block may have grown the log
 
     def reconcile(self) -> None:
         """Complete any pending erasure (:func:`pipelines.store.forget_apply.complete_pending`), once."""
@@ -142,9 +168,53 @@ class Warehouse:
     def cache_dir(self) -> Path:
         return cache_dir(self.path)
 
+    # -- the forget registry: this warehouse's log and the source's other logs ------------------
+    def other_registries(self) -> list:
+        """The other receipt logs this configuration keeps for the warehouse's source, each
+        verified; one that cannot be read is :class:`~pipelines.errors.RegistryUnreadableError`."""
+        if self._others is None:
+            from pipelines.errors import PipelineError
+            from pipelines.receipts.ledger import Ledger
+
+            out = []
+            for d in registries.ledgers(self.source_key):
+                if d.resolve() == self.ledger.dir:
+                    continue
+                try:
+                    led = Ledger(d, self.keys)
+                    led.state()
+                except (PipelineError, OSError) as exc:
+                    raise registries.unreadable(self.source_key, d, exc) from None
+                out.append(led)
+            self._others = out
+        return self._others
+
+    def _rows(self):
+        """Verified rows of every registry this warehouse obeys (its own first)."""
+        for led in (self.ledger, *self.other_registries()):
+            yield from led.rows()
+
+    def registry(self) -> dict[str, int | None]:
+        """Forgotten subjects: hash -> receipt seq in this warehouse's log (None: named only by
+        another registry the configuration keeps for the same source)."""
+        from pipelines.receipts.ledger import FORGET_KIND
+
+        out: dict[str, int | None] = {r.subject_id_hash: None for led in self.other_registries()
+                                      for r in led.rows() if r.kind == FORGET_KIND}
+        out.update(self.ledger.registry())
+        return out
+
+    def bind_registry(self) -> None:
+        """List this warehouse's log for its source in the configuration's index (once it holds a
+        receipt), so every other warehouse of the source obeys it too."""
+        from pipelines.receipts.ledger import log_exists
+
+        if self.source_key and log_exists(self.ledger.dir):
+            registries.add(self.source_key, self.ledger.dir)
+
     def present_registered(self, con=None) -> dict[int, str]:
         """subject id -> hash, for subjects in this warehouse that the registry says are forgotten."""
-        reg = self.ledger.registry()
+        reg = self.registry()
         if not reg or not self.path.is_file():
             return {}
         own = con is None
@@ -160,20 +230,26 @@ class Warehouse:
             if own:
                 con.close()
 
-    def forgotten_stays(self) -> set[str]:
-        """Keyed hashes of every stay a forget receipt names (payload ``stay_id_hashes``)."""
+    def _payload_set(self, field: str) -> set[str]:
         from pipelines.receipts.ledger import FORGET_KIND
 
-        return {h for r in self.ledger.rows() if r.kind == FORGET_KIND for h in r.payload.get("stay_id_hashes", [])}
+        return {h for r in self._rows() if r.kind == FORGET_KIND for h in r.payload.get(field, [])}
+
+    def forgotten_stays(self) -> set[str]:
+        """Keyed hashes of every stay a forget receipt names (payload ``stay_id_hashes``)."""
+        return self._payload_set("stay_id_hashes")
 
     def exclusion(self) -> ForgetExclusion:
         """Scan-time filter for :func:`cohort.build.build_warehouse`: registered (forgotten)
-        subjects, and the stays their receipts name (whoever the source lists them under now)."""
-        return ForgetExclusion(self.keys, set(self.ledger.registry()), self.forgotten_stays())
+        subjects, the stays their receipts name (whoever the source lists them under now) and the
+        fingerprints of those stays' hourly content (payload ``content_fingerprints``)."""
+        return ForgetExclusion(self.keys, set(self.registry()), self.forgotten_stays(),
+                               self._payload_set("content_fingerprints"))
 
     def ledger_meta(self) -> dict[str, str]:
-        """The log state this warehouse records (size, newest MAC, Merkle root)."""
-        return self.ledger.record()
+        """What this warehouse records about the registry it reflects: the log state (size,
+        newest MAC, Merkle root) and the source whose registries it obeys."""
+        return {**self.ledger.record(), **({"source_key": self.source_key} if self.source_key else {})}
 
     def record_ledger(self) -> None:
         """Record the current log state in the meta table (the warehouse reflects every receipt)."""
@@ -185,38 +261,15 @@ class Warehouse:
         finally:
             con.close()
 
-    def _remember(self, key: str, path: str | os.PathLike) -> None:
-        """Add a resolved path to the JSON list ``key`` of the warehouse's meta table."""
-        import json
-
-        d = str(Path(path).resolve())
-        con = self.connect()
-        try:
-            con.execute(f"CREATE TABLE IF NOT EXISTS {META} (key VARCHAR PRIMARY KEY, value VARCHAR)")
-            cur = json.loads(get_meta(con, key) or "[]")
-            if d not in cur:
-                con.execute(f"INSERT OR REPLACE INTO {META} VALUES (?, ?)", [key, json.dumps(sorted(cur + [d]))])
-        finally:
-            con.close()
-
-    def _remembered(self, key: str) -> list[Path]:
-        import json
-
-        if not self.path.is_file():
-            return []
-        con = self.connect(read_only=True)
-        try:
-            return [Path(d) for d in json.loads(get_meta(con, key) or "[]")]
-        finally:
-            con.close()
-
     def register_runs_dir(self, runs_dir: str | os.PathLike) -> None:
         """Remember a runs directory that holds results of this warehouse (so a forget can mark
         them stale and rewrite their ledger card, wherever it is run from).
 
         Runs folders are registered by identity (:mod:`pipelines.store.runs_registry`): the id in the
         folder's ``.forgetful-runs-id`` plus its path relative to the warehouse, so a moved
-        folder is still found and a copy is a folder of its own."""
+        folder is still found and a copy is a folder of its own. A runs folder (or its
+        ``ledger`` folder) that is a symbolic link is refused: nothing is written through it."""
+        runs_registry.check_links([Path(os.path.abspath(runs_dir))])
         con = self.connect()
         try:
             entries = runs_registry.load(get_meta(con, "runs_dirs"))
@@ -248,17 +301,14 @@ class Warehouse:
         """The registered runs folders that exist now, each found by its id (never a copy of one)."""
         return runs_registry.resolve(self.runs_registry(), self.path.parent)
 
-    def register_export(self, folder: str | os.PathLike, fmt: str = "parquet") -> None:
-        """Remember a folder ``forgetful export`` wrote record-level Parquet (``fmt="meds"``: a
-        MEDS dataset) into; a forget erases the patient from it too (:mod:`pipelines.store.exports`)."""
-        self._remember("meds_exports" if fmt == "meds" else "exports", folder)
+    def export_entries(self) -> list[export_registry.ExportEntry]:
+        """The registered export folders with the content identities of the files the project
+        wrote in them (:mod:`pipelines.store.export_registry`)."""
+        return export_registry.entries(read_meta(self.path)) if self.path.is_file() else []
 
-    def export_dirs(self) -> list[Path]:
-        """The registered export folders: Parquet exports, then MEDS exports (typed
-        :class:`pipelines.store.exports.MedsFolder`, so the erasure knows which files are its own)."""
-        from pipelines.store.exports import MedsFolder
-
-        return self._remembered("exports") + [MedsFolder(p) for p in self._remembered("meds_exports")]
+    def remember_export_version(self, folder: Path, rel: str, sha: str) -> None:
+        """Record a version of an export file a forget writes (before it is swapped in)."""
+        export_registry.add_version(self, folder, rel, sha)
 
 
 #: resolved path -> the handle an active :meth:`Warehouse.open` holds in this process
@@ -268,10 +318,13 @@ _OPEN: dict[Path, Warehouse] = {}
 class ForgetExclusion:
     """The forget registry as :func:`cohort.build.exclude_stays` reads it: called on an int64
     array of subject ids, a boolean mask of forgotten subjects; :meth:`stays` the same for stay
-    ids (keyed hashes compared; no id is stored)."""
+    ids (keyed hashes compared; no id is stored); ``contents`` the same for the hourly content of
+    candidate stays (None when the registry keeps no content fingerprint)."""
 
-    def __init__(self, keys, subject_hashes: set[str], stay_hashes: set[str]):
-        self._keys, self._subjects, self._stays = keys, subject_hashes, stay_hashes
+    def __init__(self, keys, subject_hashes: set[str], stay_hashes: set[str], content: set[str] = frozenset()):
+        self._keys, self._subjects, self._stays, self._content = keys, subject_hashes, stay_hashes, set(content)
+        #: :func:`cohort.build.content.drop_forgotten_content` runs only when there is a fingerprint to match
+        self.contents = self._contents if self._content else None
 
     def __call__(self, subject_ids):
         import numpy as np
@@ -285,6 +338,14 @@ class ForgetExclusion:
 
         ids = np.asarray(stay_ids, dtype=np.int64)
         return np.fromiter((self._keys.stay_hash(int(s)) in self._stays for s in ids), dtype=bool, count=ids.size)
+
+    def _contents(self, per_stay: list[list[bytes]]):
+        """One boolean per stay: does any block of its content (:func:`cohort.build.content.blocks`)
+        carry a forgotten stay's fingerprint?"""
+        import numpy as np
+
+        return np.fromiter((any(self._keys.content_hash(b) in self._content for b in blocks) for blocks in per_stay),
+                           dtype=bool, count=len(per_stay))
 
 
 def accept_rollback(warehouse: str | os.PathLike, ledger_dir: str | os.PathLike | None = None,
@@ -301,7 +362,7 @@ def accept_rollback(warehouse: str | os.PathLike, ledger_dir: str | os.PathLike 
     from pipelines.store.keys import Keys
 
     p = require(warehouse).resolve()
-    led_dir = Path(ledger_dir or ledger_mod.default_dir(p)).resolve()
+    led_dir = Path(os.path.abspath(ledger_dir or ledger_mod.default_dir(p)))
     with locking.hold(p, exclusive=True, wait=wait):
         meta = read_meta(p)
         led = ledger_mod.Ledger(led_dir, Keys.load(create=False))
@@ -325,7 +386,7 @@ def accept_rollback(warehouse: str | os.PathLike, ledger_dir: str | os.PathLike 
         payload = {"recorded_size": recorded, "recorded_root": meta.get("ledger_root"), "log_size": st.size,
                    "log_root": st.root().hex(), "reasons": reasons}
         row = led.append(ledger_mod.ROLLBACK_KIND, ledger_mod.GENESIS, payload)
-        w = Warehouse(p, led.keys, led)
+        w = Warehouse(p, led.keys, led, meta.get("source_key"))
         w.record_ledger()
     lost = max(recorded - st.size, 1)
     return {"accepted": True, "receipt_seq": row.seq, "recorded_size": recorded, "log_size": st.size,

@@ -22,12 +22,18 @@ recomputed from its α = dual_coef/(ν' n) and ρ = 1 + 2·intercept/(ν' n), SP
 score gap between the two over the keys, the set sizes, SMO iterations, fallbacks, and the load
 average before and after. ``--rss`` runs each size in a fresh subprocess and reports its peak
 resident memory; ``--gate`` times a cold ``Gate.admit`` by the certified solve vs settling keys
-one by one (the crossover behind ``sv_core.gate.CERTIFIED_MIN_KEYS``). Speed is measured here,
+one by one (the crossover behind ``sv_core.gate.CERTIFIED_MIN_KEYS``). ``--admit`` times the
+maintained gate's batch admission ``Gate(C, σ).admit(X)`` (the certified solve, loaded deferred)
+against libsvm instead of the bare solve, interleaved, with the gate's recomputed KKT residual,
+the peak memory traced during the admission (``tracemalloc``, one untimed call) beside the
+n × |support| and n × n kernel sizes, and the time of the first C&P step (one deletion, which
+builds the kernel and bordered inverse) up to ``FIRST_STEP_MAX`` keys. Speed is measured here,
 never asserted in tests.
 
 Usage::
 
     python -m sv_core.bench.solve [--n 300 1000 3000 10000] [--threads 1] [--json OUT]
+    python -m sv_core.bench.solve --admit --kinds icu --threads 1 --json docs/results/bench_gate_admit.json
 """
 from __future__ import annotations
 
@@ -53,6 +59,8 @@ DEFAULT_SIZES = (300, 1000, 3000, 10000)
 NU, SIGMA, D = 0.3, 3.0, 6
 #: repetitions that also time the refit (seconds per solve at n = 1000)
 REFIT_REPS = 5
+#: ``--admit`` times the first C&P step after the admission (it builds the n x n kernel) up to this n
+FIRST_STEP_MAX = 3000
 #: vitals-like channels: level, spread and recording resolution (HR, SBP, DBP, MBP, RR, SpO₂)
 _LEVEL = np.array([85.0, 120.0, 62.0, 80.0, 18.0, 96.0])
 _SPREAD = np.array([12.0, 16.0, 10.0, 11.0, 4.0, 2.0])
@@ -157,6 +165,59 @@ def bench_one(kind: str, n: int, reps: int, seed: int, refit_max: int) -> dict:
     }
 
 
+def _admit(X: np.ndarray, C: float):
+    from sv_core.gate import Gate
+
+    g = Gate(C, SIGMA)
+    g.admit(X)
+    return g
+
+
+def bench_admit(kind: str, n: int, reps: int, seed: int) -> dict:
+    """``Gate(C, σ).admit(X)`` vs libsvm, interleaved (see the module docstring)."""
+    import tracemalloc
+
+    X = keys(kind, n, seed)
+    C = 1.0 / (NU * n)
+    _admit(X, C)  # warm-up of both
+    libsvm_solution(X, C, SIGMA)
+    t_gate, t_lib, ratio, c_gate, c_lib, c_ratio = [], [], [], [], [], []
+    g = a_l = rho_l = None
+    for _ in range(reps):
+        g, w1, c1 = _timed(lambda: _admit(X, C))
+        (a_l, rho_l), w2, c2 = _timed(lambda: libsvm_solution(X, C, SIGMA))
+        t_gate.append(w1)
+        t_lib.append(w2)
+        ratio.append(w1 / w2)
+        c_gate.append(c1)
+        c_lib.append(c2)
+        c_ratio.append(c1 / max(c2, 1e-6))
+    assert g is not None and a_l is not None and rho_l is not None
+    tracemalloc.start()
+    _admit(X, C)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    first = []
+    if n <= FIRST_STEP_MAX:
+        for _ in range(3):
+            h = _admit(X, C)
+            tid = int(h.support_ids()[0])
+            t0 = time.perf_counter()
+            h.forget(tid)
+            first.append((time.perf_counter() - t0) * 1e3)
+    sup = int(np.count_nonzero(g.alpha))
+    return {
+        "kind": kind, "n": n, "C": C, "admit_ms": _stats(t_gate), "libsvm_ms": _stats(t_lib),
+        "admit_over_libsvm": _stats(ratio), "admit_cpu_ms": _stats(c_gate), "libsvm_cpu_ms": _stats(c_lib),
+        "admit_over_libsvm_cpu": _stats(c_ratio), "kkt_gate": g.kkt_residual()["max"],
+        "kkt_libsvm": kkt_of(X, a_l, rho_l, C, SIGMA),
+        "score_gap_gate_libsvm": score_gap(X, g.alpha, g.rho, a_l, rho_l, SIGMA),
+        "counts": {k: len(v) for k, v in g.partition().items()}, "cold_solve": g.cold_solve_log[-1]["method"],
+        "fallbacks": g.fallbacks, "peak_traced_mb": peak / 2**20, "support_kernel_mb": n * sup * 8 / 2**20,
+        "full_kernel_mb": n * n * 8 / 2**20, "first_step_ms": _stats(first) if first else None,
+    }
+
+
 def bench_gate(n: int, reps: int, seed: int) -> dict:
     """Cold ``Gate.admit`` of n ICU-like keys: certified solve vs settling one by one."""
     from sv_core.gate import Gate
@@ -211,6 +272,22 @@ def bench_rss(kind: str, n: int, seed: int) -> dict:
             "solve_s": secs, "kkt": kkt}
 
 
+def format_admit_table(res: dict) -> str:
+    lines = [f"Gate(C, sigma).admit(X) vs libsvm OneClassSVM.fit(tol=1e-8) (nu={NU}, sigma={SIGMA}, d={D}); load "
+             f"{res['load_before']} -> {res['load_after']}",
+             f"{'kind':6}{'n':>7}{'threads':>8} {'admit ms [IQR]':>25} {'libsvm ms [IQR]':>25}{'admit/lib':>10}"
+             f"{'(cpu)':>7}{'KKT gate':>10}{'gap':>9}{'peak MB':>9}{'n|sup| MB':>10}{'n^2 MB':>8}{'1st step ms':>12}"]
+    for r in res["admit"]:
+        a, ll = r["admit_ms"], r["libsvm_ms"]
+        fs = f"{r['first_step_ms']['median']:.1f}" if r["first_step_ms"] else "-"
+        lines.append(
+            f"{r['kind']:6}{r['n']:>7}{r['threads']:>8} {a['median']:>11.4g} [{a['q25']:.4g}, {a['q75']:.4g}]"
+            f" {ll['median']:>11.4g} [{ll['q25']:.4g}, {ll['q75']:.4g}]{r['admit_over_libsvm']['median']:>10.2f}"
+            f"{r['admit_over_libsvm_cpu']['median']:>7.2f}{r['kkt_gate']:>10.1e}{r['score_gap_gate_libsvm']:>9.1e}"
+            f"{r['peak_traced_mb']:>9.1f}{r['support_kernel_mb']:>10.1f}{r['full_kernel_mb']:>8.0f}{fs:>12}")
+    return "\n".join(lines)
+
+
 def format_table(res: dict) -> str:
     lines = [f"certified solve vs libsvm (nu={NU}, sigma={SIGMA}, d={D}); load {res['load_before']} -> "
              f"{res['load_after']}; compiled SMO: {res['protocol']['compiled_smo']}",
@@ -250,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gate", type=int, nargs="*", default=None,
                     help="also time a cold Gate.admit at these sizes (certified vs one by one)")
     ap.add_argument("--rss", action="store_true", help="also measure peak RSS per size in a subprocess")
+    ap.add_argument("--admit", action="store_true",
+                    help="time Gate(C, sigma).admit(X) against libsvm instead of the bare solve")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
     from threadpoolctl import threadpool_limits
@@ -259,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                     "numpy": np.__version__},
         "protocol": {"nu": NU, "sigma": SIGMA, "d": D, "seed": args.seed, "reps": args.reps, "interleaved": True,
                      "libsvm_tol": 1e-8, "compiled_smo": fast_smo_available()},
-        "load_before": [round(v, 2) for v in os.getloadavg()], "runs": []}
+        "load_before": [round(v, 2) for v in os.getloadavg()], "runs": [], "admit": []}
     t0 = time.perf_counter()
     for thr in args.threads:
         pin = contextlib.nullcontext() if thr == "default" else threadpool_limits(int(thr))
@@ -267,10 +346,13 @@ def main(argv: list[str] | None = None) -> int:
             for n in args.n:
                 for kind in args.kinds:
                     reps = args.reps or (41 if n < 1000 else 15 if n < 3000 else 7)
-                    r = bench_one(kind, n, reps, args.seed, args.refit_max)
+                    if args.admit:
+                        r = bench_admit(kind, n, reps, args.seed)
+                    else:
+                        r = bench_one(kind, n, reps, args.seed, args.refit_max)
                     r["reps"] = reps
                     r["threads"] = thr
-                    res["runs"].append(r)
+                    res["admit" if args.admit else "runs"].append(r)
                     print(f"{kind} n={n} threads={thr} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
                           flush=True)
     if args.gate:
@@ -279,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         res["rss"] = [bench_rss(kind, n, args.seed) for n in args.n for kind in args.kinds]
     res["load_after"] = [round(v, 2) for v in os.getloadavg()]
     res["runtime_s"] = time.perf_counter() - t0
-    print(format_table(res))
+    print(format_admit_table(res) if args.admit else format_table(res))
     if args.json_out:
         p = pathlib.Path(args.json_out)
         p.parent.mkdir(parents=True, exist_ok=True)
