@@ -47,11 +47,12 @@ class UnreadableInputError(CohortError, OSError):
 
 
 class EmptyCohortError(CohortError, RuntimeError):
-    """No stay survived the filters. ``funnel`` holds the counts after every step."""
+    """No stay survived the filters. ``funnel`` holds the counts after every step; the message is
+    one line with the stay count after each step (:func:`funnel_line`)."""
 
     def __init__(self, message: str, funnel: list[tuple[str, int, int | None]]):
         self.funnel = list(funnel)
-        super().__init__(message + "\n" + format_funnel(self.funnel))
+        super().__init__(f"{message}; stays after each step: {funnel_line(self.funnel)}")
 
 
 class BadParameterError(CohortError, ValueError):
@@ -65,6 +66,11 @@ class DemoDataMissing(CohortError, FileNotFoundError):
 
 class UnknownStayError(CohortError, KeyError):
     """A reader was asked for a stay the warehouse does not hold."""
+
+
+def funnel_line(funnel: list[tuple[str, int, int | None]]) -> str:
+    """Funnel rows ``(step, n_stays, n_rows)`` as one line of stay counts (counts only)."""
+    return " → ".join(f"{step} {n_stays:,}" for step, n_stays, _ in funnel) or "no step ran"
 
 
 def format_funnel(funnel: list[tuple[str, int, int | None]]) -> str:

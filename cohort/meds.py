@@ -64,7 +64,7 @@ from cohort.errors import (
     UnreadableInputError,
     redact,
 )
-from cohort.sources import Adapter
+from cohort.sources import INTEGER_TYPES, Adapter
 
 #: the MEDS version whose schemas the export writes and the reader expects
 MEDS_VERSION = "0.4.1"
@@ -81,7 +81,6 @@ HOURLY_CODES: dict[str, str] = {
 }
 _SOURCES = {"": SRC_DEFAULT, "arterial": SRC_ARTERIAL, "non-invasive": SRC_NONINVASIVE}
 _SOURCE_NAME = {v: k for k, v in _SOURCES.items()}
-_INT_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT")
 
 
 def chartevents_code(itemid: int, unit: str) -> str:
@@ -227,7 +226,7 @@ def find_shards(root: str | Path) -> list[Path]:
 
 def _expected(col: str, stay_column: str) -> tuple[str, tuple[str, ...]]:
     if col in ("subject_id", "hadm_id", stay_column):
-        return "an integer", _INT_TYPES
+        return "an integer", INTEGER_TYPES
     if col == "time":
         return "a timestamp", ("TIMESTAMP",)
     if col == "code":

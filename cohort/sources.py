@@ -29,7 +29,7 @@ import duckdb
 
 from cohort.constants import FAHRENHEIT_ITEMID, VITAL_CODE
 from cohort.conventions import SEED, Convention, get_convention
-from cohort.errors import InputMissingError, MissingColumnsError, UnreadableInputError, redact
+from cohort.errors import ColumnTypeError, InputMissingError, MissingColumnsError, UnreadableInputError, redact
 
 NATIVE_LAYOUT = (
     "MIMIC-IV v3.1 native layout: <root>/icu/icustays, <root>/icu/chartevents, "
@@ -57,6 +57,19 @@ _CSV_TYPES = {
 }
 
 
+#: DuckDB's integer types (a column the build joins or compares as an integer)
+INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT")
+#: DuckDB's time types (``TIMESTAMP``, ``TIMESTAMP_NS``, ``TIMESTAMP WITH TIME ZONE`` …, and ``DATE``)
+TIME_TYPES = ("TIMESTAMP", "DATE")
+#: columns of a Parquet input that the build reads through a function or join needing a type (a
+#: CSV's are forced on read, :data:`_CSV_TYPES`): column -> (what it must be, DuckDB type prefixes)
+TYPED_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "charttime": ("a timestamp", TIME_TYPES), "recorded_dttm": ("a timestamp", TIME_TYPES),
+    "in_dttm": ("a timestamp", TIME_TYPES), "out_dttm": ("a timestamp", TIME_TYPES),
+    "itemid": ("an integer", INTEGER_TYPES),
+}
+
+
 def _sql_str(s: str | Path) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
@@ -71,7 +84,8 @@ class Table:
     reader: str = ""
 
     def check(self, con: duckdb.DuckDBPyConnection, required: list[str]) -> None:
-        """Read the schema (fails clearly on a corrupt file) and check required columns."""
+        """Read the schema (fails clearly on a corrupt file) and check the required columns: present,
+        and in a Parquet file of the type the build needs (:data:`TYPED_COLUMNS`)."""
         is_parquet = self.path.name.endswith(".parquet")
         try:
             if is_parquet:
@@ -90,6 +104,11 @@ class Table:
         if missing:
             raise MissingColumnsError(str(self.path), missing, self.columns)
         if is_parquet:
+            types = {r[0]: str(r[1]).upper() for r in desc}
+            for c in (c for c in required if c in TYPED_COLUMNS):
+                what, ok = TYPED_COLUMNS[c]
+                if not types[c].startswith(ok):
+                    raise ColumnTypeError(f"{self.path}: column {c} is {types[c]}, expected {what}")
             self.reader = f"read_parquet({_sql_str(self.path)})"
         else:
             types = {c: t for c, t in _CSV_TYPES.items() if c in self.columns}
@@ -139,8 +158,8 @@ def check_layout(source: str, root: str | Path, tables: tuple[str, ...] | None =
     ------
     BadParameterError
         ``source`` is neither "mimic" nor "clif".
-    InputMissingError, UnreadableInputError, MissingColumnsError
-        The first problem found (the message names the file and the expected layout).
+    InputMissingError, UnreadableInputError, MissingColumnsError, ColumnTypeError
+        The first problem found (the message names the file, and the column or the expected layout).
     """
     if source not in REQUIRED_COLUMNS:
         from cohort.errors import BadParameterError

@@ -41,8 +41,8 @@ DESCRIPTION = ("Auditable support-vector memory: certified retention, verified d
 #: command -> (module under pipelines.flows, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-cohort": ("clinical_cohort", "build the hourly vital-sign warehouse (default: the real MIMIC-IV demo)"),
-    "retention": ("clinical_retention", "certified event-hour retention per ICU stay (SV vs peers)"),
-    "heldout-spo2": ("clinical_retention", "held-out SpO2 control (SpO2 < 90 label, 5-d keys without SpO2)"),
+    "retention": ("retention_cli", "certified event-hour retention per ICU stay (SV vs peers)"),
+    "heldout-spo2": ("retention_cli", "held-out SpO2 control (SpO2 < 90 label, 5-d keys without SpO2)"),
     "patient-deletion": ("clinical_deletion", "forget one of five patients sharing a context (leakage, KKT, decay)"),
     "deterioration": ("clinical_deterioration", "predict a composite event within 6 h: LSTM vs softmax vs SV attention"),
     "audit": ("audit_flow", "fixed-C deletion audit incl. the real ICU-key regime"),
@@ -109,9 +109,17 @@ def _light_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error in one line, ``forgetful CMD: error: …``, exit 2 (``--help`` shows the usage);
+    its subparsers are of this class too."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
 def build_parser(commands=None) -> argparse.ArgumentParser:
     """The full parser (imports the modules of ``commands``, default: all)."""
-    parser = argparse.ArgumentParser(prog="forgetful", description=DESCRIPTION, epilog=EPILOG)
+    parser = OneLineParser(prog="forgetful", description=DESCRIPTION, epilog=EPILOG)
     _global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -235,10 +243,17 @@ def _dispatch(cmd: str, argv: list[str]) -> int:
     if func is None:
         parser.print_help()
         return 2
+    from pipelines.runtime.runner import report_error
     from pipelines.runtime.signals import wait_for_api
 
     wait_for_api()  # this command's own API server (pipelines.runtime.signals), if it started one
-    result = func(args)
+    try:
+        result = func(args)
+    except Exception as exc:  # a typed error: one line and its exit code (runner.report_error)
+        rc = report_error(exc)
+        if rc is None:
+            raise
+        return rc
     return int(result or 0)
 
 

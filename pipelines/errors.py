@@ -99,6 +99,11 @@ class UsageError(PipelineError):
     that makes no sense). Found before the command starts; exit code 2, like argparse's own errors."""
 
 
+class SettingsError(UsageError, ValueError):
+    """A study setting or option value out of its range: not finite, negative, beyond int64
+    (:mod:`pipelines.settings`). A usage error: exit code 2, one line."""
+
+
 #: how to install the optional torch dependency (the ``models`` extra)
 MODELS_EXTRA_HINT = "pip install 'forgetful-attention[models]'"
 

@@ -26,7 +26,10 @@ What is checked (each check reuses the check of the code that later reads the in
 * ``serve``: the cron string, with the validator Prefect itself uses (its vendored ``croniter``,
   loaded from its file, without importing Prefect); ``--source mimic|clif`` needs ``--root``;
   ``--ingest-root``'s stays tables;
-* counts that must be positive (``--workers``, ``--stays``, seeds, epochs, trials);
+* every number an option takes, by its type (:class:`pipelines.settings.Bound`): finite, in range,
+  integers within int64 (``--min-hours nan``, ``--sigma -1``, ``--wait -5``, ``--subject-id 2**63``,
+  ``--workers 0`` are refused in one line, exit 2); ``--events FILE`` read and checked
+  (:mod:`cohort.events`); a Parquet source's typed columns (``charttime`` a timestamp …);
 * the optional torch dependency (the ``models`` extra) of the commands that train or run torch
   models (:data:`TORCH_COMMANDS`, and ``audit`` with its ``learned`` regime): without it, one line
   naming the extra to install and exit 3 (:class:`pipelines.errors.MissingExtraError`). ``run-all``
@@ -41,6 +44,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.errors import MODELS_EXTRA_HINT, IngestError, MissingExtraError, UsageError, WarehouseMissingError
+from pipelines.settings import (
+    COUNT,
+    COUNT0,
+    HOURS,
+    ID,
+    INTERVAL,
+    NU,
+    POSITIVE,
+    REFIT_SAMPLE,
+    SECONDS,
+    SEED,
+    event_file,
+    utc_microseconds,
+)
 
 #: exit codes (see :mod:`pipelines.runtime.runner`)
 EXIT_USAGE, EXIT_DOMAIN = 2, 3
@@ -70,35 +87,60 @@ def _opt(*flags: str, **kw) -> tuple[tuple[str, ...], dict]:
     return flags, kw
 
 
-_WORKERS = _opt("--workers", type=int, default=2)
+_WORKERS = _opt("--workers", type=COUNT, default=2)
+_WAIT = _opt("--wait", type=SECONDS, default=None, metavar="SECONDS")
 _WAREHOUSE = _opt("--warehouse", default=DEFAULT_WAREHOUSE)
 _RUNS = _opt("--runs", default="runs")
 _SOURCE_ROOT = (_opt("--source", choices=BUILD_SOURCES, default="demo"), _opt("--root", default=None))
+_SEED = _opt("--seed", type=SEED, default=0)
+_STUDY = (_WAREHOUSE, _RUNS, _WORKERS, _WAIT)
+_RETENTION = (*_STUDY, _opt("--nu", type=NU, default=0.3), _opt("--sigma", type=POSITIVE, default=3.0), _SEED,
+              _opt("--n-boot", type=COUNT, default=10_000),
+              _opt("--stays", type=COUNT, default=None), _opt("--stays-per-task", type=COUNT, default=None),
+              _opt("--audit-stays", type=COUNT0, default=50), _opt("--sensitivity-stays", type=COUNT0, default=200),
+              _opt("--events", type=event_file, default=None))
 
-#: command -> the options its checks read, declared as the command's own parser declares them
+#: command -> the options its checks read, declared as the command's own parser declares them (every
+#: number's range is its :class:`pipelines.settings.Bound` type: a bad value is refused here, in one line)
 SPECS: dict[str, tuple[tuple[tuple[str, ...], dict], ...]] = {
-    "build-cohort": (*_SOURCE_ROOT, _opt("--stays", type=int, default=1500), _opt("--fetch", action="store_true"),
-                     _opt("--meds-codes", default=None), _WAREHOUSE, _RUNS, _WORKERS),
-    "run-all": (*_SOURCE_ROOT, _opt("--stays", type=int, default=1500), _opt("--fetch", action="store_true"),
-                _opt("--warehouse", default=None), _RUNS, _WORKERS,
-                _opt("--skip", nargs="*", default=[]),
-                _opt("--det-seeds", type=int, default=3), _opt("--det-max-epochs", type=int, default=12),
-                _opt("--audit-trials", type=int, default=50)),
+    "build-cohort": (*_SOURCE_ROOT, _opt("--stays", type=COUNT, default=1500), _opt("--fetch", action="store_true"),
+                     _opt("--meds-codes", default=None), _WAREHOUSE, _RUNS, _WORKERS, _WAIT,
+                     _SEED, _opt("--min-hours", type=HOURS, default=48),
+                     _opt("--sample", type=COUNT, default=None)),
+    "run-all": (*_SOURCE_ROOT, _opt("--stays", type=COUNT, default=1500), _opt("--fetch", action="store_true"),
+                _opt("--warehouse", default=None), _RUNS, _WORKERS, _WAIT,
+                _opt("--skip", nargs="*", default=[]), _SEED,
+                _opt("--det-seeds", type=COUNT, default=3), _opt("--det-max-epochs", type=COUNT, default=12),
+                _opt("--audit-trials", type=COUNT, default=50), _opt("--n-boot", type=COUNT, default=10_000),
+                _opt("--study-stays", type=COUNT, default=None)),
     "ingest": (_opt("--source", choices=["mimic", "clif"], required=True), _opt("--root", required=True),
                _opt("--init", action="store_true"), _opt("--frozen", default=None),
-               _opt("--jobs", type=int, default=None),
-               _opt("--warehouse", default=DEFAULT_WAREHOUSE), _RUNS, _WORKERS),
+               _opt("--jobs", type=COUNT, default=None), _opt("--max-steps", type=COUNT, default=None),
+               _opt("--min-hours", type=HOURS, default=48), _SEED,
+               _opt("--as-of", type=utc_microseconds, default=None),
+               _opt("--warehouse", default=DEFAULT_WAREHOUSE), _RUNS, _WORKERS, _WAIT),
     "serve": (_opt("--cron", default="0 3 * * *"), _opt("--source", choices=SOURCES, default="demo"),
               _opt("--root", default=None), _opt("--ingest-root", default=None),
               _opt("--ingest-source", choices=["mimic", "clif"], default="mimic"),
-              _opt("--ingest-interval", type=float, default=3600)),
-    "retention": (_WAREHOUSE, _RUNS, _WORKERS),
-    "heldout-spo2": (_WAREHOUSE, _RUNS, _WORKERS),
-    "patient-deletion": (_WAREHOUSE, _RUNS, _WORKERS),
-    "deterioration": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--seeds", type=int, default=None),
-                      _opt("--max-epochs", type=int, default=None)),
-    "audit": (_WAREHOUSE, _RUNS, _WORKERS, _opt("--trials", type=int, default=300),
-              _opt("--regimes", nargs="*", default=None, metavar="REGIME")),
+              _opt("--ingest-interval", type=INTERVAL, default=3600)),
+    "retention": _RETENTION,
+    "heldout-spo2": _RETENTION,
+    "patient-deletion": (*_STUDY, _opt("--nu", type=NU, default=0.5), _opt("--sigma", type=POSITIVE, default=2.0),
+                         _SEED, _opt("--contexts", "--max-contexts", type=COUNT, default=None),
+                         _opt("--stays", type=COUNT, default=None), _opt("--decay-sigmas", type=POSITIVE, nargs="*"),
+                         _opt("--refit-sample", type=COUNT, default=REFIT_SAMPLE)),
+    "deterioration": (*_STUDY, *(_opt(f"--{n}", type=COUNT, default=None) for n in ("seeds", "max-epochs")),
+                      *(_opt(f"--{n}", type=COUNT0, default=None) for n in ("train-windows", "val-windows",
+                                                                            "test-stays")),
+                      _opt("--window", type=COUNT, default=48), _opt("--context", type=COUNT0, default=48),
+                      _opt("--n-boot", type=COUNT, default=10_000)),
+    "audit": (*_STUDY, _opt("--trials", type=COUNT, default=300),
+              _opt("--regimes", nargs="*", default=None, metavar="REGIME"), _SEED),
+    "gate-demo": (_opt("--n", type=COUNT, default=120), _opt("--d", type=COUNT, default=6),
+                  _opt("--nu", type=NU, default=0.4), _opt("--sigma", type=POSITIVE, default=2.0),
+                  _SEED),
+    "forget": (_opt("--subject-id", type=ID, default=None), _opt("--stay-id", type=ID, default=None),
+               _opt("--warehouse", default=DEFAULT_WAREHOUSE), _WAIT),
 }
 #: ``set_defaults`` of a command's parser that override an option's declared default
 DEFAULTS = {"ingest": {"warehouse": "runs/stream.duckdb"}}
@@ -115,13 +157,6 @@ def light_parser(cmd: str) -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------ checks
-def _positive(a: argparse.Namespace, *names: str) -> None:
-    for name in names:
-        v = getattr(a, name, None)
-        if v is not None and v < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
-
-
 def _needs_root(source: str, root: str | None, flag: str = "--root") -> None:
     if source in ("mimic", "clif", "meds") and not root:
         raise UsageError(f"--source {source} needs {flag} DIR (your MIMIC-IV, CLIF or MEDS folder)")
@@ -214,31 +249,24 @@ def _audit(a: argparse.Namespace) -> None:
     if regimes is None or TORCH_REGIMES & set(regimes):
         require_torch("forgetful audit's 'learned' regime (keys of a trained torch model)",
                       " (or leave the regime out: --regimes gaussian clustered icu_like redundant icu_warehouse)")
-    _study("trials")(a)
+    _study(a)
 
 
 def _build_cohort(a: argparse.Namespace) -> None:
-    _positive(a, "workers")
-    if a.source == "synthetic":
-        _positive(a, "stays")
     check_source(a.source, a.root, a.fetch, a.meds_codes)
 
 
 def _run_all(a: argparse.Namespace) -> None:
-    _positive(a, "workers", "det_seeds", "det_max_epochs", "audit_trials")
     skip = set(a.skip or ())
     if "build-cohort" in skip:
         check_warehouse(a.warehouse or str(Path(a.runs) / "warehouse.duckdb"))
         if a.source == "demo" and not a.fetch:  # run-all's step 1 checks the demo either way
             check_source("demo", a.root)
         return
-    if a.source == "synthetic":
-        _positive(a, "stays")
     check_source(a.source, a.root, a.fetch)
 
 
 def _ingest(a: argparse.Namespace) -> None:
-    _positive(a, "workers", "jobs")
     if a.source is None or a.root is None:
         return  # required: the full parser says so, with its usage
     if a.frozen and not a.init:
@@ -279,8 +307,6 @@ def _check_json_file(path: str, flag: str) -> None:
 
 def _serve(a: argparse.Namespace) -> None:
     check_cron(a.cron)
-    if a.ingest_interval <= 0:
-        raise UsageError(f"--ingest-interval must be more than 0 seconds, got {a.ingest_interval:g}")
     _needs_root(a.source, a.root)
     if a.source in ("mimic", "clif"):
         check_source(a.source, a.root)
@@ -288,17 +314,13 @@ def _serve(a: argparse.Namespace) -> None:
         check_ingest_root(a.ingest_source, a.ingest_root)
 
 
-def _study(*counts: str) -> Callable[[argparse.Namespace], None]:
-    def check(a: argparse.Namespace) -> None:
-        _positive(a, "workers", *counts)
-        check_warehouse(a.warehouse)
-    return check
+def _study(a: argparse.Namespace) -> None:
+    check_warehouse(a.warehouse)
 
 
 CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "build-cohort": _build_cohort, "run-all": _run_all, "ingest": _ingest, "serve": _serve,
-    "retention": _study(), "heldout-spo2": _study(), "patient-deletion": _study(),
-    "deterioration": _study("seeds", "max_epochs"), "audit": _audit,
+    "retention": _study, "heldout-spo2": _study, "patient-deletion": _study, "deterioration": _study, "audit": _audit,
 }
 
 
@@ -310,13 +332,14 @@ def check(cmd: str, args: list[str]) -> None:
         return
     if cmd in TORCH_COMMANDS:
         require_torch(f"forgetful {cmd}")
-    if cmd not in CHECKS:
+    if cmd not in SPECS:
         return
     try:
-        ns, _ = light_parser(cmd).parse_known_args(args)
+        ns, _ = light_parser(cmd).parse_known_args(args)  # every declared option's type and range
     except _Unparsed as exc:
         raise UsageError(str(exc)) from None
-    CHECKS[cmd](ns)
+    if cmd in CHECKS:
+        CHECKS[cmd](ns)
 
 
 def one_line(text: str) -> str:

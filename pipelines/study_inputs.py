@@ -73,18 +73,25 @@ def require_splits(warehouse: str, study: str, need: Mapping[str, int]) -> dict[
     return counts
 
 
-def require_event_stays(warehouse: str, study: str, event_column: str, minimum: int = 1,
+def require_event_stays(warehouse: str, study: str, event, minimum: int = 1,
                         what: str = "an event hour", split: str | None = None) -> int:
-    """At least ``minimum`` stays (of ``split``, default all) have ≥ 1 hour with ``event_column``
-    true, else :class:`CohortTooSmallError`; returns the count."""
+    """At least ``minimum`` stays (of ``split``, default all) have ≥ 1 event hour, else
+    :class:`CohortTooSmallError`; returns the count. ``event``: a built-in event column
+    (``event_composite``, ``event_spo2``) or your own :class:`cohort.events.EventDefinition`."""
     import duckdb
 
-    if event_column not in ("event_composite", "event_spo2"):
-        raise StudyInputError(f"unknown event column {event_column!r}")
+    from cohort.events import EventDefinition
+
+    if isinstance(event, EventDefinition):
+        test = event.sql()
+    elif event in ("event_composite", "event_spo2"):
+        test = event
+    else:
+        raise StudyInputError(f"unknown event column {event!r}")
     con = duckdb.connect(str(warehouse), read_only=True)
     try:
         n_event, n_all = con.execute(
-            f"SELECT count(DISTINCT CASE WHEN h.{event_column} THEN h.stay_id END), count(DISTINCT s.stay_id) "
+            f"SELECT count(DISTINCT CASE WHEN {test} THEN h.stay_id END), count(DISTINCT s.stay_id) "
             "FROM cohort_stays s LEFT JOIN vitals_hourly h USING (stay_id)"
             + (" WHERE s.split = ?" if split else ""), [split] if split else []).fetchone()
     finally:

@@ -19,8 +19,9 @@ TARGET, OTHER = 101, 103  # subjects of the MIMIC fixture's stays 301 and 303 (b
 
 def build_site(p: Path, root: Path) -> dict:
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
-    return build_task.fn("mimic", str(root), str(p), 48, None, 0, "512MB", False, None, str(p.parent))
+    return build_task.fn("mimic", str(root), str(p), CohortSettings(memory_limit="512MB"), runs_dir=str(p.parent))
 
 
 def make_base(tmp_path_factory) -> tuple[Path, Path]:

@@ -67,7 +67,17 @@ def roots(tmp_path_factory) -> dict[str, Path]:
     (t / "existing.duckdb").write_bytes(b"")  # only its existence is looked at
     (t / "frozen.json").write_text("{}")
     _mimic_root(t / "mimic_no_stays", only=("icu/chartevents",))  # a part file, but no icu/icustays
+    text_time = _mimic_root(t / "mimic_text_time")  # chartevents as parquet whose charttime is text
+    (text_time / "icu" / "chartevents.csv.gz").unlink()
+    import duckdb
+
+    duckdb.sql("SELECT 1::BIGINT AS subject_id, 1::BIGINT AS hadm_id, 1::BIGINT AS stay_id, 1::BIGINT AS caregiver_id, "
+               "'2180-01-01 10:00' AS charttime, 220045::BIGINT AS itemid, 80.0 AS valuenum LIMIT 0").write_parquet(
+        str(text_time / "icu" / "chartevents.parquet"))
+    (t / "bad_event.yaml").write_text("predicates:\n  x: {code: NOPE, value_min: 1}\n")
     return {
+        "text_time": text_time,
+        "bad_event": t / "bad_event.yaml",
         "ok": _mimic_root(t / "mimic_ok"),
         "columns": _mimic_root(t / "mimic_columns", drop_column="outtime"),
         "corrupt": _mimic_root(t / "mimic_corrupt", corrupt="icu/chartevents"),
@@ -109,10 +119,36 @@ def _cases(r: dict[str, Path]) -> list[tuple[str, list[str], int, str]]:
          ["ingest", "--source", "mimic", "--root", str(r["ok"]), "--frozen", str(t / "frozen.json")], 2, "--frozen"),
         ("ingest root without stays table", ["ingest", "--source", "mimic", "--root", str(t / "mimic_no_stays")], 3,
          "missing input table 'icu/icustays'"),
-        ("zero seeds", ["deterioration", "--seeds", "0", "--warehouse", nowh], 2, "--seeds must be at least 1"),
+        ("zero seeds", ["deterioration", "--seeds", "0", "--warehouse", nowh], 2,
+         "argument --seeds: must be at least 1, got 0"),
         ("ingest with zero jobs", ["ingest", "--source", "mimic", "--root", str(r["ok"]), "--jobs", "0"], 2,
-         "--jobs must be at least 1"),
-        ("workers not a number", ["audit", "--workers", "two"], 2, "invalid int value"),
+         "argument --jobs: must be at least 1"),
+        # issue 31 item 8: every number finite and in range, ids within int64, typed source columns
+        *[(f"build-cohort --min-hours {v}", ["build-cohort", "--source", "mimic", "--root", str(r["ok"]),
+                                             "--min-hours", v], 2, f"argument --min-hours: {why}")
+          for v, why in (("nan", "must be a finite number, got nan"), ("inf", "must be a finite number, got inf"),
+                         ("1e308", "must be at most"), ("-1", "must be at least 0"))],
+        *[(f"gate-demo --sigma {v}", ["gate-demo", "--sigma", v], 2, f"argument --sigma: {why}")
+          for v, why in (("nan", "must be a finite number"), ("-1", "must be more than 0"), ("inf", "must be a finite"),
+                         ("0", "must be more than 0"))],
+        ("gate-demo --nu 1.5", ["gate-demo", "--nu", "1.5"], 2, "argument --nu: must be at most 1"),
+        ("retention --wait -5", ["retention", "--warehouse", nowh, "--wait", "-5"], 2,
+         "argument --wait: must be at least 0, got -5"),
+        ("retention --nu nan", ["retention", "--warehouse", nowh, "--nu", "nan"], 2, "argument --nu: must be a finite"),
+        ("run-all --n-boot 0", ["run-all", "--n-boot", "0"], 2, "argument --n-boot: must be at least 1"),
+        ("subject id beyond int64", ["forget", "--subject-id", str(2 ** 63)], 2,
+         "argument --subject-id: must fit in 64 bits"),
+        ("stay id beyond int64", ["forget", "--stay-id", str(-2 ** 63 - 1)], 2, "argument --stay-id: must fit in 64"),
+        ("subject id not an integer", ["forget", "--subject-id", "1e3"], 2, "argument --subject-id: not an integer"),
+        ("ingest --as-of not a time", ["ingest", "--source", "mimic", "--root", str(r["ok"]), "--as-of", "soon"], 2,
+         "argument --as-of: not an ISO time"),
+        ("events file missing", ["heldout-spo2", "--warehouse", nowh, "--events", str(t / "none.yaml")], 2,
+         "argument --events: --events"),
+        ("events file not an event", ["retention", "--warehouse", nowh, "--events", str(r["bad_event"])], 2,
+         "predicate 'x': code 'NOPE' names none of the six vitals"),
+        ("charttime as text in a parquet", ["build-cohort", "--source", "mimic", "--root", str(r["text_time"])], 3,
+         "ColumnTypeError: "),
+        ("workers not a number", ["audit", "--workers", "two"], 2, "argument --workers: not an integer"),
         ("--root without its folder", ["build-cohort", "--source", "mimic", "--root"], 2, "expected one argument"),
     ]
 
@@ -157,6 +193,8 @@ def test_bad_input_is_one_line_and_the_right_exit_code_before_prefect_starts(roo
         assert r["rc"] == code, (name, r)
         assert len(lines) == 1 and "Traceback" not in r["stderr"], (name, r["stderr"])
         assert needle in lines[0], (name, lines[0])
+        if name == "charttime as text in a parquet":  # names the file and the column
+            assert "chartevents.parquet: column charttime is VARCHAR, expected a timestamp" in lines[0]
         prefix = f"forgetful {argv[1] if argv[0] == '-q' else argv[0]}: error: " if code == 2 else "error: "
         assert lines[0].startswith(prefix), (name, lines[0])
         assert not r["server"], f"{name}: the Prefect API server was started"

@@ -264,10 +264,11 @@ def _untimed(x):
 def _flow(dst, runs, **kw):
     from pipelines.flows.clinical_deterioration import deterioration_flow
     from pipelines.runtime import runner
+    from pipelines.settings import DeteriorationSettings
 
     with runner.results_context(str(runs)):
         return deterioration_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
-            warehouse=str(dst), runs_dir=str(runs), progress=False, **kw)
+            warehouse=str(dst), runs_dir=str(runs), progress=False, settings=DeteriorationSettings(**kw))
 
 
 def test_flow_causal_protocol_baseline_paired_result_and_same_figures_twice(prefect_harness, small_wh, tmp_path):

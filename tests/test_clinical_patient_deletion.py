@@ -158,6 +158,7 @@ def test_sql_aggregates_match_numpy_and_the_result_labels_low_power(base_wh):
 def test_flow_runs_in_batches_and_publishes_its_gates_once(prefect_harness, base_wh, tmp_path):
     from pipelines.flows.clinical_deletion import PENDING, STUDY, patient_deletion_flow
     from pipelines.runtime import runner
+    from pipelines.settings import DeletionSettings
     from pipelines.store import gate_store
 
     runs = tmp_path / "runs"
@@ -176,7 +177,8 @@ def test_flow_runs_in_batches_and_publishes_its_gates_once(prefect_harness, base
         gate_store.append_contexts(con, PENDING, [gate_store.StoredContext(g, ctx.subject, ctx.stay, ctx.hour)])
     with runner.results_context(runs):
         res = patient_deletion_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
-            warehouse=str(w), runs_dir=str(runs), max_contexts=5, batch_contexts=2, progress=False)
+            warehouse=str(w), runs_dir=str(runs), settings=DeletionSettings(max_contexts=5, batch_contexts=2),
+            progress=False)
     m = res["metrics"]
     assert (m["contexts_attempted"], m["gates_persisted"]) == (5, m["contexts_completed"])
     con = duckdb.connect(str(w), read_only=True)
@@ -248,22 +250,23 @@ def test_gap_figures_are_over_the_refit_sample_and_say_so(base_wh):
 
 
 def test_flow_refits_a_deterministic_sample_and_rejects_a_bad_size(prefect_harness, base_wh, tmp_path):
+    from pipelines.errors import SettingsError
     from pipelines.flows.clinical_deletion import patient_deletion_flow
     from pipelines.runtime import runner
+    from pipelines.settings import DeletionSettings
 
     runs = tmp_path / "runs"
     runs.mkdir()
     w = runs / "warehouse.duckdb"
     shutil.copy(base_wh, w)
     tr = runner.make_task_runner(None, 2)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(SettingsError, match="refit_sample must be"):
+            DeletionSettings(max_contexts=3, refit_sample=bad)
     with runner.results_context(runs):
-        for bad in (0, -1):
-            with pytest.raises(StudyConfigError, match="refit sample"):
-                patient_deletion_flow.with_options(task_runner=tr)(
-                    warehouse=str(w), runs_dir=str(runs), max_contexts=3, refit_sample=bad, progress=False)
         res = patient_deletion_flow.with_options(task_runner=tr)(
-            warehouse=str(w), runs_dir=str(runs), max_contexts=5, batch_contexts=2, refit_sample=3,
-            persist_gates=False, progress=False)
+            warehouse=str(w), runs_dir=str(runs), progress=False,
+            settings=DeletionSettings(max_contexts=5, batch_contexts=2, refit_sample=3, persist_gates=False))
     m = res["metrics"]
     assert res["config"]["refit_sample"]["contexts"] == 3 and m["refit_contexts"] <= 3
     # the sample is the first contexts of the seeded shuffle: the same gaps as those contexts alone

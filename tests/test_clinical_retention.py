@@ -28,10 +28,14 @@ def site(base, tmp_path):
     return str(w), str(runs)
 
 
-def _run(flow_obj, runs, **kw):
-    kw = {"n_boot": 200, "stays_per_task": 5, "progress": False, "audit_stays": 3, "sensitivity_stays": 4, **kw}
+def _run(flow_obj, runs, warehouse, **kw):
+    from pipelines.settings import RetentionSettings
+
+    kw = {"n_boot": 200, "stays_per_task": 5, "audit_stays": 3, "sensitivity_stays": 4, **kw}
+    settings = RetentionSettings(heldout=flow_obj.name == "heldout-spo2", **kw)
     with runner.results_context(runs):
-        return flow_obj.with_options(task_runner=runner.make_task_runner(None, 2))(runs_dir=runs, **kw)
+        return flow_obj.with_options(task_runner=runner.make_task_runner(None, 2))(
+            warehouse=warehouse, runs_dir=runs, settings=settings, progress=False)
 
 
 def _studies(w):
@@ -117,13 +121,14 @@ def test_a_crash_while_staging_leaves_the_previous_gates_and_values(prefect_harn
 
 def test_a_missing_cache_entry_is_recomputed_while_persisting(prefect_harness, site, monkeypatch):
     import pipelines.flows.clinical_retention as flow_mod
+    from pipelines.flows import retention_chunks
 
     w, runs = site
     ref = _run(flow_mod.retention_flow, runs, warehouse=w, stays=8, audit_stays=0, sensitivity_stays=0)
     con = duckdb.connect(w, read_only=True)
     blobs = con.execute("SELECT state_npz FROM gate_states ORDER BY context_id").fetchall()
     con.close()
-    monkeypatch.setattr(flow_mod.retention_batch_full, "lookup", lambda *a, **k: (False, None))
+    monkeypatch.setattr(retention_chunks.retention_batch_full, "lookup", lambda *a, **k: (False, None))
     res = _run(flow_mod.retention_flow, runs, warehouse=w, stays=8, audit_stays=0, sensitivity_stays=0)
     con = duckdb.connect(w, read_only=True)
     again = con.execute("SELECT state_npz FROM gate_states ORDER BY context_id").fetchall()
@@ -157,11 +162,11 @@ def test_forget_erases_the_patients_per_stay_values(prefect_harness, site):
 
 
 def test_stays_argument_is_checked(prefect_harness, site):
-    from pipelines.errors import StudyInputError
+    from pipelines.errors import SettingsError
     from pipelines.flows.clinical_retention import heldout_flow
 
     w, runs = site
-    with pytest.raises(StudyInputError, match="stays must be an integer >= 1"):
+    with pytest.raises(SettingsError, match="stays must be at least 1, got 0"):
         _run(heldout_flow, runs, warehouse=w, stays=0)
 
 

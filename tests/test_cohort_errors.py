@@ -82,6 +82,7 @@ def test_empty_cohort_shows_funnel(tmp_path):
     with pytest.raises(EmptyCohortError) as e:
         build_warehouse("mimic", root, tmp_path / "wh.duckdb", min_hours=1000, progress=False)
     assert "los_ge_1000h" in str(e.value) and e.value.funnel[-1] == ("los_ge_1000h", 0, None)
+    assert "\n" not in str(e.value)  # one line: the stay count after each step
     assert not (tmp_path / "wh.duckdb").exists()
 
 

@@ -30,9 +30,10 @@ NEW_SUBJECT = 1999
 
 def _build(warehouse: Path, source: str, root: Path, min_hours: float) -> dict:
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
-    return build_task.fn(source, str(root), str(warehouse), min_hours, None, 0, "512MB", False, None,
-                         str(warehouse.parent))
+    return build_task.fn(source, str(root), str(warehouse), CohortSettings(min_hours=min_hours, memory_limit="512MB"),
+                         runs_dir=str(warehouse.parent))
 
 
 def _rows(p: Path, stay: int) -> tuple[int, int]:

@@ -58,10 +58,13 @@ def run_all_small(runs: Path) -> None:
     """``forgetful run-all --source synthetic --stays 24`` with the slow steps skipped."""
     from pipelines.flows.run_all import run_all_flow
     from pipelines.runtime import runner
+    from pipelines.settings import CohortSettings, RetentionSettings, RunAllSettings
 
+    settings = RunAllSettings(cohort=CohortSettings(stays=24, seed=0, memory_limit="1GB"),
+                              retention=RetentionSettings(n_boot=50), skip=tuple(SKIP))
     with runner.results_context(str(runs)):
         run_all_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
-            source="synthetic", stays=24, seed=0, runs_dir=str(runs), n_boot=50, skip=SKIP, progress=False)
+            source="synthetic", runs_dir=str(runs), settings=settings, progress=False)
 
 
 _SEQUENCE: dict[str, dict] = {}  # one run per test session, shared with tests/test_dashboards_browser.py

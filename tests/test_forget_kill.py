@@ -28,8 +28,10 @@ KILLS = int(os.environ.get("FORGETFUL_KILLS", "30"))
 
 FORGET = ("import sys; from pipelines.store.forget import forget_subject; import cohort.build, sv_core\n"
           "print('ready', flush=True)\nforget_subject(sys.argv[1], subject_id=int(sys.argv[2]))\nprint('done', flush=True)")
-BUILD = ("import sys; from pipelines.flows.clinical_cohort import build_task\nprint('ready', flush=True)\n"
-         "build_task.fn('mimic', sys.argv[2], sys.argv[1], 48, None, 0, '1GB', False, None, None)\nprint('done', flush=True)")
+BUILD = ("import sys; from pipelines.flows.clinical_cohort import build_task\n"
+         "from pipelines.settings import CohortSettings\nprint('ready', flush=True)\n"
+         "build_task.fn('mimic', sys.argv[2], sys.argv[1], CohortSettings(memory_limit='1GB'))\n"
+         "print('done', flush=True)")
 
 
 def _child(code, *args):
@@ -81,13 +83,14 @@ def test_kill_forget_anywhere(tmp_path_factory, tmp_path):
     from cohort.synthetic import generate
     from pipelines.flows.clinical_cohort import build_task
     from pipelines.receipts.ledger import Ledger, default_dir
+    from pipelines.settings import CohortSettings
     from pipelines.store.keys import Keys
     from pipelines.store.warehouse import Warehouse
 
     src = tmp_path_factory.mktemp("src") / "mimic"
     generate(src, stays=30, seed=0, fmt="parquet")
     master = tmp_path_factory.mktemp("master") / "warehouse.duckdb"
-    build_task.fn("mimic", str(src), str(master), 48, None, 0, "1GB", False, None, None)
+    build_task.fn("mimic", str(src), str(master), CohortSettings(memory_limit="1GB"))
     con = duckdb.connect(str(master), read_only=True)
     subject = con.execute("SELECT subject_id FROM cohort_stays ORDER BY stay_id LIMIT 1").fetchone()[0]
     con.close()
@@ -132,6 +135,7 @@ def test_kill_forget_anywhere(tmp_path_factory, tmp_path):
 def test_kill_build_anywhere(tmp_path_factory, tmp_path):
     from cohort.synthetic import generate
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
     from pipelines.store.forget import forget_subject
     from pipelines.store.warehouse import Warehouse
 
@@ -139,7 +143,7 @@ def test_kill_build_anywhere(tmp_path_factory, tmp_path):
     generate(src, stays=30, seed=0, fmt="parquet")
     master_dir = tmp_path_factory.mktemp("master")
     master = master_dir / "warehouse.duckdb"
-    build_task.fn("mimic", str(src), str(master), 48, None, 0, "1GB", False, None, None)
+    build_task.fn("mimic", str(src), str(master), CohortSettings(memory_limit="1GB"))
     con = duckdb.connect(str(master), read_only=True)
     subject = con.execute("SELECT subject_id FROM cohort_stays ORDER BY stay_id LIMIT 1").fetchone()[0]
     con.close()

@@ -281,13 +281,15 @@ def test_linked_runs_and_anchor_folders_are_refused(site, tmp_path, monkeypatch,
 def test_a_rekeyed_copy_of_a_forgotten_stay_is_dropped_by_content(tmp_path, capsys):
     from cohort.synthetic import generate
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
     src = tmp_path / "src"
     generate(src, stays=10, seed=3, fmt="parquet")
     p = tmp_path / "runs" / "warehouse.duckdb"
 
     def build() -> dict:
-        return build_task.fn("mimic", str(src), str(p), 0, None, 0, "512MB", False, None, str(p.parent))
+        return build_task.fn("mimic", str(src), str(p), CohortSettings(min_hours=0, memory_limit="512MB"),
+                             runs_dir=str(p.parent))
     n0 = build()["n_stays"]
     with duckdb.connect(str(p), read_only=True) as con:
         stay, subject = con.execute("SELECT stay_id, subject_id FROM cohort_stays ORDER BY n_hours DESC, stay_id "

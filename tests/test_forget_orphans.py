@@ -44,11 +44,12 @@ def base(tmp_path_factory):
     """A synthetic warehouse (large ids, so a byte scan means something) and two of its patients."""
     from cohort.synthetic import generate
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
     d = tmp_path_factory.mktemp("orphans")
     generate(d / "src", stays=8, seed=5, fmt="parquet")
     p = d / "base" / "warehouse.duckdb"
-    build_task.fn("mimic", str(d / "src"), str(p), 0, None, 0, "512MB", False, None, None)
+    build_task.fn("mimic", str(d / "src"), str(p), CohortSettings(min_hours=0, memory_limit="512MB"))
     with duckdb.connect(str(p), read_only=True) as con:
         subjects = [r[0] for r in con.execute("SELECT DISTINCT subject_id FROM cohort_stays ORDER BY 1").fetchall()]
         stays = {s: {r[0] for r in con.execute("SELECT stay_id FROM cohort_stays WHERE subject_id = ?",

@@ -57,9 +57,9 @@ def test_cli_init_then_increments(prefect_harness, replay_parts, tmp_path, capsy
 
 
 def test_serve_registers_ingest_on_an_interval():
-    from pipelines.flows.serve_cli import build_deployments, describe
+    from pipelines.flows.serve_cli import IngestSchedule, build_deployments, describe
 
-    deps = describe(build_deployments(ingest_root="/data/mimic", ingest_interval_s=120))
+    deps = describe(build_deployments(ingest=IngestSchedule("/data/mimic", interval_s=120)))
     ing = [d for d in deps if d["name"] == "forgetful-ingest"]
     assert ing and ing[0]["interval_s"] == [120.0] and ing[0]["concurrency_limit"] == 1
     assert ing[0]["parameters"]["root"] == "/data/mimic"

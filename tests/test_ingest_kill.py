@@ -23,8 +23,10 @@ from cohort.incremental.replay import make_replay
 from pipelines.ingest import KILL_ENV, ingest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHILD = ("import sys; from pipelines.ingest import ingest\nprint('ready', flush=True)\n"
-         "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, batch_stays=2)\nprint('done', flush=True)")
+CHILD = ("import sys; from pipelines.ingest import ingest; from pipelines.settings import IngestSettings\n"
+         "print('ready', flush=True)\n"
+         "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, settings=IngestSettings(batch_stays=2))\n"
+         "print('done', flush=True)")
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +117,10 @@ def test_kill_at_fixed_points_then_rerun(parts, reference, tmp_path, kill):
 
 
 PARALLEL_CHILD = ("import sys; import pipelines.ingest.gates as ig; from pipelines.ingest import ingest\n"
+                  "from pipelines.settings import IngestSettings\n"
                   "ig.PARALLEL_MIN_STAYS = 1\nprint('ready', flush=True)\n"
-                  "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True, batch_stays=2, jobs=2)\n")
+                  "ingest(sys.argv[1], 'mimic', sys.argv[2], final=True,\n"
+                  "       settings=IngestSettings(batch_stays=2, jobs=2))\n")
 
 
 def test_kill_with_worker_processes_leaves_none_behind(parts, reference, tmp_path):

@@ -24,6 +24,7 @@ import pytest
 from cohort.incremental.replay import make_replay
 from pipelines.ingest import ingest
 from pipelines.ingest import state as st
+from pipelines.settings import IngestSettings
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +115,11 @@ def test_workers_and_batch_size_change_nothing(replay_parts, tmp_path, monkeypat
         root, parts = _copy_root(replay_parts, tmp_path / name)
         wh = tmp_path / name / "s.duckdb"
         shutil.copy(parts[0], root / "icu" / parts[0].name)
-        ingest(wh, "mimic", root, init=True, **kw)
+        ingest(wh, "mimic", root, init=True, settings=IngestSettings(**kw))
         steps = []
         for i, p in enumerate(parts[1:]):
             shutil.copy(p, root / "icu" / p.name)
-            steps += ingest(wh, "mimic", root, final=i == len(parts) - 2, **kw)["steps"]
+            steps += ingest(wh, "mimic", root, final=i == len(parts) - 2, settings=IngestSettings(**kw))["steps"]
         assert max(s["stays_updated"] for s in steps) > 3 and sum(s["late_rows"] for s in steps) > 0
         assert sum(s["replaced_tokens"] for s in steps) > 0
         if name == "workers":

@@ -166,3 +166,34 @@ def test_the_cycle_check_can_fail():
     a = (Path("pipelines/a.py"), ast.parse("def f():\n    from .b import x\n"))
     b = (Path("pipelines/b.py"), ast.parse("from pipelines import a\n"))
     assert _cycles(_graph([a, b])) == [["pipelines.a", "pipelines.b"]]
+
+
+#: the most parameters a function in ``pipelines/`` takes (issue 34: settings travel as one frozen
+#: dataclass per study, never as 15 loose parameters or positional tuples)
+MAX_PARAMETERS = 8
+
+
+def _wide_functions(modules) -> list[str]:
+    """``file:line name (n)`` of every function with more than MAX_PARAMETERS named parameters
+    (positional, keyword and keyword-only; ``self``/``cls`` and ``*args``/``**kwargs`` not counted)."""
+    out = []
+    for rel, tree in modules:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+                if len(names) > MAX_PARAMETERS:
+                    out.append(f"{rel}:{node.lineno} {node.name} ({len(names)})")
+    return out
+
+
+def test_no_function_in_pipelines_takes_more_than_eight_parameters():
+    wide = _wide_functions([(rel, tree) for rel, tree in _modules() if rel.parts[0] == "pipelines"])
+    assert not wide, ("functions with more than 8 parameters (pass the study's settings dataclass, "
+                      "pipelines/settings.py):\n" + "\n".join(wide))
+
+
+def test_the_parameter_check_can_fail():
+    wide = ast.parse("def f(a, b, c, d, e, f, g, h, *, i, **kw):\n    pass\n"
+                     "class C:\n    def m(self, a, b, c, d, e, f, g, h):\n        pass\n")
+    assert _wide_functions([(Path("pipelines/x.py"), wide)]) == ["pipelines/x.py:1 f (9)"]

@@ -78,13 +78,13 @@ def test_tiny_comparison_end_to_end(tmp_path, capsys):
 
 
 def test_flow_writes_json_with_prefect(prefect_harness, tmp_path):
-    from pipelines.flows.language_model import language_model_flow
+    from pipelines.flows.language_model import LMSettings, language_model_flow
 
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(_text())
     out = tmp_path / "r.json"
-    language_model_flow(corpus=str(corpus), seeds=[0], tiny=True, out=str(out),
-                        references=["linear"])
+    language_model_flow(corpus=str(corpus), out=str(out),
+                        settings=LMSettings(protocol="tiny", seeds=(0,), references=("linear",)))
     from dashboards.schema import validate_result
 
     study = json.loads(out.read_text())
@@ -294,13 +294,13 @@ def test_paper_protocol_is_the_32m_model_with_seven_seeds():
 
 
 def test_unavailable_device_and_bad_threads_fail_before_training(tmp_path):
-    from pipelines.flows.language_model import language_model_flow
+    from pipelines.flows.language_model import LMSettings, language_model_flow
 
     if not torch.cuda.is_available():
         with pytest.raises(LMStudyError, match="not available"):
-            language_model_flow.fn(corpus=str(tmp_path / "none"), tiny=True, device="cuda",
+            language_model_flow.fn(corpus=str(tmp_path / "none"), settings=LMSettings(protocol="tiny", device="cuda"),
                                    out=str(tmp_path / "r.json"))
     with pytest.raises(LMStudyError, match="threads"):
-        language_model_flow.fn(corpus=str(tmp_path / "none"), tiny=True, threads=0,
+        language_model_flow.fn(corpus=str(tmp_path / "none"), settings=LMSettings(protocol="tiny", threads=0),
                                out=str(tmp_path / "r.json"))
     assert not (tmp_path / "r.json").exists()

@@ -34,8 +34,9 @@ def _tree(d: Path) -> dict[str, str]:
 
 def _build(p: Path, root: Path) -> dict:
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
-    return build_task.fn("mimic", str(root), str(p), 48, None, 0, "512MB", False, None, str(p.parent))
+    return build_task.fn("mimic", str(root), str(p), CohortSettings(memory_limit="512MB"), runs_dir=str(p.parent))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["sv_core", "cohort", "models", "evaluation", "pipelines", "dashboards"]
 #: distribution name -> import name, where they differ
-IMPORT_NAME = {"scikit-learn": "sklearn"}
+IMPORT_NAME = {"pyyaml": "yaml", "scikit-learn": "sklearn"}
 #: files this suite keeps clean under ruff and mypy (other modules: see the counts in the issue)
 CLEAN_FILES = [
     "sv_core/estimator.py",
@@ -302,9 +302,9 @@ def test_run_all_skips_its_torch_steps_with_one_line_each(monkeypatch, capsys, t
         raise ImportError("retrieval extra not installed (test)")
 
     monkeypatch.setattr(rm, "load_encoder", no_encoder)
-    times = run_all._run_steps(["deterioration", "audit", "studies"], False, lambda: None, "synthetic", None,
-                               str(tmp_path / "w.duckdb"), str(tmp_path), 10, 0, 10, 1, 1, 2,
-                               str(tmp_path / "r.html")).seconds  # the step meter's seconds per step run
+    run = run_all.Run("synthetic", None, str(tmp_path / "w.duckdb"), str(tmp_path), str(tmp_path / "r.html"),
+                      run_all.RunAllSettings(), False, lambda: None)
+    times = run_all._run_steps(["deterioration", "audit", "studies"], run).seconds  # the meter's seconds per step
     err = capsys.readouterr().err
     torch_studies = {s for c, s, *_ in study_synthetic.STUDIES if c in preflight.TORCH_COMMANDS} | {"learned_keys"}
     assert torch_studies == {"selective_copying", "capacity", "mqar_control", "learned_keys"}

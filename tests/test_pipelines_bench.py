@@ -37,10 +37,10 @@ def test_bench_delete_flow_writes_valid_result(prefect_harness, tmp_path, monkey
 
 
 def test_throughput_flow_writes_valid_result(prefect_harness, tmp_path):
-    from pipelines.flows.throughput_flow import throughput_flow
+    from pipelines.flows.throughput_flow import ThroughputSettings, throughput_flow
 
-    r = throughput_flow(batch=2, repeats=1, warmup=0, block=64, d_model=32, n_layers=1, n_heads=2,
-                        runs_dir=str(tmp_path))
+    r = throughput_flow(runs_dir=str(tmp_path), settings=ThroughputSettings(batch=2, repeats=1, warmup=0, block=64,
+                                                                            d_model=32, n_layers=1, n_heads=2))
     saved = json.loads((tmp_path / "throughput" / "result.json").read_text())
     validate_result(saved)
     m = saved["metrics"]

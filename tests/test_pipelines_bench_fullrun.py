@@ -41,9 +41,9 @@ def _runs(tmp: Path, steps: dict = STEPS) -> tuple[Path, Path, Path]:
 
 def _record(tmp: Path, steps: dict = STEPS) -> dict:
     runs, root, sj = _runs(tmp, steps)
-    return rep.make_record(sj, runs, root=root, command="python -m pipelines.cli run-all …", bench_command="B",
-                           commit="abcdef1234", machine={"cpu_count": 2}, uptime_start="u0", uptime_end="u1",
-                           rc=0, created_utc="T")
+    return rep.make_record(sj, runs, root=root, made=rep.Provenance(
+        command="python -m pipelines.cli run-all …", bench_command="B", commit="abcdef1234",
+        machine={"cpu_count": 2}, uptime_start="u0", uptime_end="u1", rc=0, created_utc="T"))
 
 
 def test_record_from_run_files(tmp_path):

@@ -49,14 +49,15 @@ def test_planted_retention_sv_beats_recency():
 def test_aggregate_matches_serial_reference(base_wh):
     from cohort.streams import iter_stays
     from evaluation.clinical.retention import compare_retention, comparison_from_columns, concat_columns
-    from pipelines.flows.clinical_retention import batch_results
+    from evaluation.clinical.retention_spec import StaySpec
+    from pipelines.flows.retention_chunks import batch_results
 
     ids = [s[0] for s in wh.stays(base_wh)][:10]
     pols = ["sv", "density", "recency", "random"]
+    spec = StaySpec(policies=tuple(pols), build_gate=False)
     parts = []
     for batch in (ids[5:], ids[:5]):  # out of order, as tasks may finish
-        parts.append(batch_results(str(base_wh), batch, label="event_composite", drop=[], nu=0.3, sigma=3.0,
-                                   policies=pols, build_gate=False)["columns"])
+        parts.append(batch_results(str(base_wh), batch, spec)["columns"])
     mine = comparison_from_columns(concat_columns(parts), policies=pols, nu=0.3, sigma=3.0, n_boot=500)
     ss = list(iter_stays(base_wh, stay_ids=ids))
     ref = compare_retention([s.z for s in ss], [s.event_composite for s in ss], policies=pols, n_boot=500,
@@ -69,11 +70,12 @@ def test_aggregate_matches_serial_reference(base_wh):
 
 
 def test_heldout_keys_are_5d(base_wh):
-    from pipelines.flows.clinical_retention import batch_results
+    from evaluation.clinical.retention_spec import StaySpec
+    from pipelines.flows.retention_chunks import batch_results
 
     ids = [s[0] for s in wh.stays(base_wh)][:4]
-    cols = batch_results(str(base_wh), ids, label="event_spo2", drop=["spo2"], nu=0.3, sigma=3.0,
-                         policies=["sv", "recency"], build_gate=False)["columns"]
+    spec = StaySpec(label="event_spo2", drop=("spo2",), policies=("sv", "recency"), build_gate=False)
+    cols = batch_results(str(base_wh), ids, spec)["columns"]
     assert set(cols["d"].tolist()) == {5} and cols["stay_id"].tolist() == ids
 
 

@@ -18,8 +18,11 @@ def test_the_flow_shows_each_epoch_and_each_model_seed(prefect_harness, tmp_path
     runs.mkdir()
     dst = runs / "warehouse.duckdb"
     shutil.copy(w, dst)
-    kw = dict(warehouse=str(dst), runs_dir=str(runs), models=("lstm",), seeds=2, max_epochs=2, n_boot=20,
-              size={"hidden": 4}, window=24, context=12)
+    from pipelines.settings import DeteriorationSettings
+
+    kw = dict(warehouse=str(dst), runs_dir=str(runs),
+              settings=DeteriorationSettings(models=("lstm",), seeds=2, max_epochs=2, n_boot=20, size={"hidden": 4},
+                                             window=24, context=12))
 
     def run(progress: bool) -> str:
         with runner.results_context(str(runs)):

@@ -41,7 +41,10 @@ def test_retention_and_heldout_flows(prefect_harness, small, monkeypatch):
     from pipelines.flows.clinical_retention import heldout_flow, retention_flow
 
     w, runs = small
-    res = _run(retention_flow, runs, warehouse=w, runs_dir=runs, n_boot=300, stays_per_task=6, progress=False)
+    from pipelines.settings import RetentionSettings
+
+    ret = RetentionSettings(n_boot=300, stays_per_task=6)
+    res = _run(retention_flow, runs, warehouse=w, runs_dir=runs, settings=ret, progress=False)
     m = res["metrics"]
     assert m["key_dim"] == 6 and m["n_stays_included"] >= 5
     assert all(0.0 <= v <= 1.0 for v in m["retention"].values())
@@ -61,10 +64,12 @@ def test_retention_and_heldout_flows(prefect_harness, small, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("cache miss")
     monkeypatch.setattr(flow_mod, "batch_results", fail)
-    again = _run(retention_flow, runs, warehouse=w, runs_dir=runs, n_boot=300, stays_per_task=6, progress=False)
+    again = _run(retention_flow, runs, warehouse=w, runs_dir=runs, settings=ret, progress=False)
     assert again["metrics"]["retention"] == m["retention"]
     monkeypatch.undo()
-    h = _run(heldout_flow, runs, warehouse=w, runs_dir=runs, n_boot=300, stays_per_task=6, progress=False)
+    h = _run(heldout_flow, runs, warehouse=w, runs_dir=runs, settings=RetentionSettings(heldout=True, n_boot=300,
+                                                                                         stays_per_task=6),
+             progress=False)
     assert h["metrics"]["key_dim"] == 5 and h["metrics"]["label"] == "event_spo2"
     assert all(0.0 <= v <= 1.0 for v in h["metrics"]["retention"].values())
 
@@ -116,8 +121,11 @@ def test_deterioration_and_audit_flows(prefect_harness, small):
     from pipelines.flows.clinical_deterioration import deterioration_flow
 
     w, runs = small
-    res = _run(deterioration_flow, runs, warehouse=w, runs_dir=runs, seeds=1, max_epochs=2, n_boot=50,
-               size={"hidden": 8, "d_model": 8, "heads": 1, "fista_iters": 10}, progress=False)
+    from pipelines.settings import DeteriorationSettings
+
+    res = _run(deterioration_flow, runs, warehouse=w, runs_dir=runs, progress=False,
+               settings=DeteriorationSettings(seeds=1, max_epochs=2, n_boot=50,
+                                              size={"hidden": 8, "d_model": 8, "heads": 1, "fista_iters": 10}))
     for mdl in ("lstm", "softmax", "sv_attention"):
         a = res["metrics"][mdl]["auroc_mean"]
         assert 0.0 <= a <= 1.0 and a != 0.5
@@ -134,15 +142,17 @@ def test_dask_runner_matches_threads(prefect_harness, small, tmp_path):
     from distributed import LocalCluster
 
     from pipelines.flows.clinical_retention import heldout_flow
+    from pipelines.settings import RetentionSettings
 
     w, runs = small
     runs2 = str(tmp_path / "runs_dask")  # separate result cache: no cache hits
+    held = RetentionSettings(heldout=True, n_boot=300, stays_per_task=6)
     with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cl:
         with runner.results_context(runs2):
             r = heldout_flow.with_options(task_runner=runner.make_task_runner(cl.scheduler_address))(
-                warehouse=w, runs_dir=runs2, n_boot=300, stays_per_task=6, progress=False)
+                warehouse=w, runs_dir=runs2, settings=held, progress=False)
     ref = _run(heldout_flow, str(tmp_path / "runs_thr"), warehouse=w, runs_dir=str(tmp_path / "runs_thr"),
-               n_boot=300, stays_per_task=6, progress=False)
+               settings=held, progress=False)
     assert r["metrics"]["retention"] == ref["metrics"]["retention"]
     from pipelines.store.warehouse import cache_dir
 

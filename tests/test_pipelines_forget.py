@@ -38,9 +38,10 @@ FIX = Path(__file__).parent / "fixtures" / "cohort"
 def _build(warehouse: Path, source: str = "mimic", root=None, min_hours: float = 48) -> dict:
     """The pipelines' build (registry applied), without a Prefect server."""
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
-    return build_task.fn(source, str(root) if root else None, str(warehouse), min_hours, None, 0, "1GB", False,
-                         None, str(warehouse.parent))
+    return build_task.fn(source, str(root) if root else None, str(warehouse),
+                         CohortSettings(min_hours=min_hours, memory_limit="1GB"), runs_dir=str(warehouse.parent))
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,10 @@ def encodings(i: int) -> dict[str, bytes]:
 
 def _retention_batch(warehouse: str, stay_ids) -> dict:
     """The retention study's map step over stays, with their gates (record-level)."""
-    from evaluation.clinical.retention import DEFAULT_POLICIES
-    from pipelines.flows.clinical_retention import batch_results
+    from evaluation.clinical.retention_spec import StaySpec
+    from pipelines.flows.retention_chunks import batch_results
 
-    return batch_results(warehouse, list(stay_ids), label="event_composite", drop=[], nu=0.3, sigma=3.0,
-                         policies=list(DEFAULT_POLICIES), build_gate=True)
+    return batch_results(warehouse, list(stay_ids), StaySpec(build_gate=True))
 
 
 def byte_hits(folders, ids) -> list[tuple[str, int, str]]:

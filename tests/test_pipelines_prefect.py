@@ -72,15 +72,21 @@ def test_commands_that_are_not_flows_start_no_server(tmp_path):
 
 
 def test_serverless_commands_are_exactly_the_modules_without_a_flow():
-    """A command whose module defines no Prefect flow never starts a server; every flow command does
-    (``serve`` serves flows). Read from the modules' source, so a new command is classified."""
+    """A command whose module neither defines nor runs a Prefect flow never starts a server; every
+    flow command does (``serve`` serves flows; a command module may run the flow of its study's
+    module, e.g. retention_cli -> clinical_retention). Read from the modules' source, so a new
+    command is classified."""
     import re as _re
 
     from pipelines.cli import COMMANDS
     from pipelines.runtime.signals import SERVERLESS_COMMANDS
 
-    no_flow = {c for c, (mod, _) in COMMANDS.items()
-               if not _re.search(r"^\s*@flow\b", (ROOT / "pipelines" / "flows" / f"{mod}.py").read_text(), _re.M)}
+    def has_flow(mod: str) -> bool:
+        src = (ROOT / "pipelines" / "flows" / f"{mod}.py").read_text()
+        return bool(_re.search(r"^\s*@flow\b", src, _re.M)) or any(
+            has_flow(m) for m in _re.findall(r"^from pipelines\.flows\.(\w+) import .*\w_flow\b", src, _re.M))
+
+    no_flow = {c for c, (mod, _) in COMMANDS.items() if not has_flow(mod)}
     assert no_flow - {"serve"} == set(SERVERLESS_COMMANDS)
 
 
@@ -237,7 +243,8 @@ def _tasks_and_flows():
     from prefect import Flow, Task
 
     mods = ["audit_flow", "bench_delete_flow", "clinical_cohort", "clinical_deletion", "clinical_deterioration",
-            "clinical_retention", "ingest_flow", "run_all", "study_learned_keys", "study_synthetic",
+            "clinical_retention", "retention_chunks", "ingest_flow", "run_all", "study_learned_keys",
+            "study_synthetic",
             "throughput_flow"]
     tasks, flows = {}, {}
     for m in mods:
@@ -289,9 +296,9 @@ def test_the_retry_condition_retries_transient_io_only():
 
 
 def test_every_deployment_has_concurrency_limit_one():
-    from pipelines.flows.serve_cli import build_deployments, describe
+    from pipelines.flows.serve_cli import IngestSchedule, build_deployments, describe
 
-    d = describe(build_deployments(ingest_root="/tmp/forgetful-none"))
+    d = describe(build_deployments(ingest=IngestSchedule("/tmp/forgetful-none")))
     assert {x["name"] for x in d} >= {"forgetful-run-all", "forgetful-ingest"}
     assert all(x["concurrency_limit"] == 1 for x in d), d
 

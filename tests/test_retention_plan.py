@@ -58,14 +58,14 @@ def base(tmp_path_factory):
 
 @pytest.mark.parametrize("label,drop", [("event_composite", []), ("event_spo2", ["spo2"])])
 def test_the_look_ahead_equals_the_batch_columns(base, label, drop):
-    from evaluation.clinical import retention as study
-    from pipelines.flows.retention_chunks import batch_results
+    from evaluation.clinical.retention_spec import StaySpec
+    from pipelines.flows.retention_chunks import batch_results, event_stays
     from pipelines.store import warehouse as wh
 
     ids = [int(s[0]) for s in wh.stays(str(base))]
-    cols = batch_results(str(base), ids, label=label, drop=drop, nu=0.3, sigma=3.0,
-                         policies=list(study.DEFAULT_POLICIES), build_gate=False)["columns"]
-    ahead = retention_plan.event_stays(str(base), ids, label)
+    spec = StaySpec(label=label, drop=tuple(drop), build_gate=False)
+    cols = batch_results(str(base), ids, spec)["columns"]
+    ahead = event_stays(str(base), ids, spec)
     assert np.array_equal(ahead["stay_id"], cols["stay_id"]) and np.array_equal(ahead["included"], cols["included"])
     inc = cols["included"]
     assert 0 < inc.sum() < inc.size and np.array_equal(ahead["n"][inc], cols["n"][inc])
@@ -74,7 +74,9 @@ def test_the_look_ahead_equals_the_batch_columns(base, label, drop):
 
 
 def test_a_wrong_look_ahead_is_recomputed_and_changes_nothing(prefect_harness, base, tmp_path, monkeypatch):
+    from pipelines.flows import retention_chunks
     from pipelines.flows.clinical_retention import retention_flow
+    from pipelines.settings import RetentionSettings
 
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -84,7 +86,8 @@ def test_a_wrong_look_ahead_is_recomputed_and_changes_nothing(prefect_harness, b
     def run():
         with runner.results_context(str(runs)):
             return retention_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
-                warehouse=str(w), runs_dir=str(runs), n_boot=200, progress=False, audit_stays=3, sensitivity_stays=5)
+                warehouse=str(w), runs_dir=str(runs), progress=False,
+                settings=RetentionSettings(n_boot=200, audit_stays=3, sensitivity_stays=5))
     relaunched = []
     finish = retention_plan.SidePlan.finish
 
@@ -95,7 +98,7 @@ def test_a_wrong_look_ahead_is_recomputed_and_changes_nothing(prefect_harness, b
     monkeypatch.setattr(retention_plan.SidePlan, "finish", spy)
     ref = run()
     assert relaunched == [False]  # the look-ahead was right: no second pass
-    real = retention_plan.event_stays
+    real = retention_chunks.event_stays
     seen = []
 
     def wrong(*a, **k):
@@ -103,7 +106,7 @@ def test_a_wrong_look_ahead_is_recomputed_and_changes_nothing(prefect_harness, b
         out["included"] = ~out["included"]  # every stay with an event taken for one without, and back
         seen.append(1)
         return out
-    monkeypatch.setattr(retention_plan, "event_stays", wrong)
+    monkeypatch.setattr(retention_chunks, "event_stays", wrong)
     again = run()
     assert seen == [1] and relaunched == [False, True]
     for k in ("retention", "refit_audit", "sensitivity"):

@@ -104,7 +104,8 @@ def test_run_all_records_each_steps_figures_in_json_and_summary(tmp_path, monkey
         return step != "deterioration"  # deterioration: skipped (as without torch)
 
     monkeypatch.setattr(run_all, "_run_step", fake_step)
-    meter = run_all._run_steps(["build-cohort", "retention", "deterioration", "report"], False, None, *[None] * 11)
+    run = run_all.Run("demo", None, "w.duckdb", "runs", "r.html", run_all.RunAllSettings(), False, lambda: None)
+    meter = run_all._run_steps(["build-cohort", "retention", "deterioration", "report"], run)
     assert list(meter.seconds) == ["build-cohort", "retention", "report"]
     assert meter.peak_rss_mb["retention"] - meter.peak_rss_mb["report"] > 250
 
@@ -139,11 +140,11 @@ def test_run_all_bounds_the_builds_duckdb_memory(monkeypatch):
             return lambda **params: seen.update(params)
 
     monkeypatch.setattr(clinical_cohort, "build_cohort_flow", Flow())
-    assert run_all._run_step("build-cohort", False, lambda: None, "mimic", "root", "w.duckdb", "runs", 10, 0,
-                             *[None] * 6)
-    assert seen["memory_limit"] == run_all.BUILD_MEMORY_LIMIT == "1GB"
-    run_all._run_step("build-cohort", False, lambda: None, "mimic", "root", "w.duckdb", "runs", 10, 0, *[None] * 6,
-                      build_memory_limit="600MB")
-    assert seen["memory_limit"] == "600MB"
-    args = build_parser(["run-all"]).parse_args(["run-all", "--build-memory-limit", "2GB"])
-    assert args.build_memory_limit == "2GB"
+
+    def run(settings):
+        return run_all.Run("mimic", "root", "w.duckdb", "runs", "r.html", settings, False, lambda: None)
+    assert run_all._run_step("build-cohort", run(run_all.RunAllSettings()))
+    assert seen["settings"].memory_limit == run_all.BUILD_MEMORY_LIMIT == "1GB"
+    args = build_parser(["run-all"]).parse_args(["run-all", "--build-memory-limit", "600MB"])
+    run_all._run_step("build-cohort", run(run_all.settings_of(args)))
+    assert seen["settings"].memory_limit == "600MB"

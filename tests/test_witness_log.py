@@ -29,8 +29,9 @@ from pipelines.store.warehouse import Warehouse
 
 def _build(p: Path, src: Path) -> dict:
     from pipelines.flows.clinical_cohort import build_task
+    from pipelines.settings import CohortSettings
 
-    return build_task.fn("mimic", str(src), str(p), 48, None, 0, "1GB", False, None, str(p.parent))
+    return build_task.fn("mimic", str(src), str(p), CohortSettings(memory_limit="1GB"), runs_dir=str(p.parent))
 
 
 def _count(p: Path, subject: int) -> int:

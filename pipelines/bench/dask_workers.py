@@ -212,6 +212,7 @@ def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stay
 
     from pipelines.flows.clinical_retention import retention_flow
     from pipelines.runtime import runner, scaleout, task_cache
+    from pipelines.settings import RetentionSettings
     from pipelines.store import warehouse as wh
 
     tmp = Path(tempfile.mkdtemp(prefix="forgetful-bench-dask-"))
@@ -239,8 +240,8 @@ def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stay
             with runner.results_context(site), scaleout.chunk_log() as log:
                 t0, c0 = time.time(), time.process_time()
                 res = retention_flow.with_options(task_runner=tr)(
-                    warehouse=str(wcopy), runs_dir=str(site), stays=n, progress=False,
-                    sensitivity_stays=sensitivity_stays)
+                    warehouse=str(wcopy), runs_dir=str(site), progress=False,
+                    settings=RetentionSettings(stays=n, sensitivity_stays=sensitivity_stays))
                 lead_cpu = time.process_time() - c0
                 return res, {**timeline(log, t0, time.time(), hours), "lead_cpu_s": lead_cpu}
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.bench.fullrun_report import FullRunError, make_record
+from pipelines.bench.fullrun_report import FullRunError, Provenance, make_record
 from pipelines.bench.scale import machine_info, uptime_line, write_doc
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -127,18 +127,16 @@ def main(argv: list[str] | None = None) -> int:
                 rc = subprocess.call(cmd, env=env, cwd=str(PROJECT), stdout=out, stderr=err)
             shown = [{str(runs): "WORKDIR/runs", str(steps): "WORKDIR/steps.json"}.get(x, x)
                      for x in redact(cmd[1:])]
-            record = make_record(steps, runs, root=Path(a.root), command=" ".join(["python", *shown]),
-                                 bench_command=bench_cmd, commit=_commit(), machine=machine_info(),
-                                 uptime_start=up0, uptime_end=uptime_line(), rc=rc, created_utc=now)
+            record = make_record(steps, runs, root=Path(a.root), made=Provenance(
+                " ".join(["python", *shown]), bench_cmd, _commit(), machine_info(), up0, uptime_line(), rc, now))
         else:
             missing = [f"--{k.replace('_', '-')}" for k in ("steps", "uptime_start", "uptime_end", "command")
                        if not getattr(a, k)]
             if missing:
                 ap.error("--record needs " + ", ".join(missing))
-            record = make_record(Path(a.steps), Path(a.record),
-                                 root=Path(a.data_root) if a.data_root else None, command=a.command,
-                                 bench_command=a.command, commit=a.commit, machine=machine_info(),
-                                 uptime_start=a.uptime_start, uptime_end=a.uptime_end, rc=a.rc, created_utc=now)
+            record = make_record(Path(a.steps), Path(a.record), root=Path(a.data_root) if a.data_root else None,
+                                 made=Provenance(a.command, a.command, a.commit, machine_info(), a.uptime_start,
+                                                 a.uptime_end, a.rc, now))
         if a.out:
             _write_json(Path(a.out), record)
         attach(record, Path(a.into), None if a.no_doc else Path(a.doc))

@@ -17,6 +17,7 @@ Record layout::
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,21 @@ def headlines(runs_dir: Path) -> dict[str, str]:
     return out
 
 
-def make_record(steps_json: Path, runs_dir: Path, *, root: Path | None, command: str, bench_command: str,
-                commit: str | None, machine: dict, uptime_start: str, uptime_end: str, rc: int,
-                created_utc: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Provenance:
+    """How a full run was made: the commands, commit, machine, ``uptime`` lines, exit code, time."""
+
+    command: str
+    bench_command: str
+    commit: str | None
+    machine: dict
+    uptime_start: str
+    uptime_end: str
+    rc: int
+    created_utc: str
+
+
+def make_record(steps_json: Path, runs_dir: Path, *, root: Path | None, made: Provenance) -> dict[str, Any]:
     """The record of one full ``run-all`` from its ``--json`` file and its runs folder."""
     sj = _read_json(steps_json, "run-all's --json file")
     secs = sj.get("seconds")
@@ -90,9 +103,10 @@ def make_record(steps_json: Path, runs_dir: Path, *, root: Path | None, command:
         steps[name] = {"wall_s": wall, **{k: (sj.get(src) or {}).get(name) for k, src in (
             ("cpu_s", "cpu_seconds"), ("peak_rss_mb", "peak_rss_mb"),
             ("children_peak_rss_mb", "children_peak_rss_mb"), ("start_rss_mb", "start_rss_mb"))}}
-    return {"kind": KIND, "created_utc": created_utc, "command": command, "bench_command": bench_command,
-            "commit": commit, "machine": machine, "uptime_start": uptime_start, "uptime_end": uptime_end,
-            "rc": int(rc), "data": data_summary(runs_dir, root), "steps": steps,
+    return {"kind": KIND, "created_utc": made.created_utc, "command": made.command,
+            "bench_command": made.bench_command, "commit": made.commit, "machine": made.machine,
+            "uptime_start": made.uptime_start, "uptime_end": made.uptime_end,
+            "rc": int(made.rc), "data": data_summary(runs_dir, root), "steps": steps,
             "peak_rss_mb_max": sj.get("peak_rss_mb_max"), "total_seconds": sj.get("total_seconds"),
             "rss_method": sj.get("rss_method"), "rss_method_note": sj.get("rss_method_note"),
             "headlines": headlines(runs_dir)}

@@ -172,6 +172,7 @@ def hwm_mb():
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 from pipelines.ingest import ingest
+from pipelines.settings import IngestSettings
 def runq_wait_s():  # seconds runnable but waiting for a CPU (inline: the other checkout may lack the helper)
     try:
         return int(open("/proc/self/schedstat").read().split()[1]) / 1e9
@@ -180,7 +181,8 @@ def runq_wait_s():  # seconds runnable but waiting for a CPU (inline: the other 
 t_imp = time.perf_counter() - t_start
 a = json.loads(sys.argv[1])
 c0 = os.times(); t0 = time.perf_counter(); q0 = runq_wait_s()
-r = ingest(a["warehouse"], "mimic", a["root"], init=a["init"], frozen=a["frozen"], **a["extra"])
+r = ingest(a["warehouse"], "mimic", a["root"], init=a["init"],
+           settings=IngestSettings(frozen=a["frozen"], **a["extra"]))
 wall = time.perf_counter() - t0; c1 = os.times(); runq = runq_wait_s() - q0
 steps = r["steps"]
 cpu = (c1.user - c0.user) + (c1.system - c0.system)

@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from dashboards.seed_figures import seed_figure_for, seed_line
 from pipelines import jsonout
 from pipelines.runtime import runner, task_cache
+from pipelines.settings import COUNT, SEED
 from pipelines.store import warehouse as wh
 
 ICU_REGIME = "icu_warehouse"
@@ -140,11 +141,11 @@ def _main(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("audit", help="fixed-C deletion audit: the paper's 4 regimes x 300 trials (real ICU keys incl.)",
                        description=__doc__)
-    p.add_argument("--trials", type=int, default=300, help="trials per regime (default 300, the paper's count)")
+    p.add_argument("--trials", type=COUNT, default=300, help="trials per regime (default 300, the paper's count)")
     p.add_argument("--regimes", nargs="*", default=None, metavar="REGIME",
                    help="regimes to run (default: the paper's " + ", ".join(DEFAULT_REGIMES) + "; also "
                         + ", ".join(EXTRA_REGIMES) + ")")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the trials (default %(default)s)")
+    p.add_argument("--seed", type=SEED, default=0, help="random seed of the trials (default %(default)s)")
     runner.add_common_args(p)
     jsonout.add_json_arg(p)
     p.set_defaults(func=_main)

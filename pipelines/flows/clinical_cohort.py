@@ -16,6 +16,7 @@ from prefect import flow, task
 
 from pipelines import jsonout
 from pipelines.runtime import runner
+from pipelines.settings import COUNT, HOURS, SEED, CohortSettings
 from pipelines.store import warehouse as wh
 
 
@@ -33,9 +34,9 @@ def generate_synthetic(out_dir: str, stays: int, seed: int) -> str:
 
 @task(name="build-warehouse",
       retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
-def build_task(source: str, root: str | None, warehouse: str, min_hours: float, sample: int | None, seed: int,
-               memory_limit: str, progress: bool, ledger_dir: str | None = None, runs_dir: str | None = None,
-               meds_codes: str | None = None, source_key: str | None = None) -> dict:
+def build_task(source: str, root: str | None, warehouse: str, settings: CohortSettings = CohortSettings(),
+               progress: bool = False, ledger_dir: str | None = None, runs_dir: str | None = None,
+               source_key: str | None = None) -> dict:
     """Build with the forget registry applied at scan time — the warehouse's own log and every
     other log this configuration keeps for the same source (``source_key``, default from
     ``source`` and ``root``: :mod:`pipelines.store.registries`), so a second warehouse of the same
@@ -61,9 +62,9 @@ def build_task(source: str, root: str | None, warehouse: str, min_hours: float, 
         with storage_errors("build-cohort: building the warehouse",
                             "the previous warehouse is unchanged (a build writes a new file and swaps it in only "
                             "when complete) and its temporary files were removed; rerun once the disk allows"):
-            s = build_warehouse(source, root, warehouse, min_hours=min_hours, sample=sample, seed=seed,
-                                memory_limit=memory_limit, progress=progress, exclude_subjects=exclusion,
-                                meds_codes=meds_codes)
+            s = build_warehouse(source, root, warehouse, min_hours=settings.min_hours, sample=settings.sample,
+                                seed=settings.seed, memory_limit=settings.memory_limit, progress=progress,
+                                exclude_subjects=exclusion, meds_codes=settings.meds_codes)
         con = duckdb.connect(str(w.path))
         try:
             for k, v in {**w.ledger_meta(), **exports}.items():
@@ -96,16 +97,15 @@ def data_kind_of(source: str, root: str | None) -> str:
 
 @flow(name="build-cohort", log_prints=True)
 def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: str = "runs/warehouse.duckdb",
-                      runs_dir: str = "runs", stays: int = 1500, seed: int = 0, min_hours: float = 48,
-                      sample: int | None = None, memory_limit: str = "4GB", fetch: bool = False,
-                      progress: bool = True, ledger_dir: str | None = None, meds_codes: str | None = None) -> dict:
+                      runs_dir: str = "runs", settings: CohortSettings = CohortSettings(), progress: bool = True,
+                      ledger_dir: str | None = None) -> dict:
     """Build the warehouse; returns the build summary (counts, content hash, seconds)."""
     t0 = time.perf_counter()
-    kind = source
+    kind, stays, seed = source, settings.stays, settings.seed
     if source == "demo":
         from cohort.demo_data import ensure_demo
 
-        root = str(ensure_demo(root, fetch=fetch))
+        root = str(ensure_demo(root, fetch=settings.fetch))
     from pipelines.store.registries import source_key
 
     key = source_key(source, root, stays=stays, seed=seed)  # the data, whichever folder it is generated into
@@ -113,8 +113,7 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
         gen_dir = Path(warehouse).resolve().parent / f"synthetic_{stays}_seed{seed}"
         root = generate_synthetic(str(gen_dir / "mimic"), stays, seed)
         source = "mimic"
-    summary = build_task(source, root, warehouse, min_hours, sample, seed, memory_limit, progress, ledger_dir, runs_dir,
-                         meds_codes, key)
+    summary = build_task(source, root, warehouse, settings, progress, ledger_dir, runs_dir, key)
     wh.set_data_kind(warehouse, data_kind_of(kind, root))
     funnel = summary["funnel"]
     result = {
@@ -123,28 +122,32 @@ def build_cohort_flow(source: str = "demo", root: str | None = None, warehouse: 
         "data": wh.data_kind(warehouse),
         "runtime_s": time.perf_counter() - t0,
         "seed_figure": {},
-        "metrics": {"n_stays": summary["n_stays"], "n_tokens": summary["n_rows"], "min_hours": min_hours,
+        "metrics": {"n_stays": summary["n_stays"], "n_tokens": summary["n_rows"], "min_hours": settings.min_hours,
                     "build_seconds": summary["seconds"]},
         "tables": [{"title": "funnel", "columns": ["step", "stays", "rows"],
                     "rows": [[s, a, b] for s, a, b in funnel]}],
         "figures": [{"kind": "funnel", "title": "cohort funnel (stays)",
                      "stages": [{"label": s, "count": a} for s, a, _ in funnel]}],
-        "config": {"source": kind, "seed": seed, "sample": sample, "stays": stays if kind == "synthetic" else None,
+        "config": {"source": kind, "seed": seed, "sample": settings.sample,
+                   "stays": stays if kind == "synthetic" else None,
                    "content_hash": summary["content_hash"]},
     }
     runner.write_study_result(result, runs_dir)
     return summary
 
 
-@runner.cli_errors
+def settings_of(args) -> CohortSettings:
+    """The command line's build settings (validated here, once)."""
+    return CohortSettings(stays=args.stays, seed=args.seed, min_hours=args.min_hours, sample=args.sample,
+                          memory_limit=args.memory_limit, meds_codes=args.meds_codes, fetch=args.fetch)
+
+
 def _main(args) -> int:
     import json
 
     s = runner.run_cli_flow(build_cohort_flow, args, must_exist=False, ledger_dir=args.ledger,
-                            source=args.source, root=args.root,
-                            warehouse=args.warehouse, runs_dir=args.runs, stays=args.stays, seed=args.seed,
-                            min_hours=args.min_hours, sample=args.sample, memory_limit=args.memory_limit,
-                            fetch=args.fetch, progress=not args.no_progress, meds_codes=args.meds_codes)
+                            source=args.source, root=args.root, warehouse=args.warehouse, runs_dir=args.runs,
+                            settings=settings_of(args), progress=not args.no_progress)
     out = {"warehouse": s["warehouse"], "n_stays": s["n_stays"], "n_rows": s["n_rows"],
            "content_hash": s["content_hash"], "seconds": round(s["seconds"], 2),
            "cpu_seconds": round(s.get("cpu_seconds", 0.0), 2), "cpu_phases": s.get("cpu_phases", {})}
@@ -163,11 +166,11 @@ def add_cli(sub) -> None:
     p.add_argument("--meds-codes", default=None, metavar="FILE",
                    help="meds: JSON map of MEDS codes to vitals (default: MIMIC_IV_MEDS chartevents codes of the "
                         "pinned itemids, and this project's export codes; see docs/MEDS.md)")
-    p.add_argument("--stays", type=int, default=1500, help="synthetic: number of generated stays (default 1500)")
-    p.add_argument("--seed", type=int, default=0, help="split / sample / synthetic-data seed (default %(default)s)")
-    p.add_argument("--min-hours", type=float, default=48,
+    p.add_argument("--stays", type=COUNT, default=1500, help="synthetic: number of generated stays (default 1500)")
+    p.add_argument("--seed", type=SEED, default=0, help="split / sample / synthetic-data seed (default %(default)s)")
+    p.add_argument("--min-hours", type=HOURS, default=48,
                    help="minimum ICU length of stay in hours (default %(default)s)")
-    p.add_argument("--sample", type=int, default=None, help="keep a deterministic sample of N eligible stays")
+    p.add_argument("--sample", type=COUNT, default=None, help="keep a deterministic sample of N eligible stays")
     p.add_argument("--memory-limit", default="4GB", help="DuckDB memory limit of the build (default %(default)s)")
     p.add_argument("--fetch", action="store_true", help="demo: fetch the demo wheel first if it is not cached")
     runner.add_common_args(p)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,30 +38,44 @@ from prefect.cache_policies import NO_CACHE
 from dashboards.seed_figures import seed_comparability, seed_figure_for, seed_line
 from evaluation.clinical import patient_deletion as pdel
 from evaluation.clinical import patient_deletion_result as pres
-from evaluation.studies.errors import StudyConfigError
 from pipelines import jsonout, study_inputs
 from pipelines.receipts import ledger
 from pipelines.runtime import runner, scaleout, task_cache
+from pipelines.settings import COUNT, NU, POSITIVE, REFIT_SAMPLE, SEED, DeletionSettings
 from pipelines.store import gate_store
 from pipelines.store import warehouse as wh
+from pipelines.store.keys import for_warehouse
 
 STUDY = "patient_deletion"
 #: gates of a run in progress are stored under this study name until the run publishes them
 PENDING = "patient_deletion.pending"
 ROWS = "context_rows"
-#: contexts checked against the independent refit by default (the first of the seeded shuffle)
-REFIT_SAMPLE = 200
 
 
-def context_result(stays: list, target: int, nu: float, sigma: float, max_hours: int, dedupe_tol: float,
-                   gammas: list[float], decay_sigmas: list[float], refit_check: bool) -> dict:
+@dataclass(frozen=True)
+class ContextSpec:
+    """What each context's computation needs (the chunk tasks' settings, part of their cache keys)."""
+
+    nu: float
+    sigma: float
+    max_hours: int
+    dedupe_tol: float
+    gammas: tuple[float, ...]
+    decay_sigmas: tuple[float, ...]
+
+    @classmethod
+    def of(cls, s: DeletionSettings) -> ContextSpec:
+        return cls(s.nu, s.sigma, s.max_hours, s.dedupe_tol, tuple(s.gammas or pdel.GAMMAS), tuple(s.decay_sigmas))
+
+
+def context_result(stays: list, target: int, refit_check: bool, spec: ContextSpec) -> dict:
     """One context (its patients' stays, in order): :func:`pdel.forget_patient` and the token origins."""
     from sv_core import GateError
 
-    ctx = pdel.build_context(stays, max_hours, dedupe_tol)
+    ctx = pdel.build_context(stays, spec.max_hours, spec.dedupe_tol)
     try:
-        r = pdel.forget_patient(ctx, target, nu=nu, sigma=sigma, gammas=gammas, decay_sigmas=decay_sigmas,
-                                refit_check=refit_check)
+        r = pdel.forget_patient(ctx, target, nu=spec.nu, sigma=spec.sigma, gammas=list(spec.gammas),
+                                decay_sigmas=list(spec.decay_sigmas), refit_check=refit_check)
     except GateError as exc:  # e.g. the forgotten patient holds more than (1 - nu) of the context
         return {"completed": False, "error": type(exc).__name__}
     r.update(completed=True, token_subject=ctx.subject, token_stay=ctx.stay, token_hour=ctx.hour)
@@ -70,15 +85,13 @@ def context_result(stays: list, target: int, nu: float, sigma: float, max_hours:
 @task(name="patient-deletion-context", cache_policy=NO_CACHE, persist_result=False,
       retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 @task_cache.cached
-def context_task(warehouse: str, content_hash: str, jobs: list[list], nu: float, sigma: float, max_hours: int,
-                 dedupe_tol: float, gammas: list[float], decay_sigmas: list[float]) -> list[dict]:
+def context_task(warehouse: str, content_hash: str, jobs: list[list], spec: ContextSpec) -> list[dict]:
     """A chunk of contexts, ``jobs = [[stay ids, target, refit_check], ...]``: their stays read in
     one query, one result per context (one task and one cache entry per chunk, not per context)."""
     from cohort.streams import iter_stays
 
     by_id = {s.stay_id: s for s in iter_stays(warehouse, stay_ids=sorted({int(s) for j in jobs for s in j[0]}))}
-    return [context_result([by_id[int(s)] for s in ids], int(t), nu, sigma, max_hours, dedupe_tol, gammas,
-                           decay_sigmas, bool(rc)) for ids, t, rc in jobs]
+    return [context_result([by_id[int(s)] for s in ids], int(t), bool(rc), spec) for ids, t, rc in jobs]
 
 
 def _stored(results: list[dict]):
@@ -94,10 +107,9 @@ def _stored(results: list[dict]):
 def _ledger_verified(warehouse: str) -> bool:
     """Whether the project's receipt ledger (not this study's in-memory receipts) verifies."""
     from pipelines.errors import LedgerError
-    from pipelines.store.keys import Keys
 
     try:
-        ledger.Ledger(ledger.default_dir(warehouse), Keys.load()).verify()
+        ledger.Ledger(ledger.default_dir(warehouse), for_warehouse(warehouse)).verify()
         return True
     except LedgerError:
         return False
@@ -135,64 +147,60 @@ def _append_rows(con, rows: list[dict]) -> None:
 
 @flow(name="patient-deletion", log_prints=True)
 @runner.warehouse_locked
-def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs", nu: float = 0.5,
-                          sigma: float = 2.0, per_context: int = 5, max_hours: int = 48, dedupe_tol: float = 0.1,
-                          max_contexts: int | None = None, max_stays: int | None = None, seed: int = 0,
-                          gammas: tuple[float, ...] = pdel.GAMMAS, decay_sigmas: tuple[float, ...] = (),
-                          persist_gates: bool = True, batch_contexts: int = 32, progress: bool = True,
-                          refit_sample: int = REFIT_SAMPLE) -> dict:
+def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs",
+                          settings: DeletionSettings = DeletionSettings(), progress: bool = True) -> dict:
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
     wh.require(warehouse)
+    s, spec = settings, ContextSpec.of(settings)
+    per_context, seed, gammas = s.per_context, s.seed, spec.gammas
     study_inputs.require_patients(warehouse, "patient-deletion", per_context,
                                   f"one context shares {per_context} patients")
-    if isinstance(refit_sample, bool) or not isinstance(refit_sample, (int, np.integer)) or refit_sample < 1:
-        raise StudyConfigError(f"refit sample must be a positive number of contexts; got {refit_sample!r}")
     h = wh.content_hash(warehouse)
-    groups = pdel.plan_contexts(wh.stays(warehouse), per_context, seed, contexts=max_contexts, n_stays=max_stays)
+    groups = pdel.plan_contexts(wh.stays(warehouse), per_context, seed, contexts=s.max_contexts, n_stays=s.max_stays)
     targets = np.random.default_rng([seed, 1]).integers(0, per_context, size=len(groups))
     data = wh.data_kind(warehouse)
-    if persist_gates:
+    if s.persist_gates:
         with wh.transaction(warehouse) as con:
             gate_store.drop_study(con, PENDING)  # what a killed run left
+    keys = for_warehouse(warehouse)  # the command's handle's (pipelines.store.keys.for_warehouse)
     macs: dict[int, str] = {}  # staged context id -> its MAC under the published name
     slots = scaleout.local_slots()
     bar = tqdm(total=len(groups), desc="patient-deletion (contexts)", disable=not progress, leave=False)
     with _scratch() as scratch:
-        for batch in runner.chunks(list(enumerate(zip(groups, targets))), batch_contexts):
-            jobs = [[[int(s) for s in g], int(t), i < refit_sample] for i, (g, t) in batch]
+        for batch in runner.chunks(list(enumerate(zip(groups, targets))), s.batch_contexts):
+            jobs = [[[int(x) for x in g], int(t), i < s.refit_sample] for i, (g, t) in batch]
             per_task = -(-len(jobs) // slots)  # one task per worker slot and batch
-            futures = [context_task.submit(warehouse, h, part, nu, sigma, max_hours, dedupe_tol, list(gammas),
-                                           list(decay_sigmas)) for part in runner.chunks(jobs, per_task)]
+            futures = [context_task.submit(warehouse, h, part, spec) for part in runner.chunks(jobs, per_task)]
             res = [r for part in runner.gather(futures, "patient-deletion (batch)", progress=False) for r in part]
             _append_rows(scratch, [pdel.context_row(r) for r in res if r.get("completed")])
-            if persist_gates:
+            if s.persist_gates:
                 with wh.transaction(warehouse) as con:
-                    macs.update(gate_store.append_contexts(con, PENDING, _stored(res), promote_to=STUDY))
+                    macs.update(gate_store.append_contexts(con, PENDING, _stored(res), keys, promote_to=STUDY))
             bar.update(len(batch))
             del res, futures
         bar.close()
         has_rows = scratch.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
                                    [ROWS]).fetchone()[0]
-        m = (pres.aggregate(scratch, ROWS, len(groups), gammas) if has_rows
+        m = (pres.aggregate(scratch, ROWS, len(groups), list(gammas)) if has_rows
              else {"contexts_attempted": len(groups), "contexts_completed": 0})
-    if persist_gates:
+    if s.persist_gates:
         with wh.transaction(warehouse) as con:
             gate_store.promote_study(con, PENDING, STUDY, macs)
     m["gates_persisted"] = len(macs)
     comp = seed_comparability(STUDY, data)
     result = pres.study_result(
-        m, data=data, seed_comparable=comp["comparable"], gammas=gammas, runtime_s=time.perf_counter() - t0,
-        config={"nu": nu, "sigma": sigma, "patients_per_context": per_context, "max_hours": max_hours,
-                "dedupe_tol_sd": dedupe_tol, "dedupe": "within each patient", "gammas": list(gammas),
-                "seed_gammas": list(pdel.SEED_GAMMAS), "decay_sigmas": list(decay_sigmas), "seed": seed,
-                "sample": ("every eligible patient" if max_contexts is None and max_stays is None else
+        m, data=data, seed_comparable=comp["comparable"], gammas=list(gammas), runtime_s=time.perf_counter() - t0,
+        config={"nu": s.nu, "sigma": s.sigma, "patients_per_context": per_context, "max_hours": s.max_hours,
+                "dedupe_tol_sd": s.dedupe_tol, "dedupe": "within each patient", "gammas": list(gammas),
+                "seed_gammas": list(pdel.SEED_GAMMAS), "decay_sigmas": list(s.decay_sigmas), "seed": seed,
+                "sample": ("every eligible patient" if s.max_contexts is None and s.max_stays is None else
                            f"first {len(groups)} contexts of the seeded shuffle"),
                 "queries": "the forgotten patient's own keys", "values": "keys (z-scored vitals)",
                 "naive_removal": "tokens dropped, other α renormalised to sum 1, ρ kept, no re-solve",
-                "batch_contexts": batch_contexts,
-                "refit_sample": {"requested": int(refit_sample), "contexts": min(int(refit_sample), len(groups)),
+                "batch_contexts": s.batch_contexts,
+                "refit_sample": {"requested": int(s.refit_sample), "contexts": min(int(s.refit_sample), len(groups)),
                                  "choice": "the first contexts of the seeded shuffle (a uniform sample)"}})
     fig = seed_figure_for(STUDY)
     result["seed_figure"] = {"text": fig["text"], "source": fig["source"]}
@@ -203,12 +211,16 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
     return result
 
 
-@runner.cli_errors
+def settings_of(args) -> DeletionSettings:
+    """The command line's study settings (validated here, once)."""
+    return DeletionSettings(nu=args.nu, sigma=args.sigma, max_contexts=args.contexts, max_stays=args.stays,
+                            seed=args.seed, decay_sigmas=tuple(args.decay_sigmas or ()),
+                            persist_gates=not args.no_persist, refit_sample=args.refit_sample)
+
+
 def _main(args) -> int:
-    r = runner.run_cli_flow(patient_deletion_flow, args, warehouse=args.warehouse, runs_dir=args.runs, nu=args.nu,
-                            sigma=args.sigma, max_contexts=args.contexts, max_stays=args.stays, seed=args.seed,
-                            decay_sigmas=tuple(args.decay_sigmas or ()), persist_gates=not args.no_persist,
-                            progress=not args.no_progress, refit_sample=args.refit_sample)
+    r = runner.run_cli_flow(patient_deletion_flow, args, warehouse=args.warehouse, runs_dir=args.runs,
+                            settings=settings_of(args), progress=not args.no_progress)
     m = r["metrics"]
     print(f"patient_deletion: {m['contexts_completed']}/{m['contexts_attempted']} contexts")
     if m["contexts_completed"]:
@@ -231,16 +243,16 @@ def _main(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("patient-deletion", help="forget one of five patients sharing a context (leakage, KKT, decay)",
                        description=__doc__)
-    p.add_argument("--nu", type=float, default=0.5, help="SVDD ν of each context's gate (default %(default)s)")
-    p.add_argument("--sigma", type=float, default=2.0, help="RBF kernel width σ (default %(default)s)")
-    p.add_argument("--contexts", "--max-contexts", dest="contexts", type=int, default=None, metavar="N",
+    p.add_argument("--nu", type=NU, default=0.5, help="SVDD ν of each context's gate (default %(default)s)")
+    p.add_argument("--sigma", type=POSITIVE, default=2.0, help="RBF kernel width σ (default %(default)s)")
+    p.add_argument("--contexts", "--max-contexts", dest="contexts", type=COUNT, default=None, metavar="N",
                    help="run N five-patient contexts, a deterministic sample (default: every eligible patient)")
-    p.add_argument("--stays", type=int, default=None, metavar="N",
+    p.add_argument("--stays", type=COUNT, default=None, metavar="N",
                    help="run on N patients' first stays, a deterministic sample (N // 5 contexts; default: all)")
-    p.add_argument("--decay-sigmas", type=float, nargs="*", default=None, metavar="SIGMA",
+    p.add_argument("--decay-sigmas", type=POSITIVE, nargs="*", default=None, metavar="SIGMA",
                    help="also report decay leakage with the gate solved at these σ (the leakage investigation)")
-    p.add_argument("--seed", type=int, default=0, help="grouping and forgotten-patient seed (default %(default)s)")
-    p.add_argument("--refit-sample", type=int, default=REFIT_SAMPLE, metavar="N",
+    p.add_argument("--seed", type=SEED, default=0, help="grouping and forgotten-patient seed (default %(default)s)")
+    p.add_argument("--refit-sample", type=COUNT, default=REFIT_SAMPLE, metavar="N",
                    help="check N contexts (the first of the seeded shuffle) against the independent refit; the "
                         "gaps to the refit are over these (default %(default)s)")
     p.add_argument("--no-persist", action="store_true", help="do not store the gates in the warehouse")

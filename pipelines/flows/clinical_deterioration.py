@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from prefect import flow, task
@@ -53,20 +54,37 @@ from evaluation.clinical.deterioration_results import (
 from evaluation.cluster_bootstrap import paired_cluster_bootstrap
 from pipelines import jsonout, study_inputs
 from pipelines.runtime import runner, task_cache
+from pipelines.settings import COUNT, COUNT0, DeteriorationSettings
 from pipelines.store import warehouse as wh
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What one model × seed's training needs besides the model and seed (the train task's
+    settings, part of its cache key): sequence layout, sizes, caps, device and protocol."""
+
+    window: int
+    size: dict
+    max_epochs: int
+    n_boot: int
+    mode: str = "sliding"
+    context: int = 48
+    label: str = "filled"
+    protocol: str = det.PROTOCOL
+    caps: dict | None = None
+    device: str = "cpu"
+    training: str = dtr.TRAINING
 
 
 @task(name="deterioration-train", cache_policy=NO_CACHE, persist_result=False,
       retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
 @task_cache.cached
-def train_task(warehouse: str, content_hash: str, model: str, seed: int, window: int, size: dict,
-               max_epochs: int, n_boot: int, mode: str = "sliding", context: int = 48, label: str = "filled",
-               protocol: str = det.PROTOCOL, caps: dict | None = None, device: str = "cpu",
-               training: str = dtr.TRAINING) -> dict:
-    caps = caps or {}
-    data = dtr.study_data(warehouse, mode, window, context, label, caps.get("val_windows"), caps.get("test_stays"))
-    return dtr.train_and_test(data, model, seed, size=size, max_epochs=max_epochs, n_boot=n_boot,
-                              train_windows=caps.get("train_windows"), device=device, return_predictions=True)
+def train_task(warehouse: str, content_hash: str, model: str, seed: int, spec: TrainSpec) -> dict:
+    caps = spec.caps or {}
+    data = dtr.study_data(warehouse, spec.mode, spec.window, spec.context, spec.label, caps.get("val_windows"),
+                          caps.get("test_stays"))
+    return dtr.train_and_test(data, model, seed, size=spec.size, max_epochs=spec.max_epochs, n_boot=spec.n_boot,
+                              train_windows=caps.get("train_windows"), device=spec.device, return_predictions=True)
 
 
 def resolve_caps(device: str, **given: int | None) -> dict:
@@ -137,19 +155,18 @@ def _tasks_run_in_this_process() -> bool:
 @flow(name="deterioration", log_prints=True)
 @runner.warehouse_locked
 def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs",
-                       models: tuple[str, ...] = det.MODELS, seeds: int | None = None, window: int = 48,
-                       max_epochs: int | None = None, n_boot: int = 10_000, size: dict | None = None,
-                       progress: bool = True, mode: str = "sliding", context: int = 48,
-                       label: str = "filled", device: str = "cpu", train_windows: int | None = None,
-                       val_windows: int | None = None, test_stays: int | None = None) -> dict:
-    """``seeds``, ``max_epochs`` and the window / stay caps default to the device's caps
+                       settings: DeteriorationSettings = DeteriorationSettings(), progress: bool = True) -> dict:
+    """``settings.seeds``, ``max_epochs`` and the window / stay caps default to the device's caps
     (:data:`evaluation.clinical.deterioration_training.CAPS`); 0 = no cap."""
+    st = settings
+    models, seeds, window, max_epochs, n_boot = st.models or det.MODELS, st.seeds, st.window, st.max_epochs, st.n_boot
+    size, mode, context, label, device = st.size, st.mode, st.context, st.label, st.device
     t0 = time.perf_counter()
     wh.require(warehouse)
     if mode not in det.SEQUENCE_MODES or label not in det.LABEL_VARIANTS:
         raise det.DeteriorationInputError(
             f"mode must be one of {det.SEQUENCE_MODES} and label one of {det.LABEL_VARIANTS}")
-    caps = resolve_caps(device, train_windows=train_windows, val_windows=val_windows, test_stays=test_stays)
+    caps = resolve_caps(device, train_windows=st.train_windows, val_windows=st.val_windows, test_stays=st.test_stays)
     seeds = caps["seeds"] if seeds is None else seeds
     max_epochs = caps["max_epochs"] if max_epochs is None else max_epochs
     caps.update(seeds=seeds, max_epochs=max_epochs)
@@ -162,8 +179,8 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     size = {**dtr.DEFAULT_SIZE, **(size or {})}
     names = list(models)
     jobs = [(m, s) for s in range(seeds) for m in names]
-    futures = [train_task.submit(warehouse, h, m, s, window, size, max_epochs, n_boot, mode, context, label,
-                                 det.PROTOCOL, window_caps, device) for m, s in jobs]
+    spec = TrainSpec(window, size, max_epochs, n_boot, mode, context, label, det.PROTOCOL, window_caps, device)
+    futures = [train_task.submit(warehouse, h, m, s, spec) for m, s in jobs]
     runs = train_with_progress(futures, jobs, max_epochs, progress)
     agg = aggregate(runs, names)
 
@@ -268,13 +285,18 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     return result
 
 
+def settings_of(args) -> DeteriorationSettings:
+    """The command line's study settings (validated here, once)."""
+    return DeteriorationSettings(seeds=args.seeds, window=args.window, max_epochs=args.max_epochs, n_boot=args.n_boot,
+                                 mode=args.mode, context=args.context, label=args.label, device=args.device,
+                                 train_windows=args.train_windows, val_windows=args.val_windows,
+                                 test_stays=args.test_stays)
+
+
 @runner.cli_errors
 def _main(args) -> int:
     r = runner.run_cli_flow(deterioration_flow, args, warehouse=args.warehouse, runs_dir=args.runs,
-                            seeds=args.seeds, window=args.window, max_epochs=args.max_epochs, n_boot=args.n_boot,
-                            mode=args.mode, context=args.context, label=args.label, device=args.device,
-                            train_windows=args.train_windows, val_windows=args.val_windows,
-                            test_stays=args.test_stays, progress=not args.no_progress)
+                            settings=settings_of(args), progress=not args.no_progress)
     m = r["metrics"]
     print(f"deterioration: test {m['test_hours']} hours, {m['test_stays']} stays, prevalence {m['test_prevalence']:.3f}"
           f" (label {m['label']}, {m['mode']})")
@@ -301,24 +323,24 @@ def add_cli(sub) -> None:
                        description=__doc__)
     p.add_argument("--device", choices=dtr.DEVICES, default="cpu",
                    help="train on the CPU (default) or a CUDA GPU; picks the default caps below")
-    p.add_argument("--seeds", type=int, default=None,
+    p.add_argument("--seeds", type=COUNT, default=None,
                    help="training seeds per model (default: the device's cap, 3)")
-    p.add_argument("--max-epochs", type=int, default=None,
+    p.add_argument("--max-epochs", type=COUNT, default=None,
                    help="epoch cap; early stopping on val BCE (default: the device's cap, 12)")
-    p.add_argument("--train-windows", type=int, default=None,
+    p.add_argument("--train-windows", type=COUNT0, default=None,
                    help=f"training windows drawn per epoch (0 = all; default {_cap('train_windows')})")
-    p.add_argument("--val-windows", type=int, default=None,
+    p.add_argument("--val-windows", type=COUNT0, default=None,
                    help=f"validation windows, a fixed sample (0 = all; default {_cap('val_windows')})")
-    p.add_argument("--test-stays", type=int, default=None,
+    p.add_argument("--test-stays", type=COUNT0, default=None,
                    help=f"test stays, a fixed sample, every hour scored (0 = all; default {_cap('test_stays')})")
-    p.add_argument("--window", type=int, default=48, help="scored hours per sliding block (default 48)")
-    p.add_argument("--context", type=int, default=48,
+    p.add_argument("--window", type=COUNT, default=48, help="scored hours per sliding block (default 48)")
+    p.add_argument("--context", type=COUNT0, default=48,
                    help="carried context: preceding hours read before each block (default 48; 0 = disjoint windows)")
     p.add_argument("--mode", choices=det.SEQUENCE_MODES, default="sliding",
                    help="sliding blocks with carried context (default) or whole-stay sequences")
     p.add_argument("--label", choices=det.LABEL_VARIANTS, default="filled",
                    help="event definition: filled values (default, the warehouse's) or observed-only")
-    p.add_argument("--n-boot", type=int, default=10_000,
+    p.add_argument("--n-boot", type=COUNT, default=10_000,
                    help="stay-clustered bootstrap resamples (default %(default)s)")
     runner.add_common_args(p)
     jsonout.add_json_arg(p)

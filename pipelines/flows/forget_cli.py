@@ -17,6 +17,7 @@ import sys
 
 from pipelines import jsonout
 from pipelines.runtime import runner
+from pipelines.settings import ID
 
 
 @runner.cli_errors
@@ -42,8 +43,8 @@ def add_cli(sub) -> None:
     p = sub.add_parser("forget", help="forget one patient everywhere, durably, with one tamper-evident receipt",
                        description=__doc__)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--subject-id", type=int, default=None, help="the patient's subject_id")
-    g.add_argument("--stay-id", type=int, default=None, help="forget the patient who owns this stay")
+    g.add_argument("--subject-id", type=ID, default=None, help="the patient's subject_id")
+    g.add_argument("--stay-id", type=ID, default=None, help="forget the patient who owns this stay")
     p.add_argument("--warehouse", default="runs/warehouse.duckdb", help="DuckDB warehouse (default: %(default)s)")
     p.add_argument("--no-verify", action="store_true", help="skip the same-C refit verification")
     p.add_argument("--allow-absent", action="store_true",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipelines import jsonout
+from pipelines.settings import COUNT, NU, POSITIVE, SEED
 
 
 def run_gate_demo(n: int = 120, d: int = 6, nu: float = 0.4, sigma: float = 2.0, seed: int = 0) -> dict:
@@ -62,10 +63,10 @@ def _cli(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("gate-demo", help="admit a stream, certify, evict, forget with verification",
                        description=__doc__)
-    p.add_argument("--n", type=int, default=120, help="stream length: keys admitted (default %(default)s)")
-    p.add_argument("--d", type=int, default=6, help="key dimension (default %(default)s)")
-    p.add_argument("--nu", type=float, default=0.4, help="SVDD ν; sets C = 1/(ν·n) once (default %(default)s)")
-    p.add_argument("--sigma", type=float, default=2.0, help="RBF kernel width σ (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the stream (default %(default)s)")
+    p.add_argument("--n", type=COUNT, default=120, help="stream length: keys admitted (default %(default)s)")
+    p.add_argument("--d", type=COUNT, default=6, help="key dimension (default %(default)s)")
+    p.add_argument("--nu", type=NU, default=0.4, help="SVDD ν; sets C = 1/(ν·n) once (default %(default)s)")
+    p.add_argument("--sigma", type=POSITIVE, default=2.0, help="RBF kernel width σ (default %(default)s)")
+    p.add_argument("--seed", type=SEED, default=0, help="random seed of the stream (default %(default)s)")
     jsonout.add_json_arg(p)  # the receipt, certificate and partition
     p.set_defaults(func=_cli)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import flow, task
 
 from pipelines import jsonout
 from pipelines.runtime import runner
+from pipelines.settings import COUNT, HOURS, SEED, IngestSettings, utc_microseconds
 
 DEFAULT_INTERVAL_S = 3600
 #: per-step aggregates stored in the result (``metrics.stream_series``, columnar, oldest first)
@@ -42,13 +44,10 @@ def _data_kind(root: str) -> str:
 
 # no retries: the task commits increments; a retry after a commit whose result was lost would apply it twice
 @task(name="ingest-increments")
-def ingest_task(warehouse: str, source: str, root: str, init: bool, frozen: dict | None, final: bool,
-                as_of_us: int | None, max_steps: int | None, min_hours: float, seed: int,
-                jobs: int | None = None) -> dict:
+def ingest_task(warehouse: str, source: str, root: str, init: bool, final: bool, settings: IngestSettings) -> dict:
     from pipelines.ingest import ingest
 
-    return ingest(warehouse, source, root, init=init, frozen=frozen, final=final, as_of_us=as_of_us,
-                  max_steps=max_steps, min_hours=min_hours, seed=seed, jobs=jobs)
+    return ingest(warehouse, source, root, init=init, final=final, settings=settings)
 
 
 def result_of(r: dict, data: str, source: str) -> dict:
@@ -82,21 +81,18 @@ def result_of(r: dict, data: str, source: str) -> dict:
 
 @flow(name="ingest", log_prints=True)
 def ingest_flow(source: str = "mimic", root: str = ".", warehouse: str = "runs/stream.duckdb", runs_dir: str = "runs",
-                init: bool = False, frozen_file: str | None = None, final: bool = False, as_of: str | None = None,
-                max_steps: int | None = None, min_hours: float = 48, seed: int = 0, jobs: int | None = None) -> dict:
-    """Ingest the new increments; returns the run's aggregates."""
+                init: bool = False, final: bool = False, settings: IngestSettings = IngestSettings(),
+                frozen_file: str | None = None) -> dict:
+    """Ingest the new increments; returns the run's aggregates. ``frozen_file``: a JSON file of the
+    frozen standardisation (with ``init``; ``settings.frozen`` takes it given as a mapping)."""
     from pipelines.preflight import check_ingest_warehouse
     from pipelines.store.warehouse import Warehouse
 
     t0 = time.perf_counter()
     check_ingest_warehouse(warehouse, source, root, init)  # also when a deployment runs it (serve)
-    frozen = json.loads(Path(frozen_file).read_text()) if frozen_file else None
-    as_of_us = None
-    if as_of:
-        import datetime as dt
-
-        as_of_us = int(dt.datetime.fromisoformat(as_of).replace(tzinfo=dt.UTC).timestamp() * 1_000_000)
-    r = ingest_task(warehouse, source, root, init, frozen, final, as_of_us, max_steps, min_hours, seed, jobs)
+    if frozen_file:
+        settings = replace(settings, frozen=json.loads(Path(frozen_file).read_text()))
+    r = ingest_task(warehouse, source, root, init, final, settings)
     with Warehouse.open(warehouse, write=True) as w:
         w.register_runs_dir(runs_dir)
     r["runtime_s"] = time.perf_counter() - t0
@@ -104,12 +100,16 @@ def ingest_flow(source: str = "mimic", root: str = ".", warehouse: str = "runs/s
     return r
 
 
-@runner.cli_errors
+def settings_of(args) -> IngestSettings:
+    """The command line's ingest settings (validated here, once; ``--as-of`` as epoch microseconds)."""
+    return IngestSettings(min_hours=args.min_hours, seed=args.seed, as_of_us=args.as_of, max_steps=args.max_steps,
+                          jobs=args.jobs)
+
+
 def _main(args) -> int:
     r = runner.run_cli_flow(ingest_flow, args, must_exist=not args.init, source=args.source, root=args.root,
-                            warehouse=args.warehouse, runs_dir=args.runs, init=args.init, frozen_file=args.frozen,
-                            final=args.final, as_of=args.as_of, max_steps=args.max_steps, min_hours=args.min_hours,
-                            seed=args.seed, jobs=args.jobs)
+                            warehouse=args.warehouse, runs_dir=args.runs, init=args.init, final=args.final,
+                            settings=settings_of(args), frozen_file=args.frozen)
     from pipelines.ingest import summary_line
 
     out = {"steps": len(r["steps"]), "late_rows": sum(s["late_rows"] for s in r["steps"]),
@@ -133,11 +133,12 @@ def add_cli(sub) -> None:
     p.add_argument("--frozen", default=None, metavar="JSON",
                    help="with --init: a supplied frozen standardisation {vital: {mean, sd, median}}")
     p.add_argument("--final", action="store_true", help="the source is complete: close every hour up to outtime")
-    p.add_argument("--as-of", default=None, metavar="ISO", help="raise the watermark to this UTC time")
-    p.add_argument("--max-steps", type=int, default=None, help="ingest at most N new files this run")
-    p.add_argument("--min-hours", type=float, default=48, help="with --init: minimum length of stay")
-    p.add_argument("--seed", type=int, default=0, help="with --init: split seed")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
+    p.add_argument("--as-of", type=utc_microseconds, default=None, metavar="ISO",
+                   help="raise the watermark to this UTC time")
+    p.add_argument("--max-steps", type=COUNT, default=None, help="ingest at most N new files this run")
+    p.add_argument("--min-hours", type=HOURS, default=48, help="with --init: minimum length of stay")
+    p.add_argument("--seed", type=SEED, default=0, help="with --init: split seed")
+    p.add_argument("--jobs", type=COUNT, default=None, metavar="N",
                    help="worker processes for the gate updates (default: the usable CPUs, at most 8; "
                         "results do not depend on it)")
     runner.add_common_args(p)

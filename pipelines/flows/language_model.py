@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,19 +35,32 @@ from models.corpus import CorpusMissingError, load_corpus
 train_task = task(train_run, name="lm-train-run")
 
 
+@dataclass(frozen=True)
+class LMSettings:
+    """The study's settings: the protocol (``tiny`` for a smoke run), ``steps`` / ``seeds``
+    overriding the protocol's, the reference rows, the torch device and intra-op threads."""
+
+    protocol: str = DEFAULT_PROTOCOL
+    steps: int | None = None
+    seeds: tuple[int, ...] | None = None
+    references: tuple[str, ...] | None = None
+    device: str = "cpu"
+    threads: int | None = None
+
+
 @flow(name="language-model", log_prints=True)
-def language_model_flow(corpus: str | None = None, steps: int | None = None,
-                        seeds: list[int] | None = None, tiny: bool = False,
-                        out: str = "runs/language_model/result.json",
-                        references: list[str] | None = None, protocol: str = DEFAULT_PROTOCOL,
-                        progress: bool = True, device: str = "cpu", threads: int | None = None,
+def language_model_flow(corpus: str | None = None, out: str = "runs/language_model/result.json",
+                        settings: LMSettings = LMSettings(), progress: bool = True,
                         resume_dir: str | None = None) -> dict:
     """Prefect flow: load the corpus, run the paired comparison (each training run a task) and
-    the optional single-seed reference rows, write the JSON result. ``tiny=True`` is
-    ``protocol="tiny"``; ``steps``/``seeds`` override the protocol's (the result then records
-    ``<protocol>+custom`` unless they equal the protocol's own). ``threads`` fixes torch's
-    intra-op threads (same bits for a seed at a fixed thread count); ``resume_dir`` (default: a
-    ``runs`` folder beside ``out``) keeps each finished training run so a rerun resumes."""
+    the optional single-seed reference rows, write the JSON result. ``settings.steps`` /
+    ``seeds`` override the protocol's (the result then records ``<protocol>+custom`` unless they
+    equal the protocol's own). ``settings.threads`` fixes torch's intra-op threads (same bits for
+    a seed at a fixed thread count); ``resume_dir`` (default: a ``runs`` folder beside ``out``)
+    keeps each finished training run so a rerun resumes."""
+    protocol, steps, seeds, device, threads = (settings.protocol, settings.steps, settings.seeds, settings.device,
+                                               settings.threads)
+    references = None if settings.references is None else list(settings.references)
     refs = check_references(references)  # fail before any training or corpus loading
     if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
         raise LMStudyError(f"device {device!r} is not available here (torch.cuda.is_available() is False)")
@@ -55,7 +68,6 @@ def language_model_flow(corpus: str | None = None, steps: int | None = None,
         if int(threads) < 1:
             raise LMStudyError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(int(threads))
-    protocol = "tiny" if tiny else protocol
     if protocol not in PROTOCOLS:
         raise LMStudyError(f"unknown protocol {protocol!r}; choose from {list(PROTOCOLS)}")
     cfg, default_seeds, _ = PROTOCOLS[protocol]
@@ -95,10 +107,12 @@ def _cli(args: argparse.Namespace) -> int:
     if args.references is not None and not args.references:
         args.references = list(REFERENCE_VARIANTS)  # bare --references: every reference row
     try:
-        res = language_model_flow(corpus=args.corpus, steps=args.steps, seeds=args.seeds,
-                                  tiny=args.tiny, out=args.out, references=args.references,
-                                  protocol=args.protocol, progress=not args.no_progress,
-                                  device=args.device, threads=args.threads, resume_dir=args.resume_dir)
+        settings = LMSettings(protocol="tiny" if args.tiny else args.protocol, steps=args.steps,
+                              seeds=None if args.seeds is None else tuple(args.seeds),
+                              references=None if args.references is None else tuple(args.references),
+                              device=args.device, threads=args.threads)
+        res = language_model_flow(corpus=args.corpus, out=args.out, settings=settings, progress=not args.no_progress,
+                                  resume_dir=args.resume_dir)
     except (CorpusMissingError, LMStudyError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3

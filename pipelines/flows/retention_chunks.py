@@ -4,9 +4,11 @@ Each chunk reads its own stays from the warehouse (read-only, given stay ids; on
 open while the local tasks read, :func:`held_open`) and returns a few numbers per stay
 (:func:`batch_columns`); its full result, with every stay's gate state, goes to the authenticated
 task cache (:func:`retention_batch_full`), from which :func:`staged_contexts` later feeds the gates
-to the warehouse batch by batch. Also here: the timed pilot chunk and the chunk plan
-(:func:`plan_batches`), and the refit-audit and ν × σ sensitivity chunk functions — the same
-functions on the local thread pool (Prefect tasks) and on a Dask cluster (:mod:`pipelines.runtime.scaleout`).
+to the warehouse batch by batch. Also here: the timed pilot chunk (:func:`pilot`), the look-ahead
+read of which stays have an event (:func:`event_stays`), and the refit-audit and ν × σ sensitivity
+chunk functions — the same functions on the local thread pool (Prefect tasks) and on a Dask
+cluster (:mod:`pipelines.runtime.scaleout`). Every chunk function takes the stays' ids and one
+:class:`~evaluation.clinical.retention_spec.StaySpec`.
 """
 from __future__ import annotations
 
@@ -17,13 +19,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from evaluation.clinical import retention as study
-from pipelines.errors import StudyInputError
+from evaluation.clinical.retention_spec import StaySpec
 from pipelines.runtime import runner, scaleout, task_cache
 from pipelines.runtime.scaleout import one_blas_thread
 from pipelines.store import gate_store
 from pipelines.store import warehouse as wh
-
-LABELS = ("event_composite", "event_spo2")
 
 #: DuckDB memory cap of the study's own connections (reads of a batch, staged gate writes): the buffer pool
 #: keeps written gate blocks up to the cap (in isolation, 10k-20k 20 KB blobs: +290 MB at 256MB, flat at 64MB).
@@ -67,25 +67,18 @@ def read_stays(warehouse: str, stay_ids: list[int], con=None) -> list:
         own.close()
 
 
-def keys_events(s, label: str, drop: list[str]):
-    return s.keys(drop), (s.event_composite if label == "event_composite" else s.event_spo2)
-
-
-def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list[str], nu: float, sigma: float,
-                  policies: list[str], build_gate: bool, con=None) -> dict:
+def batch_results(warehouse: str, stay_ids: list[int], spec: StaySpec, con=None) -> dict:
     """Map step over a batch of stays: ``{"columns": per-stay columns (with stay_id, subject_id),
-    "gates": [{stay_id, subject_id, staged, hours}]}`` (gates only with ``build_gate``; ``staged``:
-    :func:`pipelines.store.gate_store.staged_record`, serialised here, where the gate was built and
-    validated); read through ``con`` when given."""
-    if label not in LABELS:
-        raise StudyInputError(f"label must be one of {LABELS}, got {label!r}")
-    built = study.build_policies(policies, nu=nu, sigma=sigma)
+    "gates": [{stay_id, subject_id, staged, hours}]}`` (gates only with ``spec.build_gate``;
+    ``staged``: :func:`pipelines.store.gate_store.staged_record`, serialised here, where the gate was
+    built and validated); read through ``con`` when given."""
+    built = study.build_policies(spec.policies, nu=spec.nu, sigma=spec.sigma)
     rows, gates, ids, subj, d = [], [], [], [], None
     with one_blas_thread():
         for s in read_stays(warehouse, stay_ids, con):
-            X, ev = keys_events(s, label, drop)
+            X, ev = spec.keys_events(s)
             d = int(X.shape[1])
-            r = study.stay_retention(X, ev, built, build_gate=build_gate)
+            r = study.stay_retention(X, ev, built, build_gate=spec.build_gate)
             g = None if r is None else r.pop("gate", None)
             if g is not None:
                 gates.append({"stay_id": s.stay_id, "subject_id": s.subject_id,
@@ -100,104 +93,100 @@ def batch_results(warehouse: str, stay_ids: list[int], *, label: str, drop: list
 
 
 @task_cache.cached
-def retention_batch_full(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
-                         nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+def retention_batch_full(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec) -> dict:
     """:func:`batch_results`, cached (gates as staged records)."""
-    return batch_results(warehouse, stay_ids, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
-                         build_gate=build_gate)
+    return batch_results(warehouse, stay_ids, spec)
 
 
-def batch_columns(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
-                  sigma: float, policies: list[str], build_gate: bool) -> dict:
+def batch_columns(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec) -> dict:
     """The chunk function (local thread pool and Dask alike, :mod:`pipelines.runtime.scaleout`): the
     chunk's per-stay columns only (a few numbers per stay); its gates stay in the task cache."""
-    return retention_batch_full(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies,
-                                build_gate)["columns"]
+    return retention_batch_full(warehouse, content_hash, stay_ids, spec)["columns"]
 
 
 @task_cache.cached
-def pilot_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
-                sigma: float, policies: list[str], build_gate: bool) -> dict:
+def pilot_batch(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec) -> dict:
     """The first chunk, computed and timed in the flow's own process: ``{"columns", "seconds"}``.
     Cached, so a rerun after a crash plans the same chunks and resumes from the task cache."""
-    cols, seconds = scaleout.timed(batch_columns, warehouse, content_hash, stay_ids, label, drop, nu, sigma,
-                                   policies, build_gate)
-    return {"columns": cols, "seconds": float(seconds)}
+    with scaleout.timed(stay_ids) as clock:
+        cols = batch_columns(warehouse, content_hash, stay_ids, spec)
+    return {"columns": cols, "seconds": float(clock.seconds)}
 
 
 @task(name="retention-batch", cache_policy=NO_CACHE, persist_result=False,
       retries=2, retry_delay_seconds=runner.IO_RETRY_DELAYS, retry_condition_fn=runner.retry_transient_io)
-def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
-                    nu: float, sigma: float, policies: list[str], build_gate: bool) -> dict:
+def retention_batch(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec) -> dict:
     """:func:`batch_columns` as a Prefect task (the local thread pool)."""
-    return batch_columns(warehouse, content_hash, stay_ids, label, drop, nu, sigma, policies, build_gate)
+    return batch_columns(warehouse, content_hash, stay_ids, spec)
 
 
 @task_cache.cached
-def sensitivity_rows(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
-                     sigma: float, nus: list[float]) -> list[dict]:
+def sensitivity_rows(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec,
+                     nus: list[float]) -> list[dict]:
     """Chunk function of the ν × σ sensitivity table: one row per stay with an event."""
     from evaluation.clinical.retention_sensitivity import settings, stay_sensitivity
 
-    grid = settings(sigma, nus)
+    grid = settings(spec.sigma, nus)
     out = []
     with one_blas_thread():
         for s in read_stays(warehouse, stay_ids):
-            r = stay_sensitivity(*keys_events(s, label, drop), grid)
+            r = stay_sensitivity(*spec.keys_events(s), grid)
             if r is not None:
                 out.append({"stay_id": s.stay_id, **r})
     return out
 
 
 @task(name="retention-sensitivity", cache_policy=NO_CACHE, persist_result=False)
-def sensitivity_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str],
-                      sigma: float, nus: list[float]) -> list[dict]:
-    return sensitivity_rows(warehouse, content_hash, stay_ids, label, drop, sigma, nus)
+def sensitivity_batch(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec,
+                      nus: list[float]) -> list[dict]:
+    return sensitivity_rows(warehouse, content_hash, stay_ids, spec, nus)
 
 
 @task_cache.cached
-def audit_rows(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
-               sigma: float) -> list[dict]:
+def audit_rows(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec) -> list[dict]:
     """Chunk function of the refit audit: one row per stay."""
     from evaluation.clinical.retention_audit import audit_stay
     from evaluation.policies import SupportVectorPolicy
 
-    pol = SupportVectorPolicy(nu=nu, sigma=sigma)
+    pol = SupportVectorPolicy(nu=spec.nu, sigma=spec.sigma)
     with one_blas_thread():
-        return [audit_stay(s.keys(drop), pol.box_C(s.hours.size), sigma) for s in read_stays(warehouse, stay_ids)]
+        return [audit_stay(s.keys(spec.drop), pol.box_C(s.hours.size), spec.sigma)
+                for s in read_stays(warehouse, stay_ids)]
 
 
 @task(name="retention-audit", cache_policy=NO_CACHE, persist_result=False)
-def audit_batch(warehouse: str, content_hash: str, stay_ids: list[int], label: str, drop: list[str], nu: float,
-                sigma: float) -> list[dict]:
-    return audit_rows(warehouse, content_hash, stay_ids, label, drop, nu, sigma)
+def audit_batch(warehouse: str, content_hash: str, stay_ids: list[int], spec: StaySpec) -> list[dict]:
+    return audit_rows(warehouse, content_hash, stay_ids, spec)
 
 
-def plan_batches(warehouse: str, content_hash: str, ids: list[int], hours: dict[int, int], args: tuple,
-                 stays_per_task: int | None) -> tuple[list[list[int]], list[dict], dict]:
-    """The study's chunks (a fixed ``stays_per_task``, or sized from the pilot's measured cost),
-    the pilot's columns (``[]`` without a pilot) and a description for the result's config."""
-    client = scaleout.dask_client()
-    slots = scaleout.worker_slots(client, scaleout.local_slots())
-    how = {"executor": "dask" if client is not None else "threads", "slots": slots}
-    if stays_per_task is not None:
-        batches = list(runner.chunks(ids, stays_per_task))
-        return batches, [], {**how, "chunks": len(batches), "sizing": f"fixed {stays_per_task} stays per task"}
-    pilot = ids[:scaleout.PILOT_STAYS]
-    if not pilot:
-        return [], [], {**how, "chunks": 0, "sizing": "no stays"}
-    out = pilot_batch(warehouse, content_hash, pilot, *args)
-    per_unit = scaleout.seconds_per_unit(out["seconds"], [hours[s] for s in pilot])
-    rest = ids[len(pilot):]
-    batches = [pilot] + scaleout.plan_chunks(rest, [hours[s] for s in rest], per_unit, slots=slots)
-    sizes = sorted(len(b) for b in batches[1:]) or [len(pilot)]
-    costs = [sum(scaleout.stay_cost([hours[s] for s in b], per_unit)) for b in batches]
-    return batches, [out["columns"]], {
-        **how, "chunks": len(batches), "stays_per_chunk_median": sizes[len(sizes) // 2], "costs": costs,
-        "sizing": f"measured: {scaleout.sizing_text()}"}
+def event_stays(warehouse: str, stay_ids: list[int], spec: StaySpec) -> dict[str, np.ndarray]:
+    """Per stay of ``stay_ids`` (in that order): ``{"stay_id", "included" (any event hour),
+    "n" (hours)}`` — what the batches' columns will say, read up front in one grouped query."""
+    con = read_only(warehouse)
+    try:
+        got = {int(s): (bool(e), int(n)) for s, e, n in con.execute(
+            f"SELECT stay_id, coalesce(bool_or({spec.event_sql()}), false), count(*) FROM vitals_hourly "
+            "WHERE stay_id IN (SELECT unnest(?::BIGINT[])) GROUP BY stay_id", [list(map(int, stay_ids))]).fetchall()}
+    finally:
+        con.close()
+    inc = [got.get(int(s), (False, 0)) for s in stay_ids]
+    return {"stay_id": np.asarray(stay_ids, dtype=np.int64), "included": np.asarray([i for i, _ in inc], dtype=bool),
+            "n": np.asarray([n for _, n in inc], dtype=np.int64)}
 
 
-def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]], args: tuple):
+def pilot(warehouse: str, content_hash: str, ids: list[int], hours: dict[int, int], spec: StaySpec,
+          stays_per_task: int | None) -> tuple[list[int], dict | None, float]:
+    """The pilot chunk (the first :data:`~pipelines.runtime.scaleout.PILOT_STAYS` stays), run and
+    timed in the flow's own process unless ``stays_per_task`` fixes the chunks: ``(its stays, its
+    columns or None, measured seconds per cost unit)``."""
+    if stays_per_task is not None or not ids:
+        return [], None, 0.0
+    stays = ids[:scaleout.PILOT_STAYS]
+    out = pilot_batch(warehouse, content_hash, stays, spec)
+    return stays, out["columns"], scaleout.seconds_per_unit(out["seconds"], [hours[s] for s in stays])
+
+
+def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]], spec: StaySpec):
     """``f(con)`` yielding each batch's gates as :class:`gate_store.StagedState` lists, from the
     task cache (recomputed through ``con`` if an entry is gone): the blobs serialised by the chunk
     that built and validated the gates, each checked against its SHA-256
@@ -205,11 +194,9 @@ def staged_contexts(warehouse: str, content_hash: str, batches: list[list[int]],
 
     def contexts(con):
         for b in batches:
-            hit, full = retention_batch_full.lookup(warehouse, content_hash, b, *args)
+            hit, full = retention_batch_full.lookup(warehouse, content_hash, b, spec)
             if not hit:  # the entry is gone (removed by hand): recomputed, read through this connection
-                label, drop, nu, sigma, policies, build_gate = args
-                full = batch_results(warehouse, b, label=label, drop=drop, nu=nu, sigma=sigma, policies=policies,
-                                     build_gate=build_gate, con=con)
+                full = batch_results(warehouse, b, spec, con=con)
             yield [gate_store.staged_state(gs["staged"], gs["subject_id"], gs["stay_id"], gs["hours"])
                    for gs in sorted(full["gates"], key=lambda x: x["stay_id"])]
     return contexts

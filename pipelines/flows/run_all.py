@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow
@@ -40,10 +42,16 @@ from pipelines import jsonout, preflight
 from pipelines.errors import MODELS_EXTRA_HINT
 from pipelines.runtime import heap, runner
 from pipelines.runtime.step_meter import StepMeter
+from pipelines.settings import (
+    BUILD_MEMORY_LIMIT,
+    COUNT,
+    SEED,
+    CohortSettings,
+    DeteriorationSettings,
+    RetentionSettings,
+    RunAllSettings,
+)
 
-#: DuckDB memory limit of run-all's build (it spills to disk past it): the build's peak RSS is about
-#: this + 0.5 GB (cohort.build), so run-all stays under 2 GB on a full MIMIC-IV root
-BUILD_MEMORY_LIMIT = "1GB"
 STEPS = ("build-cohort", "retention", "heldout-spo2", "patient-deletion", "deterioration", "audit", "studies",
          "fidelity", "report")
 
@@ -126,44 +134,53 @@ def run_studies(runs_dir: str, progress: bool) -> list[str]:
     return done
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run-all: where its data and results live, its settings, and the task runner of each step."""
+
+    source: str
+    root: str | None
+    warehouse: str
+    runs_dir: str
+    report: str
+    settings: RunAllSettings
+    progress: bool
+    task_runner: Callable
+
+
 @flow(name="run-all", log_prints=True)
-def run_all_flow(source: str = "demo", root: str | None = None, stays: int = 1500, seed: int = 0,
-                 warehouse: str | None = None, runs_dir: str = "runs", report: str | None = None,
-                 audit_trials: int = 50, det_seeds: int = 3, det_max_epochs: int = 12, n_boot: int = 10_000,
-                 fetch: bool = False, skip: tuple[str, ...] = (), dask_address: str | None = None,
-                 workers: int = 2, progress: bool = True, study_stays: int | None = None,
-                 build_memory_limit: str = BUILD_MEMORY_LIMIT) -> dict:
+def run_all_flow(source: str = "demo", root: str | None = None, warehouse: str | None = None, runs_dir: str = "runs",
+                 report: str | None = None, settings: RunAllSettings = RunAllSettings(),
+                 progress: bool = True) -> dict:
     """Run every step; returns {step: seconds} plus the report path."""
     warehouse = warehouse or str(Path(runs_dir) / "warehouse.duckdb")
     report = report or str(Path(runs_dir) / "report.html")
-    tr = lambda: runner.make_task_runner(dask_address, workers)  # noqa: E731
     if source == "demo":
         from cohort.demo_data import ensure_demo
 
-        root = str(ensure_demo(root, fetch=fetch))  # raises DemoDataMissing with the fetch command
-    steps = [s for s in STEPS if s not in set(skip)]
+        root = str(ensure_demo(root, fetch=settings.cohort.fetch))  # raises DemoDataMissing with the fetch command
+    steps = [s for s in STEPS if s not in set(settings.skip)]
+    run = Run(source, root, warehouse, runs_dir, report, settings, progress,
+              lambda: runner.make_task_runner(settings.dask_address, settings.workers))
     from pipelines.store.warehouse import Warehouse
 
+    # opened once: every step's flow takes this handle (Warehouse.open within it reuses it)
     with Warehouse.open(warehouse, write=True, must_exist=False) as w:
         if w.path.is_file():
             w.register_runs_dir(runs_dir)
-        meter = _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-                           det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
+        meter = _run_steps(steps, run)
     return {"seconds": meter.seconds, "report": report, "warehouse": warehouse, **meter.as_json()}
 
 
-def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-               det_max_epochs, audit_trials, report, study_stays=None,
-               build_memory_limit: str = BUILD_MEMORY_LIMIT) -> StepMeter:
+def _run_steps(steps: list[str], run: Run) -> StepMeter:
     from tqdm.auto import tqdm
 
     meter = StepMeter()
-    bar = tqdm(steps, desc="run-all", disable=not progress, file=sys.stderr)
+    bar = tqdm(steps, desc="run-all", disable=not run.progress, file=sys.stderr)
     for step in bar:
         bar.set_postfix_str(step)
         with meter.step(step):
-            ran = _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-                            det_max_epochs, audit_trials, report, study_stays, build_memory_limit)
+            ran = _run_step(step, run)
         # what the step freed goes back to the kernel before the next step starts (its worker threads'
         # malloc arenas keep freed pages resident otherwise: pipelines.runtime.heap)
         heap.release()
@@ -173,8 +190,7 @@ def _run_steps(steps, progress, tr, source, root, warehouse, runs_dir, stays, se
     return meter
 
 
-def _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed, n_boot, det_seeds,
-              det_max_epochs, audit_trials, report, study_stays, build_memory_limit=BUILD_MEMORY_LIMIT) -> bool:
+def _run_step(step: str, run: Run) -> bool:
     """Run one step; False when it was skipped (deterioration without torch)."""
     from pipelines.flows.audit_flow import DEFAULT_REGIMES, audit_flow
     from pipelines.flows.clinical_cohort import build_cohort_flow
@@ -182,44 +198,38 @@ def _run_step(step, progress, tr, source, root, warehouse, runs_dir, stays, seed
     from pipelines.flows.clinical_deterioration import deterioration_flow
     from pipelines.flows.clinical_retention import heldout_flow, retention_flow
 
+    s, tr = run.settings, run.task_runner
+    at = {"warehouse": run.warehouse, "runs_dir": run.runs_dir, "progress": run.progress}
     if step == "build-cohort":
-        build_cohort_flow.with_options(task_runner=tr())(
-            source=source, root=root, warehouse=warehouse, runs_dir=runs_dir, stays=stays, seed=seed,
-            progress=progress, memory_limit=build_memory_limit)
+        build_cohort_flow.with_options(task_runner=tr())(source=run.source, root=run.root, settings=s.cohort, **at)
     elif step == "retention":
-        retention_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
-                                                      progress=progress, stays=study_stays)
+        retention_flow.with_options(task_runner=tr())(settings=s.retention, **at)
     elif step == "heldout-spo2":
-        heldout_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, n_boot=n_boot,
-                                                    progress=progress, stays=study_stays)
+        heldout_flow.with_options(task_runner=tr())(settings=s.heldout, **at)
     elif step == "patient-deletion":
-        patient_deletion_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
-                                                             progress=progress)
+        patient_deletion_flow.with_options(task_runner=tr())(**at)
     elif step == "deterioration":
         if skip_without_torch("deterioration"):
             return False
-        deterioration_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir,
-                                                          seeds=det_seeds, max_epochs=det_max_epochs,
-                                                          progress=progress)
+        deterioration_flow.with_options(task_runner=tr())(settings=s.deterioration, **at)
     elif step == "audit":
         regimes = DEFAULT_REGIMES
         if skip_without_torch("audit's 'learned' regime"):
             regimes = tuple(r for r in regimes if r not in preflight.TORCH_REGIMES)
-        audit_flow.with_options(task_runner=tr())(warehouse=warehouse, runs_dir=runs_dir, trials=audit_trials,
-                                                  regimes=regimes, progress=progress)
+        audit_flow.with_options(task_runner=tr())(trials=s.audit_trials, regimes=regimes, **at)
     elif step == "studies":
-        run_studies(runs_dir, progress)
+        run_studies(run.runs_dir, run.progress)
     elif step == "fidelity":
-        runner.write_study_result(fidelity_result(), runs_dir)
+        runner.write_study_result(fidelity_result(), run.runs_dir)
     elif step == "report":
         from dashboards.report import write_report
         from pipelines.store.forget import write_ledger_result
         from pipelines.store.warehouse import Warehouse
 
-        with Warehouse.open(warehouse, write=True) as w:
-            w.register_runs_dir(runs_dir)
+        with Warehouse.open(run.warehouse, write=True) as w:  # the run's own handle
+            w.register_runs_dir(run.runs_dir)
             write_ledger_result(w, render=False)  # the report is written next
-        out = write_report(runs_dir, report)
+        out = write_report(run.runs_dir, run.report)
         from pipelines.runtime.runner import in_flow_run
 
         if in_flow_run():
@@ -238,19 +248,25 @@ def argparse_ns_without_warehouse(args):
     return argparse.Namespace(**{**vars(args), "warehouse": None})
 
 
-@runner.cli_errors
+def settings_of(args) -> RunAllSettings:
+    """The command line's settings of every step (validated here, once)."""
+    return RunAllSettings(
+        cohort=CohortSettings(stays=args.stays, seed=args.seed, memory_limit=args.build_memory_limit, fetch=args.fetch),
+        retention=RetentionSettings(n_boot=args.n_boot, stays=args.study_stays),
+        deterioration=DeteriorationSettings(seeds=args.det_seeds, max_epochs=args.det_max_epochs),
+        audit_trials=args.audit_trials, skip=tuple(args.skip), dask_address=args.dask, workers=args.workers)
+
+
 def _main(args) -> int:
     from pipelines.flows.run_summary import summary_lines
 
     t0, started = time.perf_counter(), time.time()
+    settings = settings_of(args)
     with runner.warehouse_session(argparse_ns_without_warehouse(args)), runner.results_context(args.runs), \
             runner.dask_hygiene(args.dask):
         r = run_all_flow.with_options(task_runner=runner.make_task_runner(args.dask, args.workers))(
-            source=args.source, root=args.root, stays=args.stays, seed=args.seed, warehouse=args.warehouse,
-            runs_dir=args.runs, report=args.report, audit_trials=args.audit_trials, det_seeds=args.det_seeds,
-            det_max_epochs=args.det_max_epochs, n_boot=args.n_boot, fetch=args.fetch, skip=tuple(args.skip),
-            dask_address=args.dask, workers=args.workers, progress=not args.no_progress,
-            study_stays=args.study_stays, build_memory_limit=args.build_memory_limit)
+            source=args.source, root=args.root, warehouse=args.warehouse, runs_dir=args.runs, report=args.report,
+            settings=settings, progress=not args.no_progress)
     r["total_seconds"] = round(time.perf_counter() - t0, 1)
     print("\n".join(summary_lines(args.runs, report=r["report"], seconds=r["seconds"], total_s=r["total_seconds"],
                                   since=started, peak_rss_mb=r.get("peak_rss_mb"), rss_method=r.get("rss_method"))))
@@ -265,17 +281,17 @@ def add_cli(sub) -> None:
                    help="data source (default: %(default)s, the real MIMIC-IV demo)")
     p.add_argument("--root", default=None,
                    help="source folder (mimic/clif/meds; demo: the cache folder, optional)")
-    p.add_argument("--stays", type=int, default=1500, help="synthetic: generated stays (default 1500)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic cohort and the studies (default 0)")
+    p.add_argument("--stays", type=COUNT, default=1500, help="synthetic: generated stays (default 1500)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the synthetic cohort and the studies (default 0)")
     p.add_argument("--warehouse", default=None, help="DuckDB warehouse (default: <runs>/warehouse.duckdb)")
     p.add_argument("--report", default=None, help="HTML report (default: <runs>/report.html)")
-    p.add_argument("--audit-trials", type=int, default=50, help="audit trials per regime (default 50; seed: 300)")
-    p.add_argument("--det-seeds", type=int, default=3, help="deterioration: training seeds per model (default 3)")
-    p.add_argument("--det-max-epochs", type=int, default=12,
+    p.add_argument("--audit-trials", type=COUNT, default=50, help="audit trials per regime (default 50; seed: 300)")
+    p.add_argument("--det-seeds", type=COUNT, default=3, help="deterioration: training seeds per model (default 3)")
+    p.add_argument("--det-max-epochs", type=COUNT, default=12,
                    help="deterioration: maximum training epochs (default 12)")
-    p.add_argument("--n-boot", type=int, default=10_000,
+    p.add_argument("--n-boot", type=COUNT, default=10_000,
                    help="retention: stay-bootstrap resamples for the CIs (default 10000)")
-    p.add_argument("--study-stays", type=int, default=None, metavar="N",
+    p.add_argument("--study-stays", type=COUNT, default=None, metavar="N",
                    help="retention, heldout-spo2: a deterministic sample of N eligible stays (default: every stay)")
     p.add_argument("--build-memory-limit", default=BUILD_MEMORY_LIMIT, metavar="SIZE",
                    help="DuckDB memory limit of the build step, which spills to disk past it (default %(default)s; "

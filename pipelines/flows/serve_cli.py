@@ -12,21 +12,32 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines import jsonout
 from pipelines.runtime import runner
+from pipelines.settings import INTERVAL
 
 DEFAULT_CRON = "0 3 * * *"
 
 
+@dataclass(frozen=True)
+class IngestSchedule:
+    """The incremental ingest of ``serve``: its growing source root and layout, its interval
+    (seconds) and its streaming warehouse (default ``<runs>/stream.duckdb``)."""
+
+    root: str
+    source: str = "mimic"
+    interval_s: float = 3600
+    warehouse: str | None = None
+
+
 def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehouse: str | None = None,
-                      source: str = "demo", ingest_root: str | None = None, ingest_source: str = "mimic",
-                      ingest_interval_s: float = 3600, ingest_warehouse: str | None = None,
-                      root: str | None = None) -> list:
+                      source: str = "demo", root: str | None = None, ingest: IngestSchedule | None = None) -> list:
     """``RunnerDeployment`` objects (built, not served): run-all on ``cron`` (over ``source`` and,
-    for mimic/clif, ``root``), the studies on demand, and — with ``ingest_root`` — the incremental
-    ingest every ``ingest_interval_s`` seconds. Every deployment has concurrency limit 1: a
+    for mimic/clif, ``root``), the studies on demand, and — with ``ingest`` — the incremental
+    ingest every ``ingest.interval_s`` seconds. Every deployment has concurrency limit 1: a
     scheduled run never overlaps the previous one on the same warehouse (late runs wait in the
     Prefect queue instead of queuing on the writer lock)."""
     from pipelines.flows.audit_flow import audit_flow
@@ -45,13 +56,13 @@ def build_deployments(cron: str = DEFAULT_CRON, runs_dir: str = "runs", warehous
                     (audit_flow, "audit")):
         deps.append(f.to_deployment(name=f"forgetful-{name}", parameters={"warehouse": wh, "runs_dir": runs_dir},
                                     concurrency_limit=1, tags=["forgetful"]))
-    if ingest_root:
+    if ingest is not None:
         from pipelines.flows.ingest_flow import ingest_flow
 
         deps.append(ingest_flow.to_deployment(
-            name="forgetful-ingest", interval=float(ingest_interval_s), concurrency_limit=1,
-            parameters={"source": ingest_source, "root": ingest_root, "runs_dir": runs_dir,
-                        "warehouse": ingest_warehouse or f"{runs_dir}/stream.duckdb"},
+            name="forgetful-ingest", interval=float(ingest.interval_s), concurrency_limit=1,
+            parameters={"source": ingest.source, "root": ingest.root, "runs_dir": runs_dir,
+                        "warehouse": ingest.warehouse or f"{runs_dir}/stream.duckdb"},
             tags=["forgetful"]))
     return deps
 
@@ -73,8 +84,9 @@ def describe(deps: list) -> list[dict]:
 @runner.cli_errors
 def _main(args) -> int:
     try:
-        deps = build_deployments(args.cron, args.runs, args.warehouse, args.source, args.ingest_root,
-                                 args.ingest_source, args.ingest_interval, args.ingest_warehouse, args.root)
+        ingest = (IngestSchedule(args.ingest_root, args.ingest_source, args.ingest_interval, args.ingest_warehouse)
+                  if args.ingest_root else None)
+        deps = build_deployments(args.cron, args.runs, args.warehouse, args.source, args.root, ingest)
     except ValueError as exc:  # Prefect's schedule validation (pydantic): one line, a usage error
         from pipelines.preflight import one_line
 
@@ -106,7 +118,7 @@ def add_cli(sub) -> None:
                    help="also schedule `forgetful ingest` on this growing source root (concurrency limit 1)")
     p.add_argument("--ingest-source", default="mimic", choices=["mimic", "clif"],
                    help="layout of the ingest root (default: %(default)s)")
-    p.add_argument("--ingest-interval", type=float, default=3600, metavar="SECONDS",
+    p.add_argument("--ingest-interval", type=INTERVAL, default=3600, metavar="SECONDS",
                    help="ingest schedule interval (default: %(default)s s)")
     p.add_argument("--ingest-warehouse", default=None, help="streaming warehouse (default: <runs>/stream.duckdb)")
     jsonout.add_json_arg(p)

@@ -65,6 +65,7 @@ from pipelines.ingest.steps import (
     stage_step,
     step_series,
 )
+from pipelines.settings import IngestSettings
 
 __all__ = ["ingest", "init_tables", "read_frozen", "summary_line", "step_series", "gate_C", "KILL_ENV", "NU", "SIGMA",
            "N0"]
@@ -119,31 +120,30 @@ def init_tables(con, source: str, frozen: dict, min_hours: float, seed: int, ori
 
 # ------------------------------------------------------------------------ a run
 def ingest(warehouse: str | os.PathLike, source: str, root: str | os.PathLike, *, init: bool = False,
-           frozen: dict | None = None, min_hours: float = 48, seed: int = 0, as_of_us: int | None = None,
-           final: bool = False, max_steps: int | None = None, ledger_dir=None, wait: float | None = None,
-           jobs: int | None = None, batch_stays: int | None = None, memory_limit: str = MEMORY_LIMIT) -> dict:
-    """Ingest every new part file: one watermark step for all of them (``max_steps`` caps the
-    number of new files taken this run). ``init`` creates the streaming warehouse (frozen
-    standardisation from ``frozen`` or from a causal batch build of the files present).
-    ``as_of_us`` raises the watermark; ``final`` closes every hour up to each stay's outtime (the
-    source is complete). A step left pending by a killed run is completed first. ``jobs``
-    worker processes update the gates (default: the usable CPUs, at most 8; results do not
-    depend on it); ``batch_stays`` stays per committed batch; ``memory_limit`` DuckDB's memory
-    limit for the run (its block cache included; sorts and joins spill beyond it). Returns
-    aggregates of the run."""
+           final: bool = False, settings: IngestSettings = IngestSettings(), ledger_dir=None,
+           wait: float | None = None) -> dict:
+    """Ingest every new part file: one watermark step for all of them (``settings.max_steps`` caps
+    the number of new files taken this run). ``init`` creates the streaming warehouse (frozen
+    standardisation from ``settings.frozen`` or from a causal batch build of the files present).
+    ``settings.as_of_us`` raises the watermark; ``final`` closes every hour up to each stay's
+    outtime (the source is complete). A step left pending by a killed run is completed first.
+    ``settings.jobs`` worker processes update the gates (default: the usable CPUs, at most 8;
+    results do not depend on it); ``batch_stays`` stays per committed batch; ``memory_limit``
+    DuckDB's memory limit for the run (its block cache included; sorts and joins spill beyond it;
+    default :data:`MEMORY_LIMIT`). Returns aggregates of the run."""
     from pipelines.ingest.gates import Pool, default_jobs
     from pipelines.store.warehouse import Warehouse
 
     t0 = time.perf_counter()
     root = Path(root)
+    frozen, min_hours, seed, as_of_us = settings.frozen, settings.min_hours, settings.seed, settings.as_of_us
+    jobs, batch_stays, memory_limit = settings.jobs, settings.batch_stays, settings.memory_limit or MEMORY_LIMIT
     if source not in ("mimic", "clif"):
         raise IngestError(f"ingest source must be mimic or clif, got {source!r}")
     if not root.is_dir():
         raise IngestError(f"ingest root {root} is not a directory")
     if not re.fullmatch(r"\d+(\.\d+)?(KB|MB|GB|TB|KIB|MIB|GIB|TIB)", str(memory_limit).strip().upper()):
         raise IngestError(f"memory limit {memory_limit!r} is not like '1GB' or '512MB'")
-    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
-        raise IngestError(f"jobs must be a positive integer, got {jobs!r}")
     p = Path(warehouse).resolve()
     phases: dict[str, float] = {}
     from pipelines.store.registries import source_key
@@ -179,8 +179,8 @@ def ingest(warehouse: str | os.PathLike, source: str, root: str | os.PathLike, *
             for fid in touched:  # same bytes, new mtime: remember it so the file is not hashed again
                 con.execute(f"UPDATE {st.FILES} SET mtime_ns = ? WHERE name = ?", [fid.mtime_ns, fid.name])
             phases["files_s"] = time.perf_counter() - t
-            if max_steps is not None:
-                todo = todo[:max_steps]
+            if settings.max_steps is not None:
+                todo = todo[:settings.max_steps]
             pending = st.get_state(con, PENDING_KEY)
             fresh = bool(todo) or final or as_of_us is not None
             if pending or fresh:

@@ -31,6 +31,7 @@ from pipelines.runtime.results import (  # noqa: F401  (re-exported: the flows i
     seed_only_where_comparable,
     write_study_result,
 )
+from pipelines.settings import COUNT, SECONDS
 
 RESULTS_SUBDIR = ".prefect-results"
 DEFAULT_RUNS = Path("runs")
@@ -174,7 +175,7 @@ def add_common_args(p, *, warehouse: bool = True) -> None:
                    help="runs directory for results and the task cache (default: %(default)s)")
     p.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="run the work on the Dask scheduler at ADDRESS (README: Dask cluster)")
-    p.add_argument("--workers", type=int, default=2, help="thread-pool size when --dask is not given (default: 2)")
+    p.add_argument("--workers", type=COUNT, default=2, help="thread-pool size when --dask is not given (default: 2)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_lock_args(p)
 
@@ -184,7 +185,7 @@ def add_lock_args(p) -> None:
     p.add_argument("--ledger", default=None, metavar="DIR",
                    help="forget registry / receipt ledger directory (default: $FORGETFUL_LEDGER_DIR or "
                         "<warehouse folder>/forget-registry)")
-    p.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--wait", type=SECONDS, default=None, metavar="SECONDS",
                    help="how long to wait for another command's writer lock (default: $FORGETFUL_LOCK_WAIT or 300)")
 
 
@@ -214,9 +215,12 @@ def warehouse_session(args, must_exist: bool = True):
 def warehouse_locked(fn):
     """Decorate a flow function whose ``warehouse`` parameter names an existing warehouse: the
     flow body runs inside :meth:`Warehouse.open` (lock, clean-up, pending erasures completed),
-    however the flow is started (CLI, ``serve`` deployment, another flow)."""
+    however the flow is started (CLI, ``serve`` deployment, another flow); inside the command's
+    own session that open is its handle, reused. The wrapper carries the function's annotations
+    resolved in its own module (Prefect validates the parameters by them: a settings dataclass)."""
     import functools
     import inspect
+    import typing
 
     sig = inspect.signature(fn)
 
@@ -231,6 +235,10 @@ def warehouse_locked(fn):
 
         with Warehouse.open(path, write=True, must_exist=True):
             return fn(*args, **kwargs)
+    hints = typing.get_type_hints(fn)
+    wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()],
+        return_annotation=hints.get("return", sig.return_annotation))
     return wrapper
 
 
@@ -342,38 +350,51 @@ def lock_conflict_line(exc: BaseException) -> str:
             "rerun the command")
 
 
+def report_error(exc: BaseException) -> int | None:
+    """The exit code of a command's error, after its one line on stderr: a typed project error
+    (pipelines, cohort, evaluation, sv_core, dashboards) 3; a storage failure (disk full,
+    read-only, permission: :class:`~pipelines.errors.StorageError`, or such an ``OSError`` /
+    DuckDB I/O error raised untyped) 4; another process holding the DuckDB file 3. None: not a
+    command error (a bug: let it raise). :func:`pipelines.cli.main` applies it to every command."""
+    from cohort.errors import CohortError
+    from dashboards.errors import ReportError
+    from evaluation.errors import EvaluationError
+    from pipelines.errors import PipelineError, StorageError
+    from pipelines.store.safe_io import describe, storage_errno
+    from sv_core.errors import GateError
+
+    if isinstance(exc, StorageError):
+        print(f"error: StorageError: {exc}", file=sys.stderr)
+        return EXIT_STORAGE
+    if isinstance(exc, (PipelineError, CohortError, EvaluationError, GateError, ReportError)):
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_DOMAIN
+    if not isinstance(exc, Exception):
+        return None
+    if is_lock_conflict(exc):  # another process (a reader too) holds the DuckDB file
+        print(f"error: WarehouseBusyError: {lock_conflict_line(exc)}", file=sys.stderr)
+        return EXIT_DOMAIN
+    if storage_errno(exc) is None:
+        return None
+    where = getattr(exc, "filename", None)
+    print(f"error: StorageError: {describe(exc)}{f' at {where}' if where else ''}; the command stopped; rerun "
+          "it once the disk allows (a pending erasure is completed by the next command)", file=sys.stderr)
+    return EXIT_STORAGE
+
+
 def cli_errors(fn):
-    """Wrap a CLI ``func``: a typed project error (pipelines, cohort, evaluation, sv_core,
-    dashboards) prints one line and exits 3; a storage failure (disk full, read-only, permission:
-    :class:`~pipelines.errors.StorageError`, or such an ``OSError`` / DuckDB I/O error raised
-    untyped) prints one line and exits 4; usage errors stay argparse's 2."""
+    """Wrap a CLI ``func`` with :func:`report_error` (usage errors stay argparse's 2). The
+    ``forgetful`` entry point applies it to every command itself; this decorator is for a command
+    function called on its own."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(args) -> int:
-        from cohort.errors import CohortError
-        from dashboards.errors import ReportError
-        from evaluation.errors import EvaluationError
-        from pipelines.errors import PipelineError, StorageError
-        from pipelines.store.safe_io import describe, storage_errno
-        from sv_core.errors import GateError
-
         try:
             return int(fn(args) or 0)
-        except StorageError as exc:
-            print(f"error: StorageError: {exc}", file=sys.stderr)
-            return EXIT_STORAGE
-        except (PipelineError, CohortError, EvaluationError, GateError, ReportError) as exc:
-            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return EXIT_DOMAIN
         except Exception as exc:
-            if is_lock_conflict(exc):  # another process (a reader too) holds the DuckDB file
-                print(f"error: WarehouseBusyError: {lock_conflict_line(exc)}", file=sys.stderr)
-                return EXIT_DOMAIN
-            if storage_errno(exc) is None:
+            rc = report_error(exc)
+            if rc is None:
                 raise
-            where = getattr(exc, "filename", None)
-            print(f"error: StorageError: {describe(exc)}{f' at {where}' if where else ''}; the command stopped; rerun "
-                  "it once the disk allows (a pending erasure is completed by the next command)", file=sys.stderr)
-            return EXIT_STORAGE
+            return rc
     return wrapper

@@ -415,15 +415,25 @@ def map_phases(phases: Sequence[Phase], *, progress: bool = True, hold: tuple | 
     return out
 
 
-def timed(fn: Callable, *args) -> tuple[Any, float]:
-    """``(fn(*args), seconds)`` under one BLAS thread (the pilot's measurement; recorded as a
-    one-chunk call ``desc="pilot"`` while :func:`chunk_log` is active)."""
+@dataclass
+class Clock:
+    """What :func:`timed` measured: ``seconds`` once its block has ended."""
+
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def timed(stay_ids: Sequence[int]):
+    """Time the ``with`` block under one BLAS thread (the pilot's measurement): yields a
+    :class:`Clock` whose ``seconds`` are set when the block ends (recorded as a one-chunk call
+    ``desc="pilot"`` of ``stay_ids`` while :func:`chunk_log` is active). A context, not a call
+    wrapper: the timed work runs in the caller's own frame."""
+    clock = Clock()
     with one_blas_thread():
         start, t0 = time.time(), time.perf_counter()
-        out = fn(*args)
-        secs = time.perf_counter() - t0
+        yield clock
+        clock.seconds = secs = time.perf_counter() - t0
     if _LOG is not None:
         _LOG.append({"desc": "pilot", "executor": "flow", "start": start, "end": time.time(),
-                     "chunks": [{"stay_ids": _stays_of(args), "predicted_s": None, "seconds": secs, "worker": "flow",
+                     "chunks": [{"stay_ids": list(stay_ids), "predicted_s": None, "seconds": secs, "worker": "flow",
                                  "start": start, "end": start + secs, "received": start + secs}]})
-    return out, secs

@@ -9,7 +9,8 @@ result folder runs code on the next cache hit — measured: a crafted record exe
 * location: :func:`pipelines.store.warehouse.cache_dir` — beside the warehouse, found from the
   warehouse path (never the current directory), removed by every forget;
 * key: task name + SHA-256 of the task's **source** + its parameters except paths (inputs +
-  task source; the warehouse content hash is a parameter, so a changed warehouse never hits);
+  task source; the warehouse content hash is a parameter, so a changed warehouse never hits; a
+  settings dataclass counts with its type and every field);
 * format: canonical JSON; NumPy arrays as ``{"__ndarray__": [dtype, shape, base64]}`` restricted
   to bool/int/uint/float dtypes and read with :func:`numpy.frombuffer` — nothing can execute code;
 * integrity: each file starts with an HMAC (cache sub-key, :mod:`pipelines.store.keys`) of its body; a
@@ -30,6 +31,7 @@ result folder runs code on the next cache hit — measured: a crafted record exe
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -69,6 +71,9 @@ def _enc(x: Any) -> Any:
         return float(x)
     if x is None or isinstance(x, (str, int, float, bool)):
         return x
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # settings in a key: type and every field
+        return {"__dataclass__": type(x).__qualname__,
+                **{f.name: _enc(getattr(x, f.name)) for f in dataclasses.fields(x)}}
     raise TypeError(f"{type(x).__name__} is not cacheable")
 
 
@@ -193,13 +198,13 @@ def cached(fn: Callable) -> Callable:
         warehouse = bound.arguments.get("warehouse")
         if not warehouse:
             return None, None, None, None
-        from pipelines.store.keys import Keys
+        from pipelines.store.keys import for_warehouse
         from pipelines.store.warehouse_files import cache_dir
 
         params = {k: v for k, v in bound.arguments.items() if k not in PATH_PARAMS}
         key = hashlib.sha256(dumps([fn.__qualname__, digest, _LAYOUT, params]).encode()).hexdigest()[:40]
         d = cache_dir(warehouse)
-        return warehouse, d, d / f"{fn.__name__}-{key}.json", Keys.load()
+        return warehouse, d, d / f"{fn.__name__}-{key}.json", for_warehouse(warehouse)
 
     def read(p: Path, keys) -> tuple[bool, Any, tuple[float, float] | None]:
         if not p.is_file():

@@ -216,3 +216,15 @@ class Keys:
     @staticmethod
     def equal(a: str, b: str) -> bool:
         return hmac.compare_digest(str(a), str(b))
+
+
+#: resolved warehouse path -> the keys of its handle open in this process
+#: (:meth:`pipelines.store.warehouse.Warehouse.open` keeps it while the handle is open)
+HELD: dict[Path, Keys] = {}
+
+
+def for_warehouse(warehouse: str | os.PathLike) -> Keys:
+    """The keys of the warehouse's open handle in this process, else the configured keys, loaded
+    (a chunk on a Dask worker has no handle)."""
+    k = HELD.get(Path(warehouse).resolve())
+    return k if k is not None else Keys.load()

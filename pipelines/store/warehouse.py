@@ -66,14 +66,18 @@ class Warehouse:
     source_key : the source it is built from (:func:`pipelines.store.registries.source_key`), or None.
     completed : subject hashes whose pending erasure this open completed (receipt seq; None when
         another registry of the source names them).
+    writable : whether this handle holds the writer lock (exclusive).
+    reconciled : whether pending erasures were completed through this handle.
     """
 
-    def __init__(self, path: Path, keys, ledger, source_key: str | None = None):
+    def __init__(self, path: Path, keys, ledger, source_key: str | None = None, writable: bool = True):
         self.path = path
         self.keys = keys
         self.ledger = ledger
         self.source_key = source_key
+        self.writable = writable
         self.completed: dict[str, int | None] = {}
+        self.reconciled = False
         self._others: list | None = None
 
     @classmethod
@@ -89,23 +93,41 @@ class Warehouse:
         another tree (:func:`pipelines.receipts.witness_client.ask`): a restored or forked log is
         refused before anything is read (``on_witness_conflict="warn"``: said, not refused — a
         forget, which only removes data); the log's newest checkpoint is submitted again when
-        the block ends (a forget grew the log)."""
+        the block ends (a forget grew the log).
+
+        Opened once per command: inside an open of the same warehouse (and ledger, and source) in
+        this process that holds at least the lock this one asks for, the outer handle is yielded as
+        it is — the key is not read again, the ledger not checked again, nothing completed twice (a
+        pending erasure is completed on the first writable open that finds the file: after a build
+        the command's outer open made before the file existed)."""
         from pipelines.receipts import ledger as ledger_mod
+        from pipelines.store import keys as keys_mod
         from pipelines.store.keys import Keys
         from pipelines.store.safe_io import refuse_link
 
         refuse_link(Path(path).absolute(), "warehouse")  # resolve() below would follow it
         p = Path(path).resolve()
+        led_dir = Path(os.path.abspath(ledger_dir or ledger_mod.default_dir(p)))  # a link there is refused
+        outer = _OPEN.get(p)
+        if (outer is not None and (outer.writable or not write) and outer.ledger.dir == led_dir.resolve()
+                and source in (None, outer.source_key)):
+            if must_exist:
+                require(p)
+            if outer.source_key is None and p.is_file():  # built inside the outer open: its recorded source
+                outer.source_key, outer._others = read_meta(p).get("source_key"), None
+            if reconcile and write and not outer.reconciled and p.is_file():
+                outer.reconcile()
+            yield outer
+            return
         refuse_link(p.parent / (p.name + ".wal"), "warehouse WAL")
         if must_exist:
             require(p)
-        led_dir = Path(os.path.abspath(ledger_dir or ledger_mod.default_dir(p)))  # a link there is refused
         with locking.hold(p, exclusive=write, wait=wait):
             meta = read_meta(p) if p.is_file() else {}
             check_key_location(p, led_dir, meta)  # before a key is read or created
             keys = Keys.load(create=not ledger_mod.log_exists(led_dir))  # never a new key beside a log
             led = ledger_mod.Ledger(led_dir, keys)
-            w = cls(p, keys, led, source or meta.get("source_key"))
+            w = cls(p, keys, led, source or meta.get("source_key"), writable=write)
             led.check_recorded(meta, f"the warehouse {p.name}")  # no rollback: nothing is touched
             if write:
                 from pipelines.receipts import witness_client
@@ -117,14 +139,27 @@ class Warehouse:
                 witness_client.ask(led, refuse=on_witness_conflict == "refuse")
             if reconcile and p.is_file():
                 if write:
-                    from pipelines.store.forget_apply import complete_pending
-
-                    w.completed = complete_pending(w)
+                    w.reconcile()
                 else:
                     led.verify()
-            yield w
+            _OPEN[p], keys_mod.HELD[p] = w, keys
+            try:
+                yield w
+            finally:
+                if outer is None:
+                    _OPEN.pop(p, None)
+                    keys_mod.HELD.pop(p, None)
+                else:
+                    _OPEN[p], keys_mod.HELD[p] = outer, outer.keys
             if write:
                 witness_client.ask(led, refuse=False)  # the block may have grown the log
+
+    def reconcile(self) -> None:
+        """Complete any pending erasure (:func:`pipelines.store.forget_apply.complete_pending`), once."""
+        from pipelines.store.forget_apply import complete_pending
+
+        self.completed = complete_pending(self)
+        self.reconciled = True
 
     def connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         return duckdb.connect(str(require(self.path)), read_only=read_only)
@@ -274,6 +309,10 @@ class Warehouse:
     def remember_export_version(self, folder: Path, rel: str, sha: str) -> None:
         """Record a version of an export file a forget writes (before it is swapped in)."""
         export_registry.add_version(self, folder, rel, sha)
+
+
+#: resolved path -> the handle an active :meth:`Warehouse.open` holds in this process
+_OPEN: dict[Path, Warehouse] = {}
 
 
 class ForgetExclusion:
