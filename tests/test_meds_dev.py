@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -320,3 +321,31 @@ def test_bad_inputs_are_typed_one_line_errors_and_leave_files_as_they_were(task,
     assert json.loads((out / "model.json").read_text())["model"] == "lightgbm"
     # no subject id or value in any message
     assert "10000000" not in r.stderr
+
+
+def test_broken_model_folders_and_empty_splits_are_typed_errors(task, tmp_path, capsys):
+    pytest.importorskip("lightgbm")
+    base = ["--dataset-dir", str(task / "meds"), "--labels-dir", str(task / "labels")]
+    out = tmp_path / "m"
+    assert main(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(out)]) == 0
+    assert main(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(tmp_path / "e"),
+                 "--max-epochs", "0"]) == 2
+    only_train = tmp_path / "train_labels"
+    shutil.copytree(task / "labels" / "train", only_train)
+    capsys.readouterr()
+    assert main(["meds-dev", "predict", "--model-dir", str(out), "--dataset-dir", str(task / "meds"), "--labels-dir",
+                 str(only_train), "--output-dir", str(tmp_path / "p"), "--split", "held_out"]) == 3
+    assert "no row of a held_out subject" in capsys.readouterr().err
+    meta = (out / "model.json").read_text()
+    for broken, needle in (("[1, 2]", "lists no weights"), ("{not json", "not readable JSON"),
+                           (meta.replace('"lightgbm"', '"nope"', 1), "no known model")):
+        (out / "model.json").write_text(broken)
+        assert main(["meds-dev", "predict", "--model-dir", str(out), *base, "--output-dir", str(tmp_path / "p"),
+                     "--split", "held_out"]) == 3
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1, err
+    (out / "model.json").write_text(meta)
+    (out / "booster.txt").unlink()
+    assert main(["meds-dev", "predict", "--model-dir", str(out), *base, "--output-dir", str(tmp_path / "p"),
+                 "--split", "held_out"]) == 3
+    assert "booster.txt is missing" in capsys.readouterr().err and not (tmp_path / "p" / "predictions.parquet").exists()

@@ -111,6 +111,8 @@ class Trained:
         name = meta.get("model")
         if name not in MODELS:
             raise MedsDevInputError(f"the model folder names no known model ({name!r}); choose from {MODELS}")
+        if weights_file(name) not in blobs:
+            raise MedsDevInputError(f"the model folder lists no {weights_file(name)}; train again")
         stats = {k: np.asarray(meta["stats"][k], dtype=np.float64) for k in ("mean", "sd", "median")}
         common = dict(model=name, seed=int(meta["seed"]), lookback=int(meta["lookback"]), stats=stats,
                       size=dict(meta.get("size") or {}), facts=dict(meta.get("facts") or {}), device=device)
@@ -125,6 +127,11 @@ class Trained:
         with np.load(io.BytesIO(blobs[TORCH_WEIGHTS]), allow_pickle=False) as z:
             net.load_state_dict({k: torch.from_numpy(z[k]) for k in z.files})
         return cls(net=net.to(device).eval(), **common)
+
+
+def weights_file(model: str) -> str:
+    """The weights file of ``model``'s folder."""
+    return WEIGHTS.get(model, TORCH_WEIGHTS)
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

@@ -89,6 +89,9 @@ def train(args) -> dict:
 
     if args.model is None:
         raise UsageError("train needs --model (one of " + ", ".join(MEDS_DEV_MODELS) + ")")
+    for flag, v in (("--lookback", args.lookback), ("--max-epochs", args.max_epochs)):
+        if v is not None and v < 1:
+            raise UsageError(f"{flag} must be at least 1, got {v}")
     out = Path(args.output_dir)
     if (out / MODEL_JSON).exists() and not args.overwrite:
         from cohort.errors import BadParameterError
@@ -129,14 +132,25 @@ def load_trained(folder: Path, device: str = "cpu"):
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise md.MedsDevInputError(f"--model-dir {folder}: {MODEL_JSON} is not readable JSON "
                                    f"({type(exc).__name__})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+        raise md.MedsDevInputError(f"--model-dir {folder}: {MODEL_JSON} lists no weights; train again")
     blobs = {}
-    for name, digest in (meta.get("files") or {}).items():
-        data = (folder / Path(name).name).read_bytes()
+    for name, digest in meta["files"].items():
+        try:
+            data = (folder / Path(name).name).read_bytes()
+        except FileNotFoundError:
+            raise md.MedsDevInputError(f"--model-dir {folder}: {Path(name).name} is missing; train again") from None
         if hashlib.sha256(data).hexdigest() != digest:
             raise md.MedsDevInputError(f"--model-dir {folder}: {name} does not match {MODEL_JSON} (changed or "
                                        "partly written); train again")
         blobs[name] = data
-    return md.Trained.from_files(meta, blobs, device), meta
+    try:
+        return md.Trained.from_files(meta, blobs, device), meta
+    except md.MedsDevInputError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise md.MedsDevInputError(f"--model-dir {folder}: {MODEL_JSON} does not describe a trained model "
+                                   f"({type(exc).__name__}); train again") from None
 
 
 def predict(args) -> dict:
@@ -156,6 +170,8 @@ def predict(args) -> dict:
     if _codes_digest(args.meds_codes) != meta.get("meds_codes"):
         raise md.MedsDevInputError("--meds-codes differs from the code map the model was trained with")
     labels, raw = _streams(args, args.split, fitted.lookback)
+    if labels.height == 0:
+        raise md.MedsDevInputError(f"the labels hold no row of a {args.split} subject; nothing to predict")
     p = fitted.predict_proba(raw)
     table = pa.table({
         "subject_id": pa.array(labels["subject_id"].to_numpy(), pa.int64()),
