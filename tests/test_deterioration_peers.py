@@ -118,7 +118,8 @@ def test_the_winner_reads_every_paired_difference_as_winner_minus_other():
 def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(prefect_harness, small_wh,
                                                                                tmp_path):
     pytest.importorskip("lightgbm")
-    from dashboards.reproduce import render_headline
+    from dashboards.headline import headline_rows
+    from dashboards.reproduce import collect
     from pipelines.flows.clinical_deterioration import deterioration_flow
     from pipelines.flows.run_summary import summary_lines
     from pipelines.runtime import runner
@@ -151,7 +152,10 @@ def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(p
     row = next(ln for ln in summary_lines(runs, report="r.html", seconds={}, total_s=1.0)
                if ln.startswith("  deterioration "))
     assert m["headline"] in row and "claims hold" in row
-    assert m["headline"] in render_headline([runs])
+    readme_row = dict(headline_rows(collect([runs])))["deterioration"]
+    ranked = sorted(models, key=lambda k: -m[k]["auroc_seedavg"])
+    short = {"gru": "GRU", "sv_attention": "SV attention", "lightgbm": "LightGBM"}
+    assert f"best: {short[ranked[0]]}, ahead of {LABELS[ranked[1]]} by ΔAUROC " in readme_row
 
 
 def test_bad_model_lists_are_typed_errors(small_wh, tmp_path):
