@@ -10,7 +10,6 @@ The same on the real MIMIC-IV demo with labels from ACES: tests/test_meds_dev_de
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -283,69 +282,74 @@ def test_deterioration_without_lightgbm_names_the_extra_and_how_to_leave_it_out(
     assert "forgetful-attention[lightgbm]" in r.stderr and "--models lstm gru softmax sv_attention" in r.stderr
 
 
-def test_bad_inputs_are_typed_one_line_errors_and_leave_files_as_they_were(task, tmp_path):
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    """``forgetful <argv>`` in this process (preflight included): exit code and stderr."""
+    capsys.readouterr()
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+def test_bad_inputs_are_typed_one_line_errors_and_leave_files_as_they_were(task, tmp_path, capsys):
     pytest.importorskip("lightgbm")
     base = ["--dataset-dir", str(task / "meds"), "--labels-dir", str(task / "labels")]
     out = tmp_path / "m"
     assert main(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(out)]) == 0
     before = {f.name: f.read_bytes() for f in out.iterdir()}
+    predict = ["meds-dev", "predict", "--model-dir", str(out), *base, "--output-dir", str(tmp_path / "p")]
+    errors = []
     # a trained folder is not overwritten
-    r = _cli(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(out)])
-    assert r.returncode == 3 and "already holds a trained model" in r.stderr
-    # usage: train without a model, predict without a split
-    assert _cli(["meds-dev", "train", *base, "--output-dir", str(tmp_path / "x")]).returncode == 2
-    r = _cli(["meds-dev", "predict", "--model-dir", str(out), *base, "--output-dir", str(tmp_path / "p")])
-    assert r.returncode == 2 and not (tmp_path / "p").exists()
-    # labels without a label file, a missing dataset: preflight, exit 3
+    rc, err = _run(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(out)], capsys)
+    assert rc == 3 and "already holds a trained model" in err
+    errors.append(err)
+    # usage (exit 2): train without a model, predict without a split, an epoch cap below 1
+    assert _run(["meds-dev", "train", *base, "--output-dir", str(tmp_path / "x")], capsys)[0] == 2
+    assert _run(predict, capsys)[0] == 2 and not (tmp_path / "p").exists()
+    assert _run(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(tmp_path / "e"),
+                 "--max-epochs", "0"], capsys)[0] == 2
+    # labels without a label file, a missing dataset: refused by the preflight, nothing written
     (tmp_path / "empty").mkdir()
-    r = _cli(["meds-dev", "train", "--model", "lightgbm", "--dataset-dir", str(task / "meds"), "--labels-dir",
-              str(tmp_path / "empty"), "--output-dir", str(tmp_path / "y")])
-    assert r.returncode == 3 and "InputMissingError" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = _cli(["meds-dev", "train", "--model", "lightgbm", "--dataset-dir", str(tmp_path / "nope"), "--labels-dir",
-              str(task / "labels"), "--output-dir", str(tmp_path / "y")])
-    assert r.returncode == 3 and not (tmp_path / "y").exists()
+    for data, labels in ((task / "meds", tmp_path / "empty"), (tmp_path / "nope", task / "labels")):
+        rc, err = _run(["meds-dev", "train", "--model", "lightgbm", "--dataset-dir", str(data), "--labels-dir",
+                        str(labels), "--output-dir", str(tmp_path / "y")], capsys)
+        assert rc == 3 and "InputMissingError" in err and not (tmp_path / "y").exists()
+        errors.append(err)
     # a task with one class in train
     one = tmp_path / "one"
     one.mkdir()
     read_labels(task / "labels").with_columns(pl.lit(False).alias("boolean_value")).write_parquet(one / "0.parquet")
-    r = _cli(["meds-dev", "train", "--model", "lightgbm", "--dataset-dir", str(task / "meds"), "--labels-dir",
-              str(one), "--output-dir", str(tmp_path / "z")])
-    assert r.returncode == 3 and "one class" in r.stderr and not (tmp_path / "z" / "model.json").exists()
-    # changed weights are refused on predict
-    (out / "booster.txt").write_text((out / "booster.txt").read_text() + "\n")
-    r = _cli(["meds-dev", "predict", "--model-dir", str(out), *base, "--output-dir", str(tmp_path / "p"),
-              "--split", "held_out"])
-    assert r.returncode == 3 and "does not match" in r.stderr and not (tmp_path / "p" / "predictions.parquet").exists()
-    (out / "booster.txt").write_bytes(before["booster.txt"])
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
-    assert json.loads((out / "model.json").read_text())["model"] == "lightgbm"
-    # no subject id or value in any message
-    assert "10000000" not in r.stderr
-
-
-def test_broken_model_folders_and_empty_splits_are_typed_errors(task, tmp_path, capsys):
-    pytest.importorskip("lightgbm")
-    base = ["--dataset-dir", str(task / "meds"), "--labels-dir", str(task / "labels")]
-    out = tmp_path / "m"
-    assert main(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(out)]) == 0
-    assert main(["meds-dev", "train", "--model", "lightgbm", *base, "--output-dir", str(tmp_path / "e"),
-                 "--max-epochs", "0"]) == 2
+    rc, err = _run(["meds-dev", "train", "--model", "lightgbm", "--dataset-dir", str(task / "meds"), "--labels-dir",
+                    str(one), "--output-dir", str(tmp_path / "z")], capsys)
+    assert rc == 3 and "one class" in err and not (tmp_path / "z" / "model.json").exists()
+    errors.append(err)
+    # a split without label rows
     only_train = tmp_path / "train_labels"
     shutil.copytree(task / "labels" / "train", only_train)
-    capsys.readouterr()
-    assert main(["meds-dev", "predict", "--model-dir", str(out), "--dataset-dir", str(task / "meds"), "--labels-dir",
-                 str(only_train), "--output-dir", str(tmp_path / "p"), "--split", "held_out"]) == 3
-    assert "no row of a held_out subject" in capsys.readouterr().err
+    rc, err = _run(["meds-dev", "predict", "--model-dir", str(out), "--dataset-dir", str(task / "meds"),
+                    "--labels-dir", str(only_train), "--output-dir", str(tmp_path / "p"), "--split", "held_out"],
+                   capsys)
+    assert rc == 3 and "no row of a held_out subject" in err
+    errors.append(err)
+    # broken model folders: changed weights, a model.json that is not one, missing weights
     meta = (out / "model.json").read_text()
-    for broken, needle in (("[1, 2]", "lists no weights"), ("{not json", "not readable JSON"),
+    (out / "booster.txt").write_text(before["booster.txt"].decode() + "\n")
+    for broken, needle in ((meta, "does not match"), ("[1, 2]", "lists no weights"), ("{not json", "not readable JSON"),
                            (meta.replace('"lightgbm"', '"nope"', 1), "no known model")):
         (out / "model.json").write_text(broken)
-        assert main(["meds-dev", "predict", "--model-dir", str(out), *base, "--output-dir", str(tmp_path / "p"),
-                     "--split", "held_out"]) == 3
-        err = capsys.readouterr().err
-        assert needle in err and len(err.strip().splitlines()) == 1, err
+        if needle != "does not match":
+            (out / "booster.txt").write_bytes(before["booster.txt"])
+        rc, err = _run([*predict, "--split", "held_out"], capsys)
+        assert rc == 3 and needle in err, err
+        errors.append(err)
     (out / "model.json").write_text(meta)
     (out / "booster.txt").unlink()
-    assert main(["meds-dev", "predict", "--model-dir", str(out), *base, "--output-dir", str(tmp_path / "p"),
-                 "--split", "held_out"]) == 3
-    assert "booster.txt is missing" in capsys.readouterr().err and not (tmp_path / "p" / "predictions.parquet").exists()
+    rc, err = _run([*predict, "--split", "held_out"], capsys)
+    assert rc == 3 and "booster.txt is missing" in err
+    errors.append(err)
+    assert not (tmp_path / "p" / "predictions.parquet").exists()
+    (out / "booster.txt").write_bytes(before["booster.txt"])
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    # each one line, and no subject id in any message
+    subjects = {str(s) for s in read_labels(task / "labels")["subject_id"].unique().to_list()}
+    for err in errors:
+        assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+        assert not any(s in err for s in subjects), err
