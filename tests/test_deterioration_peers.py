@@ -61,7 +61,11 @@ def test_lightgbm_repeats_exactly_for_a_seed_and_differs_across_seeds(small_wh):
     from evaluation.clinical import tabular_peers as tp
 
     data = dtr.study_data(small_wh, "sliding", 24, 12, "filled", val_windows=20, test_stays=3)
-    a = tp.train_and_test(data, 0, n_boot=50, return_predictions=True, train_windows=40)
+    events = []
+    with dtr.epoch_progress(events.append):  # one progress event: the flow's bar and its "trained in" line
+        a = tp.train_and_test(data, 0, n_boot=50, return_predictions=True, train_windows=40)
+    assert [(e["model"], e["epoch"], e["max_epochs"]) for e in events] == [("lightgbm", 1, 1)]
+    assert events[0]["val_loss"] == pytest.approx(a["best_val_loss"])
     b = tp.train_and_test(data, 0, n_boot=50, return_predictions=True, train_windows=40)
     c = tp.train_and_test(data, 1, n_boot=50, return_predictions=True, train_windows=40)
     assert np.array_equal(a["p_test"], b["p_test"]) and a["auroc"] == b["auroc"] and a["n_params"] == b["n_params"]

@@ -282,6 +282,13 @@ def epoch_progress(listener: Callable[[dict], None] | None) -> Iterator[None]:
         _EPOCH_LISTENERS.remove(listener)
 
 
+def emit_epoch(event: dict) -> None:
+    """Pass a training-progress event to the listeners of :func:`epoch_progress` (the LightGBM peer
+    reports its one fit as one epoch of one)."""
+    for fn in list(_EPOCH_LISTENERS):
+        fn(event)
+
+
 def positive_rate(reader: WindowReader) -> float:
     """Share of positive labels among the scored hours of ``reader`` (the class weight's input)."""
     pos = n = 0
@@ -336,10 +343,9 @@ def fit(model_name: str, seed: int, train: WindowReader, val: WindowReader, *, n
                 losses.append(float(loss.detach()))
         epochs = ep + 1
         vl = mean_bce(model, val, device)
-        for fn in list(_EPOCH_LISTENERS):
-            fn({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
-                "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
-                "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
+        emit_epoch({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
+                    "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
+                    "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
         if vl < best - 1e-4:
             best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
         else:

@@ -106,7 +106,7 @@ def fit(seed: int, train: dtr.WindowReader, val: dtr.WindowReader, *, train_wind
     """Fit the LightGBM peer (module docstring). Returns (booster, facts: epochs = boosting rounds
     kept, best_val_loss, train_s, n_params = leaves of the kept trees, train_windows_per_epoch)."""
     lgb = require_lightgbm()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     W = train.n_windows
     rng = np.random.default_rng(seed)
     pick = np.arange(W) if train_windows is None or train_windows >= W else \
@@ -125,8 +125,10 @@ def fit(seed: int, train: dtr.WindowReader, val: dtr.WindowReader, *, train_wind
                         callbacks=[lgb.early_stopping(int(patience), verbose=False)])
     rounds = int(booster.best_iteration or booster.current_iteration())
     leaves = sum(t["num_leaves"] for t in booster.dump_model(num_iteration=rounds)["tree_info"])
-    best = booster.best_score.get("val", {}).get("binary_logloss", float("nan"))
-    return booster, {"epochs": rounds, "best_val_loss": float(best), "train_s": time.perf_counter() - t0,
+    best = float(booster.best_score.get("val", {}).get("binary_logloss", float("nan")))
+    dtr.emit_epoch({"model": "lightgbm", "seed": int(seed), "epoch": 1, "max_epochs": 1, "train_loss": float("nan"),
+                    "val_loss": best, "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
+    return booster, {"epochs": rounds, "best_val_loss": best, "train_s": time.perf_counter() - t0,
                      "n_params": int(leaves), "train_windows_per_epoch": int(pick.size)}
 
 

@@ -130,7 +130,8 @@ def train_with_progress(futures: list, jobs: list[tuple[str, int]], max_epochs: 
                 cached = local and not trained_here
                 how = f"from the task cache; trained in {r['train_s']:.0f} s then" if cached else \
                     f"trained in {r['train_s']:.0f} s"
-                bar.write(f"  {LABELS.get(model, model)} seed {seed}: {r['epochs']} epochs, best val loss "
+                unit = "boosting rounds" if model in det.TABULAR_MODELS else "epochs"
+                bar.write(f"  {LABELS.get(model, model)} seed {seed}: {r['epochs']} {unit}, best val loss "
                           f"{r['best_val_loss']:.3f}, test AUROC {r['auroc']:.3f} ({how})", file=sys.stderr)
     bar.close()
     return [f.result() for f in futures]
