@@ -10,6 +10,7 @@ The same on the real MIMIC-IV demo with labels from ACES: tests/test_meds_dev_de
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -226,6 +227,36 @@ def test_streams_end_at_each_prediction_time_and_equal_the_warehouse_hours(task)
         np.testing.assert_allclose(raw[i], want, rtol=2.0 ** -23)
         checked += 1
     assert checked > 10
+
+
+def _recode(dataset: Path, out: Path, codes: dict[str, str]) -> Path:
+    """A copy of ``dataset`` whose event codes are renamed by ``codes`` (others kept)."""
+    (out / "data").mkdir(parents=True)
+    shutil.copytree(dataset / "metadata", out / "metadata")
+    for f in sorted((dataset / "data").rglob("*.parquet")):
+        dst = out / "data" / f.relative_to(dataset / "data")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        pl.read_parquet(f).with_columns(pl.col("code").replace(codes)).write_parquet(dst)
+    return out
+
+
+def test_mimic_iv_meds_codes_and_a_custom_code_map_read_the_same_streams(task, tmp_path):
+    """The same values under MIMIC_IV_MEDS' chartevents codes (``LAB//<itemid>//<unit>``, read by the
+    default map) and under site codes named by a ``--meds-codes`` map give the same streams."""
+    from cohort.meds import HOURLY_CODES
+
+    lab = read_labels(task / "labels")
+    want = hourly_streams(task / "meds", lab)
+    itemid = {"hr": 220045, "sbp": 220179, "dbp": 220180, "rr": 220210, "spo2": 220277, "temp_c": 223762}
+    mimic = _recode(task / "meds", tmp_path / "mimic_meds",
+                    {HOURLY_CODES[v]: f"LAB//{i}//{HOURLY_CODES[v].rsplit('//', 1)[1]}" for v, i in itemid.items()})
+    np.testing.assert_array_equal(hourly_streams(mimic, lab), want)
+    site = _recode(task / "meds", tmp_path / "site_meds", {c: f"SITE//{v.upper()}" for v, c in HOURLY_CODES.items()})
+    assert np.isnan(hourly_streams(site, lab)).all()  # codes the default map does not read
+    cmap = {"vitals": {f"SITE//{v.upper()}": ({"vital": v, "source": "non-invasive"} if v in ("sbp", "dbp") else v)
+                       for v in HOURLY_CODES}}
+    (tmp_path / "codes.json").write_text(json.dumps(cmap))
+    np.testing.assert_array_equal(hourly_streams(site, lab, codes=tmp_path / "codes.json"), want)
 
 
 def test_training_repeats_exactly_for_a_seed_and_differs_across_seeds(task, tmp_path):
