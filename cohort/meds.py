@@ -128,6 +128,21 @@ class CodeMap:
         """sha256 of the canonical JSON (recorded in the warehouse's build params)."""
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
+    def case_sql(self, code: str = "code") -> tuple[str, str, str, str]:
+        """The map as SQL: ``k``, the index of the pattern the column ``code`` matches (NULL when
+        the map reads no such code), and, over a column ``k``, the vital code (UTINYINT), the
+        source code (UTINYINT) and whether the value is °F (the adapters' ``vital``, ``src``,
+        ``unit_f``)."""
+        pats = self.patterns
+        match = "CASE " + " ".join(
+            f"WHEN {code + ' = ' + _sql_str(c) if exact else 'starts_with(' + code + ', ' + _sql_str(c) + ')'} "
+            f"THEN {i}" for i, (c, exact, _) in enumerate(pats)) + " END"
+        vital = " ".join(f"WHEN {i} THEN {VITAL_CODE[t.vital]}" for i, (_, _, t) in enumerate(pats))
+        src = " ".join(f"WHEN {i} THEN {t.source}" for i, (_, _, t) in enumerate(pats))
+        f_ids = [str(i) for i, (_, _, t) in enumerate(pats) if t.fahrenheit]
+        return (match, f"CAST(CASE k {vital} END AS UTINYINT)", f"CAST(CASE k {src} END AS UTINYINT)",
+                f"k IN ({', '.join(f_ids)})" if f_ids else "false")
+
 
 def default_code_map(convention: str | Convention = SEED) -> CodeMap:
     """``LAB//<itemid>//*`` for every itemid of ``convention`` (MIMIC_IV_MEDS's chartevents
@@ -234,10 +249,12 @@ def _expected(col: str, stay_column: str) -> tuple[str, tuple[str, ...]]:
     return "a float", ("FLOAT", "DOUBLE")
 
 
-def check_meds_root(root: str | Path, codes: CodeMap | None = None, con=None) -> tuple[list[Path], set[str]]:
+def check_meds_root(root: str | Path, codes: CodeMap | None = None, con=None,
+                    require_stay: bool = True) -> tuple[list[Path], set[str]]:
     """Check a MEDS root the way the build reads it, from the Parquet footers only: the shards
-    exist, each is Parquet, has ``subject_id``, ``time``, ``code``, ``numeric_value`` and the
-    stay column, each of the right type. Returns (shards, columns present in any shard).
+    exist, each is Parquet, has ``subject_id``, ``time``, ``code``, ``numeric_value`` and (with
+    ``require_stay``, the build's need) the stay column, each of the right type. Returns (shards,
+    columns present in any shard).
 
     Raises InputMissingError, UnreadableInputError, MissingColumnsError or ColumnTypeError (the
     first problem found; the message names the file)."""
@@ -245,7 +262,7 @@ def check_meds_root(root: str | Path, codes: CodeMap | None = None, con=None) ->
 
     codes = codes or default_code_map()
     shards = find_shards(root)
-    required = ["subject_id", "time", "code", "numeric_value", codes.stay_column]
+    required = ["subject_id", "time", "code", "numeric_value", *([codes.stay_column] if require_stay else [])]
     own = con is None
     con = duckdb.connect() if own else con
     seen: set[str] = set()
@@ -316,20 +333,12 @@ class MedsAdapter(Adapter):
         """
 
     def measurements_sql(self, cohort_table: str) -> str:
-        pats = self.codes.patterns
-        match = " ".join(
-            f"WHEN {'m.code = ' + _sql_str(c) if exact else 'starts_with(m.code, ' + _sql_str(c) + ')'} THEN {i}"
-            for i, (c, exact, _) in enumerate(pats))
-        vital = " ".join(f"WHEN {i} THEN {VITAL_CODE[t.vital]}" for i, (_, _, t) in enumerate(pats))
-        src = " ".join(f"WHEN {i} THEN {t.source}" for i, (_, _, t) in enumerate(pats))
-        f_ids = [str(i) for i, (_, _, t) in enumerate(pats) if t.fahrenheit]
-        unit_f = f"k IN ({', '.join(f_ids)})" if f_ids else "false"
+        match, vital, src, unit_f = self.codes.case_sql("m.code")
         stay = _ident(self.codes.stay_column)
         return f"""
-            SELECT stay_id, ts_us, CAST(CASE k {vital} END AS UTINYINT) AS vital,
-                   CAST(CASE k {src} END AS UTINYINT) AS src, value, {unit_f} AS unit_f
+            SELECT stay_id, ts_us, {vital} AS vital, {src} AS src, value, {unit_f} AS unit_f
             FROM (SELECT c.stay_id, epoch_us(m.time) AS ts_us, CAST(m.numeric_value AS DOUBLE) AS value,
-                         CASE {match} END AS k
+                         {match} AS k
                   FROM {self.reader} AS m
                   JOIN {cohort_table} AS c ON CAST(m.{stay} AS BIGINT) = c.stay_id
                                           AND CAST(m.subject_id AS BIGINT) = c.subject_id)

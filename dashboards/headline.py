@@ -129,6 +129,14 @@ def _deterioration(p: Payload) -> Cells:
              "lightgbm": "LightGBM"}
     models = {k: v for k, v in m.items() if k in names and isinstance(v, Mapping) and "auroc_seedavg" in v}
     run = ", ".join(f"{names[k]} {doc_fmt(v['auroc_seedavg'])}" for k, v in models.items()) + " (test AUROC)"
+    win = m.get("winner")
+    c = next((c for c in p.get("claims", []) if "highest test AUROC" in str(c.get("statement", ""))
+              and isinstance(c.get("difference"), Mapping)), None)
+    if win in names and c is not None:  # which model wins: its paired interval against the runner-up
+        d, rival = c["difference"], _get(c, "strongest_peer", "name") or "the runner-up"
+        verdict = "holds" if c.get("status") == "holds" else "interval includes 0" if c.get("status") else ""
+        run += (f"; best: {names[win]}, ahead of {rival} by ΔAUROC {_ci(d.get('value'), d.get('low'), d.get('high'))}"
+                + (f" ({verdict})" if verdict else ""))
     return _cells(run, p, prefix="LSTM ahead of SV attention: ")
 
 

@@ -49,6 +49,9 @@ METRIC_NAMES: dict[str, str] = {
     "auprc_diff": "ΔAUPRC", "auprc_diff_low": "ΔAUPRC 95 % CI low", "auprc_diff_high": "ΔAUPRC 95 % CI high",
     "paired": "paired difference", "label": "label", "mode": "sequence mode", "lstm": "LSTM",
     "softmax": "causal softmax", "sv_attention": "causal SV attention", "max_epochs": "epoch cap",
+    "gru": "GRU", "lightgbm": "LightGBM (causal summaries)", "winner": "best model (seed-averaged test AUROC)",
+    "headline": "best model and its paired ΔAUROC (95 % stay-clustered)",
+    "tabular_windows": "LightGBM training windows",
     # language model / throughput
     "mean_sv_bpb": "SV hybrid, mean best val bits/byte", "mean_swa_bpb": "sliding window, mean best val bits/byte",
     "mean_rel_improvement": "mean relative improvement", "paired_t_p": "paired t-test p",

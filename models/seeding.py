@@ -28,7 +28,7 @@ def reset_parameters_(model: nn.Module, generator: torch.Generator) -> nn.Module
 
     * ``Linear``: weight Kaiming-uniform with ``a = sqrt(5)``, bias U(±1/sqrt(fan_in));
     * ``Embedding``: N(0, 1) (padding row zero); ``LayerNorm``: ones / zeros;
-    * ``LSTM``: every weight and bias U(±1/sqrt(hidden_size)).
+    * ``LSTM``, ``GRU``: every weight and bias U(±1/sqrt(hidden_size)).
 
     Raises :class:`AttentionConfigError` for a module holding its own parameters of any other
     kind (it would otherwise keep weights from the process-wide generator). Returns ``model``.
@@ -48,7 +48,7 @@ def reset_parameters_(model: nn.Module, generator: torch.Generator) -> nn.Module
         elif isinstance(mod, nn.LayerNorm):
             for p in own:
                 p.fill_(1.0 if p is mod.weight else 0.0)
-        elif isinstance(mod, nn.LSTM):
+        elif isinstance(mod, (nn.LSTM, nn.GRU)):
             for p in own:
                 _uniform_(p, 1.0 / math.sqrt(mod.hidden_size), generator)
         else:

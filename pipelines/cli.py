@@ -44,7 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "retention": ("retention_cli", "certified event-hour retention per ICU stay (SV vs peers)"),
     "heldout-spo2": ("retention_cli", "held-out SpO2 control (SpO2 < 90 label, 5-d keys without SpO2)"),
     "patient-deletion": ("clinical_deletion", "forget one of five patients sharing a context (leakage, KKT, decay)"),
-    "deterioration": ("clinical_deterioration", "predict a composite event within 6 h: LSTM vs softmax vs SV attention"),
+    "deterioration": ("clinical_deterioration", "predict a composite event within 6 h: SV attention vs LSTM, GRU, "
+                                                "softmax and LightGBM"),
     "audit": ("audit_flow", "fixed-C deletion audit incl. the real ICU-key regime"),
     "bench-delete": ("bench_delete_flow", "deletion latency: decrement vs same-C refit (study result)"),
     "run-all": ("run_all", "the main job: demo check, warehouse, every clinical study, report"),
@@ -52,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "receipts": ("receipts_cli", "verify, list, export or prove the deletion-receipt log"),
     "witness": ("witness_cli", "run a transparency-log witness that cosigns a receipt log's checkpoints"),
     "export": ("export_cli", "export the warehouse as Parquet or MEDS for your own analysis"),
+    "meds-dev": ("meds_dev_cli", "MEDS-DEV entries: train on a MEDS dataset's ACES labels, predict a split"),
     "report": ("report_cli", "re-render the HTML report from the stored results (no Prefect server)"),
     "serve": ("serve_cli", "serve the flows as Prefect deployments (run-all on a cron schedule)"),
     "ingest": ("ingest_flow", "incremental ingest of new chartevents/vitals files into a streaming warehouse"),

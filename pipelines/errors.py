@@ -106,10 +106,13 @@ class SettingsError(UsageError, ValueError):
 
 #: how to install the optional torch dependency (the ``models`` extra)
 MODELS_EXTRA_HINT = "pip install 'forgetful-attention[models]'"
+#: how to install LightGBM (the ``lightgbm`` extra: the deterioration study's and MEDS-DEV's tree peer)
+LIGHTGBM_EXTRA_HINT = "pip install 'forgetful-attention[lightgbm]'"
 
 
 class MissingExtraError(PipelineError):
-    """A command needs an optional extra that is not installed (torch: ``[models]``); exit code 3.
+    """A command needs an optional extra that is not installed (torch: ``[models]``, LightGBM:
+    ``[lightgbm]``); exit code 3.
     Checked before the command starts (:mod:`pipelines.preflight`)."""
 
 

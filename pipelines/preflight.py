@@ -33,7 +33,11 @@ What is checked (each check reuses the check of the code that later reads the in
 * the optional torch dependency (the ``models`` extra) of the commands that train or run torch
   models (:data:`TORCH_COMMANDS`, and ``audit`` with its ``learned`` regime): without it, one line
   naming the extra to install and exit 3 (:class:`pipelines.errors.MissingExtraError`). ``run-all``
-  is not refused: it skips its torch steps, one line each (:mod:`pipelines.flows.run_all`).
+  is not refused: it skips its torch steps, one line each (:mod:`pipelines.flows.run_all`). Likewise
+  LightGBM (the ``lightgbm`` extra) for ``deterioration``'s lightgbm peer and ``meds-dev``'s
+  lightgbm model, and torch for ``meds-dev``'s sequence models (:data:`MEDS_DEV_MODELS`);
+* ``meds-dev``: the MEDS dataset's shards (as ``build-cohort --source meds`` checks them), the
+  labels folder's Parquet files, ``predict``'s trained model folder.
 """
 from __future__ import annotations
 
@@ -43,7 +47,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.errors import MODELS_EXTRA_HINT, IngestError, MissingExtraError, UsageError, WarehouseMissingError
+from pipelines.errors import (
+    LIGHTGBM_EXTRA_HINT,
+    MODELS_EXTRA_HINT,
+    IngestError,
+    MissingExtraError,
+    UsageError,
+    WarehouseMissingError,
+)
 from pipelines.settings import (
     COUNT,
     COUNT0,
@@ -72,6 +83,10 @@ TORCH_COMMANDS = frozenset({"deterioration", "lm", "throughput", "learned-keys",
                             "mqar-control"})
 #: ``audit`` regimes that need torch (``learned``: the keys of a small trained torch model)
 TORCH_REGIMES = frozenset({"learned"})
+#: the deterioration study's models (:data:`evaluation.clinical.deterioration.MODELS`; equal by test)
+DETERIORATION_MODELS = ("lstm", "gru", "softmax", "sv_attention", "lightgbm")
+#: ``meds-dev`` models: the torch sequence models and LightGBM (:mod:`pipelines.flows.meds_dev_cli`)
+MEDS_DEV_MODELS = DETERIORATION_MODELS
 
 
 class _Unparsed(Exception):
@@ -131,9 +146,13 @@ SPECS: dict[str, tuple[tuple[tuple[str, ...], dict], ...]] = {
                          _opt("--refit-sample", type=COUNT, default=REFIT_SAMPLE)),
     "deterioration": (*_STUDY, *(_opt(f"--{n}", type=COUNT, default=None) for n in ("seeds", "max-epochs")),
                       *(_opt(f"--{n}", type=COUNT0, default=None) for n in ("train-windows", "val-windows",
-                                                                            "test-stays")),
+                                                                            "test-stays", "tabular-windows")),
                       _opt("--window", type=COUNT, default=48), _opt("--context", type=COUNT0, default=48),
-                      _opt("--n-boot", type=COUNT, default=10_000)),
+                      _opt("--n-boot", type=COUNT, default=10_000),
+                      _opt("--models", nargs="+", choices=DETERIORATION_MODELS, default=list(DETERIORATION_MODELS))),
+    "meds-dev": (_opt("--model", choices=MEDS_DEV_MODELS, default=None), _opt("--model-dir", default=None),
+                 _opt("--dataset-dir", required=True), _opt("--labels-dir", required=True),
+                 _opt("--meds-codes", default=None)),
     "audit": (*_STUDY, _opt("--trials", type=COUNT, default=300),
               _opt("--regimes", nargs="*", default=None, metavar="REGIME"), _SEED),
     "gate-demo": (_opt("--n", type=COUNT, default=120), _opt("--d", type=COUNT, default=6),
@@ -229,12 +248,17 @@ def check_cron(cron: str) -> None:
         raise UsageError(f"--cron {cron!r}: random and hashed (R, H) fields are not supported")
 
 
-def torch_available() -> bool:
-    """Whether torch can be imported (its spec is found; torch itself is not imported)."""
+def extra_available(module: str) -> bool:
+    """Whether ``module`` can be imported (its spec is found; the module itself is not imported)."""
     try:
-        return importlib.util.find_spec("torch") is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
+
+
+def torch_available() -> bool:
+    """Whether torch can be imported (its spec is found; torch itself is not imported)."""
+    return extra_available("torch")
 
 
 def require_torch(what: str, alternative: str = "") -> None:
@@ -318,9 +342,54 @@ def _study(a: argparse.Namespace) -> None:
     check_warehouse(a.warehouse)
 
 
+def require_lightgbm(what: str, alternative: str = "") -> None:
+    """Raise :class:`MissingExtraError` (one line) when LightGBM is not installed."""
+    if not extra_available("lightgbm"):
+        raise MissingExtraError(f"{what} needs lightgbm, which is not installed: {LIGHTGBM_EXTRA_HINT}{alternative}")
+
+
+def _deterioration(a: argparse.Namespace) -> None:
+    if "lightgbm" in (a.models or ()):
+        rest = " ".join(m for m in DETERIORATION_MODELS if m != "lightgbm")
+        require_lightgbm("forgetful deterioration's lightgbm peer", f" (or leave it out: --models {rest})")
+    _study(a)
+
+
+def _meds_dev(a: argparse.Namespace) -> None:
+    from cohort.meds import check_meds_root, load_code_map
+
+    if a.dataset_dir is None or a.labels_dir is None:
+        return  # required: the full parser says so, with its usage
+    model = a.model
+    if model is None and a.model_dir:  # predict: the model its folder holds
+        model = _trained_model(a.model_dir)
+    if model == "lightgbm":
+        require_lightgbm("forgetful meds-dev's lightgbm model")
+    elif model is not None:
+        require_torch(f"forgetful meds-dev's {model} model")
+    check_meds_root(a.dataset_dir, load_code_map(a.meds_codes), require_stay=False)
+    labels = Path(a.labels_dir)
+    if not labels.is_dir() or not any(labels.rglob("*.parquet")):
+        from cohort.errors import InputMissingError
+
+        raise InputMissingError(f"--labels-dir {labels}: no *.parquet label files (the ACES output of the task)")
+
+
+def _trained_model(folder: str) -> str | None:
+    """The model name a trained ``meds-dev`` folder holds (None when it holds none: the command says so)."""
+    import json
+
+    try:
+        name = json.loads((Path(folder) / "model.json").read_text()).get("model")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return name if name in MEDS_DEV_MODELS else None
+
+
 CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "build-cohort": _build_cohort, "run-all": _run_all, "ingest": _ingest, "serve": _serve,
-    "retention": _study, "heldout-spo2": _study, "patient-deletion": _study, "deterioration": _study, "audit": _audit,
+    "retention": _study, "heldout-spo2": _study, "patient-deletion": _study, "deterioration": _deterioration,
+    "audit": _audit, "meds-dev": _meds_dev,
 }
 
 

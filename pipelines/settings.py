@@ -278,10 +278,12 @@ class DeteriorationSettings:
     train_windows: int | None = None
     val_windows: int | None = None
     test_stays: int | None = None
+    tabular_windows: int | None = None
 
     def __post_init__(self):
         check_fields(self, {"seeds": COUNT, "window": COUNT, "max_epochs": COUNT, "n_boot": COUNT, "context": COUNT0,
-                            "train_windows": COUNT0, "val_windows": COUNT0, "test_stays": COUNT0})
+                            "train_windows": COUNT0, "val_windows": COUNT0, "test_stays": COUNT0,
+                            "tabular_windows": COUNT0})
 
 
 @dataclass(frozen=True)

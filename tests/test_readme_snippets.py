@@ -46,6 +46,8 @@ from pathlib import Path
 
 import pytest
 
+from test_meds_dev import task  # noqa: F401  (the MEDS export and labels of test_meds_dev_forms)
+
 from pipelines.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,6 +186,10 @@ EXECUTED = {
     "forgetful build-cohort --source meds --root DIR": "test_meds_forms (DIR = my_meds/: the row above)",
     "forgetful build-cohort --source meds --root MIMIC_IV_MEDS_output/ --meds-codes codes.json":
         "test_meds_forms (the export as that folder, a codes.json naming its codes)",
+    "forgetful meds-dev train --model sv_attention --dataset-dir my_meds/ --labels-dir task/deterioration/ "
+    "--output-dir run/train": "test_meds_dev_forms (tests/test_meds_dev.py's export and labels; --max-epochs 1)",
+    "forgetful meds-dev predict --model-dir run/train --dataset-dir my_meds/ --labels-dir task/deterioration/ "
+    "--output-dir run/predict --split held_out": "test_meds_dev_forms",
     "python -m sv_core.bench.solve": "test_bench_solve_form (--n 40 --reps 1 --threads 1 --kinds gauss)",
     "forgetful planted-secret": "test_study_and_report_forms",
     "forgetful report": "test_study_and_report_forms",
@@ -787,6 +793,21 @@ def test_meds_forms(site, forgotten, prefect_harness):
     run_form("forgetful build-cohort --source meds --root MIMIC_IV_MEDS_output/ --meds-codes codes.json", site,
              cwd=flow, extra=("--no-progress", "--runs", "runs_codes", "--warehouse", "runs_codes/warehouse.duckdb"))
     assert _n_stays(flow / "runs_codes" / "warehouse.duckdb") == n_stays
+
+
+def test_meds_dev_forms(site, task, tmp_path):
+    """docs/MEDS.md's train and predict, as written, in a folder holding ``my_meds/`` (a generated
+    warehouse's export) and ``task/deterioration/`` (its labels: tests/test_meds_dev.py's fixture)."""
+    import polars as pl
+
+    shutil.copytree(task / "meds", tmp_path / "my_meds")
+    shutil.copytree(task / "labels", tmp_path / "task" / "deterioration")
+    train = "forgetful meds-dev train --model sv_attention --dataset-dir my_meds/ --labels-dir task/deterioration/ --output-dir run/train"  # noqa: E501
+    predict = "forgetful meds-dev predict --model-dir run/train --dataset-dir my_meds/ --labels-dir task/deterioration/ --output-dir run/predict --split held_out"  # noqa: E501
+    run_form(train, site, cwd=tmp_path, extra=("--max-epochs", "1"))
+    run_form(predict, site, cwd=tmp_path)
+    pred = pl.read_parquet(tmp_path / "run" / "predict" / "predictions.parquet")
+    assert pred.height == pl.read_parquet(task / "labels" / "held_out" / "0.parquet").height > 0
 
 
 def test_bench_solve_form(site):

@@ -42,7 +42,11 @@ from cohort.constants import VITALS
 from evaluation.errors import EvaluationError
 
 HORIZON = 6
-MODELS = ("lstm", "softmax", "sv_attention")
+#: per-hour sequence models (torch): :func:`evaluation.clinical.deterioration_training.make_model`
+SEQUENCE_MODELS = ("lstm", "gru", "softmax", "sv_attention")
+#: gradient-boosted trees on causal summary features of the same rows: :mod:`evaluation.clinical.tabular_peers`
+TABULAR_MODELS = ("lightgbm",)
+MODELS = SEQUENCE_MODELS + TABULAR_MODELS
 LABEL_VARIANTS = ("filled", "observed")
 SEQUENCE_MODES = ("sliding", "stay")
 PROTOCOL = "causal-ffill+train-median/v2"
@@ -148,6 +152,20 @@ def _fill_blocks(raw, observed, starts, medians) -> np.ndarray:
     cols = np.broadcast_to(np.arange(obs.shape[1]), prev.shape)
     vals = np.asarray(raw, dtype=np.float64)[np.maximum(prev, 0), cols]
     return np.where(prev >= first[:, None], vals, np.asarray(medians, dtype=np.float64)[None, :])
+
+
+def causal_features(raw: np.ndarray, observed: np.ndarray, stats: dict) -> np.ndarray:
+    """The model input of rows that are each one causal stream (the MEDS-DEV path: one row per
+    prediction time, its hours ending at that time): per row, :func:`causal_fill` (forward fill,
+    the training median before a vital's first observation in the row), z-scored with ``stats``
+    (mean, sd, median per vital), beside the observed flags. raw, observed (N, T, V) -> (N, T, 2V)
+    float32; hour t of a row depends only on its hours <= t."""
+    obs = np.asarray(observed, dtype=bool)
+    N, T, V = obs.shape
+    flat = _fill_blocks(np.asarray(raw, dtype=np.float64).reshape(N * T, V), obs.reshape(N * T, V),
+                        np.arange(N + 1) * T, stats["median"])
+    z = (flat.reshape(N, T, V) - stats["mean"]) / stats["sd"]
+    return np.concatenate([z, obs], axis=2).astype(np.float32)
 
 
 @dataclass

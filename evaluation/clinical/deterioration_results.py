@@ -12,7 +12,6 @@ import itertools
 import numpy as np
 
 from evaluation.claims import claim, interval, tolerance
-from evaluation.clinical import deterioration as det
 
 SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (softmax)"
 PAPER_AUROC = {"sv_attention": 0.696, "lstm": 0.783, "softmax": 0.751}
@@ -22,8 +21,8 @@ MIN_TEST_STAYS = 20
 #: count, so the figures (and the bootstrap bounds) move in the third decimal across machines
 TRAINED_TOLERANCE = tolerance("AUROC / AUPRC of models trained with torch on CPU: the weights depend on the CPU's "
                               "vector kernels and thread count", abs=0.02)
-LABELS = {"lstm": "LSTM", "softmax": "causal softmax", "sv_attention": "causal SV attention",
-          "event_now": "event now (trivial baseline)"}
+LABELS = {"lstm": "LSTM", "gru": "GRU", "softmax": "causal softmax", "sv_attention": "causal SV attention",
+          "lightgbm": "LightGBM (causal summaries)", "event_now": "event now (trivial baseline)"}
 BASELINE = "event_now"
 
 
@@ -80,8 +79,10 @@ def roc_figure(y: np.ndarray, scores: dict[str, np.ndarray], keys: list[str], bo
 
 
 def comparison_pairs(models: list[str]) -> list[tuple[str, str]]:
-    order = [m for m in ("sv_attention", "softmax", "lstm") if m in models] + [m for m in models
-                                                                             if m not in det.MODELS]
+    """Every pair of models (SV attention first, so its differences read "SV − peer"), then each
+    model against the baseline."""
+    known = ("sv_attention", "softmax", "lstm", "gru", "lightgbm")
+    order = [m for m in known if m in models] + [m for m in models if m not in known]
     return list(itertools.combinations(order, 2)) + [(m, BASELINE) for m in order]
 
 
@@ -120,3 +121,51 @@ def deterioration_claims(boot: dict, models: list[str], test_stays: int) -> list
                      f"tolerance ({TRAINED_TOLERANCE['abs']:g}) of 0" if abs(d["auroc_diff_high"])
                      <= TRAINED_TOLERANCE["abs"] else None)))
     return out
+
+
+def winner(boot: dict, models: list[str]) -> dict | None:
+    """The model with the highest AUROC of its seed-averaged predictions, and its paired differences
+    (ΔAUROC, ΔAUPRC with their stay-clustered intervals, read from ``boot["pairs"]`` and turned
+    to "winner − other") against every other model: ``{"winner", "versus", "headline", "claim"}``;
+    None with fewer than two models. The claim (a claim of this project's, beyond the paper) holds
+    when the paired interval against the runner-up lies above 0."""
+    if len(models) < 2:
+        return None
+    sc = boot["scores"]
+    best = max(models, key=lambda m: (sc[m]["auroc"], -models.index(m)))
+    versus = {}
+    for m in models:
+        if m == best:
+            continue
+        d, sign = (boot["pairs"][f"{best} - {m}"], 1.0) if f"{best} - {m}" in boot["pairs"] else \
+            (boot["pairs"][f"{m} - {best}"], -1.0)
+        lo, hi = sorted((sign * d["auroc_diff_low"], sign * d["auroc_diff_high"]))
+        plo, phi = sorted((sign * d["auprc_diff_low"], sign * d["auprc_diff_high"]))
+        versus[m] = {"auroc_diff": sign * d["auroc_diff"], "auroc_diff_low": lo, "auroc_diff_high": hi,
+                     "auprc_diff": sign * d["auprc_diff"], "auprc_diff_low": plo, "auprc_diff_high": phi}
+    runner_up = max(versus, key=lambda m: sc[m]["auroc"])
+    b, r, name = sc[best], versus[runner_up], LABELS.get(best, best)
+    diffs = "; ".join(f"− {LABELS.get(m, m)} {v['auroc_diff']:+.3f} [{v['auroc_diff_low']:+.3f}, "
+                      f"{v['auroc_diff_high']:+.3f}]"
+                      for m, v in sorted(versus.items(), key=lambda kv: kv[1]["auroc_diff"]))
+    headline = (f"best: {name}, AUROC {b['auroc']:.3f} [{b['auroc_low']:.3f}, {b['auroc_high']:.3f}]"
+                f"; paired ΔAUROC {diffs}")
+    level = int(100 * boot.get("level", 0.95))
+    rival = LABELS.get(runner_up, runner_up)
+    c = claim(
+        f"{name} has the highest test AUROC of the seed-averaged predictions (ahead of the runner-up, {rival})",
+        reference="every other model's seed-averaged predictions on the same test hours and stay-clustered resamples",
+        path="paired stay-clustered bootstrap of AUROC (evaluation.cluster_bootstrap)",
+        rule=f"{level} % stay-clustered paired bootstrap interval of {name} − {rival} AUROC above 0",
+        passed=bool(r["auroc_diff_low"] > 0),
+        run=interval(b["auroc"], b["auroc_low"], b["auroc_high"],
+                     how=f"{name} AUROC, {level} % stay-clustered bootstrap"),
+        difference=interval(r["auroc_diff"], r["auroc_diff_low"], r["auroc_diff_high"],
+                            how=f"{level} % stay-clustered paired bootstrap, {name} − {rival}"),
+        strongest_peer={"name": rival, "value": sc[runner_up]["auroc"], "low": sc[runner_up]["auroc_low"],
+                        "high": sc[runner_up]["auroc_high"]},
+        value=f"{r['auroc_diff']:+.3f} [{r['auroc_diff_low']:+.3f}, {r['auroc_diff_high']:+.3f}]",
+        fragile=(f"the interval's lower end ({r['auroc_diff_low']:.2g}) lies within the trained models' tolerance "
+                 f"({TRAINED_TOLERANCE['abs']:g}) of 0" if abs(r["auroc_diff_low"]) <= TRAINED_TOLERANCE["abs"]
+                 else None))
+    return {"winner": best, "versus": versus, "headline": headline, "claim": c}

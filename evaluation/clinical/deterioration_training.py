@@ -1,10 +1,13 @@
 """Deterioration study: models, reproducible training on streamed windows, scoring.
 
-LSTM vs causal softmax attention vs causal SV-hybrid attention (:data:`MODELS`), trained on
+LSTM, GRU, causal softmax attention and causal SV-hybrid attention (:data:`MODELS`), trained on
 ``train`` (AdamW, BCE on scored hours, positive-class weight), early-stopped on ``val`` BCE, and
 scored on ``test`` (per-seed AUROC/AUPRC with a stay-clustered bootstrap; the test predictions
 are returned for the paired evaluation). Protocol: :mod:`evaluation.clinical.deterioration`;
-reading the warehouse: :mod:`evaluation.clinical.deterioration_reader`.
+reading the warehouse: :mod:`evaluation.clinical.deterioration_reader`. The LightGBM peer on
+causal summary features of the same rows: :mod:`evaluation.clinical.tabular_peers`. The training
+loop (:func:`fit`) reads rows through a :class:`WindowReader`, streamed from a warehouse or held
+in memory (:meth:`WindowReader.of_rows`: the MEDS-DEV entries' rows, one per prediction time).
 
 Bounded memory
 --------------
@@ -18,8 +21,9 @@ Caps (:data:`CAPS`)
 -------------------
 ``train_windows`` windows drawn afresh each epoch (seeded), a fixed sample of ``val_windows``
 validation windows, a fixed sample of ``test_stays`` test stays (all their hours), at most
-``max_epochs`` epochs, ``seeds`` seeds: defaults for a CPU run and larger ones for CUDA. ``None``
-= no cap. The caps never bind on the real demo (77 stays).
+``max_epochs`` epochs, ``seeds`` seeds; the LightGBM peer fits once on ``tabular_windows`` training
+windows drawn with its seed (its rows are held in memory): defaults for a CPU run and larger ones
+for CUDA. ``None`` = no cap. The caps never bind on the real demo (77 stays).
 
 Reproducibility
 ---------------
@@ -46,13 +50,15 @@ import numpy as np
 from evaluation.clinical import deterioration as det
 from evaluation.clinical import deterioration_reader as rd
 
-MODELS = det.MODELS
+MODELS = det.SEQUENCE_MODELS
 DEFAULT_SIZE = {"hidden": 32, "d_model": 32, "heads": 2, "layers": 1, "chunk": 8, "C": 0.25, "sigma": 2.0,
                 "fista_iters": 40}
 #: default caps per device (see module doc); ``None`` = no cap
 CAPS: dict[str, dict[str, int | None]] = {
-    "cpu": {"train_windows": 4096, "val_windows": 1024, "test_stays": 1000, "max_epochs": 12, "seeds": 3},
-    "cuda": {"train_windows": 65536, "val_windows": 8192, "test_stays": None, "max_epochs": 12, "seeds": 3},
+    "cpu": {"train_windows": 4096, "val_windows": 1024, "test_stays": 1000, "max_epochs": 12, "seeds": 3,
+            "tabular_windows": 16384},
+    "cuda": {"train_windows": 65536, "val_windows": 8192, "test_stays": None, "max_epochs": 12, "seeds": 3,
+             "tabular_windows": None},
 }
 DEVICES = tuple(CAPS)
 TRAINING = "deterministic/v1"  # seeded generator init, deterministic algorithms, 1 CPU thread
@@ -66,7 +72,8 @@ def caps_text(device: str) -> str:
         return "all" if v is None else f"{v:,}"
 
     return (f"{device}: {n(c['train_windows'])} training windows per epoch, {n(c['val_windows'])} validation windows, "
-            f"{n(c['test_stays'])} test stays, {c['max_epochs']} epochs, {c['seeds']} seeds")
+            f"{n(c['test_stays'])} test stays, {c['max_epochs']} epochs, {c['seeds']} seeds; LightGBM: "
+            f"{n(c['tabular_windows'])} training windows")
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,12 +112,15 @@ def make_model(name: str, n_features: int, max_len: int, size: dict, seed: int |
     drawn from a private generator seeded by it (:func:`models.seeding.reset_parameters_`)."""
     import torch
 
+    from models.gru import GRUClassifier
     from models.lstm import LSTMClassifier
     from models.seeding import reset_parameters_
     from models.sequence_classifier import CausalSequenceClassifier
 
     if name == "lstm":
         model = LSTMClassifier(n_features, hidden=size["hidden"])
+    elif name == "gru":
+        model = GRUClassifier(n_features, hidden=size["hidden"])
     elif name == "softmax":
         model = CausalSequenceClassifier(n_features, "softmax", d_model=size["d_model"], n_heads=size["heads"],
                                          n_layers=size["layers"], max_len=max_len)
@@ -178,9 +188,10 @@ def _trim(d: det.SeqData, idx: np.ndarray) -> int:
     return int(d.length[idx].max()) if d.length is not None else d.x.shape[1]
 
 
-class _Reader:
+class WindowReader:
     """Rows of one split's windows: streamed a shard at a time, or read once and kept when the
-    split fits in one shard (the rows and their order are the same either way)."""
+    split fits in one shard (the rows and their order are the same either way); or rows already
+    in memory (:meth:`of_rows`)."""
 
     def __init__(self, data: StudyData, index: rd.SplitIndex, shard: int):
         self.data, self.index, self.shard = data, index, int(shard)
@@ -188,8 +199,19 @@ class _Reader:
         if index.n_windows <= self.shard:
             self.kept = rd.load_windows(data.warehouse, index, np.arange(index.n_windows), data.stats, data.label)
 
+    @classmethod
+    def of_rows(cls, rows: det.SeqData, shard: int = rd.SHARD_WINDOWS) -> WindowReader:
+        """A reader over rows held in memory (``rows.length`` set), served ``shard`` at a time."""
+        self = cls.__new__(cls)
+        self.data, self.index, self.shard, self.kept = None, None, int(shard), rows
+        return self
+
+    @property
+    def n_windows(self) -> int:
+        return self.index.n_windows if self.index is not None else int(len(self.kept.x))
+
     def shards(self, order: np.ndarray | None = None) -> Iterator[det.SeqData]:
-        order = np.arange(self.index.n_windows) if order is None else order
+        order = np.arange(self.n_windows) if order is None else order
         if self.kept is None:
             yield from rd.iter_shards(self.data.warehouse, self.index, order, self.data.stats, self.data.label,
                                        self.shard)
@@ -197,10 +219,11 @@ class _Reader:
         k = self.kept
         for i in range(0, order.size, self.shard):
             o = order[i:i + self.shard]
-            yield det.SeqData(k.x[o], k.y[o], k.m[o], k.group[o], k.now[o], k.length[o])
+            yield det.SeqData(k.x[o], k.y[o], k.m[o], k.group[o], None if k.now is None else k.now[o], k.length[o])
 
 
-def predict(model, reader: _Reader, device: str = "cpu", batch: int = 64) -> Iterator[tuple[det.SeqData, np.ndarray]]:
+def predict(model, reader: WindowReader, device: str = "cpu",
+            batch: int = 64) -> Iterator[tuple[det.SeqData, np.ndarray]]:
     """(rows, probabilities (N, T) float32) per shard, in index order (model in eval mode)."""
     import torch
 
@@ -215,7 +238,7 @@ def predict(model, reader: _Reader, device: str = "cpu", batch: int = 64) -> Ite
             yield d, out
 
 
-def mean_bce(model, reader: _Reader, device: str = "cpu") -> float:
+def mean_bce(model, reader: WindowReader, device: str = "cpu") -> float:
     """Mean BCE over the scored hours (accumulated per shard in float64)."""
     tot, n = 0.0, 0
     for d, p in predict(model, reader, device):
@@ -230,7 +253,7 @@ def scored_targets(data: StudyData, shard: int = rd.SHARD_WINDOWS) -> dict[str, 
     """Test labels ``y`` (int8), stay ``groups`` and the event-now baseline ``now`` (float64) at
     the scored hours, in the order of the returned predictions (streamed)."""
     ys, gs, ns = [], [], []
-    for d in _Reader(data, data.test, shard).shards():
+    for d in WindowReader(data, data.test, shard).shards():
         ys.append(d.scored(d.y).astype(np.int8))
         gs.append(d.scored(np.broadcast_to(d.group[:, None], d.m.shape)))
         ns.append(d.scored(d.now).astype(np.float64))
@@ -259,86 +282,123 @@ def epoch_progress(listener: Callable[[dict], None] | None) -> Iterator[None]:
         _EPOCH_LISTENERS.remove(listener)
 
 
-def _positive_rate(reader: _Reader) -> float:
+def emit_epoch(event: dict) -> None:
+    """Pass a training-progress event to the listeners of :func:`epoch_progress` (the LightGBM peer
+    reports its one fit as one epoch of one)."""
+    for fn in list(_EPOCH_LISTENERS):
+        fn(event)
+
+
+def positive_rate(reader: WindowReader) -> float:
+    """Share of positive labels among the scored hours of ``reader`` (the class weight's input)."""
     pos = n = 0
     for d in reader.shards():
         pos, n = pos + float(d.y[d.m].sum()), n + int(d.m.sum())
     return pos / max(n, 1)
 
 
+def check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise det.DeteriorationInputError(f"unknown device {device!r}; choose from {DEVICES}")
+
+
+def fit(model_name: str, seed: int, train: WindowReader, val: WindowReader, *, n_features: int, max_len: int,
+        size: dict | None = None, max_epochs: int = 12, patience: int = 3, batch: int = 16, lr: float = 3e-3,
+        train_windows: int | None = None, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
+    """Train one sequence model with one seed (call inside :func:`deterministic_torch`): AdamW,
+    BCE on the scored hours with a positive-class weight, ``train_windows`` windows drawn per epoch
+    (None = all), early stopping on the mean validation BCE (``patience`` epochs); the best state is
+    loaded back. Returns (model, facts: epochs, best_val_loss, train_s, n_params,
+    train_windows_per_epoch)."""
+    import torch
+
+    size = {**DEFAULT_SIZE, **(size or {})}
+    model = make_model(model_name, n_features, max_len, size, seed).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    pos = positive_rate(train)
+    pw = torch.tensor((1 - pos) / max(pos, 1e-3), device=device)
+    rng = np.random.default_rng(seed)
+    W = train.n_windows
+    best, best_state, bad, epochs = np.inf, None, 0, 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for ep in range(max_epochs):
+        model.train()
+        losses = []
+        pick = np.arange(W) if train_windows is None or train_windows >= W else \
+            rng.choice(W, int(train_windows), replace=False)
+        for d in train.shards(rng.permutation(pick)):
+            for idx in _batches(d, batch, rng):
+                T = _trim(d, idx)
+                m = torch.from_numpy(np.ascontiguousarray(d.m[idx, :T])).to(device)
+                if not bool(m.any()):
+                    continue
+                x = torch.from_numpy(np.ascontiguousarray(d.x[idx, :T])).to(device)
+                y = torch.from_numpy(np.ascontiguousarray(d.y[idx, :T])).to(device)
+                logits = model(x)
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[m], y[m], pos_weight=pw)
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                losses.append(float(loss.detach()))
+        epochs = ep + 1
+        vl = mean_bce(model, val, device)
+        emit_epoch({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
+                    "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
+                    "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
+        if vl < best - 1e-4:
+            best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
+        else:
+            bad += 1
+            if bad >= patience:
+                break
+    train_s = time.perf_counter() - t0
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    return model, {"epochs": epochs, "best_val_loss": float(best), "train_s": train_s,
+                   "n_params": int(sum(q.numel() for q in model.parameters())),
+                   "train_windows_per_epoch": int(min(W, train_windows or W))}
+
+
+def scored_predictions(pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p float64, y int8, stay groups) at the scored hours of ``(rows, probabilities)`` pairs, in order."""
+    ps, ys, gs = [], [], []
+    for d, p in pairs:
+        ps.append(d.scored(p))
+        ys.append(d.scored(d.y).astype(np.int8))
+        gs.append(d.scored(np.broadcast_to(d.group[:, None], d.m.shape)))
+    return np.concatenate(ps).astype(np.float64), np.concatenate(ys), np.concatenate(gs)
+
+
+def run_result(model_name: str, seed: int, facts: dict, p: np.ndarray, y: np.ndarray, g: np.ndarray,
+               n_boot: int, return_predictions: bool) -> dict[str, Any]:
+    """One model × seed's result: its facts, test AUROC/AUPRC with a stay-clustered bootstrap CI
+    (seeded by the seed) and, with ``return_predictions``, the float32 test probabilities ``p_test``."""
+    from evaluation.cluster_bootstrap import paired_cluster_bootstrap
+
+    b = paired_cluster_bootstrap(y, {"p": p}, g, n_boot=n_boot, seed=seed)
+    ci = {**b["scores"]["p"], "prevalence": float(y.mean()),
+          **{k: b[k] for k in ("n", "n_pos", "n_boot_used", "n_boot_skipped", "level", "seed", "n_groups")}}
+    out = {"model": model_name, "seed": int(seed), **facts, **ci}
+    if return_predictions:
+        out["p_test"] = p.astype(np.float32)
+    return out
+
+
 def train_and_test(data: StudyData, model_name: str, seed: int, *, size: dict | None = None, max_epochs: int = 12,
                    patience: int = 3, batch: int = 16, lr: float = 3e-3, n_boot: int = 10_000,
                    train_windows: int | None = None, device: str = "cpu", shard: int = rd.SHARD_WINDOWS,
                    return_predictions: bool = False, threads: int = 1) -> dict[str, Any]:
-    """Train one model with one seed; return test AUROC/AUPRC with a stay-clustered CI, training
-    facts and (``return_predictions``) the test probabilities at the scored hours (float32, in
-    :func:`scored_targets` order) under ``"p_test"``. ``train_windows``: windows drawn per epoch
+    """Train one model with one seed (:func:`fit`); return test AUROC/AUPRC with a stay-clustered CI,
+    training facts and (``return_predictions``) the test probabilities at the scored hours (float32,
+    in :func:`scored_targets` order) under ``"p_test"``. ``train_windows``: windows drawn per epoch
     (None = all). ``threads``: CPU intra-op threads (1, the study's deterministic mode; more for
     timing, see :mod:`evaluation.clinical.deterioration_bench`)."""
-    import torch
-
-    from evaluation.cluster_bootstrap import paired_cluster_bootstrap
-
-    if device not in DEVICES:
-        raise det.DeteriorationInputError(f"unknown device {device!r}; choose from {DEVICES}")
-    size = {**DEFAULT_SIZE, **(size or {})}
+    check_device(device)
     with deterministic_torch(device, threads):
-        model = make_model(model_name, det.N_FEATURES, data.max_len, size, seed).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-        train, val = _Reader(data, data.train, shard), _Reader(data, data.val, shard)
-        pos = _positive_rate(train)
-        pw = torch.tensor((1 - pos) / max(pos, 1e-3), device=device)
-        rng = np.random.default_rng(seed)
-        W = data.train.n_windows
-        best, best_state, bad, epochs = np.inf, None, 0, 0
-        t0, c0 = time.perf_counter(), time.process_time()
-        for ep in range(max_epochs):
-            model.train()
-            losses = []
-            pick = np.arange(W) if train_windows is None or train_windows >= W else \
-                rng.choice(W, int(train_windows), replace=False)
-            for d in train.shards(rng.permutation(pick)):
-                for idx in _batches(d, batch, rng):
-                    T = _trim(d, idx)
-                    m = torch.from_numpy(np.ascontiguousarray(d.m[idx, :T])).to(device)
-                    if not bool(m.any()):
-                        continue
-                    x = torch.from_numpy(np.ascontiguousarray(d.x[idx, :T])).to(device)
-                    y = torch.from_numpy(np.ascontiguousarray(d.y[idx, :T])).to(device)
-                    logits = model(x)
-                    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[m], y[m], pos_weight=pw)
-                    opt.zero_grad()
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    opt.step()
-                    losses.append(float(loss.detach()))
-            epochs = ep + 1
-            vl = mean_bce(model, val, device)
-            for fn in list(_EPOCH_LISTENERS):
-                fn({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
-                    "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
-                    "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
-            if vl < best - 1e-4:
-                best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
-            else:
-                bad += 1
-                if bad >= patience:
-                    break
-        train_s = time.perf_counter() - t0
-        if best_state is not None:
-            model.load_state_dict(best_state)
-        ps, ys, gs = [], [], []
-        for d, p in predict(model, _Reader(data, data.test, shard), device):
-            ps.append(d.scored(p))
-            ys.append(d.scored(d.y).astype(np.int8))
-            gs.append(d.scored(np.broadcast_to(d.group[:, None], d.m.shape)))
-    p, y, g = np.concatenate(ps), np.concatenate(ys), np.concatenate(gs)
-    b = paired_cluster_bootstrap(y, {"p": p.astype(np.float64)}, g, n_boot=n_boot, seed=seed)
-    ci = {**b["scores"]["p"], "prevalence": float(y.mean()),
-          **{k: b[k] for k in ("n", "n_pos", "n_boot_used", "n_boot_skipped", "level", "seed", "n_groups")}}
-    out = {"model": model_name, "seed": int(seed), "epochs": epochs, "best_val_loss": float(best),
-           "train_s": train_s, "n_params": int(sum(q.numel() for q in model.parameters())),
-           "train_windows_per_epoch": int(min(W, train_windows or W)), **ci}
-    if return_predictions:
-        out["p_test"] = p.astype(np.float32)
-    return out
+        train, val = WindowReader(data, data.train, shard), WindowReader(data, data.val, shard)
+        model, facts = fit(model_name, seed, train, val, n_features=det.N_FEATURES, max_len=data.max_len, size=size,
+                           max_epochs=max_epochs, patience=patience, batch=batch, lr=lr,
+                           train_windows=train_windows, device=device)
+        p, y, g = scored_predictions(predict(model, WindowReader(data, data.test, shard), device))
+    return run_result(model_name, seed, facts, p, y, g, n_boot, return_predictions)

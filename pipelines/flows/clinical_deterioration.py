@@ -1,9 +1,11 @@
 """``forgetful deterioration``: per-hour prediction of a composite event within the next 6 hours.
 
-LSTM vs causal softmax attention vs causal SV-hybrid attention (chunk-frozen gate, batched
-training path), each trained with several seeds (one Prefect task per model × seed) on the
-``train`` split, early-stopped on ``val``, scored on ``test``, beside a trivial "event now"
-baseline (the current hour's event flag). Causal features (forward fill + training median), sliding
+Causal SV-hybrid attention (chunk-frozen gate, batched training path) beside the strongest peers of
+hourly ICU benchmarks: LSTM, GRU, causal softmax attention and LightGBM on causal summary features
+of the same rows (``--models``, default all five; :mod:`evaluation.clinical.tabular_peers`), each
+trained with several seeds (one Prefect task per model × seed) on the ``train`` split,
+early-stopped on ``val``, scored on ``test``, beside a trivial "event now" baseline (the current
+hour's event flag). Causal features (forward fill + training median), sliding
 48-h blocks read after 48 h of carried context (or whole stays, ``--mode stay``); labels on
 filled values (default) or observed-only (``--label observed``). Study logic:
 :mod:`evaluation.clinical.deterioration` (protocol), :mod:`evaluation.clinical.deterioration_reader`
@@ -14,13 +16,18 @@ Scale: training and scoring stream shards of windows from the warehouse, so memo
 with the number of stays. Default caps (``--device cpu``): 4,096 training windows drawn afresh
 per epoch, 1,024 validation windows, 1,000 test stays, at most 12 epochs, 3 seeds; ``--device
 cuda``: 65,536 / 8,192 / every test stay. ``--train-windows``, ``--val-windows``,
-``--test-stays`` override them (0 = no cap); the caps used are in the result's config.
+``--test-stays`` override them (0 = no cap); LightGBM fits once on 16,384 training windows on cpu,
+all on cuda (``--tabular-windows``); the caps used are in the result's config.
 
 Evaluation: per seed, AUROC/AUPRC with a stay-clustered bootstrap CI; across seeds, the mean and
 seed-level SD; the seed-averaged predictions of every model and the baseline are scored on ONE
 set of stay-clustered resamples (10,000 by default), which gives each a real interval (plotted)
-and the paired differences between models. Same seed and data → same figures (seeded weights,
-deterministic torch; see :mod:`evaluation.clinical.deterioration_training`).
+and the paired differences between models, as YAIB reports its benchmark (AUROC and AUPRC, mean ±
+SD over seeds). The result names the winner (the highest seed-averaged AUROC) with its paired
+differences against every other model (``metrics.winner``, ``metrics.headline``, and a claim after
+the paper's that holds when its paired interval against the runner-up lies above 0). Same seed and
+data → same figures (seeded weights, deterministic torch and LightGBM; see
+:mod:`evaluation.clinical.deterioration_training`).
 
 Progress: one bar over every model × seed × epoch, its label the latest epoch's model, seed, train
 and validation loss and the seconds that model has trained; one line per trained model × seed
@@ -50,6 +57,7 @@ from evaluation.clinical.deterioration_results import (
     deterioration_claims,
     roc_figure,
     seed_paired,
+    winner,
 )
 from evaluation.cluster_bootstrap import paired_cluster_bootstrap
 from pipelines import jsonout, study_inputs
@@ -83,6 +91,11 @@ def train_task(warehouse: str, content_hash: str, model: str, seed: int, spec: T
     caps = spec.caps or {}
     data = dtr.study_data(warehouse, spec.mode, spec.window, spec.context, spec.label, caps.get("val_windows"),
                           caps.get("test_stays"))
+    if model in det.TABULAR_MODELS:
+        from evaluation.clinical import tabular_peers
+
+        return tabular_peers.train_and_test(data, seed, train_windows=caps.get("tabular_windows"),
+                                            n_boot=spec.n_boot, return_predictions=True)
     return dtr.train_and_test(data, model, seed, size=spec.size, max_epochs=spec.max_epochs, n_boot=spec.n_boot,
                               train_windows=caps.get("train_windows"), device=spec.device, return_predictions=True)
 
@@ -135,7 +148,8 @@ def train_with_progress(futures: list, jobs: list[tuple[str, int]], max_epochs: 
                 cached = local and not trained_here
                 how = f"from the task cache; trained in {r['train_s']:.0f} s then" if cached else \
                     f"trained in {r['train_s']:.0f} s"
-                bar.write(f"  {LABELS.get(model, model)} seed {seed}: {r['epochs']} epochs, best val loss "
+                unit = "boosting rounds" if model in det.TABULAR_MODELS else "epochs"
+                bar.write(f"  {LABELS.get(model, model)} seed {seed}: {r['epochs']} {unit}, best val loss "
                           f"{r['best_val_loss']:.3f}, test AUROC {r['auroc']:.3f} ({how})", file=sys.stderr)
     bar.close()
     return [f.result() for f in futures]
@@ -166,11 +180,15 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     if mode not in det.SEQUENCE_MODES or label not in det.LABEL_VARIANTS:
         raise det.DeteriorationInputError(
             f"mode must be one of {det.SEQUENCE_MODES} and label one of {det.LABEL_VARIANTS}")
-    caps = resolve_caps(device, train_windows=st.train_windows, val_windows=st.val_windows, test_stays=st.test_stays)
+    unknown = [m for m in models if m not in det.MODELS]
+    if unknown or not models or len(set(models)) != len(models):
+        raise det.DeteriorationInputError(f"models must be distinct names from {det.MODELS}; got {list(models)}")
+    caps = resolve_caps(device, train_windows=st.train_windows, val_windows=st.val_windows, test_stays=st.test_stays,
+                        tabular_windows=st.tabular_windows)
     seeds = caps["seeds"] if seeds is None else seeds
     max_epochs = caps["max_epochs"] if max_epochs is None else max_epochs
     caps.update(seeds=seeds, max_epochs=max_epochs)
-    window_caps = {k: caps[k] for k in ("train_windows", "val_windows", "test_stays")}
+    window_caps = {k: caps[k] for k in ("train_windows", "val_windows", "test_stays", "tabular_windows")}
     # fail before any training: every split is needed (fit, early stopping, scoring) and AUROC needs events
     study_inputs.require_splits(warehouse, "deterioration", {"train": 1, "val": 1, "test": 1})
     study_inputs.require_event_stays(warehouse, "deterioration", "event_composite", 1, split="test",
@@ -205,6 +223,7 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
                        "auroc_seedavg_high": s["auroc_high"], "auprc_seedavg": s["auprc"],
                        "auprc_seedavg_low": s["auprc_low"], "auprc_seedavg_high": s["auprc_high"]})
     leak = rd.leakage_summary(warehouse, label=label)
+    win = winner(boot, names)
 
     first = runs[0]
     rows = [[LABELS[r["model"]], r["seed"], r["auroc"], r["auroc_low"], r["auroc_high"], r["auprc"],
@@ -233,7 +252,8 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
                     BASELINE: boot["scores"][BASELINE], "paired": boot["pairs"],
                     "bootstrap": {k: boot[k] for k in ("n", "n_pos", "n_groups", "n_boot_used", "n_boot_skipped",
                                                        "level", "seed")},
-                    "backfill_leak_old_loader": leak, "label": label, "mode": mode},
+                    "backfill_leak_old_loader": leak, "label": label, "mode": mode,
+                    **({"winner": win["winner"], "headline": win["headline"]} if win else {})},
         "tables": [
             {"title": "test AUROC / AUPRC: mean ± seed SD, and the seed-averaged predictions with a 95% "
                       "stay-clustered bootstrap interval",
@@ -266,12 +286,13 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
                    "baseline": "event now: score = the current hour's event flag (same label definition)",
                    "seeds": seeds, "max_epochs": max_epochs, "early_stopping": "val BCE, patience 3",
                    "n_boot": n_boot, "size": size, "sv_gate_path": "batched FISTA + 1e-3 ridge (training path)",
+                   **({"lightgbm": _lightgbm_config()} if "lightgbm" in names else {}),
                    "device": device, "caps": caps, "caps_default": dtr.caps_text(device),
                    "sample": {"train_windows_per_epoch": first["train_windows_per_epoch"],
                               "train_windows": data.train.n_windows, "val_windows": data.val.n_windows,
                               "test_stays": int(data.test.stay_ids.size), "test_windows": data.test.n_windows},
                    "training": dtr.TRAINING},
-        "claims": deterioration_claims(boot, names, first["n_groups"]),
+        "claims": deterioration_claims(boot, names, first["n_groups"]) + ([win["claim"]] if win else []),
         # trained models: the figures move across machines within this tolerance (dashboards/SCHEMA.md)
         "tolerances": {f"metrics.{k}": TRAINED_TOLERANCE for k in (
             "*.auroc_mean", "*.auprc_mean", "*.auroc_sd", "*.auprc_sd", "*.auroc_seedavg", "*.auroc_seedavg_low",
@@ -287,10 +308,11 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
 
 def settings_of(args) -> DeteriorationSettings:
     """The command line's study settings (validated here, once)."""
-    return DeteriorationSettings(seeds=args.seeds, window=args.window, max_epochs=args.max_epochs, n_boot=args.n_boot,
-                                 mode=args.mode, context=args.context, label=args.label, device=args.device,
-                                 train_windows=args.train_windows, val_windows=args.val_windows,
-                                 test_stays=args.test_stays)
+    return DeteriorationSettings(models=tuple(args.models), seeds=args.seeds, window=args.window,
+                                 max_epochs=args.max_epochs, n_boot=args.n_boot, mode=args.mode, context=args.context,
+                                 label=args.label, device=args.device, train_windows=args.train_windows,
+                                 val_windows=args.val_windows, test_stays=args.test_stays,
+                                 tabular_windows=args.tabular_windows)
 
 
 @runner.cli_errors
@@ -301,17 +323,27 @@ def _main(args) -> int:
     print(f"deterioration: test {m['test_hours']} hours, {m['test_stays']} stays, prevalence {m['test_prevalence']:.3f}"
           f" (label {m['label']}, {m['mode']})")
     for k in det.MODELS:
-        if k in m:
+        if isinstance(m.get(k), dict) and "auroc_mean" in m[k]:
             print(f"  {LABELS[k]:<28} AUROC {m[k]['auroc_mean']:.3f} ± {m[k]['auroc_sd']:.3f}  "
                   f"AUPRC {m[k]['auprc_mean']:.3f} ± {m[k]['auprc_sd']:.3f}  ({m[k]['seeds']} seeds)")
     b = m[BASELINE]
     print(f"  {LABELS[BASELINE]:<28} AUROC {b['auroc']:.3f}  AUPRC {b['auprc']:.3f}")
     for p, v in m["paired"].items():
         print(f"  {p:<28} ΔAUROC {v['auroc_diff']:+.3f} [{v['auroc_diff_low']:+.3f}, {v['auroc_diff_high']:+.3f}]")
+    if m.get("headline"):
+        print(f"  {m['headline']}")
     print(f"  seed figure: {SEED_TEXT}")
     print(f"  runtime {r['runtime_s']:.1f}s{runner.cache_note(r)}")
     jsonout.emit(args, r)
     return 0
+
+
+def _lightgbm_config() -> dict:
+    from evaluation.clinical import tabular_peers as tp
+
+    return {"params": tp.DEFAULT_PARAMS, "max_rounds": tp.MAX_ROUNDS, "early_stopping_rounds": tp.PATIENCE,
+            "summary_windows_h": list(tp.WINDOWS), "features": len(tp.feature_names()),
+            "class_weight": "(1 - prevalence) / prevalence, as the sequence models' BCE"}
 
 
 def _cap(key: str) -> str:
@@ -319,8 +351,10 @@ def _cap(key: str) -> str:
 
 
 def add_cli(sub) -> None:
-    p = sub.add_parser("deterioration", help="predict a composite event within 6 h: LSTM vs softmax vs SV attention",
-                       description=__doc__)
+    p = sub.add_parser("deterioration", help="predict a composite event within 6 h: SV attention vs LSTM, GRU, "
+                                             "softmax and LightGBM", description=__doc__)
+    p.add_argument("--models", nargs="+", choices=det.MODELS, default=list(det.MODELS), metavar="MODEL",
+                   help=f"models to train (default all: {' '.join(det.MODELS)}); lightgbm needs the lightgbm extra")
     p.add_argument("--device", choices=dtr.DEVICES, default="cpu",
                    help="train on the CPU (default) or a CUDA GPU; picks the default caps below")
     p.add_argument("--seeds", type=COUNT, default=None,
@@ -333,6 +367,9 @@ def add_cli(sub) -> None:
                    help=f"validation windows, a fixed sample (0 = all; default {_cap('val_windows')})")
     p.add_argument("--test-stays", type=COUNT0, default=None,
                    help=f"test stays, a fixed sample, every hour scored (0 = all; default {_cap('test_stays')})")
+    p.add_argument("--tabular-windows", type=COUNT0, default=None,
+                   help="LightGBM's training windows, drawn once per seed "
+                        f"(0 = all; default {_cap('tabular_windows')})")
     p.add_argument("--window", type=COUNT, default=48, help="scored hours per sliding block (default 48)")
     p.add_argument("--context", type=COUNT0, default=48,
                    help="carried context: preceding hours read before each block (default 48; 0 = disjoint windows)")

@@ -26,7 +26,8 @@ SYNTHETIC = ("planted_secret", "skewed_redundancy", "streaming_eviction", "selec
              "mqar_control", "learned_keys", "retrieval_memory", "synthetic_fidelity")
 DATA = {"demo": "real MIMIC-IV demo", "synthetic": "synthetic", "mimic": "your MIMIC-IV root", "clif": "your CLIF root",
         "meds": "your MEDS dataset"}
-MODEL_NAMES = {"sv_attention": "SV attention", "softmax": "softmax", "lstm": "LSTM"}
+MODEL_NAMES = {"sv_attention": "SV attention", "softmax": "softmax", "lstm": "LSTM", "gru": "GRU",
+               "lightgbm": "LightGBM"}
 _DIFF = re.compile(r"SV minus (\S+)")
 _CI = re.compile(r"^\s*(-?[\d.eE+-]+)\s*\[")
 
@@ -75,8 +76,12 @@ def _retention(p: dict) -> str:
 
 def _deterioration(p: dict) -> str:
     m = p.get("metrics") or {}
+    stays = f" ({m['test_stays']} test stays)" if m.get("test_stays") else ""
+    if isinstance(m.get("headline"), str):  # the winner and its paired differences, as the study states them
+        return m["headline"] + stays + _tally(p)
     sv = m.get("sv_attention")
-    peers = [k for k in ("lstm", "softmax") if isinstance(m.get(k), dict) and "auroc_seedavg" in m[k]]
+    peers = [k for k in ("lstm", "gru", "softmax", "lightgbm")
+             if isinstance(m.get(k), dict) and "auroc_seedavg" in m[k]]
     if not isinstance(sv, dict) or "auroc_seedavg" not in sv or not peers:
         return _generic(p)
     best = max(peers, key=lambda k: m[k]["auroc_seedavg"])
@@ -88,7 +93,7 @@ def _deterioration(p: dict) -> str:
     d = (m.get("paired") or {}).get(f"sv_attention - {best}")
     if isinstance(d, dict) and "auroc_diff" in d:
         out += f": Δ {d['auroc_diff']:.3f} [{d['auroc_diff_low']:.3f}, {d['auroc_diff_high']:.3f}]"
-    return out + (f" ({m['test_stays']} test stays)" if m.get("test_stays") else "")
+    return out + stays
 
 
 def _audit(p: dict) -> str:

@@ -63,7 +63,7 @@ from pathlib import Path
 from pipelines.errors import PipelineError
 
 #: commands that are not flows: they never need a Prefect API
-SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo", "export", "report", "witness"})
+SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo", "export", "report", "witness", "meds-dev"})
 #: commands whose signals Prefect handles (``serve``: its runner starts flow runs as subprocesses,
 #: which would inherit the blocked SIGINT/SIGTERM of a guarded command)
 UNGUARDED_COMMANDS = frozenset({"serve"})

@@ -1,0 +1,179 @@
+"""The deterioration study beside its strongest peers (issue 35, item 3): GRU and LightGBM (on causal
+summary features of the same rows) join LSTM, softmax and SV attention in ``forgetful deterioration``;
+the result reports them as YAIB does (AUROC and AUPRC, mean ± SD over seeds, stay-clustered
+intervals, paired differences) and names the winner with its paired intervals, in the result, the
+run-all summary row and the README's headline row."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from evaluation.clinical import deterioration as det
+from evaluation.clinical import deterioration_training as dtr
+from evaluation.clinical.deterioration_results import LABELS, comparison_pairs, winner
+
+
+@pytest.fixture(scope="module")
+def small_wh(tmp_path_factory):
+    from cohort.synthetic import make_small_warehouse
+
+    return str(make_small_warehouse(tmp_path_factory.mktemp("peers"), stays=24, seed=0))
+
+
+def summary_features_reference(x: np.ndarray, windows=(6, 24)) -> np.ndarray:
+    """Slow reference of :func:`tabular_peers.summary_features`: explicit loops over rows and hours."""
+    N, T, F = x.shape
+    V = F // 2
+    out = []
+    for i in range(N):
+        rows = []
+        for t in range(T):
+            z, o = x[i, t, :V].astype(np.float64), x[i, t, V:].astype(np.float64)
+            f = [*z, *o]
+            for w in windows:
+                lo = max(0, t - w + 1)
+                zz, oo = x[i, lo:t + 1, :V].astype(np.float64), x[i, lo:t + 1, V:].astype(np.float64)
+                f += [*zz.mean(0), *zz.min(0), *zz.max(0), *(z - zz[0]), *oo.mean(0)]
+            rows.append(f)
+        out.append(rows)
+    return np.asarray(out, dtype=np.float32)
+
+
+def test_summary_features_equal_the_reference_and_never_read_a_later_hour():
+    from evaluation.clinical import tabular_peers as tp
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.normal(size=(4, 40, 6)), rng.random((4, 40, 6)) < 0.4], axis=2).astype(np.float32)
+    f = tp.summary_features(x)
+    assert f.shape == (4, 40, len(tp.feature_names()))
+    np.testing.assert_allclose(f, summary_features_reference(x), rtol=1e-5, atol=1e-5)
+    for t in range(0, 40, 3):  # changing hours > t never changes hour t
+        y = x.copy()
+        y[:, t + 1:] = 9.0
+        np.testing.assert_array_equal(tp.summary_features(y)[:, :t + 1], f[:, :t + 1])
+
+
+def test_lightgbm_repeats_exactly_for_a_seed_and_differs_across_seeds(small_wh):
+    pytest.importorskip("lightgbm")
+    from evaluation.clinical import tabular_peers as tp
+
+    data = dtr.study_data(small_wh, "sliding", 24, 12, "filled", val_windows=20, test_stays=3)
+    events = []
+    with dtr.epoch_progress(events.append):  # one progress event: the flow's bar and its "trained in" line
+        a = tp.train_and_test(data, 0, n_boot=50, return_predictions=True, train_windows=40)
+    assert [(e["model"], e["epoch"], e["max_epochs"]) for e in events] == [("lightgbm", 1, 1)]
+    assert events[0]["val_loss"] == pytest.approx(a["best_val_loss"])
+    b = tp.train_and_test(data, 0, n_boot=50, return_predictions=True, train_windows=40)
+    c = tp.train_and_test(data, 1, n_boot=50, return_predictions=True, train_windows=40)
+    assert np.array_equal(a["p_test"], b["p_test"]) and a["auroc"] == b["auroc"] and a["n_params"] == b["n_params"]
+    assert not np.array_equal(a["p_test"], c["p_test"])
+    tgt = dtr.scored_targets(data)
+    assert a["p_test"].shape == tgt["y"].shape and a["train_windows_per_epoch"] == 40 and a["epochs"] >= 1
+    assert a["model"] == "lightgbm" and a["auroc_low"] <= a["auroc"] <= a["auroc_high"]
+
+
+def test_the_gru_is_a_causal_sequence_model():
+    torch = pytest.importorskip("torch")
+    m = dtr.make_model("gru", 12, 30, dtr.DEFAULT_SIZE, seed=0).eval()
+    x = torch.randn(2, 30, 12)
+    with torch.no_grad():
+        base = m(x)
+        y = x.clone()
+        y[:, 20:] = 5.0
+        np.testing.assert_array_equal(m(y)[:, :20].numpy(), base[:, :20].numpy())
+    assert "gru" in dtr.MODELS and "lightgbm" in det.MODELS and "lightgbm" not in dtr.MODELS
+
+
+def _boot(aurocs: dict[str, float], pairs) -> dict:
+    """A bootstrap result of the shape paired_cluster_bootstrap returns, made by hand."""
+    sc = {k: {"auroc": a, "auroc_low": a - 0.02, "auroc_high": a + 0.02, "auprc": a / 2, "auprc_low": a / 2 - 0.01,
+              "auprc_high": a / 2 + 0.01} for k, a in aurocs.items()}
+    pr = {}
+    for a, b in pairs:
+        d = aurocs[a] - aurocs[b]
+        pr[f"{a} - {b}"] = {"auroc_diff": d, "auroc_diff_low": d - 0.01, "auroc_diff_high": d + 0.01,
+                            "auprc_diff": d / 2, "auprc_diff_low": d / 2 - 0.005, "auprc_diff_high": d / 2 + 0.005}
+    return {"scores": sc, "pairs": pr}
+
+
+def test_the_winner_reads_every_paired_difference_as_winner_minus_other():
+    models = ["lstm", "gru", "softmax", "sv_attention", "lightgbm"]
+    au = {"lstm": 0.785, "gru": 0.79, "softmax": 0.75, "sv_attention": 0.77, "lightgbm": 0.74}
+    pairs = comparison_pairs(models)
+    assert ("sv_attention", "gru") in pairs and ("gru", "lightgbm") in pairs and len(pairs) == 10 + 5
+    w = winner(_boot(au, [p for p in pairs if p[1] != "event_now"]), models)
+    assert w["winner"] == "gru" and set(w["versus"]) == {"lstm", "softmax", "sv_attention", "lightgbm"}
+    for m, v in w["versus"].items():  # the pair is stored as "sv_attention - gru" etc.: turned around
+        assert v["auroc_diff"] == pytest.approx(au["gru"] - au[m])
+        assert v["auroc_diff_low"] == pytest.approx(au["gru"] - au[m] - 0.01)
+        assert v["auroc_diff_low"] <= v["auroc_diff"] <= v["auroc_diff_high"]
+    assert w["headline"].startswith("best: GRU, AUROC 0.790 [0.770, 0.810]; paired ΔAUROC − LSTM +0.005 "
+                                    "[-0.005, +0.015]")
+    assert "− causal SV attention +0.020 [+0.010, +0.030]" in w["headline"]
+    assert w["claim"]["holds"] is False  # vs the runner-up LSTM: [-0.005, +0.015] does not exclude 0
+    au["gru"] = 0.80
+    assert winner(_boot(au, [p for p in pairs if p[1] != "event_now"]), models)["claim"]["holds"] is True
+    assert winner(_boot({"lstm": 0.7}, []), ["lstm"]) is None
+
+
+def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(prefect_harness, small_wh,
+                                                                               tmp_path):
+    pytest.importorskip("lightgbm")
+    from dashboards.headline import headline_rows
+    from dashboards.reproduce import collect
+    from pipelines.flows.clinical_deterioration import deterioration_flow
+    from pipelines.flows.run_summary import summary_lines
+    from pipelines.runtime import runner
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    dst = runs / "warehouse.duckdb"
+    shutil.copy(small_wh, dst)
+    models = ("gru", "sv_attention", "lightgbm")
+    with runner.results_context(str(runs)):
+        res = deterioration_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
+            warehouse=str(dst), runs_dir=str(runs), progress=False, models=models, seeds=2, max_epochs=1,
+            n_boot=200, size={"hidden": 4, "d_model": 4, "heads": 1}, window=24, context=12, tabular_windows=30)
+    m = res["metrics"]
+    for k in models:  # YAIB's report: AUROC and AUPRC, mean ± SD over seeds, stay-clustered intervals
+        assert m[k]["seeds"] == 2 and m[k]["auroc_sd"] >= 0 and m[k]["auprc_sd"] >= 0
+        assert m[k]["auroc_seedavg_low"] <= m[k]["auroc_seedavg"] <= m[k]["auroc_seedavg_high"]
+        assert m[k]["auprc_seedavg_low"] <= m[k]["auprc_seedavg"] <= m[k]["auprc_seedavg_high"]
+    assert set(m["paired"]) >= {"sv_attention - gru", "sv_attention - lightgbm", "gru - lightgbm"}
+    best = max(models, key=lambda k: m[k]["auroc_seedavg"])
+    assert m["winner"] == best and m["headline"].startswith(f"best: {LABELS[best]}, AUROC")
+    assert len(res["claims"]) == 1 and res["claims"][0]["statement"].startswith(LABELS[best])
+    cfg = res["config"]
+    assert cfg["caps"]["tabular_windows"] == 30 and cfg["lightgbm"]["features"] == 72
+    summary = res["tables"][0]["rows"]
+    assert [r[0] for r in summary] == [LABELS[k] for k in models] + [LABELS["event_now"]]
+    stored = json.loads((runs / "deterioration" / "result.json").read_text())
+    assert stored["metrics"]["headline"] == m["headline"] and "stay_id" not in json.dumps(stored)
+    # the run-all summary row and the README's headline row say which model wins, with its intervals
+    row = next(ln for ln in summary_lines(runs, report="r.html", seconds={}, total_s=1.0)
+               if ln.startswith("  deterioration "))
+    assert m["headline"] in row and "claims hold" in row
+    readme_row = dict(headline_rows(collect([runs])))["deterioration"]
+    ranked = sorted(models, key=lambda k: -m[k]["auroc_seedavg"])
+    short = {"gru": "GRU", "sv_attention": "SV attention", "lightgbm": "LightGBM"}
+    assert f"best: {short[ranked[0]]}, ahead of {LABELS[ranked[1]]} by ΔAUROC " in readme_row
+
+
+def test_bad_model_lists_are_typed_errors(small_wh, tmp_path):
+    from pipelines.flows.clinical_deterioration import deterioration_flow
+
+    for bad in (("lstm", "nope"), (), ("gru", "gru")):
+        with pytest.raises(det.DeteriorationInputError):
+            deterioration_flow.fn(warehouse=small_wh, runs_dir=str(tmp_path), models=bad)
+
+
+def test_the_preflight_knows_the_studys_models():
+    from pipelines import preflight
+
+    assert preflight.DETERIORATION_MODELS == det.MODELS
+    from evaluation.clinical import meds_dev
+
+    assert preflight.MEDS_DEV_MODELS == meds_dev.MODELS
