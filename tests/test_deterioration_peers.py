@@ -126,6 +126,7 @@ def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(p
     from dashboards.reproduce import collect
     from pipelines.flows.clinical_deterioration import deterioration_flow
     from pipelines.flows.run_summary import summary_lines
+    from pipelines.settings import DeteriorationSettings
     from pipelines.runtime import runner
 
     runs = tmp_path / "runs"
@@ -135,8 +136,9 @@ def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(p
     models = ("gru", "sv_attention", "lightgbm")
     with runner.results_context(str(runs)):
         res = deterioration_flow.with_options(task_runner=runner.make_task_runner(None, 2))(
-            warehouse=str(dst), runs_dir=str(runs), progress=False, models=models, seeds=2, max_epochs=1,
-            n_boot=200, size={"hidden": 4, "d_model": 4, "heads": 1}, window=24, context=12, tabular_windows=30)
+            warehouse=str(dst), runs_dir=str(runs), progress=False,
+            settings=DeteriorationSettings(models=models, seeds=2, max_epochs=1, n_boot=200, window=24, context=12,
+                                           size={"hidden": 4, "d_model": 4, "heads": 1}, tabular_windows=30))
     m = res["metrics"]
     for k in models:  # YAIB's report: AUROC and AUPRC, mean ± SD over seeds, stay-clustered intervals
         assert m[k]["seeds"] == 2 and m[k]["auroc_sd"] >= 0 and m[k]["auprc_sd"] >= 0
@@ -164,10 +166,12 @@ def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(p
 
 def test_bad_model_lists_are_typed_errors(small_wh, tmp_path):
     from pipelines.flows.clinical_deterioration import deterioration_flow
+    from pipelines.settings import DeteriorationSettings
 
     for bad in (("lstm", "nope"), (), ("gru", "gru")):
         with pytest.raises(det.DeteriorationInputError):
-            deterioration_flow.fn(warehouse=small_wh, runs_dir=str(tmp_path), models=bad)
+            deterioration_flow.fn(warehouse=small_wh, runs_dir=str(tmp_path),
+                                  settings=DeteriorationSettings(models=bad))
 
 
 def test_the_preflight_knows_the_studys_models():

@@ -83,7 +83,8 @@ def test_run_all_frees_what_a_finished_step_left_before_the_next_starts():
                 keep.append(fragment())
             return True
         run_all._run_step = fake_step
-        m = run_all._run_steps(["build-cohort", "retention", "heldout-spo2"], False, None, *[None] * 11)
+        run = run_all.Run("demo", None, "w.duckdb", "runs", "r.html", run_all.RunAllSettings(), False, lambda: None)
+        m = run_all._run_steps(["build-cohort", "retention", "heldout-spo2"], run)
         print(m.start_rss_mb["retention"], m.start_rss_mb["heldout-spo2"], m.peak_rss_mb["retention"])
     """)
     start_ret, start_next, peak_ret = (float(x) for x in out)

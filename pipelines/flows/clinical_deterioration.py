@@ -173,7 +173,8 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     """``settings.seeds``, ``max_epochs`` and the window / stay caps default to the device's caps
     (:data:`evaluation.clinical.deterioration_training.CAPS`); 0 = no cap."""
     st = settings
-    models, seeds, window, max_epochs, n_boot = st.models or det.MODELS, st.seeds, st.window, st.max_epochs, st.n_boot
+    models = det.MODELS if st.models is None else tuple(st.models)
+    seeds, window, max_epochs, n_boot = st.seeds, st.window, st.max_epochs, st.n_boot
     size, mode, context, label, device = st.size, st.mode, st.context, st.label, st.device
     t0 = time.perf_counter()
     wh.require(warehouse)

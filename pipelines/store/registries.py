@@ -33,7 +33,7 @@ from pipelines.store.keys import config_dir
 from pipelines.store.safe_io import open_nofollow, refuse_link
 
 INDEX = "registries.json"
-VERSION = 1
+INDEX_FORMAT = 1
 
 
 def source_key(source: str, root: str | os.PathLike | None = None, *, stays: int | None = None,
@@ -65,7 +65,7 @@ def load() -> dict[str, list[str]]:
     try:
         d = json.loads(text)
         sources = d["sources"]
-        if d.get("version") != VERSION or not isinstance(sources, dict) or not all(
+        if d.get("version") != INDEX_FORMAT or not isinstance(sources, dict) or not all(
                 isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
                 for k, v in sources.items()):
             raise ValueError("shape")
@@ -108,7 +108,7 @@ def add(key: str | None, ledger_dir: str | os.PathLike) -> bool:
         tmp.unlink(missing_ok=True)
         fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "registry index")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps({"version": VERSION, "sources": cur}, indent=1, sort_keys=True) + "\n")
+            fh.write(json.dumps({"version": INDEX_FORMAT, "sources": cur}, indent=1, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, p)  # replaces a link in its place, never its target
