@@ -61,8 +61,13 @@ def _status_cell(p: Payload, primary: Mapping[str, Any] | None, prefix: str = ""
         return "does not hold (no claim in the result)"
     status = primary["status"]
     if status == "not run at the paper's protocol":
-        why = str(primary.get("reason", "")).split(";")[0].removeprefix("not run at the paper's protocol: ")
+        reason = str(primary.get("reason", ""))
+        why = reason.split(";")[0].removeprefix("not run at the paper's protocol: ")
         status = f"not run at the paper's protocol ({why})"
+        if "is not met" in reason or "not met:" in reason:
+            status += "; on this run the rule is not met"
+        elif "is met" in reason:
+            status += "; on this run the rule is met"
     if primary.get("status_stable") is False:
         status += " (interval ends within the stated tolerance: may differ on another machine)"
     return _join(prefix + status, _get(primary, "low_power", "label") if _get(primary, "low_power", "flag") else None)
@@ -137,18 +142,35 @@ def _deterioration(p: Payload) -> Cells:
         verdict = "holds" if c.get("status") == "holds" else "interval includes 0" if c.get("status") else ""
         run += (f"; best: {names[win]}, ahead of {rival} by ΔAUROC {_ci(d.get('value'), d.get('low'), d.get('high'))}"
                 + (f" ({verdict})" if verdict else ""))
-    return _cells(run, p, prefix="LSTM ahead of SV attention: ")
+    run_, peer, status = _cells(run, p, prefix="LSTM ahead of SV attention: ")
+    best = max((k for k in models if k != "sv_attention"), key=lambda k: models[k]["auroc_seedavg"], default=None)
+    d = _get(m, "paired", f"sv_attention - {best}") or {}
+    if best and d:
+        low, high = d.get("auroc_diff_low"), d.get("auroc_diff_high")
+        verdict = "beats SV" if high < 0 else "SV ahead" if low > 0 else "interval includes 0"
+        peer = (f"{names[best]} {doc_fmt(models[best]['auroc_seedavg'])}: SV − {names[best]} ΔAUROC "
+                f"{_ci(d.get('auroc_diff'), low, high)}, {verdict}")
+    return run_, peer, status
 
 
 def _lm(p: Payload) -> Cells:
     m = p["metrics"]
     refs = m.get("references") or {}
     run = (f"SV hybrid {doc_fmt(m.get('mean_sv_bpb'))} vs matched sliding window {doc_fmt(m.get('mean_swa_bpb'))} "
-           f"bits/byte, {doc_fmt(m.get('n_seeds'))} paired seeds, {doc_fmt(m.get('steps'))} steps; paired t p = "
-           f"{doc_fmt(m.get('paired_t_p'))}")
-    if refs:
-        run += "; single-seed references " + ", ".join(f"{k} {doc_fmt(v)}" for k, v in refs.items())
-    return _cells(run, p)
+           f"bits/byte, {doc_fmt(m.get('n_seeds'))} paired seeds, {doc_fmt(m.get('steps'))} steps; paired t "
+           f"{_p(m.get('paired_t_p'))}, {doc_fmt(m.get('seeds_favouring_sv'))} of {doc_fmt(m.get('n_seeds'))} seeds "
+           "favour SV")
+    run_, peer, status = _cells(run, p)
+    if refs:  # the single-seed reference rows (same backbone and budget; not in the paired test)
+        best = min(refs, key=lambda k: refs[k] if refs[k] is not None else float("inf"))
+        peer = (f"{best} {doc_fmt(refs[best])} (single seed; references: "
+                + ", ".join(f"{k} {doc_fmt(v)}" for k, v in refs.items()) + ")")
+    return run_, peer, status
+
+
+def _p(x: Any) -> str:
+    text = doc_fmt(x)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
 
 
 def _learned(p: Payload) -> Cells:
