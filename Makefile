@@ -13,7 +13,7 @@ EXTRAS  ?= dev,models,retrieval
 comma   := ,
 WANTS_TORCH := $(filter models retrieval,$(subst $(comma), ,$(EXTRAS)))
 
-.PHONY: install data demo test test-all bench clean
+.PHONY: install data demo test test-all bench clean aces
 
 install: $(VENV)/.installed
 
@@ -53,9 +53,18 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard sv_core/*.c sv_core/*.h)
 data: install
 	$(BIN)/python -m cohort.demo_data fetch
 
-# The main job: real demo cohort -> every clinical flow -> runs/report.html
+# The main job: real demo cohort -> every clinical flow -> runs/report.html; then
+# `python -m dashboards.reproduce --check` confirms it reproduces every documented figure.
 demo: data
 	$(BIN)/forgetful run-all
+	@echo "check it against the documented figures: $(BIN)/python -m dashboards.reproduce --check"
+
+# ACES (es-aces) extracts MEDS task labels but pins polars < 2: it gets an environment of its own,
+# used by tests/test_meds_dev_aces.py (FORGETFUL_ACES_CLI) and by docs/MEDS.md's path.
+ACES_VENV ?= .aces-venv
+aces: $(ACES_VENV)/bin/aces-cli
+$(ACES_VENV)/bin/aces-cli:
+	$(PY) -m venv $(ACES_VENV) && $(ACES_VENV)/bin/pip install -q "es-aces==0.7.3"
 
 # The default test suite, and all that CI runs (.ci/run only installs the browser first). Long
 # studies are behind the `slow`/`study` markers. The demo fetch may fail offline: the tests that
@@ -64,7 +73,8 @@ demo: data
 # larger machine (results do not depend on it).
 test: install
 	-$(BIN)/python -m cohort.demo_data fetch
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} FORGETFUL_ACES_CLI=$${FORGETFUL_ACES_CLI:-$(wildcard $(CURDIR)/$(ACES_VENV)/bin/aces-cli)} \
+	  $(BIN)/python -m pytest
 
 test-all: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest -m "slow or study or not slow"
