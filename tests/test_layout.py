@@ -197,3 +197,30 @@ def test_the_parameter_check_can_fail():
     wide = ast.parse("def f(a, b, c, d, e, f, g, h, *, i, **kw):\n    pass\n"
                      "class C:\n    def m(self, a, b, c, d, e, f, g, h):\n        pass\n")
     assert _wide_functions([(Path("pipelines/x.py"), wide)]) == ["pipelines/x.py:1 f (9)"]
+
+
+#: the deletion subsystem (issue 34): the warehouse, forget and erasure (``pipelines/store``) and the
+#: receipt log (``pipelines/receipts``) work without Prefect; they import neither Prefect nor the
+#: rooms that wire it (``pipelines.runtime``, ``pipelines.flows``), not even inside a function
+DELETION_ROOMS = ("pipelines/store", "pipelines/receipts")
+PREFECT_SIDE = ("prefect", "prefect_dask", "pipelines.runtime", "pipelines.flows")
+
+
+def _prefect_imports(modules) -> list[str]:
+    bad = []
+    for rel, tree in modules:
+        if not str(rel).startswith(DELETION_ROOMS):
+            continue
+        for mod, _ in _imports(rel, tree):
+            if mod == "prefect" or mod.startswith(tuple(p + "." for p in PREFECT_SIDE)) or mod in PREFECT_SIDE:
+                bad.append(f"{rel}: imports {mod}")
+    return bad
+
+
+def test_the_deletion_subsystem_imports_no_prefect():
+    assert not _prefect_imports(list(_modules()))
+
+
+def test_the_deletion_room_check_can_fail():
+    tree = ast.parse("def f():\n    from pipelines.runtime import runner\n")
+    assert _prefect_imports([(Path("pipelines/store/x.py"), tree)]) == ["pipelines/store/x.py: imports pipelines.runtime"]

@@ -8,10 +8,11 @@ publishes the headline table as Prefect artifacts (:func:`publish_artifacts`).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
+
+from pipelines.store.forget_apply import unstale
 
 
 def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | None = None) -> Path:
@@ -27,7 +28,7 @@ def write_study_result(result: dict, runs_dir: str | os.PathLike, study: str | N
     path = Path(runs_dir) / study / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_result(result, path)
-    _unstale(Path(runs_dir), f"{study}/result.json")
+    unstale(Path(runs_dir), f"{study}/result.json")
     publish_artifacts(result, path)
     return path
 
@@ -100,23 +101,3 @@ def publish_artifacts(result: dict, path: Path) -> None:
     create_markdown_artifact(f"**{result['title']}** ({result['data']}, {result['runtime_s']:.1f} s) — "
                              f"result file `{path.resolve()}`", key=f"{key}-result",
                              description="forgetful study result")
-
-
-def _unstale(runs_dir: Path, rel: str) -> None:
-    """A result written now is current again: drop it from ``<runs>/stale.json``."""
-    p = runs_dir / "stale.json"
-    if not p.is_file():
-        return
-    try:
-        st = json.loads(p.read_text())
-        files = [f for f in st.get("files", []) if f != rel]
-    except (ValueError, AttributeError):
-        p.unlink(missing_ok=True)
-        return
-    if files:
-        st["files"] = files
-        tmp = runs_dir / f".stale.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(st, indent=1))
-        os.replace(tmp, p)
-    else:
-        p.unlink(missing_ok=True)

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.errors import GateStoreError
-from pipelines.runtime.results import write_study_result
 from pipelines.store import erasure, gate_store, killpoint, safe_io
 from pipelines.store.handle import WarehouseHandle
 from pipelines.store.warehouse_files import data_kind, get_meta
@@ -281,6 +280,39 @@ def ledger_result(w: WarehouseHandle, runtime_s: float = 0.0) -> dict:
     }
 
 
+def write_card(result: dict, runs_dir: Path) -> Path:
+    """Validate (aggregates only) and write ``<runs>/<study>/result.json``, which is current again:
+    its stale mark goes (the flows' writer, :func:`pipelines.runtime.results.write_study_result`,
+    adds the task-cache and Prefect-artifact steps a study run needs; a card needs neither)."""
+    from dashboards.schema import write_result
+
+    path = Path(runs_dir) / result["study"] / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_result(result, path)
+    unstale(Path(runs_dir), f"{result['study']}/result.json")
+    return path
+
+
+def unstale(runs_dir: Path, rel: str) -> None:
+    """A result written now is current again: drop it from ``<runs>/stale.json`` (:func:`mark_stale`)."""
+    p = runs_dir / STALE_FILE
+    if not p.is_file():
+        return
+    try:
+        st = json.loads(p.read_text())
+        files = [f for f in st.get("files", []) if f != rel]
+    except (ValueError, AttributeError):
+        p.unlink(missing_ok=True)
+        return
+    if files:
+        st["files"] = files
+        tmp = runs_dir / f".{STALE_FILE}.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(st, indent=1))
+        os.replace(tmp, p)
+    else:
+        p.unlink(missing_ok=True)
+
+
 def write_ledger_result(w: WarehouseHandle, render: bool = True) -> list[Path]:
     """Write the ledger card of ``w``'s own ledger into every runs folder registered with the
     warehouse (found by identity: never a copy's or the original's), then — with ``render`` —
@@ -292,7 +324,7 @@ def write_ledger_result(w: WarehouseHandle, render: bool = True) -> list[Path]:
     for d in w.runs_dirs():
         if not d.is_dir():
             continue
-        written.append(write_study_result(res, d, "ledger"))
+        written.append(write_card(res, d))
         if render and (d / "report.html").is_file():
             try:
                 from dashboards.report import write_report
