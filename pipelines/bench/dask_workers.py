@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dashboards.numbers import md_table, spread
+
 MODES = ("local", "dask-1", "dask-2")
 BEGIN, END = "<!-- bench_dask:begin -->", "<!-- bench_dask:end -->"
 #: the result files the README's bench_dask block is rendered from (``--table … --readme README.md``)
@@ -308,47 +310,42 @@ def summarise(runs: list[dict], metrics: dict, **info) -> dict:
     }
 
 
-def _fmt(x: dict, unit: str = "") -> str:
-    return f"{x['median']:.{2 if unit == '×' else 1}f}{unit} ({x['min']:.{2 if unit == '×' else 1}f}–{x['max']:.{2 if unit == '×' else 1}f})"
-
-
 def table(result: dict) -> str:
     """The README's Markdown tables from a result file."""
     s, sp, ph = result["seconds"], result["speedup"], result["phases"]
     hd = result["sample_hours"]
     lines = [f"**{result['stays']} stays** (synthetic warehouse seed {result.get('warehouse_seed')}; stay hours median "
              f"{hd['median']}, 90th percentile {hd['p90']}, largest {hd['max']:,})"
-             + dominance(result.get("largest_chunk")) + ":", "",
-             "| mode | command s | stay-batch phase s | vs dask-1 (command) | vs dask-1 (stay batches) | vs local |",
-             "|---|---|---|---|---|---|"]
+             + dominance(result.get("largest_chunk")) + ":", ""]
+    rows = []
     for m in MODES:
         vs1 = {"dask-2": (sp["dask-2 vs dask-1"], sp["batches dask-2 vs dask-1"])}.get(m)
         vl = sp.get(f"{m} vs local")
-        lines.append(f"| {m} | {_fmt(s[m])} | {_fmt(ph[m]['batches'])} | "
-                     + (f"{_fmt(vs1[0], '×')} | {_fmt(vs1[1], '×')}" if vs1 else "— | —")
-                     + f" | {_fmt(vl, '×') if vl else '—'} |")
+        rows.append([m, spread(s[m]), spread(ph[m]["batches"]),
+                     *((spread(vs1[0], 2, "×"), spread(vs1[1], 2, "×")) if vs1 else ("—", "—")),
+                     spread(vl, 2, "×") if vl else "—"])
     ide = ideals(result["runs"])  # from the runs' measured chunks (the current definition)
     if ide:
         b, o = ide["bound"], ide["overlapped"]
-        lines.append(f"| bound, 2 workers (each dask-1 run's measured work halved per phase, a stay never split) "
-                     f"| {_fmt(b['seconds'])} | | {_fmt(b['speedup_vs_dask-1'], '×')} | "
-                     f"{_fmt(b['batches_speedup_vs_dask-1'], '×') if 'batches_speedup_vs_dask-1' in b else ''} | |")
-        lines.append(f"| bound, 2 workers, the audit and sensitivity chunks overlapping the stay batches "
-                     f"| {_fmt(o['seconds'])} | | {_fmt(o['speedup_vs_dask-1'], '×')} | | |")
-    lines += ["", "| mode | flow's own s (start-up, pilot, comparison, gate staging, result) | of which pilot s | stay batches s "
-                  "| refit audit s | sensitivity s |", "|---|---|---|---|---|---|"]
-    for m in MODES:
-        p = ph[m]
-        lines.append(f"| {m} | {_fmt(p['flow'])} | {_fmt(p['pilot'])} | {_fmt(p['batches'])} | {_fmt(p['audit'])} "
-                     f"| {_fmt(p['sensitivity'])} |")
+        rows.append(["bound, 2 workers (each dask-1 run's measured work halved per phase, a stay never split)",
+                     spread(b["seconds"]), "", spread(b["speedup_vs_dask-1"], 2, "×"),
+                     spread(b["batches_speedup_vs_dask-1"], 2, "×") if "batches_speedup_vs_dask-1" in b else "", ""])
+        rows.append(["bound, 2 workers, the audit and sensitivity chunks overlapping the stay batches",
+                     spread(o["seconds"]), "", spread(o["speedup_vs_dask-1"], 2, "×"), "", ""])
+    lines += md_table(["mode", "command s", "stay-batch phase s", "vs dask-1 (command)", "vs dask-1 (stay batches)",
+                       "vs local"], rows) + [""]
+    lines += md_table(["mode", "flow's own s (start-up, pilot, comparison, gate staging, result)", "of which pilot s",
+                       "stay batches s", "refit audit s", "sensitivity s"],
+                      [[m] + [spread(ph[m][k]) for k in ("flow", "pilot", "batches", "audit", "sensitivity")]
+                       for m in MODES])
     big, ld = result.get("largest_chunk"), result["load_1min"]
     con = contention(result["runs"])
     lines.append("")
     if con and "work_ratio" in con:
         lines.append(f"*Two worker processes slow each other: a dask-2 run's chunk seconds add up to "
-                     f"{_fmt(con['work_ratio'], '×')} the same round's dask-1 run's"
-                     + (f" (CPU seconds {_fmt(con['cpu_ratio'], '×')})" if "cpu_ratio" in con else "")
-                     + (f"; each worker waits {_fmt(con['gaps_s'])} s in all between its chunks"
+                     f"{spread(con['work_ratio'], 2, '×')} the same round's dask-1 run's"
+                     + (f" (CPU seconds {spread(con['cpu_ratio'], 2, '×')})" if "cpu_ratio" in con else "")
+                     + (f"; each worker waits {spread(con['gaps_s'])} s in all between its chunks"
                         if "gaps_s" in con else "")
                      + ".*")
         lines.append("")
