@@ -35,6 +35,7 @@ import duckdb
 import numpy as np
 
 from cohort.constants import VITALS
+from sv_core.jsonfile import write_json
 
 #: Fidelity bounds the calibrated generator must meet (issue 11).
 DISTANCE_RATIO_BOUNDS = (1.2, 2.3)
@@ -231,7 +232,6 @@ def run_fidelity(stays: int = 1500, seed: int = 0, params=None, demo_root=None, 
     """``python -m cohort.synthetic --fidelity``: print the table (and write JSON); exit 1 when a
     bound is violated. Without the demo, the demo column is the calibration's stored aggregate
     (``demo_reference`` in the parameters)."""
-    import json
     import sys
 
     from cohort.errors import DemoDataMissing
@@ -258,7 +258,6 @@ def run_fidelity(stays: int = 1500, seed: int = 0, params=None, demo_root=None, 
                "bounds": {"distance_ratio": list(DISTANCE_RATIO_BOUNDS), "trivial_auroc_max": TRIVIAL_AUROC_MAX,
                           "event_share_factor": EVENT_SHARE_FACTOR},
                "demo": demo, "synthetic": syn, "violations": bad}
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=1))
+        write_json(json_path, out, indent=1)
         print(f"wrote {json_path}", file=sys.stderr)
     return 1 if bad else 0

@@ -29,7 +29,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -57,6 +56,7 @@ from sv_core.audit_summary import (  # noqa: F401  (re-exported: part of the aud
 from sv_core.calibrate import calibrate_C
 from sv_core.errors import GateError
 from sv_core.gate import Gate
+from sv_core.jsonfile import write_json
 from sv_core.kernels import rbf_kernel
 from sv_core.refit import refit
 
@@ -307,12 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in res["failures"][:10]:
         print("incomplete:", f)
     if args.json_out:
-        import pathlib
-
-        p = pathlib.Path(args.json_out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(res, indent=2))
-        print(f"wrote {p}")
+        print(f"wrote {write_json(args.json_out, res)}")
     return 0
 
 

@@ -197,3 +197,34 @@ def test_the_parameter_check_can_fail():
     wide = ast.parse("def f(a, b, c, d, e, f, g, h, *, i, **kw):\n    pass\n"
                      "class C:\n    def m(self, a, b, c, d, e, f, g, h):\n        pass\n")
     assert _wide_functions([(Path("pipelines/x.py"), wide)]) == ["pipelines/x.py:1 f (9)"]
+
+
+def _hand_written_result_files(modules) -> list[str]:
+    """``file:line`` of every ``json.dump(…, file)`` and ``….write_text(json.dumps(…))`` in a module
+    with a ``--json`` option: a command's result file is written by ``sv_core.jsonfile.write_json``
+    (atomic, parent folders made), never by a copied block."""
+    def is_json(f: ast.AST, name: str) -> bool:
+        return isinstance(f, ast.Attribute) and f.attr == name and isinstance(f.value, ast.Name) and f.value.id == "json"
+
+    out = []
+    for rel, tree in modules:
+        nodes = list(ast.walk(tree))
+        if not any(isinstance(n, ast.Constant) and n.value == "--json" for n in nodes):
+            continue
+        for n in nodes:
+            if isinstance(n, ast.Call) and (is_json(n.func, "dump") or (
+                    isinstance(n.func, ast.Attribute) and n.func.attr == "write_text" and n.args
+                    and isinstance(n.args[0], ast.Call) and is_json(n.args[0].func, "dumps"))):
+                out.append((str(rel), n.lineno))
+    return [f"{f}:{line}" for f, line in sorted(out)]
+
+
+def test_commands_write_their_result_files_through_one_writer():
+    hand = _hand_written_result_files(_modules())
+    assert not hand, "write the --json result with sv_core.jsonfile.write_json:\n" + "\n".join(hand)
+
+
+def test_the_result_file_check_can_fail():
+    tree = ast.parse('ap.add_argument("--json")\nwith open(p, "w") as f:\n    json.dump(r, f)\n'
+                     'Path(p).write_text(json.dumps(r, indent=2))\nprint(json.dumps(r))\n')
+    assert _hand_written_result_files([(Path("sv_core/x.py"), tree)]) == ["sv_core/x.py:3", "sv_core/x.py:4"]

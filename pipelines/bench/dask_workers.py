@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from dashboards.numbers import md_table, spread
+from sv_core.jsonfile import write_json
 
 MODES = ("local", "dask-1", "dask-2")
 BEGIN, END = "<!-- bench_dask:begin -->", "<!-- bench_dask:end -->"
@@ -398,8 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the clusters' own INFO lines
     res = run(a.stays, a.repeats, a.warehouse, a.sensitivity_stays, a.warehouse_seed)
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        write_json(a.json, res, indent=1)
     print(table(res))
     return 0
 

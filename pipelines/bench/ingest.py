@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from dashboards.numbers import fixed, md_table, spread
+from sv_core.jsonfile import write_json
 
 T0 = np.datetime64("2150-01-01T00:00:00", "us")
 #: (itemid, nominal mean, nominal sd) per vital, in the warehouse's VITALS order
@@ -326,7 +327,8 @@ def table(*results: dict) -> str:
                          "tokens admitted", "CPU ms / token", "tokens / s (wall)", "start-up s", "load after"],
                         [[p["phase"], fixed(p["wall_s"]), fixed(p["cpu_total_s"]),
                           f"{fixed(p['peak_rss_mb'], 0)} / {fixed(p['worker_peak_rss_mb'], 0)}", p["stays_touched"],
-                          p["new_tokens"], fixed(1e3 * p["cpu_total_s"] / p["new_tokens"], 3) if p["new_tokens"] else "–",
+                          p["new_tokens"],
+                          fixed(1e3 * p["cpu_total_s"] / p["new_tokens"], 3) if p["new_tokens"] else "–",
                           fixed(p["tokens_per_s"], 0) if p["new_tokens"] else "–", fixed(p["import_s"]),
                           fixed(p["load_after"][0])] for p in r["phases"]])
         out.append("")
@@ -385,7 +387,7 @@ def main(argv=None) -> int:
         res = cli_compare(a.stays, a.dir, sides, a.repeats, a.seed)
         a.out.mkdir(parents=True, exist_ok=True)
         f = a.out / f"bench_ingest_cli_{a.stays}{('_' + a.label) if a.label else ''}.json"
-        f.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(f, res)
         print(f"wrote {f}")
         return 0
     lay = Layout(a.stays, a.seed, a.history_hours, a.hours_per_day, a.days)
@@ -412,7 +414,7 @@ def main(argv=None) -> int:
     def save():
         res["machine"]["load_end"] = _load()
         res["warehouse_mb"] = wh.stat().st_size / 2 ** 20 if wh.is_file() else None
-        (a.out / name).write_text(json.dumps(res, indent=2) + "\n")
+        write_json(a.out / name, res)
 
     def phase(name, **kw):
         r = run_phase(name, wh, root, pp, extra=extra, **kw)

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.runtime.scaleout import PILOT_STAYS, plan_chunks, stay_units
+from sv_core.jsonfile import write_json
 
 PHASES = ("batches", "audit", "sensitivity")
 DEFAULT_RESULTS = ("docs/results/bench_dask.json", "docs/results/bench_dask_seed1.json",
@@ -348,15 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         paths = a.results or [p for p in DEFAULT_RESULTS if Path(p).is_file()]
         model = build(paths, a.workers)
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(model, indent=1) + "\n")
+            write_json(a.json, model, indent=1)
     if a.into:
         from pipelines.bench.scale import write_doc
 
         into = Path(a.into)
         scale = json.loads(into.read_text())
         scale["scaleout"] = model
-        into.write_text(json.dumps(scale, indent=1) + "\n")
+        write_json(into, scale, indent=1)
         if a.doc:
             write_doc(scale, Path(a.doc), into.name)
     print("\n".join(render_section(model)))

@@ -64,6 +64,7 @@ from pipelines.bench.scale_steps import (  # noqa: F401  (re-exported: the step 
     stays_cap,
     study_argv,
 )
+from sv_core.jsonfile import write_json
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         result = merge_results([json.loads(Path(r).read_text()) for r in a.render])
         src = Path(a.render[0])
         if a.merged_out:
-            Path(a.merged_out).write_text(json.dumps(result, indent=1) + "\n")
+            write_json(a.merged_out, result, indent=1)
             src = Path(a.merged_out)
         write_doc(result, Path(a.doc), source_name(src, Path(a.doc)))
         print(f"wrote {a.doc}")
@@ -354,10 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         out = dict(result, complete=final)
         if earlier is not None:
             out = merge_results([earlier, out])
-        res_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = res_path.with_name(res_path.name + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1) + "\n")
-        os.replace(tmp, res_path)
+        write_json(res_path, out, indent=1)
         return out
 
     try:

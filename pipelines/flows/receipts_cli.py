@@ -108,7 +108,7 @@ def _public_key(args) -> int:
 
 
 def _write_out(path: str, text: str) -> None:
-    from dashboards.atomic import atomic_write_text
+    from sv_core.jsonfile import atomic_write_text
 
     atomic_write_text(Path(path), text)
 

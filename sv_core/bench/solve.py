@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import pathlib
 import platform
@@ -51,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from sv_core.certified import solve
+from sv_core.jsonfile import write_json
 from sv_core.kernels import rbf_matvec
 from sv_core.refit import refit
 from sv_core.smo import fast_smo_available
@@ -363,10 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     res["runtime_s"] = time.perf_counter() - t0
     print(format_admit_table(res) if args.admit else format_table(res))
     if args.json_out:
-        p = pathlib.Path(args.json_out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(res, indent=2))
-        print(f"wrote {p}")
+        print(f"wrote {write_json(args.json_out, res)}")
     return 0
 
 

@@ -52,6 +52,7 @@ import numpy as np
 from sv_core.bench.stream_tables import DocsBlockError, docs_text, thread_settings, write_docs
 from sv_core.calibrate import calibrate_C
 from sv_core.gate import Gate
+from sv_core.jsonfile import write_json
 from sv_core.kernels import rbf_kernel
 from sv_core.refit import refit
 from sv_core.streaming import StreamingGate
@@ -362,9 +363,7 @@ def main(argv=None) -> int:
               seed=a.seed, stream=a.stream)
     print(docs_text(one))
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(one, f, indent=1, default=float)
+        write_json(a.json, one, indent=1, default=float)
     return 0
 
 
