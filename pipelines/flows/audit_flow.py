@@ -25,7 +25,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from dashboards.numbers import fmt
-from dashboards.seed_figures import seed_figure_for, seed_line
+from dashboards.seed_figures import seed_field, seed_line
 from pipelines import jsonout
 from pipelines.runtime import runner, task_cache
 from pipelines.settings import COUNT, SEED
@@ -108,8 +108,7 @@ def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = 
     result = audit_result({r: v["summary"] for r, v in res.items()}, trials=trials, seed=seed, protocol=protocol,
                           failure_kinds={r: v["failure_kinds"] for r, v in res.items()},
                           runtime_s=time.perf_counter() - t0)
-    seed_fig = seed_figure_for("deletion_audit")
-    result["seed_figure"] = {"text": seed_fig["text"], "source": seed_fig["source"]}
+    result["seed_figure"] = seed_field("deletion_audit")
     runner.write_study_result(result, runs_dir)
     return result
 
@@ -129,7 +128,7 @@ def _main(args) -> int:
               f"{fmt(row[9], 2):>9}{fmt(row[10], 2):>9}{fmt(row[11], 2):>9}{fmt(row[12], 2):>10}   {paper}")
     if m["power"]["low_power"]:
         print(f"  low power: this audit {m['power']['label']}")
-    print("  " + seed_line("deletion_audit", r["data"], r["seed_figure"].get("text", "")))
+    print("  " + seed_line("deletion_audit", r["data"]))
     print(f"  runtime {r['runtime_s']:.1f}s")
     jsonout.emit(args, r)
     return 0

@@ -44,13 +44,13 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from dashboards.seed_figures import seed_field, seed_line
 from evaluation.clinical import deterioration as det
 from evaluation.clinical import deterioration_reader as rd
 from evaluation.clinical import deterioration_training as dtr
 from evaluation.clinical.deterioration_results import (
     BASELINE,
     LABELS,
-    SEED_TEXT,
     TRAINED_TOLERANCE,
     aggregate,
     comparison_pairs,
@@ -246,7 +246,7 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
         "title": f"Deterioration prediction, next 6 h ({wh.data_kind(warehouse)})",
         "data": wh.data_kind(warehouse),
         "runtime_s": time.perf_counter() - t0,
-        "seed_figure": {"text": SEED_TEXT},
+        "seed_figure": seed_field("deterioration"),
         "metrics": {**{m: agg[m] for m in names}, "test_hours": first["n"], "test_positives": first["n_pos"],
                     "test_prevalence": first["prevalence"], "test_stays": first["n_groups"],
                     BASELINE: boot["scores"][BASELINE], "paired": boot["pairs"],
@@ -332,7 +332,7 @@ def _main(args) -> int:
         print(f"  {p:<28} ΔAUROC {v['auroc_diff']:+.3f} [{v['auroc_diff_low']:+.3f}, {v['auroc_diff_high']:+.3f}]")
     if m.get("headline"):
         print(f"  {m['headline']}")
-    print(f"  seed figure: {SEED_TEXT}")
+    print("  " + seed_line("deterioration", r["data"]))
     print(f"  runtime {r['runtime_s']:.1f}s{runner.cache_note(r)}")
     jsonout.emit(args, r)
     return 0
