@@ -1,31 +1,12 @@
 """Does ``--dask`` pay? The retention study on the same stays, local vs 1 vs 2 Dask worker processes.
 
 ``python -m pipelines.bench.dask_workers --stays 1000 [--repeats 3] [--sensitivity-stays N] [--json OUT]``
-runs ``forgetful retention --stays N`` (its defaults: refit audit, sensitivity table, gates
-persisted) in this process, ``repeats`` times per mode, the modes interleaved (order rotated each
-round):
-
-* ``local``: the default thread pool (2 threads);
-* ``dask-1`` / ``dask-2``: a ``LocalCluster`` of 1 or 2 worker processes (1 thread each),
-  started before the run and closed after it, so that no idle cluster shares the cores with the
-  measured one; its start-up and an untimed warm-up run on it (16 stays: the workers' imports)
-  are not timed.
-
-One untimed local warm-up run comes first (16 stays: the API server, this process's imports).
-The task cache is cleared before every run (nothing is served from an earlier run). Without ``--warehouse`` a synthetic warehouse
-(``--warehouse-seed``, enough stays for ``N`` eligible ones) is generated in a temporary folder.
-
-Each run is recorded with :func:`pipelines.runtime.scaleout.chunk_log`: its timeline (start-up, the
-pilot, every chunk phase — stay batches, refit audit, sensitivity — the flow's own work between
-and after them) and, on Dask, every chunk's stays (count, hours), estimated and measured seconds,
-worker and start/end. From each ``dask-1`` run's measured chunks the benchmark computes what 2
-workers could reach with that work, independent of the machine's load (:func:`ideals`): its
-flow-side seconds plus, per phase, the work halved (a stay never split), the longest-first (LPT)
-schedule of its own chunks, and the bound with the audit and sensitivity chunks overlapping the
-stay batches. The result file holds the runs, the median and range per mode, the paired
-speed-ups (median and range over rounds), those bounds, the largest chunk's share of the work
-and whether every run's retention metrics were identical. ``--table FILE …`` prints the
-tables from result files; ``--readme docs/DASK.md`` writes them between its ``bench_dask`` markers.
+runs ``forgetful retention --stays N`` in this process, ``repeats`` times per mode, the modes
+interleaved (``local``: the default thread pool; ``dask-1`` / ``dask-2``: a ``LocalCluster`` of 1 or
+2 worker processes), each run's timeline and chunks recorded (:func:`run` states the protocol).
+From each ``dask-1`` run's measured chunks it computes what 2 workers could reach with that work
+(:func:`ideals`). ``--table FILE …`` prints the tables from result files; ``--readme docs/DASK.md``
+writes them between its ``bench_dask`` markers.
 """
 from __future__ import annotations
 
@@ -210,6 +191,28 @@ def dominance(big: dict | None) -> str:
 
 def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stays: int = 200,
         warehouse_seed: int = 0) -> dict:
+    """The benchmark; returns the result dict.
+
+    Modes, interleaved (order rotated each round): ``local`` (the default thread pool, 2 threads);
+    ``dask-1`` / ``dask-2`` (a ``LocalCluster`` of 1 or 2 worker processes, 1 thread each, started
+    before the run and closed after it, so that no idle cluster shares the cores with the measured
+    one; its start-up and an untimed warm-up run on it, 16 stays: the workers' imports, are not
+    timed). The retention command runs with its defaults (refit audit, sensitivity table, gates
+    persisted). One untimed local warm-up run comes first (16 stays: the API server, this process's
+    imports). The task cache is cleared before every run (nothing is served from an earlier run).
+    Without ``warehouse`` a synthetic warehouse (``warehouse_seed``, enough stays for ``stays``
+    eligible ones) is generated in a temporary folder.
+
+    Each run is recorded with :func:`pipelines.runtime.scaleout.chunk_log`: its timeline (start-up,
+    the pilot, every chunk phase — stay batches, refit audit, sensitivity — the flow's own work
+    between and after them) and, on Dask, every chunk's stays (count, hours), estimated and measured
+    seconds, worker and start/end. :func:`ideals` computes, from each ``dask-1`` run's chunks and
+    independent of the machine's load, its flow-side seconds plus, per phase, the work halved (a
+    stay never split), the longest-first (LPT) schedule of its own chunks, and the bound with the
+    audit and sensitivity chunks overlapping the stay batches. The result holds the runs, the
+    median and range per mode, the paired speed-ups (median and range over rounds), those bounds,
+    the largest chunk's share of the work and whether every run's retention metrics were identical.
+    """
     from distributed import LocalCluster
     from prefect_dask import DaskTaskRunner
 

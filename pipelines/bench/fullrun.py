@@ -13,7 +13,7 @@ second records a run made that way earlier from the files it wrote. Either write
 the data's aggregate counts) to ``--out``, attaches it to the scale benchmark's result
 (``--into docs/SCALE.json``, key ``full_run``; :func:`pipelines.bench.scale_report.merge_results`
 keeps it) and re-renders ``--doc`` from that result, so ``docs/SCALE.md`` states the figures of
-the result file. A run on a 42,000-stay root takes about half an hour on 2 idle cores.
+the result file (its run time is in the record).
 """
 from __future__ import annotations
 
