@@ -1,35 +1,14 @@
 """Scale benchmarks of the warehouse build and of the synthetic generator, as JSON reports.
 
-The build benchmark generates N synthetic chartevents rows and builds the warehouse from them;
-the generator benchmark times the generator itself.
+The build benchmark (:func:`run_bench`) generates N synthetic chartevents rows and builds the
+warehouse from them; ``--generator`` (:func:`run_generator_bench`) times the generator itself;
+``--peer duckdb|polars --root DIR`` (:func:`run_peer`) runs one peer of the build's essential scan
+(what :mod:`pipelines.bench.scale` interleaves with the build).
 
     python -m cohort.bench --rows 10000000 [--format parquet|csv.gz] [--memory-limit 2GB]
         [--repeat N] [--workdir DIR] [--keep] [--reuse-data] [--json-out FILE]
     python -m cohort.bench --generator [--sizes 5000000 20000000 50000000] [--workers-list 1 2]
         [--repeat 3] [--format parquet|csv.gz] [--workdir DIR] [--json-out FILE]
-
-Generation and each build run in a child process that reports its own peak RSS
-(``getrusage(RUSAGE_SELF).ru_maxrss``), so the build's figure is not polluted by the generator.
-rows/s = chartevents rows / build wall time (the build scans every row of chartevents).
-With ``--repeat N`` the build runs N times on the same data; ``rows_per_s`` and
-``build_seconds`` are the medians, ``build_peak_rss_mb`` the largest, and every run is listed
-with its CPU seconds (user + system, all threads) and the 1-minute load average before it:
-on a shared machine wall time swings with the load, CPU seconds much less. ``--reuse-data`` with
-``--workdir`` skips generation when that folder already holds data from the same
-(rows, seed, format).
-
-``--peer duckdb|polars --root DIR`` runs one honest peer of the build's essential scan on a
-MIMIC-layout root (what :mod:`pipelines.bench.scale` interleaves with the build): every
-chartevents row of the nine vital itemids with a number, joined to the stays of LOS ≥ 48 h,
-kept within [intime, outtime] and in the plausible range after the °F conversion, averaged per
-(stay, hour, itemid) — a plain DuckDB SQL ``GROUP BY`` and a Polars lazy query
-(``scan_parquet`` … ``group_by`` … ``collect(engine="streaming")``). Both materialise every
-group's mean; the printed count and checksum (Σ of the means) show they did the same work.
-
-``--generator`` times :func:`cohort.synthetic.generate` end to end (generation and writing) for
-every size × worker count, ``--repeat`` times, the order reversed on every other round so that
-both sides of a comparison see the same load; per cell the median rows/s with its min and max,
-CPU seconds per million rows, and the peak RSS of the writer and of the largest worker.
 """
 from __future__ import annotations
 
@@ -146,7 +125,14 @@ def peer_polars(root: Path, min_hours: float = 48) -> tuple[int, float]:
 
 
 def run_peer(kind: str, root: Path, threads: int | None = None) -> dict:
-    """Run one peer in this process: groups, checksum, seconds, CPU seconds and peak RSS."""
+    """Run one peer in this process: groups, checksum, seconds, CPU seconds and peak RSS.
+
+    Every chartevents row of the nine vital itemids with a number, joined to the stays of LOS ≥ 48 h,
+    kept within [intime, outtime] and in the plausible range after the °F conversion, averaged per
+    (stay, hour, itemid) — a plain DuckDB SQL ``GROUP BY`` or a Polars lazy query (``scan_parquet`` …
+    ``group_by`` … ``collect(engine="streaming")``). Both materialise every group's mean; the count
+    and checksum (Σ of the means) show they did the same work.
+    """
     t, c = time.perf_counter(), _cpu_seconds()
     if kind == "duckdb":
         import duckdb
@@ -170,6 +156,15 @@ def run_peer(kind: str, root: Path, threads: int | None = None) -> dict:
 
 def run_bench(rows: int, workdir: Path, fmt: str = "parquet", memory_limit: str = "2GB", seed: int = 0,
               threads: int | None = None, repeat: int = 1, reuse_data: bool = False) -> dict:
+    """Generation and each build run in a child process that reports its own peak RSS
+    (``getrusage(RUSAGE_SELF).ru_maxrss``), so the build's figure is not polluted by the generator.
+    rows/s = chartevents rows / build wall time (the build scans every row of chartevents). With
+    ``repeat`` N the build runs N times on the same data; ``rows_per_s`` and ``build_seconds`` are the
+    medians, ``build_peak_rss_mb`` the largest, and every run is listed with its CPU seconds (user +
+    system, all threads) and the 1-minute load average before it: on a shared machine wall time
+    swings with the load, CPU seconds much less. ``reuse_data`` skips generation when ``workdir``
+    already holds data from the same (rows, seed, format).
+    """
     data, wh = workdir / "mimic", workdir / "warehouse.duckdb"
     stamp = workdir / "bench_data.json"
     want = {"rows": rows, "seed": seed, "format": fmt}
@@ -205,7 +200,10 @@ def run_bench(rows: int, workdir: Path, fmt: str = "parquet", memory_limit: str 
 
 def run_generator_bench(sizes: list[int], workers_list: list[int], workdir: Path, repeat: int = 3,
                         fmt: str = "parquet", seed: int = 0) -> dict:
-    """Generator throughput per (rows, workers); see the module docstring."""
+    """Generator throughput per (rows, workers): :func:`cohort.synthetic.generate` end to end
+    (generation and writing), ``repeat`` times, the order reversed on every other round so that
+    both sides of a comparison see the same load; per cell the median rows/s with its min and max,
+    CPU seconds per million rows, and the peak RSS of the writer and of the largest worker."""
     cells = [(int(n), int(w)) for n in sizes for w in workers_list]
     runs = []
     for r in range(max(1, repeat)):

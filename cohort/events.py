@@ -11,19 +11,9 @@ be present (another tool reads them) and are ignored here::
       hypoxaemia: {code: "HOURLY_MEAN//SPO2//%", value_max: 90}
     event: hypoxaemia
 
-A ``code`` names one of the six vitals: a vital name (``hr``, ``sbp``, ``dbp``, ``rr``, ``spo2``,
-``temp_c``), this project's MEDS export code (``HOURLY_MEAN//HR//bpm`` …) or a code the default
-MEDS code map reads (``LAB//220045//bpm`` …; bounds on a Fahrenheit code are converted to °C);
-``code: {any: [...]}`` takes codes of one vital. An hour is an event hour when the predicate holds
-on the hour's filled value — the value the built-in events are computed on (``vitals_hourly``'s
-vital columns, :attr:`cohort.streams.StayStream.raw`); an hour without a value is never one.
-
-API: :func:`load_event` (a file), :func:`parse_event` (a mapping), :func:`read_predicates` (the
-``predicates`` block of any ACES task file: name -> :class:`Predicate` or :class:`Derived`);
-:class:`EventDefinition` gives :meth:`~EventDefinition.evaluate` (``(n, 6)`` filled values ->
-``(n,)`` bool), :attr:`~EventDefinition.channels` (the vitals it reads: the held-out rule
-withholds them from every selector) and :meth:`~EventDefinition.sql` (the same test over
-``vitals_hourly``'s columns). Frozen dataclasses: an event travels whole into study settings and
+The codes a predicate may name: :func:`parse_event`. An hour is an event hour when the predicate
+holds on the hour's filled value (``vitals_hourly``'s vital columns); an hour without a value is
+never one. :class:`EventDefinition` is frozen: an event travels whole into study settings and
 chunk tasks, and is part of their cache keys.
 """
 from __future__ import annotations
@@ -219,7 +209,16 @@ def read_predicates(spec: Any, where: str = "events") -> dict[str, Predicate | D
 
 
 def parse_event(spec: Any, where: str = "events") -> EventDefinition:
-    """The :class:`EventDefinition` of a parsed event file (see the module docstring)."""
+    """The :class:`EventDefinition` of a parsed event file (see the module docstring).
+
+    A ``code`` names one of the six vitals: a vital name (``hr``, ``sbp``, ``dbp``, ``rr``, ``spo2``,
+    ``temp_c``), this project's MEDS export code (``HOURLY_MEAN//HR//bpm`` …) or a code the default
+    MEDS code map reads (``LAB//220045//bpm`` …; bounds on a Fahrenheit code are converted to °C);
+    ``code: {any: [...]}`` takes codes of one vital. :class:`EventDefinition` gives
+    :meth:`~EventDefinition.evaluate` (``(n, 6)`` filled values -> ``(n,)`` bool),
+    :attr:`~EventDefinition.channels` (the vitals it reads: the held-out rule withholds them from every
+    selector) and :meth:`~EventDefinition.sql` (the same test over ``vitals_hourly``'s columns).
+    """
     if not isinstance(spec, dict) or "predicates" not in spec:
         raise _fail(where, "expected a mapping with 'predicates' (and 'event' naming one of them)")
     extra = set(spec) - {"predicates", "event", *ACES_TASK_KEYS}

@@ -3,29 +3,9 @@ trivially separable one, computed identically on the real demo and on synthetic 
 
 Every statistic is read from a built warehouse (``vitals_hourly``, LOS ≥ 48 h cohort as built by
 :func:`cohort.build.build_warehouse`), so synthetic data go through exactly the build the
-studies use. Aggregates only; no record-level value leaves this module.
-
-Definitions (``event`` = ``event_composite`` unless stated; ``z`` = the warehouse's
-standardised ``<vital>_z`` columns, filled values):
-
-* ``event_hour_share``: share of all cohort hours that are event hours (also for ``event_spo2``).
-* ``stays_with_event``: share of stays with at least one event hour.
-* ``event_run_mean_h`` / ``event_run_median_h``: lengths of maximal runs of consecutive event hours.
-* ``within_sd.<vital>``: pooled within-stay SD of the *observed* raw hourly values (raw units):
-  sqrt(Σ_stays Σ_hours (x − stay mean)² / Σ_stays (n − 1)).
-* ``lag1_acf.<vital>``: lag-1 autocorrelation of within-stay deviations (from the stay mean)
-  over pairs of consecutive hours both observed, pooled over stays.
-* ``distance_ratio``: per stay with both event and non-event hours, the mean distance of its
-  event hours from the stay median divided by the mean distance of its other hours, distance =
-  Euclidean norm of ``z − median_stay(z)`` over the six vitals; median over those stays.
-* ``trivial_auroc``: per such stay, the AUROC of that distance as a score for event hours
-  (ties count ½); median over those stays. A value near 1 means "far from the patient's own
-  median" alone finds the events.
-* ``abs_change_corr``: mean pairwise correlation of |Δz| (hour-to-hour change, both hours
-  observed) between HR, SBP, RR and SpO₂: whether large moves of different vitals coincide.
-* ``spo2_auroc_without_spo2``: the same detector for ``event_spo2`` hours with SpO₂ left out of
-  the distance (the held-out-SpO₂ control): near 0.5 when desaturations do not drag HR/RR/BP
-  along, near 1 when they do.
+studies use (definitions: :func:`fidelity_metrics`; bounds: :data:`DISTANCE_RATIO_BOUNDS`,
+:data:`TRIVIAL_AUROC_MAX`, :data:`EVENT_SHARE_FACTOR`). Aggregates only; no record-level value
+leaves this module.
 """
 from __future__ import annotations
 
@@ -35,6 +15,7 @@ import duckdb
 import numpy as np
 
 from cohort.constants import VITALS
+from sv_core.jsonfile import write_json
 
 #: Fidelity bounds the calibrated generator must meet (issue 11).
 DISTANCE_RATIO_BOUNDS = (1.2, 2.3)
@@ -79,7 +60,30 @@ def load_hourly(warehouse: str | Path) -> dict[str, np.ndarray]:
 
 
 def fidelity_metrics(warehouse: str | Path) -> dict:
-    """The fidelity statistics of one warehouse (see the module docstring)."""
+    """The fidelity statistics of one warehouse.
+
+    ``event`` = ``event_composite`` unless stated; ``z`` = the warehouse's standardised
+    ``<vital>_z`` columns, filled values:
+
+    * ``event_hour_share``: share of all cohort hours that are event hours (also for ``event_spo2``).
+    * ``stays_with_event``: share of stays with at least one event hour.
+    * ``event_run_mean_h`` / ``event_run_median_h``: lengths of maximal runs of consecutive event hours.
+    * ``within_sd.<vital>``: pooled within-stay SD of the *observed* raw hourly values (raw units):
+      sqrt(Σ_stays Σ_hours (x − stay mean)² / Σ_stays (n − 1)).
+    * ``lag1_acf.<vital>``: lag-1 autocorrelation of within-stay deviations (from the stay mean)
+      over pairs of consecutive hours both observed, pooled over stays.
+    * ``distance_ratio``: per stay with both event and non-event hours, the mean distance of its
+      event hours from the stay median divided by the mean distance of its other hours, distance =
+      Euclidean norm of ``z − median_stay(z)`` over the six vitals; median over those stays.
+    * ``trivial_auroc``: per such stay, the AUROC of that distance as a score for event hours
+      (ties count ½); median over those stays. A value near 1 means "far from the patient's own
+      median" alone finds the events.
+    * ``abs_change_corr``: mean pairwise correlation of |Δz| (hour-to-hour change, both hours
+      observed) between HR, SBP, RR and SpO₂: whether large moves of different vitals coincide.
+    * ``spo2_auroc_without_spo2``: the same detector for ``event_spo2`` hours with SpO₂ left out of
+      the distance (the held-out-SpO₂ control): near 0.5 when desaturations do not drag HR/RR/BP
+      along, near 1 when they do.
+    """
     d = load_hourly(warehouse)
     sid = d["stay_id"].astype(np.int64)
     _, starts = np.unique(sid, return_index=True)
@@ -231,7 +235,6 @@ def run_fidelity(stays: int = 1500, seed: int = 0, params=None, demo_root=None, 
     """``python -m cohort.synthetic --fidelity``: print the table (and write JSON); exit 1 when a
     bound is violated. Without the demo, the demo column is the calibration's stored aggregate
     (``demo_reference`` in the parameters)."""
-    import json
     import sys
 
     from cohort.errors import DemoDataMissing
@@ -258,7 +261,6 @@ def run_fidelity(stays: int = 1500, seed: int = 0, params=None, demo_root=None, 
                "bounds": {"distance_ratio": list(DISTANCE_RATIO_BOUNDS), "trivial_auroc_max": TRIVIAL_AUROC_MAX,
                           "event_share_factor": EVENT_SHARE_FACTOR},
                "demo": demo, "synthetic": syn, "violations": bad}
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=1))
+        write_json(json_path, out, indent=1)
         print(f"wrote {json_path}", file=sys.stderr)
     return 1 if bad else 0

@@ -1,50 +1,17 @@
 """MEDS (Medical Event Data Standard, v0.4) as a source of the hourly warehouse: the code map,
 the layout check and the build's input adapter. The export is :mod:`cohort.meds_export`.
 
-A MEDS dataset is a folder ``<root>/data/**/*.parquet`` of event shards (columns ``subject_id``
-int64, ``time`` timestamp[us], ``code`` string, ``numeric_value`` float32, extra columns allowed)
-with ``<root>/metadata/dataset.json``, ``codes.parquet`` and ``subject_splits.parquet``. The
-schemas are those of the reference package ``meds==0.4.*`` (``DataSchema``,
-``DatasetMetadataSchema``, ``CodeMetadataSchema``, ``SubjectSplitSchema``; the ``meds`` extra):
-this module needs only DuckDB and pyarrow, and the tests validate every exported file with the
-package itself.
-
-Reading (``build-cohort --source meds --root DIR``)
----------------------------------------------------
-* **Stays** come from the ICU admission and discharge events, as the MIMIC-IV ETL of the MEDS
-  project writes them (Medical-Event-Data-Standard/MIMIC_IV_MEDS, ``configs/event_configs.yaml``:
-  ``icu/icustays`` gives ``ICU_ADMISSION//<first_careunit>`` at ``intime`` and
-  ``ICU_DISCHARGE//<last_careunit>`` at ``outtime``, each row carrying ``hadm_id`` and
-  ``icustay_id``): a code equal to the admission prefix, or starting with it followed by ``//``,
-  is an admission (likewise discharge). One stay per (``icustay_id``, ``subject_id``): intime the
-  earliest admission event, outtime the latest discharge event; a stay listed under two subjects
-  is dropped by the build (:func:`cohort.build.exclude_stays`), as for every source.
-* **Measurements**: the same ETL writes an ``icu/chartevents`` row as code
-  ``LAB//<itemid>//<valueuom>`` (``UNK`` for a missing unit) with ``numeric_value`` = ``valuenum``
-  and the row's ``icustay_id``. The default code map (:func:`default_code_map`) therefore reads
-  ``LAB//<itemid>//*`` for every itemid of the vital-sign convention (:mod:`cohort.conventions`;
-  the unit does not matter, as the native adapter selects by itemid alone, and ``223761`` is
-  °F), plus the six ``HOURLY_MEAN//…`` codes of this project's own export. A row is kept when its
-  ``icustay_id`` and ``subject_id`` are those of a cohort stay (a row whose subject disagrees
-  with its stay's is never attached to that stay). The build then applies the same unit
-  conversion, plausibility ranges, funnel and forget-registry exclusion as for every source.
-
-The code map is configurable (``--meds-codes FILE``), a JSON object::
-
-    {"vitals": {"LAB//220045//*": "hr",
-                "LAB//220050//*": {"vital": "sbp", "source": "arterial"},
-                "LAB//223761//*": {"vital": "temp_c", "fahrenheit": true}},
-     "icu_admission": "ICU_ADMISSION", "icu_discharge": "ICU_DISCHARGE", "stay_column": "icustay_id"}
-
-``vitals`` replaces the default map whole; the other keys are optional. A code ending in ``*``
-matches every code with that prefix, any other code matches exactly; exact codes are tried
-first, then prefixes from the longest. ``source`` (blood pressure only): ``arterial`` or
-``non-invasive`` (default); ``fahrenheit`` (temperature only): the value is °F.
-
-The MEDS conventions used here were looked up in the MEDS repositories (facts only): the schemas
-of ``meds`` 0.4.1 (Medical-Event-Data-Standard/meds, ``src/meds/schema.py``) and the MIMIC-IV
-event config named above (``MEDS_BIRTH`` / ``MEDS_DEATH`` are the standard's birth and death
-codes; this project's warehouse holds neither, so neither is read or written).
+A MEDS dataset is a folder ``<root>/data/**/*.parquet`` of event shards (``subject_id`` int64,
+``time`` timestamp[us], ``code`` string, ``numeric_value`` float32, extra columns allowed) with
+``<root>/metadata/``; the schemas are those of ``meds==0.4.*`` (the ``meds`` extra; this module
+needs only DuckDB and pyarrow, the tests validate with the package). Stays come from the
+``ICU_ADMISSION`` / ``ICU_DISCHARGE`` events grouped by ``icustay_id`` and ``subject_id``;
+measurements are the events whose code is in the :class:`CodeMap` (default:
+:func:`default_code_map`, the MIMIC_IV_MEDS chartevents codes ``LAB//<itemid>//*`` of the
+convention's itemids and this project's export codes; ``--meds-codes FILE``:
+:func:`load_code_map`). The build then applies the same conversions, ranges, funnel and
+forget-registry exclusion as for every source. docs/MEDS.md has the rules, the code-map format
+and the sources looked up (facts only).
 """
 from __future__ import annotations
 

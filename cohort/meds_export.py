@@ -1,43 +1,15 @@
 """The warehouse as a MEDS v0.4 dataset (``forgetful export --format meds --out DIR``).
 
-What is written (all files owner-only, mode 0600; never overwriting)
---------------------------------------------------------------------
-``data/<split>/<k>.parquet``
-    One event per row, columns ``subject_id`` (int64), ``time`` (timestamp[us]), ``code``
-    (string), ``numeric_value`` (float32) and the raw-id columns ``hadm_id``, ``icustay_id``
-    (int64, as the MIMIC-IV ETL of the MEDS project names them). ``<split>`` is the MEDS name of
-    the subject's split (``train``, ``tuning``, ``held_out`` = this project's train/val/test);
-    each shard holds at most ``shard_subjects`` subjects, every subject in exactly one shard,
-    its events contiguous and sorted by time. Per stay:
-
-    * ``ICU_ADMISSION//UNK`` at ``intime`` and ``ICU_DISCHARGE//UNK`` at ``outtime`` (the stay
-      boundaries; the warehouse keeps no care unit, which MIMIC_IV_MEDS puts in the code, so it
-      is ``UNK`` as that ETL writes a missing component);
-    * one ``HOURLY_MEAN//<VITAL>//<unit>`` event per vital and stay-hour that was **observed**
-      (``<vital>_observed``; the forward/back-filled and median-imputed values are never
-      written), ``numeric_value`` = the hourly mean the warehouse holds (°C for temperature).
-      Hour ``h`` covers ``[intime + h·1 h, intime + (h+1)·1 h)`` (the last hour also holds rows
-      charted exactly at outtime); the event's ``time`` is the end of that window,
-      ``min(intime + (h+1)·1 h − 1 µs, outtime)``, so a consumer predicting at time T never sees
-      a mean that includes values charted after T, and ``⌊(time − intime)/1 h⌋ = h`` brings
-      the hour back exactly (:mod:`cohort.meds` reads these codes by default).
-      ``numeric_value`` is float32 (MEDS's type): a round trip returns each mean to within its
-      float32 rounding (relative 2⁻²⁴).
-
-``metadata/codes.parquet``
-    Every code above with a description and, as ``parent_codes``, the MIMIC_IV_MEDS chartevents
-    codes ``LAB//<itemid>//<unit>`` of the itemids the warehouse's vital-sign convention reads.
-``metadata/subject_splits.parquet``
-    ``subject_id``, ``split`` (MEDS split names).
-``metadata/dataset.json``
-    ``dataset_name`` (``forgetful <kind> cohort``), ``dataset_version`` (the warehouse's content
-    hash), ``etl_name`` ``forgetful``, ``etl_version``, ``meds_version``, ``created_at``,
-    ``raw_source_id_columns``.
-
-The data shards and the split file are record-level data (subject ids, times, values), exactly
-like the Parquet export: keep them where the source data may be kept. ``forgetful export``
-registers the folder with the warehouse, so ``forgetful forget`` erases a patient from it too
-(:mod:`pipelines.store.exports`).
+Writes ``data/<split>/<k>.parquet`` (one event per row: ``subject_id`` int64, ``time``
+timestamp[us], ``code``, ``numeric_value`` float32, ``hadm_id``, ``icustay_id``; splits ``train``,
+``tuning``, ``held_out``; at most ``shard_subjects`` subjects per shard, events sorted by time) and
+``metadata/`` (``codes.parquet``, ``subject_splits.parquet``, ``dataset.json``), owner-only and never
+overwriting. Per stay: ``ICU_ADMISSION//UNK`` / ``ICU_DISCHARGE//UNK`` at its bounds and one
+``HOURLY_MEAN//<VITAL>//<unit>`` event per *observed* vital and hour (never a filled value), stamped
+at the end of its hour so a model predicting at time T never sees a value charted after T. The
+shards are record-level data, like the Parquet export:
+``forgetful export`` registers the folder so ``forgetful forget`` erases a patient from it too
+(:mod:`pipelines.store.exports`). docs/MEDS.md has every file and code.
 """
 from __future__ import annotations
 
@@ -123,7 +95,7 @@ def _events_sql() -> str:
 def export_meds(con_or_path: Any, out_dir: str | os.PathLike, split: str | None = None,
                 shard_subjects: int = 10_000, dataset_name: str = "forgetful cohort",
                 etl_version: str | None = None) -> dict[str, Any]:
-    """Write the warehouse as a MEDS v0.4 dataset into ``out_dir`` (module docstring).
+    """Write the warehouse as a MEDS v0.4 dataset into ``out_dir`` (docs/MEDS.md).
 
     Parameters
     ----------

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dashboards.numbers import doc_fmt
+from dashboards.numbers import doc_fmt, md_table
 from dashboards.seed_figures import SEED_CLAIMS
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
@@ -237,8 +237,6 @@ def lm_block(p: Payload | None) -> list[str]:
     out = [f"**{p['title']}** — protocol: {p['config'].get('protocol_label', m.get('protocol'))}; "
            f"{doc_fmt(m.get('steps'))} steps per run, corpus {doc_fmt(m.get('corpus_bytes'))} bytes.", ""]
     if per:
-        from dashboards.numbers import md_table
-
         out += md_table(per["columns"], per["rows"], doc_fmt) + [""]
     ci = m.get("diff_ci95") or [None, None]
     out.append(f"Mean SV {doc_fmt(m.get('mean_sv_bpb'))} vs matched window {doc_fmt(m.get('mean_swa_bpb'))} bits/byte; "

@@ -31,7 +31,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from dashboards.atomic import atomic_write_text
 from dashboards.commands import result_command
 from dashboards.errors import ReportError, ResultSchemaError, RunsDirectoryError
 from dashboards.figures import png_data_uri, render_png
@@ -414,6 +413,8 @@ def render_report(runs_dir: str | os.PathLike, *, title: str = "forgetful — st
 
 def write_report(runs_dir: str | os.PathLike, out: str | os.PathLike, **kw: Any) -> Path:
     """Render and write atomically: on any error the output path is left untouched."""
+    from sv_core.jsonfile import atomic_write_text  # the gate package stays out of the report's import
+
     text = render_report(runs_dir, **kw)
     return atomic_write_text(out, text)
 

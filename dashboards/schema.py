@@ -404,7 +404,7 @@ def write_result(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """
     import json
 
-    from dashboards.atomic import atomic_write_text
+    from sv_core.jsonfile import atomic_write_text
 
     validate_result(result, source=str(path))
     text = json.dumps(result, indent=2, ensure_ascii=False, allow_nan=False)

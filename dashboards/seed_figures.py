@@ -12,8 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["SEED_FIGURES", "SEED_CLAIMS", "CONTRACT_CARD", "SEED_DATA", "REAL_SOURCES", "seed_figure_for", "seed_comparability",
-           "seed_line"]
+__all__ = ["SEED_FIGURES", "SEED_CLAIMS", "CONTRACT_CARD", "SEED_DATA", "REAL_SOURCES", "seed_figure_for", "seed_field",
+           "seed_comparability", "seed_line"]
 
 SEED_FIGURES: dict[str, dict[str, Any]] = {
     "cohort": {
@@ -234,6 +234,13 @@ def seed_figure_for(study: str) -> dict[str, Any]:
     return copy.deepcopy(SEED_FIGURES.get(study, {}))
 
 
+def seed_field(study: str) -> dict[str, str]:
+    """The ``seed_figure`` field a flow writes into its result file: the seed's text and where it
+    is from (``{}`` for a study without one)."""
+    fig = SEED_FIGURES.get(study)
+    return {"text": fig["text"], "source": fig["source"]} if fig else {}
+
+
 #: the data each study's seed figure was measured on: "real" (MIMIC-IV records), "mixed" (the deletion
 #: audit: three synthetic or learned-key regimes and one MIMIC-IV regime); every other study's seed
 #: figure is from synthetic data (or, for the language model, a text corpus) and so is comparable with
@@ -265,8 +272,11 @@ def seed_comparability(study: str, data: str) -> dict[str, Any]:
     return {"comparable": True, "reason": None, "partial": None}
 
 
-def seed_line(study: str, data: str, text: str) -> str:
-    """The CLI's closing line: ``seed figure: …`` where comparable, else why it is not shown."""
+def seed_line(study: str, data: str, text: str | None = None) -> str:
+    """The CLI's closing line: ``seed figure: …`` (``text``, by default the study's seed text)
+    where comparable, else why it is not shown."""
+    if text is None:
+        text = seed_field(study).get("text", "")
     c = seed_comparability(study, data)
     if not c["comparable"]:
         return f"seed figure not shown, not comparable: {c['reason']}"

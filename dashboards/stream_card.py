@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dashboards.figures import png_data_uri, render_png
-from dashboards.templating import environment
+from dashboards.templating import environment, fmt
 
 __all__ = ["STUDY", "SERIES_FIELDS", "series_of", "stream_figures", "stream_table", "stream_context",
            "stream_section_html"]
@@ -29,16 +29,6 @@ TABLE_ROWS = 12
 _COLS = [("step", "step"), ("hours_admitted", "hours admitted"), ("n_hot", "hot"), ("n_cold", "cold"),
          ("certified_retention", "certified retention"), ("readmissions", "re-admissions (cum.)"),
          ("late_rows", "late rows"), ("reopened_hours", "re-opened hours")]
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return "—" if v is None else str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 10 else f"{v:,.0f}"
-    return str(v)
 
 
 def series_of(payload: Mapping[str, Any]) -> dict[str, list] | None:
@@ -105,15 +95,15 @@ def _one(res: Any) -> dict:
     have = [(k, lab) for k, lab in keys if k in m]
     out: dict[str, Any] = {
         "title": p.get("title", "ingest"), "data": p.get("data", ""), "path": getattr(res, "path", ""),
-        "runtime": _fmt(float(p.get("runtime_s", 0.0))),
-        "now": {"columns": [lab for _, lab in have], "rows": [[_fmt(m[k]) for k, _ in have]]} if have else None,
+        "runtime": fmt(float(p.get("runtime_s", 0.0))),
+        "now": {"columns": [lab for _, lab in have], "rows": [[fmt(m[k]) for k, _ in have]]} if have else None,
         "figures": None, "no_late_rows": False, "steps": None, "n_steps": 0}
     s = series_of(p)
     if s is not None:
         figs = stream_figures(s)
         cols, rows = stream_table(s)
         out.update(figures=[_figure(f) for f in figs], no_late_rows=len(figs) < 3 and "late_rows" in s,
-                   steps={"columns": cols, "rows": [[_fmt(v) for v in r] for r in rows]}, n_steps=len(s["step"]))
+                   steps={"columns": cols, "rows": [[fmt(v) for v in r] for r in rows]}, n_steps=len(s["step"]))
     return out
 
 

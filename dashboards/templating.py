@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from dashboards import numbers
 from dashboards.labels import metric_label
 
 __all__ = ["TEMPLATES", "environment", "fmt", "is_number"]
@@ -25,19 +26,14 @@ def is_number(v: Any) -> bool:
 
 
 def fmt(v: Any) -> str:
-    """A cell value as text: thousands separators, 4 significant digits, ``—`` for missing."""
+    """A report cell as text: numbers through :func:`dashboards.numbers.fmt` at 4 significant
+    digits; ``—`` for missing, yes/no, a mapping's keys by their labels, at most 12 list items."""
     if v is None:
         return "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if v == 0:
-            return "0"
-        if abs(v) < 1e-3 or abs(v) >= 1e6:
-            return f"{v:.3e}"
-        return f"{v:.4g}"
+    if is_number(v):
+        return numbers.fmt(v, digits=4)
     if isinstance(v, Mapping):
         return "; ".join(f"{metric_label(str(k))} = {fmt(x)}" for k, x in v.items())
     if isinstance(v, (list, tuple)):

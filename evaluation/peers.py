@@ -1,50 +1,19 @@
 """The strongest published selection peers, behind the one policy interface of :mod:`evaluation.policies`.
 
-These are the KV-cache compression scores users reach for today (several ship in NVIDIA's
-``kvpress``). Each is a :class:`evaluation.policies.SelectionPolicy`: it scores every key of one
-context and :func:`evaluation.policies.select_top_k` keeps the ``k`` highest (ties -> earlier
-token), so a comparison at a matched budget differs only in *which* tokens are kept.
+The KV-cache compression scores users reach for today (several ship in NVIDIA's ``kvpress``).
+Each is a :class:`evaluation.policies.SelectionPolicy`: it scores every key of one context and
+:func:`evaluation.policies.select_top_k` keeps the ``k`` highest (ties -> earlier token), so a
+comparison at a matched budget differs only in *which* tokens are kept.
 
-Query-free peers (usable on any key stream, e.g. ICU hours)
-----------------------------------------------------------
-``leverage``         ridge leverage scores of the key matrix (Alaoui & Mahoney 2015, eq. 1;
-                     Cohen, Musco & Musco 2017): ``τ_i = [X (XᵀX + λI)⁻¹ Xᵀ]_ii``.
-``kernel_leverage``  the same in the gate's RBF feature space: ``τ_i = [K (K + λI)⁻¹]_ii`` with
-                     ``K = sv_core.rbf_kernel(X, X, σ)`` and the gate's σ.
-``keydiff``          KeyDiff (Park et al. 2025, "KeyDiff: Key Similarity-Based KV Cache Eviction
-                     for Long-Context LLM Inference in Resource-Constrained Environments",
-                     arXiv:2504.15364): keep the keys *least* cosine-similar to the anchor, the mean
-                     of the L2-normalised keys (kvpress ``KeyDiffPress``): ``score_i = −cos(x_i, a)``.
+* query-free (any key stream, e.g. ICU hours): ``leverage`` (ridge leverage, Alaoui & Mahoney
+  2015; Cohen, Musco & Musco 2017), ``kernel_leverage`` (the same in the gate's RBF feature
+  space), ``keydiff`` (Park et al. 2025, arXiv:2504.15364);
+* query-stream (``queries`` = the *observed* queries, never the evaluation queries): ``snapkv``
+  (Li et al. 2024, arXiv:2404.14469), ``tova`` (Oren et al. 2024, arXiv:2401.06104), both
+  scoring with the readout attention of :func:`rbf_attention`.
 
-Query-stream peers (need ``queries`` = the *observed* queries, never the evaluation queries)
--------------------------------------------------------------------------------------------
-``snapkv``           SnapKV (Li et al. 2024, "SnapKV: LLM Knows What You Are Looking for Before
-                     Generation", arXiv:2404.14469): attention of an observation window of queries,
-                     summed over the window, then pooled along token positions (max or avg pool,
-                     kernel ``kernel_size``) so neighbours of a voted token survive with it.
-``tova``             TOVA (Oren et al. 2024, "Transformers are Multi-State RNNs",
-                     arXiv:2401.06104): keep the tokens with the highest attention from the *last*
-                     query. TOVA evicts the lowest-scoring token one at a time; with one fixed last
-                     query that greedy rule keeps exactly the top-``k`` of this score.
-
-Attention in both query-stream peers is the project's readout attention, the normalised RBF
-weight ``κ(q, x_i) / Σ_j κ(q, x_j)`` (the same one every study's readout uses and the same one
-:class:`evaluation.policies.OracleAttentionPolicy` sums), not a dot-product softmax: a peer must
-score with the attention it will be evaluated under.
-
-Choice of λ (both leverage peers)
----------------------------------
-``λ = lam_rel · (mean eigenvalue)``, i.e. ``lam_rel · tr(XᵀX)/d`` for keys and ``lam_rel · tr(K)/n
-= lam_rel`` for the RBF Gram (κ(x, x) = 1), with ``lam_rel = 1e-2`` by default. Why: (i) the scale
-is relative, so z-scored vitals, unit sentence embeddings and learned keys are treated alike and
-rescaling the keys does not change the ranking; (ii) a ridge is *needed*: exact duplicate keys
-(common in hourly vitals) make ``XᵀX``/``K`` singular and the unridged scores undefined; (iii) 1 %
-of the average energy is small enough that a direction carried by a single key still gives it
-leverage ≈ 1 (it is "novel"), while directions carried only by near-duplicate jitter fall below λ
-and are shared out among the duplicates (they are "redundant") — the behaviour that makes leverage
-a strong redundancy-aware peer. An absolute ``lam`` can be given instead.
-
-Each fast path has a slow, obvious ``*_reference`` implementation beside it for tests.
+Each class states its score; λ of the leverage peers: :func:`_check_lam`. Each fast path has a
+slow, obvious ``*_reference`` implementation beside it for tests.
 """
 from __future__ import annotations
 
@@ -79,6 +48,18 @@ QUERY_PEERS = ("snapkv", "tova")
 
 
 def _check_lam(lam_rel: Any, lam: Any) -> tuple[float, float | None]:
+    """Check the ridge of the leverage peers (typed error on a bad value).
+
+    ``λ = lam_rel · (mean eigenvalue)``, i.e. ``lam_rel · tr(XᵀX)/d`` for keys and ``lam_rel · tr(K)/n
+    = lam_rel`` for the RBF Gram (κ(x, x) = 1), with ``lam_rel = 1e-2`` by default. Why: (i) the scale
+    is relative, so z-scored vitals, unit sentence embeddings and learned keys are treated alike and
+    rescaling the keys does not change the ranking; (ii) a ridge is *needed*: exact duplicate keys
+    (common in hourly vitals) make ``XᵀX``/``K`` singular and the unridged scores undefined; (iii) 1 %
+    of the average energy is small enough that a direction carried by a single key still gives it
+    leverage ≈ 1 (it is "novel"), while directions carried only by near-duplicate jitter fall below λ
+    and are shared out among the duplicates (they are "redundant") — the behaviour that makes leverage
+    a strong redundancy-aware peer. An absolute ``lam`` can be given instead.
+    """
     if not isinstance(lam_rel, (int, float, np.floating)) or not math.isfinite(lam_rel) or lam_rel <= 0:
         raise PolicyError(f"lam_rel must be a finite positive number; got {lam_rel!r}")
     if lam is not None and (not isinstance(lam, (int, float, np.floating)) or not math.isfinite(lam) or lam <= 0):
@@ -96,7 +77,12 @@ def _as_queries(queries: Any, X: np.ndarray, who: str) -> np.ndarray:
 
 
 def rbf_attention(Q: np.ndarray, X: np.ndarray, sigma: float) -> np.ndarray:
-    """Readout attention ``A[q, i] = κ(q, x_i) / Σ_j κ(q, x_j)`` (an all-zero row stays zero)."""
+    """Readout attention ``A[q, i] = κ(q, x_i) / Σ_j κ(q, x_j)`` (an all-zero row stays zero).
+
+    This is the project's readout attention (the one every study's readout uses and
+    :class:`evaluation.policies.OracleAttentionPolicy` sums), not a dot-product softmax: a
+    query-stream peer scores with the attention it will be evaluated under.
+    """
     W = np.asarray(rbf()(Q, X, sigma), dtype=np.float64)
     row = W.sum(axis=1, keepdims=True)
     return np.divide(W, row, out=np.zeros_like(W), where=row > 0)
@@ -111,7 +97,7 @@ class LeveragePolicy(SelectionPolicy):
     Alaoui & Mahoney (2015), "Fast Randomized Kernel Ridge Regression with Statistical
     Guarantees", eq. (1) with the linear kernel; Cohen, Musco & Musco (2017), "Input Sparsity Time
     Low-rank Approximation via Ridge Leverage Score Sampling". Keys are used as given (no
-    centring). ``λ = lam_rel · tr(XᵀX)/d`` unless ``lam`` is given (module doc: why 1e-2).
+    centring). ``λ = lam_rel · tr(XᵀX)/d`` unless ``lam`` is given (:func:`_check_lam`: why 1e-2).
     """
 
     name = "leverage"
@@ -240,7 +226,7 @@ def keydiff_scores_reference(keys: Any, eps: float = 1e-8) -> np.ndarray:
 class SnapKVPolicy(SelectionPolicy):
     """SnapKV (Li et al. 2024, arXiv:2404.14469): observation-window attention votes, pooled.
 
-    ``v_i = Σ_{q ∈ window} A[q, i]`` with ``A`` the readout attention (module doc), then a 1-D
+    ``v_i = Σ_{q ∈ window} A[q, i]`` with ``A`` the readout attention (:func:`rbf_attention`), then a 1-D
     pool along token positions with stride 1 and ``kernel_size`` (odd): ``max`` takes the window
     maximum (edges clipped), ``avg`` the window sum / ``kernel_size`` with zero padding (torch
     ``avg_pool1d`` with ``count_include_pad=True``, as in kvpress ``SnapKVPress``). ``window``
@@ -308,7 +294,7 @@ def snapkv_scores_reference(keys: Any, queries: Any, sigma: float, kernel_size: 
 class TOVAPolicy(SelectionPolicy):
     """TOVA (Oren et al. 2024, arXiv:2401.06104): keep the keys the *last* query attends to most.
 
-    ``score_i = A[q_last, i]`` with ``A`` the readout attention (module doc); ``queries`` is the
+    ``score_i = A[q_last, i]`` with ``A`` the readout attention (:func:`rbf_attention`); ``queries`` is the
     observed stream and only its last row is read.
     """
 

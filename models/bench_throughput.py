@@ -25,11 +25,11 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from models.backbone import GPT, GPTConfig
+from sv_core.jsonfile import write_json
 
 
 class BenchError(RuntimeError):
@@ -158,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
+    write_json(a.json, res)
     print(json.dumps({k: res[k] for k in ("softmax_tokens_per_s", "hybrid_tokens_per_s", "ratio",
                                           "device", "threads")}, indent=2))
     return 0

@@ -5,30 +5,17 @@ SPEC §1 "Causal hybrid layer" (preprint 000 §3.5, 001 §3.4):
 * Chunk-frozen gate: the sequence is cut into chunks of length ``chunk``; queries in chunk
   ``[s, e)`` read the SVDD gate fit on the keys ``[0, s)`` (RBF kernel, bandwidth sigma, box C).
   In training every (batch, head, chunk) problem is solved at once by the batched approximate
-  path (`sv_core.batched.batched_gate`: FISTA partition + 1e-3-ridged KKT solve, autograd).
+  path (`sv_core.batched.batched_gate`: FISTA partition + ridged KKT solve, autograd).
 * Local path: a query at t attends with softmax ``q.k / sqrt(d)`` over ``[0, t]``; prefix weights
   are multiplied by the gate alpha, current-chunk weights by 1, then renormalised.
 * Warm-up: a prefix with fewer than ``ceil(1/C) + 2`` keys is read ungated (uniform alpha).
-* Deletion (`ExactHybridMemory.forget`): a token admitted to the long-range gate is removed by
-  the exact fp64 decremental path (`sv_core.Gate.forget`) on the frozen keys - a certified
-  fixed-C deletion; its current-chunk slot is masked and the local weights renormalised - direct
-  cache deletion, no support-vector certificate.
+* Deletion (`ExactHybridMemory.forget`, :mod:`models.sv_hybrid_memory`): a token admitted to the
+  long-range gate is removed by the exact fp64 decremental path (`sv_core.Gate.forget`) on the
+  frozen keys - a certified fixed-C deletion; its current-chunk slot is masked and the local
+  weights renormalised - direct cache deletion, no support-vector certificate.
 
-LM configuration: chunk 64, C = 0.25, sigma = 2.
-
-Fast paths (each tested against its reference): the shared Gram of the prefixes is
-`sv_core.batched.rbf_gram` (reference `sv_core.torch_kernel`; hand-written backward, compiled
-loops on CPU tensors when ``sv_core._batchfast`` is built); the FISTA
-partition finder (with its step bound) and the ridged KKT solve (with its right-hand side and
-its backward) run as compiled loops on CPU tensors when ``sv_core._batchfast`` is built
-(``fista_backend="auto"``, ``kkt_solver="auto"``; references ``"torch"`` and ``"cholesky"`` /
-``"lu"`` = ``torch.linalg.solve`` as in the SPEC; on CUDA the Schur-complement Cholesky solve);
-without a deletion mask the readout has a hand-written backward: compiled loops over each query's
-visible keys on CPU float32 / float64 tensors when ``sv_core._batchfast`` is built
-(`sv_core.batched.readout`), else chunk by chunk over the visible keys or over the whole score
-matrix when chunks are many (`models.sv_hybrid_readout`; reference `hybrid_weights` @ v,
-``fused_readout=False``). Exact inference memory with deletion:
-`models.sv_hybrid_memory`.
+LM configuration: chunk 64, C = 0.25, sigma = 2. Fast paths, each tested against its
+reference: :class:`SVHybridAttention`.
 """
 from __future__ import annotations
 
@@ -190,6 +177,18 @@ class SVHybridAttention(nn.Module):
     Attributes
     ----------
     last_stats : dict of diagnostics of the latest forward (see `prefix_gate_batched`).
+
+    Fast paths: the shared Gram of the prefixes is `sv_core.batched.rbf_gram` (reference
+    `sv_core.torch_kernel`; hand-written backward, compiled loops on CPU tensors when
+    ``sv_core._batchfast`` is built); the FISTA partition finder (with its step bound) and the ridged
+    KKT solve (with its right-hand side and its backward) run as compiled loops on CPU tensors when
+    ``sv_core._batchfast`` is built (``fista_backend="auto"``, ``kkt_solver="auto"``; references
+    ``"torch"`` and ``"cholesky"`` / ``"lu"`` = ``torch.linalg.solve`` as in the SPEC; on CUDA the
+    Schur-complement Cholesky solve); without a deletion mask the readout has a hand-written backward:
+    compiled loops over each query's visible keys on CPU float32 / float64 tensors when
+    ``sv_core._batchfast`` is built (`sv_core.batched.readout`), else chunk by chunk over the visible
+    keys or over the whole score matrix when chunks are many (`models.sv_hybrid_readout`; reference
+    `hybrid_weights` @ v, ``fused_readout=False``).
     """
 
     def __init__(

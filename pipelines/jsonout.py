@@ -39,9 +39,9 @@ def emit(args, obj: Any) -> Path | None:
     path = getattr(args, "json", None)
     if not path:
         return None
-    from dashboards.atomic import atomic_write_text
+    from sv_core.jsonfile import write_json
 
-    return atomic_write_text(Path(path), json.dumps(_plain(obj), indent=2, allow_nan=False) + "\n")
+    return write_json(Path(path), _plain(obj))
 
 
 def emit_file(args, result_path: str | Path) -> Path | None:

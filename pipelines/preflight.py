@@ -1,43 +1,12 @@
 """Input checks of a ``forgetful`` command before anything heavy starts.
 
 A flow command imports Prefect and torch and starts its own Prefect API server
-(:mod:`pipelines.runtime.signals`): seconds before the command reads its first input. So a missing
-``--root``, a malformed source root, a bad cron or a missing warehouse is checked here first, from
-the command line alone, with no Prefect and no torch imported and no server started; a bad input
-is one line on stderr and exit 2 (usage) or 3 (data), in well under 2 s.
-
-Each checked command has a *light parser* (:data:`SPECS`): only the options these checks read,
-declared exactly as the command's own parser declares them (``tests/test_cli_preflight.py`` holds
-the two equal), read with ``parse_known_args`` so every other option passes through to the full
-parser. An error of the light parser (a bad ``--workers`` value, ``--root`` without its folder,
-an ambiguous abbreviation) is an error of the full parser too, and is reported as usage (exit 2).
-
-What is checked (each check reuses the check of the code that later reads the input):
-
-* ``--source mimic|clif|meds`` needs ``--root``; the root's files present, readable and with their
-  required columns (:func:`cohort.sources.check_layout`: one ``DESCRIBE`` per file — a CSV's
-  header line, a parquet footer; no data scan; MEDS: :func:`cohort.meds.check_meds_root`, every
-  data shard's footer, column names and types, and ``build-cohort --meds-codes``' JSON);
-  ``demo`` needs the cached demo unless ``--fetch`` (:func:`cohort.demo_data.ensure_demo`);
-* the study commands, and ``run-all --skip build-cohort``: the warehouse exists
-  (what :func:`pipelines.store.warehouse.require` checks);
-* ``ingest``: the root's stays tables; without ``--init`` the streaming warehouse exists (else the
-  message names ``ingest --init``), with ``--init`` it does not, ``--frozen`` only with ``--init``;
-* ``serve``: the cron string, with the validator Prefect itself uses (its vendored ``croniter``,
-  loaded from its file, without importing Prefect); ``--source mimic|clif`` needs ``--root``;
-  ``--ingest-root``'s stays tables;
-* every number an option takes, by its type (:class:`pipelines.settings.Bound`): finite, in range,
-  integers within int64 (``--min-hours nan``, ``--sigma -1``, ``--wait -5``, ``--subject-id 2**63``,
-  ``--workers 0`` are refused in one line, exit 2); ``--events FILE`` read and checked
-  (:mod:`cohort.events`); a Parquet source's typed columns (``charttime`` a timestamp …);
-* the optional torch dependency (the ``models`` extra) of the commands that train or run torch
-  models (:data:`TORCH_COMMANDS`, and ``audit`` with its ``learned`` regime): without it, one line
-  naming the extra to install and exit 3 (:class:`pipelines.errors.MissingExtraError`). ``run-all``
-  is not refused: it skips its torch steps, one line each (:mod:`pipelines.flows.run_all`). Likewise
-  LightGBM (the ``lightgbm`` extra) for ``deterioration``'s lightgbm peer and ``meds-dev``'s
-  lightgbm model, and torch for ``meds-dev``'s sequence models (:data:`MEDS_DEV_MODELS`);
-* ``meds-dev``: the MEDS dataset's shards (as ``build-cohort --source meds`` checks them), the
-  labels folder's Parquet files, ``predict``'s trained model folder.
+(:mod:`pipelines.runtime.signals`) before it reads its first input. So a missing ``--root``, a
+malformed source root, a bad cron, an out-of-range number or a missing warehouse is checked here
+first, from the command line alone, with no Prefect and no torch imported and no server started:
+one line on stderr and exit 2 (usage) or 3 (data). Each check reuses the check of the code that
+later reads the input; what is checked per command: :func:`check`; the light parsers:
+:func:`light_parser`.
 """
 from __future__ import annotations
 
@@ -167,7 +136,14 @@ DEFAULTS = {"ingest": {"warehouse": "runs/stream.duckdb"}}
 
 def light_parser(cmd: str) -> argparse.ArgumentParser:
     """The light parser of ``cmd`` (:data:`SPECS`); nothing is required in it (the full parser
-    reports a missing required option with its usage)."""
+    reports a missing required option with its usage).
+
+    Each checked command has a *light parser* (:data:`SPECS`): only the options these checks read,
+    declared exactly as the command's own parser declares them (``tests/test_cli_preflight.py`` holds
+    the two equal), read with ``parse_known_args`` so every other option passes through to the full
+    parser. An error of the light parser (a bad ``--workers`` value, ``--root`` without its folder,
+    an ambiguous abbreviation) is an error of the full parser too, and is reported as usage (exit 2).
+    """
     p = _LightParser(prog=f"forgetful {cmd}", add_help=False)
     for flags, kw in SPECS[cmd]:
         p.add_argument(*flags, **{k: v for k, v in kw.items() if k != "required"})
@@ -396,7 +372,35 @@ CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
 def check(cmd: str, args: list[str]) -> None:
     """Run the checks of ``cmd`` on its arguments (what follows the command name); raises
     :class:`UsageError` or the typed error of the failing input. Commands without checks, and
-    any ``-h``/``--help``, pass. A command of :data:`TORCH_COMMANDS` without torch fails first."""
+    any ``-h``/``--help``, pass. A command of :data:`TORCH_COMMANDS` without torch fails first.
+
+    What is checked:
+
+    * ``--source mimic|clif|meds`` needs ``--root``; the root's files present, readable and with their
+      required columns (:func:`cohort.sources.check_layout`: one ``DESCRIBE`` per file — a CSV's
+      header line, a parquet footer; no data scan; MEDS: :func:`cohort.meds.check_meds_root`, every
+      data shard's footer, column names and types, and ``build-cohort --meds-codes``' JSON);
+      ``demo`` needs the cached demo unless ``--fetch`` (:func:`cohort.demo_data.ensure_demo`);
+    * the study commands, and ``run-all --skip build-cohort``: the warehouse exists
+      (what :func:`pipelines.store.warehouse.require` checks);
+    * ``ingest``: the root's stays tables; without ``--init`` the streaming warehouse exists (else the
+      message names ``ingest --init``), with ``--init`` it does not, ``--frozen`` only with ``--init``;
+    * ``serve``: the cron string, with the validator Prefect itself uses (its vendored ``croniter``,
+      loaded from its file, without importing Prefect); ``--source mimic|clif`` needs ``--root``;
+      ``--ingest-root``'s stays tables;
+    * every number an option takes, by its type (:class:`pipelines.settings.Bound`): finite, in range,
+      integers within int64 (``--min-hours nan``, ``--sigma -1``, ``--wait -5``, ``--subject-id 2**63``,
+      ``--workers 0`` are refused in one line, exit 2); ``--events FILE`` read and checked
+      (:mod:`cohort.events`); a Parquet source's typed columns (``charttime`` a timestamp …);
+    * the optional torch dependency (the ``models`` extra) of the commands that train or run torch
+      models (:data:`TORCH_COMMANDS`, and ``audit`` with its ``learned`` regime): without it, one line
+      naming the extra to install and exit 3 (:class:`pipelines.errors.MissingExtraError`). ``run-all``
+      is not refused: it skips its torch steps, one line each (:mod:`pipelines.flows.run_all`). Likewise
+      LightGBM (the ``lightgbm`` extra) for ``deterioration``'s lightgbm peer and ``meds-dev``'s
+      lightgbm model, and torch for ``meds-dev``'s sequence models (:data:`MEDS_DEV_MODELS`);
+    * ``meds-dev``: the MEDS dataset's shards (as ``build-cohort --source meds`` checks them), the
+      labels folder's Parquet files, ``predict``'s trained model folder.
+    """
     if "-h" in args or "--help" in args:
         return
     if cmd in TORCH_COMMANDS:

@@ -87,8 +87,8 @@ POSITIVE = Bound(float, 0.0, low_open=True)  # a kernel width, a tolerance
 HOURS = Bound(float, 0.0, MAX_HOURS)
 SECONDS = Bound(float, 0.0, MAX_SECONDS)
 INTERVAL = Bound(float, 0.0, MAX_SECONDS, low_open=True)
-#: DuckDB memory limit of run-all's build (it spills to disk past it): the build's peak RSS is about
-#: this + 0.5 GB (cohort.build), so run-all stays under 2 GB on a full MIMIC-IV root
+#: DuckDB memory limit of run-all's build (it spills to disk past it): the build's peak RSS is this
+#: plus one bucket (cohort.build), so run-all stays under 2 GB on a full MIMIC-IV root
 BUILD_MEMORY_LIMIT = "1GB"
 #: patient-deletion: contexts checked against the independent refit (the first of the seeded shuffle)
 REFIT_SAMPLE = 200

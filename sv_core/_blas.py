@@ -2,7 +2,7 @@
 
 The maintained path does many small matrix-vector products; on a loaded machine, letting
 OpenBLAS spread each of them over all cores costs far more in synchronisation than it saves
-(a deletion at n = 1024 went from ~0.5 ms to 16-18 ms). ``single_thread(n)`` limits BLAS to one
+(``python -m sv_core.bench.delete --threads`` compares). ``single_thread(n)`` limits BLAS to one
 thread for the duration of a solver call when ``n`` is large enough for BLAS to thread at all,
 and restores the previous setting afterwards.
 

@@ -5,22 +5,9 @@ gate in fp64, remove two tokens (i) by the C&P decremental path and (ii) by a fr
 refit (:func:`sv_core.refit`, Clarabel + KKT polish) at the same C, and report the largest
 |gate-score difference| over retained, removed, and jittered (0.1) retained probes. The
 coefficient-decay baseline keeps the removed tokens, multiplies their coefficients by
-``gamma`` and does not re-solve; it is scored on the same probes against the same refit.
-
-Every attempted trial stays in the denominator and is counted under exactly one completion path
-(:mod:`sv_core.audit_summary`): ``completed_maintained`` (both deletions on the plain C&P path),
-``completed_polished`` (on the maintained state, but a deletion finished only after the KKT guard's
-warm SMO polish), ``completed_fallback`` (a deletion completed by the gate's exact fallback: fresh
-refit, maintained state rebuilt) and ``failed`` (a deletion raised).
-
-The headline error statistics (median / mean / p95 / worst ``|Δs|``, partition agreement) are over
-the trials completed on the maintained state (plain path and after the polish); ``by_path`` and
-``all_completed`` repeat them per path and over every completed trial. The partition is compared
-on the unique part of the optimum (:func:`unique_partition`: bit-identical keys form one group whose
-coefficients are summed), which is well defined under exact repeats, where the per-key partition is
-not. Each removal is also compared with its own refit and reported by class (``by_removal``: active
-removals vs reserve removals, which are trivially exact). ``REGIME_INFO`` states how each regime is built.
-``--jitter-sweep`` adds near-duplicate clusters at every jitter in ``SWEEP_JITTERS``.
+``gamma`` and does not re-solve; it is scored on the same probes against the same refit. Every
+attempted trial stays in the denominator under exactly one completion path; the statistics:
+:func:`run_audit`. ``REGIME_INFO`` states how each regime is built.
 
 Usage::
 
@@ -29,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -57,6 +43,7 @@ from sv_core.audit_summary import (  # noqa: F401  (re-exported: part of the aud
 from sv_core.calibrate import calibrate_C
 from sv_core.errors import GateError
 from sv_core.gate import Gate
+from sv_core.jsonfile import write_json
 from sv_core.kernels import rbf_kernel
 from sv_core.refit import refit
 
@@ -244,7 +231,22 @@ def run_audit(trials: int = PAPER_TRIALS, regimes: list[str] | None = None, seed
     """Run the audit; returns ``{"protocol": {...}, "regimes": {name: summary}, "failures": [...]}``
     and, with ``jitter_sweep``, ``"jitter_sweep": {name: summary}`` over ``SWEEP_JITTERS``.
     Each summary carries its regime's ``info`` (:data:`REGIME_INFO`); ``protocol`` carries the
-    trial-count label and the low-power label (:func:`power`)."""
+    trial-count label and the low-power label (:func:`power`).
+
+    Completion paths (:mod:`sv_core.audit_summary`): ``completed_maintained`` (both deletions on the
+    plain C&P path), ``completed_polished`` (on the maintained state, but a deletion finished only
+    after the KKT guard's warm SMO polish), ``completed_fallback`` (a deletion completed by the
+    gate's exact fallback: fresh refit, maintained state rebuilt) and ``failed`` (a deletion raised).
+
+    The headline error statistics (median / mean / p95 / worst ``|Δs|``, partition agreement) are over
+    the trials completed on the maintained state (plain path and after the polish); ``by_path`` and
+    ``all_completed`` repeat them per path and over every completed trial. The partition is compared
+    on the unique part of the optimum (:func:`unique_partition`: bit-identical keys form one group
+    whose coefficients are summed), which is well defined under exact repeats, where the per-key
+    partition is not. Each removal is also compared with its own refit and reported by class
+    (``by_removal``: active removals vs reserve removals, which are trivially exact).
+    ``--jitter-sweep`` adds near-duplicate clusters at every jitter in ``SWEEP_JITTERS``.
+    """
 
     names = list(regimes) if regimes else list(DEFAULT_REGIMES)
     unknown = [r for r in names if r not in REGIMES]
@@ -307,12 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in res["failures"][:10]:
         print("incomplete:", f)
     if args.json_out:
-        import pathlib
-
-        p = pathlib.Path(args.json_out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(res, indent=2))
-        print(f"wrote {p}")
+        print(f"wrote {write_json(args.json_out, res)}")
     return 0
 
 

@@ -3,32 +3,9 @@
 ``SVDDGate`` is an ``OutlierMixin, BaseEstimator`` that composes the public :class:`sv_core.Gate`
 API. ``fit`` calibrates ``C = 1 / (nu * n_samples)`` once; ``partial_fit`` admits more samples
 by exact C&P increments at that same C; ``forget`` deletes samples by C&P decrements and returns
-their receipts; ``evict_reserve`` drops certified-inert samples.
-
-Score conventions (derived from the solver's KKT conditions, RBF kernel so ``k(x, x) = 1``)::
-
-    gate score      s(x)  = 2 sum_i a_i k(x, x_i) - rho            (Gate.score, the paper's score)
-    KKT gradient    g_i   = rho - 1 + 2 sum_j a_j k(x_i, x_j)       (margin: g_i = 0)
-
-so on the margin set ``2 sum_j a_j k(x_i, x_j) = 1 - rho`` and the boundary is ``s(x) = 1 - 2 rho``,
-not ``s(x) = 0``. The estimator therefore reports::
-
-    score_samples(x)     = sum_i a_i k(x, x_i)          = (s(x) + rho) / 2
-    offset_              = (1 - rho) / 2
-    decision_function(x) = score_samples(x) - offset_   = (s(x) - (1 - 2 rho)) / 2
-                         = (R^2 - ||phi(x) - c||^2) / 2
-
-``decision_function`` is zero on the boundary, positive inside the ball (inliers), negative
-outside; ``predict`` is ``+1`` where ``decision_function >= 0`` and ``-1`` elsewhere. A boundary
-tie is an inlier (``boundary="inside"``, the default: its decision is exactly 0) or an outlier
-(``boundary="libsvm"``, as libsvm's ``(sum > 0) ? 1 : -1``: its decision is one ulp below 0).
-For the RBF kernel the SVDD dual equals libsvm's one-class SVM dual, so with ``C = 1 / (nu n)``
-and ``gamma = 1 / sigma**2``::
-
-    OneClassSVM(nu=nu, gamma=1/sigma**2).decision_function(x) = nu * n * SVDDGate.decision_function(x)
-    OneClassSVM.dual_coef_ = nu * n * SVDDGate.dual_coef_,  OneClassSVM.offset_ = nu * n * offset_
-
-up to libsvm's tolerance (``tol=1e-3`` by default).
+their receipts; ``evict_reserve`` drops certified-inert samples. ``decision_function`` is zero on
+the boundary and positive inside, and equals libsvm's one-class SVM decision divided by ``nu n``
+(the score conventions are derived at :class:`SVDDGate`).
 """
 
 from __future__ import annotations
@@ -170,9 +147,34 @@ class SVDDGate(OutlierMixin, BaseEstimator):
 
     Notes
     -----
-    See the module docstring for the exact mapping between the paper's gate score
+    The exact mapping (below) between the paper's gate score
     ``s(x) = 2 sum_i a_i k(x, x_i) - rho`` (:meth:`gate_score`) and ``decision_function``:
     ``decision_function(x) = (s(x) - (1 - 2 rho)) / 2``.
+
+    Score conventions (derived from the solver's KKT conditions, RBF kernel so ``k(x, x) = 1``)::
+
+        gate score      s(x)  = 2 sum_i a_i k(x, x_i) - rho            (Gate.score, the paper's score)
+        KKT gradient    g_i   = rho - 1 + 2 sum_j a_j k(x_i, x_j)       (margin: g_i = 0)
+
+    so on the margin set ``2 sum_j a_j k(x_i, x_j) = 1 - rho`` and the boundary is ``s(x) = 1 - 2 rho``,
+    not ``s(x) = 0``. The estimator therefore reports::
+
+        score_samples(x)     = sum_i a_i k(x, x_i)          = (s(x) + rho) / 2
+        offset_              = (1 - rho) / 2
+        decision_function(x) = score_samples(x) - offset_   = (s(x) - (1 - 2 rho)) / 2
+                             = (R^2 - ||phi(x) - c||^2) / 2
+
+    ``decision_function`` is zero on the boundary, positive inside the ball (inliers), negative
+    outside; ``predict`` is ``+1`` where ``decision_function >= 0`` and ``-1`` elsewhere. A boundary
+    tie is an inlier (``boundary="inside"``, the default: its decision is exactly 0) or an outlier
+    (``boundary="libsvm"``, as libsvm's ``(sum > 0) ? 1 : -1``: its decision is one ulp below 0).
+    For the RBF kernel the SVDD dual equals libsvm's one-class SVM dual, so with ``C = 1 / (nu n)``
+    and ``gamma = 1 / sigma**2``::
+
+        OneClassSVM(nu=nu, gamma=1/sigma**2).decision_function(x) = nu * n * SVDDGate.decision_function(x)
+        OneClassSVM.dual_coef_ = nu * n * SVDDGate.dual_coef_,  OneClassSVM.offset_ = nu * n * offset_
+
+    up to libsvm's tolerance (``tol=1e-3`` by default).
     """
 
     _parameter_constraints: dict = {

@@ -4,33 +4,13 @@ Problem (SPEC §1), RBF kernel (``diag K = 1``)::
 
     min_a  a^T K a - diag(K)^T a    s.t.  sum(a) = 1,  0 <= a_i <= C
 
-Algorithm (Fan, Chen and Lin 2005: the second-order working-set selection of libsvm; every label
-is +1). With ``G = 2 K a - diag K`` (the KKT gradient ``g = rho + G`` up to the offset), one
-iteration picks ``i = argmin {G_t : a_t < C}`` (first index on ties), stops when
-``max {G_t : a_t > 0} - G_i <= tol``, picks ``j`` maximising ``(G_t - G_i)^2 / q_t`` over
-``a_t > 0, G_t > G_i`` with ``q_t = 2 (K_ii + K_tt - 2 K_it)`` (``TAU`` when not positive), moves
-``delta = min((G_j - G_i) / q_j, C - a_i, a_j)`` from ``a_j`` to ``a_i`` (a bound that is reached
-is set exactly) and updates ``G += 2 delta (K[:, i] - K[:, j])``.
-
-Start (:func:`initial_alpha`): ``floor(1/C)`` keys at ``C`` and one with the remainder, chosen as
-the keys farthest from the mean key. libsvm starts from the first keys in row order; on RBF
-problems the keys at ``C`` are the ones outside the sphere, which distance from the mean ranks
-well (on ICU-like and Gaussian keys at ν = 0.3, σ = 3 about 96 % of the final error set), so the
-iterations only exchange the few keys it ranks wrongly. The starting gradient is one blocked
-kernel product (:func:`sv_core.kernels.rbf_matvec`, BLAS), O(n / C) kernel entries.
-
-Two implementations of the same loop, tested against each other
-(``tests/test_sv_core_certified.py``):
-
-* :func:`smo_reference` -- NumPy, slow and readable: one kernel column per use, no cache;
-* the compiled loop ``sv_core._smo`` (``sv_core/_smo.c``, optional, built by ``setup.py``): kernel
-  columns on demand into an LRU cache of bounded memory (never the n x n matrix), or the rows of
-  a Gram matrix the caller already holds.
-
-:func:`smo` runs the compiled loop when it is built (``fast_smo_available()``) and the reference
-otherwise; ``FORGETFUL_SOLVER=reference`` selects the reference, as for the C&P fast path.
-The result is *not* certified here: :func:`sv_core.solve` identifies the partition, re-solves
-the margin system and checks KKT on an exactly recomputed gradient.
+Algorithm: the second-order working-set selection of libsvm (Fan, Chen and Lin 2005; every label
++1), stated at :func:`smo_reference`, from the start of :func:`initial_alpha`. Two implementations
+of the same loop, tested against each other: :func:`smo_reference` (NumPy, slow and readable) and
+the compiled ``sv_core._smo`` (``sv_core/_smo.c``, optional); :func:`smo` runs the compiled loop
+when it is built and the reference otherwise (``FORGETFUL_SOLVER=reference`` selects it). The
+result is *not* certified here: :func:`sv_core.solve` identifies the partition, re-solves the
+margin system and checks KKT on an exactly recomputed gradient.
 """
 from __future__ import annotations
 
@@ -100,6 +80,11 @@ def initial_alpha(X: np.ndarray, C: float) -> np.ndarray:
     Returns
     -------
     alpha : (n,) with ``sum(alpha) = 1`` up to rounding and ``0 <= alpha <= C``
+
+    libsvm starts from the first keys in row order; on RBF problems the keys at ``C`` are the ones
+    outside the sphere, which distance from the mean ranks well, so the iterations only exchange the
+    few keys it ranks wrongly. The starting gradient is one blocked kernel product
+    (:func:`sv_core.kernels.rbf_matvec`, BLAS), O(n / C) kernel entries.
     """
     n = X.shape[0]
     k = min(n, int(math.floor(1.0 / C)))
@@ -136,8 +121,16 @@ def _column(X: np.ndarray, j: int, sigma: float, K: np.ndarray | None) -> np.nda
 def smo_reference(X: np.ndarray, C: float, sigma: float, alpha0: np.ndarray, G0: np.ndarray,
                   tol: float = SMO_TOL, max_iter: int | None = None,
                   K: np.ndarray | None = None) -> SMOResult:
-    """NumPy reference of the compiled SMO loop (see the module docstring). Slow: two kernel
-    columns per iteration, nothing cached. ``alpha0``/``G0`` (n,) are the start and its gradient."""
+    """NumPy reference of the compiled SMO loop. Slow: two kernel
+    columns per iteration, nothing cached. ``alpha0``/``G0`` (n,) are the start and its gradient.
+
+    With ``G = 2 K a - diag K`` (the KKT gradient ``g = rho + G`` up to the offset), one iteration
+    picks ``i = argmin {G_t : a_t < C}`` (first index on ties), stops when
+    ``max {G_t : a_t > 0} - G_i <= tol``, picks ``j`` maximising ``(G_t - G_i)^2 / q_t`` over
+    ``a_t > 0, G_t > G_i`` with ``q_t = 2 (K_ii + K_tt - 2 K_it)`` (``TAU`` when not positive), moves
+    ``delta = min((G_j - G_i) / q_j, C - a_i, a_j)`` from ``a_j`` to ``a_i`` (a bound that is reached
+    is set exactly) and updates ``G += 2 delta (K[:, i] - K[:, j])``.
+    """
     a = np.array(alpha0, dtype=np.float64)
     G = np.array(G0, dtype=np.float64)
     n = a.size
@@ -203,6 +196,11 @@ def smo(X: np.ndarray, C: float, sigma: float, alpha0: np.ndarray | None = None,
     Returns
     -------
     :class:`SMOResult`
+
+    The compiled loop takes kernel columns on demand into an LRU cache of bounded memory
+    (``cache_bytes``; never the n x n matrix), or the rows of a Gram matrix ``K`` the caller already
+    holds; the reference takes one kernel column per use, no cache
+    (``tests/test_sv_core_certified.py`` runs both).
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     n, d = X.shape

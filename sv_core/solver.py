@@ -6,47 +6,13 @@ Problem (SPEC §1)::
 
 State: keys, coefficients ``alpha``, offset ``rho``, gradient ``g_i = rho - K_ii + 2 (K a)_i``,
 the partition margin ``S`` (0 < a < C, g = 0), error ``E`` (a = C, g <= 0), reserve ``R``
-(a = 0, g >= 0), and ``Rinv = M^{-1}`` for the bordered matrix ``M = [[0, 1^T], [1, 2 K_SS]]``,
-kept by rank-one border updates (a key enters S) and Schur downdates (a key leaves S), with a
-full refactorisation every ``refactor_every`` updates and whenever a conditioning guard trips.
-
-One event loop, :meth:`MaintainedSVDD._sweep`, moves a single coefficient ``alpha_c`` while all
-other keys keep their KKT conditions. It serves:
-
-* admission ("settle"): a new key enters with ``alpha_c = 0``; if ``g_c < 0`` it is increased
-  until ``g_c`` reaches 0 (margin) or ``alpha_c`` reaches C (error);
-* initialisation: the first keys start *pending* at ``alpha = 1/n`` (feasible) and are settled one
-  by one, moving ``alpha_c`` up or down until its own KKT condition holds;
-* deletion ("remove"): ``alpha_c`` is driven to 0 whatever ``g_c`` does.
-
-When the margin set is empty no coefficient can move without breaking ``sum(a) = 1``; the loop
-then sweeps ``rho`` instead (every ``g`` moves at rate 1) until an error or reserve key reaches
-``g = 0`` and joins the margin set. This is what lets a decrement complete when S empties
-mid-path (the seed's reference raised there).
-
-The gradient is updated incrementally along the path and by every margin re-solve
-(``O(|S| n)``); it is recomputed exactly every ``G_REFRESH`` operations, after any degenerate
-handling, and whenever the gate's KKT guard reads a residual above ``1e-12``.
-
-Layout: this module holds the one event loop and the operations built on it; storage, the
-margin set with its cached bordered rows ``[1; 2 K[S, :]]``, gradients and diagnostics are
-:mod:`sv_core._state`; the bordered-inverse algebra (``Rinv`` updates, margin re-solves, polish)
-is :mod:`sv_core._bordered`; the handling of (near-)duplicate keys (twin hand-over, near-twin
-swap, degenerate pivot, state rebuild for the exact fallback) and the empty-margin rho sweep are
-:mod:`sv_core._degenerate`.
-
-Fast path: the simple events of a top-level deletion or admission (no duplicate, no zero-length
-step, no refactorisation due, a well-conditioned margin system) run in the compiled loop of
-:mod:`sv_core._fastpath` (C, ``sv_core/_cpfast.c``), which hands over to this loop at the first
-event that is not simple; this loop is the reference (``FORGETFUL_SOLVER=reference`` runs it
-alone) and the tests run both.
-
-The event search is vectorised over all slots with per-sweep sign vectors (updated in place at
-simple events), the margin rates and gradient rates come from the cached bordered rows (one
-``|S| x n`` mat-vec per event, no gather), and the ratio test over the few margin keys runs on
-Python floats (cheaper than a dozen small numpy calls).
-
-Slots are internal positions; the public :class:`sv_core.Gate` maps stable token ids to slots.
+(a = 0, g >= 0), and ``Rinv = M^{-1}`` for the bordered matrix ``M = [[0, 1^T], [1, 2 K_SS]]``.
+One event loop (:meth:`MaintainedSVDD._sweep_events`) moves one coefficient while every other key
+keeps its KKT conditions: admission, initialisation and deletion are built on it. Storage and the
+margin set: :mod:`sv_core._state`; ``Rinv`` algebra: :mod:`sv_core._bordered`; duplicate keys and
+the empty-margin rho sweep: :mod:`sv_core._degenerate`; the compiled fast path of simple events:
+:mod:`sv_core._fastpath`. Slots are internal positions; :class:`sv_core.Gate` maps token ids to
+slots. docs/GATE.md.
 """
 from __future__ import annotations
 
@@ -91,6 +57,18 @@ class MaintainedSVDD(DegenerateMixin):
     sigma : float, RBF bandwidth.
     dim : int, key dimension.
     refactor_every : int, refactorise ``Rinv`` after this many low-rank updates.
+
+    ``Rinv`` is kept by rank-one border updates (a key enters S) and Schur downdates (a key leaves
+    S), with a full refactorisation every ``refactor_every`` updates and whenever a conditioning guard
+    trips. The gradient is updated incrementally along the path and by every margin re-solve
+    (``O(|S| n)``); it is recomputed exactly every ``G_REFRESH`` operations, after any degenerate
+    handling, and whenever the gate's KKT guard reads a residual above ``1e-12``.
+
+    Fast path: the simple events of a top-level deletion or admission (no duplicate, no zero-length
+    step, no refactorisation due, a well-conditioned margin system) run in the compiled loop of
+    :mod:`sv_core._fastpath` (C, ``sv_core/_cpfast.c``), which hands over to the reference loop at the
+    first event that is not simple; ``FORGETFUL_SOLVER=reference`` runs the reference alone, and the
+    tests run both.
     """
 
     #: run the simple events of top-level sweeps in the compiled loop (:mod:`sv_core._fastpath`);
@@ -126,6 +104,17 @@ class MaintainedSVDD(DegenerateMixin):
         ``resume = (kind, k, t, s, events)`` continues a sweep the compiled loop began: the step
         of event ``kind`` (``"search"``: none) was applied and its post-step handling is done here.
         Returns the number of path events. Raises :class:`PathError` if it cannot complete.
+
+        It serves admission ("settle": a new key enters with ``alpha_c = 0``; if ``g_c < 0`` it is
+        increased until ``g_c`` reaches 0 (margin) or ``alpha_c`` reaches C (error)); initialisation (the
+        first keys start *pending* at ``alpha = 1/n`` and are settled one by one, moving ``alpha_c`` up or
+        down until its own KKT condition holds); deletion ("remove": ``alpha_c`` is driven to 0 whatever
+        ``g_c`` does). When the margin set is empty no coefficient can move without breaking
+        ``sum(a) = 1``; the loop then sweeps ``rho`` instead (every ``g`` moves at rate 1) until an error
+        or reserve key reaches ``g = 0`` and joins the margin set, so a decrement completes when S empties
+        mid-path. The event search is vectorised over all slots with per-sweep sign vectors, the margin
+        and gradient rates come from the cached bordered rows ``[1; 2 K[S, :]]`` (one ``|S| x n``
+        mat-vec per event), and the ratio test over the few margin keys runs on Python floats.
         """
         C = self.C
         eps = self.RATE_EPS

@@ -79,7 +79,7 @@ def test_the_summary_states_each_studys_headline_from_its_result_file(runs):
     assert held.endswith("(cached)")
     det = next(ln for ln in lines if ln.startswith("  deterioration "))
     assert "AUROC SV attention 0.680 [0.580, 0.780] vs LSTM 0.731 [0.631, 0.831]: Δ -0.052 [-0.102, 0.067]" in det
-    assert "299/300 deletions complete, worst max |Δ score| vs refit 8.3e-09 (redundant) · 2/2 claims hold" in text
+    assert "299/300 deletions complete, worst max |Δ score| vs refit 8.30e-09 (redundant) · 2/2 claims hold" in text
     syn = next(ln for ln in lines if ln.startswith("  synthetic (2)"))
     assert "2/4 claims hold; not all: skewed-redundancy 1/3 (1 from an earlier run)" in syn
     assert lines[-1] == "  time: build-cohort 4 s, deterioration 3.0 min"
@@ -124,7 +124,7 @@ def test_patient_deletion_line_states_both_gaps_to_the_refit():
              "value": {"exact max": 4.4e-15, "naive median": 0.15}}
     other = {"statement": "leakage zero", "holds": True, "value": 0.0}
     line = LINES["patient_deletion"]({"claims": [other, claim]})
-    assert "exact deletion 4.4e-15 (max)" in line and "naive removal 0.15 (median)" in line
+    assert "exact deletion 4.40e-15 (max)" in line and "naive removal 0.15 (median)" in line
     assert "…" not in line and "refit sample" not in line
     # gaps over a refit sample: the denominator is stated
     sampled = LINES["patient_deletion"]({"claims": [claim], "metrics": {"refit_contexts": 200,

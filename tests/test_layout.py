@@ -224,3 +224,62 @@ def test_the_deletion_subsystem_imports_no_prefect():
 def test_the_deletion_room_check_can_fail():
     tree = ast.parse("def f():\n    from pipelines.runtime import runner\n")
     assert _prefect_imports([(Path("pipelines/store/x.py"), tree)]) == ["pipelines/store/x.py: imports pipelines.runtime"]
+
+
+def _hand_written_result_files(modules) -> list[str]:
+    """``file:line`` of every ``json.dump(…, file)`` and ``….write_text(json.dumps(…))`` in a module
+    with a ``--json`` option: a command's result file is written by ``sv_core.jsonfile.write_json``
+    (atomic, parent folders made), never by a copied block."""
+    def is_json(f: ast.AST, name: str) -> bool:
+        return isinstance(f, ast.Attribute) and f.attr == name and isinstance(f.value, ast.Name) and f.value.id == "json"
+
+    out = []
+    for rel, tree in modules:
+        nodes = list(ast.walk(tree))
+        if not any(isinstance(n, ast.Constant) and n.value == "--json" for n in nodes):
+            continue
+        for n in nodes:
+            if isinstance(n, ast.Call) and (is_json(n.func, "dump") or (
+                    isinstance(n.func, ast.Attribute) and n.func.attr == "write_text" and n.args
+                    and isinstance(n.args[0], ast.Call) and is_json(n.args[0].func, "dumps"))):
+                out.append((str(rel), n.lineno))
+    return [f"{f}:{line}" for f, line in sorted(out)]
+
+
+def test_commands_write_their_result_files_through_one_writer():
+    hand = _hand_written_result_files(_modules())
+    assert not hand, "write the --json result with sv_core.jsonfile.write_json:\n" + "\n".join(hand)
+
+
+def test_the_result_file_check_can_fail():
+    tree = ast.parse('ap.add_argument("--json")\nwith open(p, "w") as f:\n    json.dump(r, f)\n'
+                     'Path(p).write_text(json.dumps(r, indent=2))\nprint(json.dumps(r))\n')
+    assert _hand_written_result_files([(Path("sv_core/x.py"), tree)]) == ["sv_core/x.py:3", "sv_core/x.py:4"]
+
+
+#: a module docstring says what the module is for in a few lines; protocol detail goes to the function it
+#: describes or to docs/ (issue 34)
+MAX_DOCSTRING_LINES = 25
+MAX_LONG_DOCSTRINGS = 10
+
+
+def _long_docstrings(modules) -> list[str]:
+    """``file (n lines)`` of every module whose docstring is over MAX_DOCSTRING_LINES lines."""
+    out = []
+    for rel, tree in modules:
+        doc = ast.get_docstring(tree, clean=False)
+        if doc and len(doc.splitlines()) > MAX_DOCSTRING_LINES:
+            out.append(f"{rel} ({len(doc.splitlines())} lines)")
+    return sorted(out)
+
+
+def test_module_docstrings_read_in_a_minute():
+    long = _long_docstrings(_modules())
+    assert len(long) <= MAX_LONG_DOCSTRINGS, (
+        f"{len(long)} modules have a docstring over {MAX_DOCSTRING_LINES} lines (at most {MAX_LONG_DOCSTRINGS}): say "
+        "what the module is for in a few lines; move protocol detail to its function or docs/:\n" + "\n".join(long))
+
+
+def test_the_docstring_check_can_fail():
+    short, long = ast.parse('"""One line."""\n'), ast.parse('"""' + "line\n" * 30 + '"""\n')
+    assert _long_docstrings([(Path("a.py"), short), (Path("b.py"), long)]) == ["b.py (30 lines)"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboards.numbers import fixed
 from pipelines.bench import scale as bs
 from pipelines.bench import scale_report as rep
 
@@ -101,7 +102,7 @@ def test_fits_marginals_and_extrapolation():
     doc = rep.render_markdown(r)
     assert "| retention | 100 → 1,600 | 16.0 | 400 → 1,900 | 110 → 260 | 150 |" in doc
     assert "| build-cohort --source mimic | 1,000,000 → 16,000,000 | 16.0 | – | 310 → 310 | 0 |" in doc
-    assert f"| {rep.fmt(100 + tgt['eligible_stays'] / 10, 0)} |" in doc
+    assert f"| {fixed(100 + tgt['eligible_stays'] / 10, 0)} |" in doc
 
 
 def test_render_takes_every_figure_from_the_result():
@@ -109,11 +110,11 @@ def test_render_takes_every_figure_from_the_result():
     doc = rep.render_markdown(r, "result.json")
     s = rep.step_summary(r["sizes"][2]["steps"]["build"])
     ps = rep.step_summary(r["sizes"][2]["steps"]["peer_duckdb"])
-    assert f"| {rep.fmt(s['cpu_s'])} |" in doc and f"| {rep.fmt(s['compute_cpu_s'], 2)} |" in doc
-    assert f"process CPU {rep.fmt(s['cpu_s'] / ps['cpu_s'], 2)}×" in doc  # build vs peer ratio
+    assert f"| {fixed(s['cpu_s'])} |" in doc and f"| {fixed(s['compute_cpu_s'], 2)} |" in doc
+    assert f"process CPU {fixed(s['cpu_s'] / ps['cpu_s'], 2)}×" in doc  # build vs peer ratio
     assert "skipped: no stays option; too many" in doc
     ex = rep.extrapolate(r)
-    assert rep.fmt(rep.fits(r)["build"]["cpu_s"]["exponent"], 2) in doc
+    assert fixed(rep.fits(r)["build"]["cpu_s"]["exponent"], 2) in doc
     assert rep._dur(ex["build"]["cpu_s"]) in doc and rep._dur(ex["retention"]["cpu_s_marginal"]) in doc
     # a changed figure in the JSON changes the document, and only through the JSON
     r2 = copy.deepcopy(r)

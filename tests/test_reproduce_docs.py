@@ -83,6 +83,23 @@ def test_residuals_print_as_the_bound_they_lie_below():
     assert doc_fmt([3e-15, 0.5]) == "[< 1e-12, 0.5]"
 
 
+def test_one_formatter_prints_significant_digits_fixed_decimals_and_spreads():
+    from dashboards.numbers import fixed, fmt, md_table, spread
+    from dashboards.templating import fmt as cell
+
+    assert fmt(0.012345) == "0.0123" and fmt(0.012345, digits=4) == "0.01235" and fmt(1234567) == "1,234,567"
+    assert fmt(123456.7) == "1.23e+05" and fmt(0.00012) == "1.20e-04" and fmt(None) == "–"
+    assert fixed(1234.56) == "1,234.6" and fixed(2000.0) == "2,000" and fixed(0.126, 2) == "0.13"
+    assert fixed(None) == "–" and fixed(12.7, 0) == "13" and fixed(7) == "7"
+    assert spread({"median": 1.634, "min": 1.5, "max": 1.66}, 2, "×") == "1.63× (1.50–1.66)"
+    # the report's cells: the same numbers at 4 digits, its own words for missing and yes/no
+    assert cell(0.012345) == fmt(0.012345, digits=4) and cell(None) == "—" and cell(True) == "yes"
+    assert md_table(["a", "b"], [[1, ""], ["x|y", 2.5]], align="lr") == [
+        "| a | b |", "|---|---:|", "| 1 | |", "| x\\|y | 2.5 |"]
+    with pytest.raises(ValueError, match="align"):
+        md_table(["a", "b"], [], align="l")
+
+
 def test_figures_compare_at_printed_precision_not_rounding_noise():
     agree = reproduce.figure_differences
     assert not agree("| exact | < 1e-12 |", "| exact | < 1e-12 |")

@@ -57,3 +57,31 @@ def test_docs_and_report_word_it_the_same_way(tmp_path):
     skew = page[page.index('id="study-skewed_redundancy"'):]
     skew = skew[:skew.index("</article>")]
     assert "not comparable" not in skew.lower() and "0.861" in skew
+
+
+def _seed_citations(files) -> list[str]:
+    """``file:line`` of every string (docstrings aside) that cites a seed paper (``seed 000 §`` /
+    ``seed 001 §``): the seed's text lives in dashboards.seed_figures, flows take it from there."""
+    import ast
+    import re
+
+    out = []
+    for f in files:
+        tree = ast.parse(f.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        out += [f"{f.name}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                and isinstance(n.value, str) and id(n) not in docs and re.search(r"seed 00[01] §", n.value)]
+    return out
+
+
+def test_flows_take_the_seed_text_from_the_one_table(tmp_path):
+    from pathlib import Path
+
+    import pipelines
+
+    assert not _seed_citations(sorted(Path(pipelines.__file__).parent.rglob("*.py")))
+    f = tmp_path / "flow.py"
+    f.write_text('"""Retention (seed 001 §5)."""\nSEED = "seed 001 §5: 0.80 (SV) vs 0.05"\n')
+    assert _seed_citations([f]) == ["flow.py:2"]

@@ -1,67 +1,18 @@
 """Build the hourly vital-sign warehouse (DuckDB) from MIMIC-IV, CLIF or MEDS source files.
 
-Sources: MIMIC-IV native files, CLIF tables or a MEDS dataset (:mod:`cohort.meds`).
+SPEC §2: eligible ICU stays, one streamed scan of the six vitals, hourly means, subject splits,
+filled dense hours with event labels, training-split standardisation.
 
 Command line::
 
-    python -m cohort.build --source {mimic,clif,meds,demo} --root DIR --warehouse FILE \\
-        [--min-hours 48] [--sample N --seed S | --all-stays] [--memory-limit 4GB] \\
+    python -m cohort.build --source {mimic,clif,meds,demo} --root DIR --warehouse FILE \
+        [--min-hours 48] [--sample N --seed S | --all-stays] [--memory-limit 4GB] \
         [--export-parquet DIR] [--convention {seed,mimic_code}] [--meds-codes FILE]
 
-Pipeline (SPEC §2)
-------------------
-1. Stays: every ICU stay of the source → one subject per stay (a stay listed under two
-   subjects is dropped, never assigned) → not forgotten (the forget registry, when given) →
-   valid times (intime < outtime) → LOS ≥ min_hours → optional deterministic sample.
-   n_hours = ⌈LOS / 1 h⌉.
-2. One streamed DuckDB scan of chartevents / clif_vitals with the six vitals' itemids
-   (categories) pushed into the scan (MIMIC: a join to a small itemid map, which DuckDB pushes
-   into the Parquet reader), joined to the cohort's stays; each row leaves DuckDB as
-   one packed BIGINT key and its value, in Arrow batches (no row-level Python).
-   Temperature: itemid 223761 is °F; a Celsius-charted value above 50 is plainly °F; both are
-   converted with (v − 32)·5/9. A null ``valuenum`` (text such as "Unable to assess" in
-   ``value``) is not a measurement.
-3. Filters, each counted in the funnel: numeric value; intime ≤ charttime ≤ outtime;
-   plausible range (after unit conversion). Stays that never record a plausible vital are dropped.
-   With a forget registry that keeps content fingerprints, a stay whose observed hourly content
-   is a forgotten stay's (a re-keyed copy) is dropped too (:mod:`cohort.build.content`).
-   The usable rows are spooled to scratch files in buckets of contiguous stays
-   (``batch_stays`` stays each), so every later step holds one bucket at a time: memory grows
-   with the number of stays and hours, not with the number of chartevents rows.
-4. Hourly mean, per bucket in NumPy (:mod:`cohort._hourly`): hour = ⌊(charttime − intime)/1 h⌋,
-   capped at n_hours − 1 (a row exactly at outtime falls in the last hour). Rows with the same
-   (stay, itemid kind, charttime to the ms) are averaged first, so a duplicated charting counts
-   once; then the hourly mean per source; arterial and non-invasive BP in the same hour are
-   averaged (mean of the two source means).
-5. Splits by subject (train/val/test, :func:`cohort.selection.assign_splits`).
-6. Per bucket: dense hours 0..n_hours−1, ``_observed`` flags, forward fill within stay → back
-   fill → cohort median (median of the training split's observed hourly values, so no val/test
-   value reaches training features), event labels on the filled values.
-7. Standardisation (mean, sample sd; sd 0 → 1) on training-split rows only →
-   ``standardisation``; ``<vital>_z = (value − mean)/sd``.
-
-Stages 1–3 are :mod:`cohort.build.scan` (:func:`~cohort.build.scan.select_stays`,
-:func:`~cohort.build.scan.scan_vitals`), 4–7 :mod:`cohort.build.grid` (:func:`~cohort.build.grid.final_cohort`,
-:func:`~cohort.build.grid.hourly_grid`, :func:`~cohort.build.grid.standardise`,
-:func:`~cohort.build.grid.write_outputs`); each docstring gives its inputs, outputs and shapes.
-The content hash is :mod:`cohort.warehouse_hash`.
-
-Scratch tables live in an in-memory DuckDB (spilling to disk past ``memory_limit``) and scratch
-files in a ``.buckets`` folder beside the output (removed at the end); only the output tables
-are written to the warehouse file, ``vitals_hourly`` in one streamed INSERT. The slow reference of all of this is
-:func:`cohort.reference.reference_build`.
-
-Memory: DuckDB holds at most ``memory_limit`` (default 4GB; past it, it spills to the owner-only
-folder ``<warehouse>.building-<pid>.spill`` beside the warehouse, removed at the end); NumPy holds
-one Arrow batch of the scan (2^20 rows) and one bucket (``batch_stays`` stays: their vital rows
-and dense hours) at a time, so the build's peak RSS is about ``memory_limit`` + 0.5 GB whatever the
-size of chartevents (the build's peak RSS per size is measured by :mod:`pipelines.bench.scale`;
-docs/SCALE.md). The bucket spool is
-owner-only too: both hold record-level values. ``BuildSummary.cpu_phases`` splits the build's
-CPU seconds into stays, scan, hourly, write, hash and finish (the scale benchmark reports it).
-
-The warehouse is written to a temporary file next to the target and swapped in on success;
-a failed build leaves an existing warehouse untouched.
+The seven stages are listed at :func:`_build_into`: 1–3 in :mod:`cohort.build.scan`, 4–7 in
+:mod:`cohort.build.grid` (each docstring gives inputs, outputs and shapes); the content hash is
+:mod:`cohort.warehouse_hash`, the slow reference :func:`cohort.reference.reference_build`. Memory
+and atomic replacement: :func:`build_warehouse`. Vital conventions: docs/VITALS.md.
 """
 from __future__ import annotations
 
@@ -204,9 +155,42 @@ def _build_into(con, source: str, root: Path, min_hours: float, sample: int | No
                 progress: bool, batch_stays: int, scratch: Path, exclude_subjects=None,
                 fill: str = "backfill", frozen: dict | None = None,
                 convention: str = SEED, meds_codes=None) -> tuple[Funnel, dict]:
-    """The seven stages of the module docstring, on the scratch connection ``con`` (output file
+    """The seven stages below, on the scratch connection ``con`` (output file
     attached as ``wh``). Returns the funnel and ``{"vitals_hourly": hasher}`` (that table's
-    content hash, computed as it was written)."""
+    content hash, computed as it was written).
+
+    Stages (SPEC §2):
+
+    1. Stays: every ICU stay of the source → one subject per stay (a stay listed under two
+       subjects is dropped, never assigned) → not forgotten (the forget registry, when given) →
+       valid times (intime < outtime) → LOS ≥ min_hours → optional deterministic sample.
+       n_hours = ⌈LOS / 1 h⌉.
+    2. One streamed DuckDB scan of chartevents / clif_vitals with the six vitals' itemids
+       (categories) pushed into the scan (MIMIC: a join to a small itemid map, which DuckDB pushes
+       into the Parquet reader), joined to the cohort's stays; each row leaves DuckDB as
+       one packed BIGINT key and its value, in Arrow batches (no row-level Python).
+       Temperature: itemid 223761 is °F; a Celsius-charted value above 50 is plainly °F; both are
+       converted with (v − 32)·5/9. A null ``valuenum`` (text such as "Unable to assess" in
+       ``value``) is not a measurement.
+    3. Filters, each counted in the funnel: numeric value; intime ≤ charttime ≤ outtime;
+       plausible range (after unit conversion). Stays that never record a plausible vital are dropped.
+       With a forget registry that keeps content fingerprints, a stay whose observed hourly content
+       is a forgotten stay's (a re-keyed copy) is dropped too (:mod:`cohort.build.content`).
+       The usable rows are spooled to scratch files in buckets of contiguous stays
+       (``batch_stays`` stays each), so every later step holds one bucket at a time: memory grows
+       with the number of stays and hours, not with the number of chartevents rows.
+    4. Hourly mean, per bucket in NumPy (:mod:`cohort._hourly`): hour = ⌊(charttime − intime)/1 h⌋,
+       capped at n_hours − 1 (a row exactly at outtime falls in the last hour). Rows with the same
+       (stay, itemid kind, charttime to the ms) are averaged first, so a duplicated charting counts
+       once; then the hourly mean per source; arterial and non-invasive BP in the same hour are
+       averaged (mean of the two source means).
+    5. Splits by subject (train/val/test, :func:`cohort.selection.assign_splits`).
+    6. Per bucket: dense hours 0..n_hours−1, ``_observed`` flags, forward fill within stay → back
+       fill → cohort median (median of the training split's observed hourly values, so no val/test
+       value reaches training features), event labels on the filled values.
+    7. Standardisation (mean, sample sd; sd 0 → 1) on training-split rows only →
+       ``standardisation``; ``<vital>_z = (value − mean)/sd``.
+    """
     adapter = make_adapter(source, root, con, convention, meds_codes)
     funnel = Funnel(con)
     select_stays(con, adapter, funnel, min_hours, sample, seed, exclude_subjects)  # 1
@@ -265,6 +249,18 @@ def build_warehouse(source: str, root: str | Path | None, warehouse: str | Path 
         (:func:`cohort.meds.load_code_map`; None: :func:`cohort.meds.default_code_map`, the
         MIMIC_IV_MEDS chartevents codes of the convention's itemids and this project's export
         codes). A custom map's digest is recorded in ``build_info`` params.
+
+    Scratch tables live in an in-memory DuckDB (spilling to disk past ``memory_limit``) and scratch
+    files in a ``.buckets`` folder beside the output (removed at the end); only the output tables
+    are written to the warehouse file, ``vitals_hourly`` in one streamed INSERT. DuckDB holds at most
+    ``memory_limit`` (past it, it spills to the owner-only folder ``<warehouse>.building-<pid>.spill``
+    beside the warehouse, removed at the end); NumPy holds one Arrow batch of the scan (2^20 rows) and
+    one bucket (``batch_stays`` stays: their vital rows and dense hours) at a time, so the peak RSS
+    follows ``memory_limit`` plus one bucket whatever the size of chartevents (measured by
+    :mod:`pipelines.bench.scale`; docs/SCALE.md). The bucket spool is owner-only too: both hold
+    record-level values. ``BuildSummary.cpu_phases`` splits the build's CPU seconds into stays, scan,
+    hourly, write, hash and finish. The warehouse is written to a temporary file next to the target
+    and swapped in on success; a failed build leaves an existing warehouse untouched.
     """
     t0, c0 = time.perf_counter(), time.process_time()
     if min_hours < 0:

@@ -1,33 +1,13 @@
 """Synthetic MIMIC-IV generator in the native layout (same files, columns, itemids, units).
 
 :func:`generate` writes a root; :func:`make_small_warehouse` generates and builds a small
-warehouse (tests, examples). The command line is :mod:`cohort.synthetic`.
-
-Physiology per stay (:class:`cohort.synthetic.model.Model`, calibrated to the real
-MIMIC-IV demo; committed default ``cohort/synthetic/synthetic_params.json``): a copula onto the demo's
-marginals of a between-stay offset, a slow diagonal VAR(1) and heavy-tailed (multivariate t)
-hour-to-hour variation, with the demo's between-stay covariance, within-stay correlation, lag
-structure, per-vital observed-hour shares, all-vital charting gaps, rows per charted hour and
-stay lengths (with a long-stay tail up to 10,000 h). No episode is injected: deterioration
-events are the build's threshold crossings of these values (``cohort.constants.EVENT_THRESHOLDS``),
-and SpO₂ is coupled to HR/RR only through the demo's weak correlations and the shared size of
-large hourly moves. ``--fidelity`` compares synthetic with the demo (:mod:`cohort.fidelity`).
-
-Charting mimics the real quirks the build must handle: °F (223761) and °C (223762)
-temperature, arterial and non-invasive BP in the same hour, charting gaps, implausible values
-(HR 0, SpO₂ 29, ...), a Celsius-charted value that is plainly °F, ``valuenum`` null with text in
-``value``, duplicated charttimes, rows before intime and after outtime, stays under 48 h, stays
-that never record a vital — and, as in the real file, mostly rows of other itemids (ventilator
-settings, GCS, alarms, rhythm, lab values; :mod:`cohort.synthetic.items`): about 46 per ICU
-hour, so the nine vital itemids are ≈ 11 % of chartevents, as in MIMIC-IV.
-
-Scale: stays are generated in chunks of ``chunk_stays`` by array operations
-(:mod:`cohort.synthetic.chunk`) in ``workers`` processes (default: every core); the writer
-appends the chunks in order (:mod:`cohort.synthetic.files`). Chunk ``c`` draws from
-``SeedSequence(seed, spawn_key=(c,))``, so the output is a deterministic function of (seed,
-stays or rows, chunk_stays, vitals-only, parameters) — the same bytes for any number of
-workers. Memory is bounded by a few chunks per worker, whatever the size of the output.
-``synthetic_manifest.json`` labels the output ``"source_kind": "synthetic"``.
+warehouse (tests, examples). The command line is :mod:`cohort.synthetic`. Physiology per stay
+comes from :class:`cohort.synthetic.model.Model`, calibrated to the real MIMIC-IV demo
+(``cohort/synthetic/synthetic_params.json``); charting mimics the real file's quirks the build
+must handle, and most rows are other itemids (:mod:`cohort.synthetic.items`). The output is a
+deterministic function of its settings, the same bytes for any number of workers, and memory is
+bounded whatever its size (:func:`generate`). ``--fidelity`` compares synthetic with the demo
+(:mod:`cohort.fidelity`).
 """
 from __future__ import annotations
 
@@ -170,6 +150,28 @@ def generate(out_dir: str | Path, stays: int | None = None, seed: int = 0, targe
     chunk_stays : stays per chunk (the unit of randomness, work and memory)
     non_vital : also write the non-vital itemids' rows (≈ 89 % of chartevents); False writes the
         vital rows only — the same vital rows, so the build gives the same warehouse
+
+    Physiology: a copula onto the demo's marginals of a between-stay offset, a slow diagonal VAR(1)
+    and heavy-tailed (multivariate t) hour-to-hour variation, with the demo's between-stay
+    covariance, within-stay correlation, lag structure, per-vital observed-hour shares, all-vital
+    charting gaps, rows per charted hour and stay lengths (with a long-stay tail up to 10,000 h). No
+    episode is injected: deterioration events are the build's threshold crossings of these values
+    (``cohort.constants.EVENT_THRESHOLDS``), and SpO₂ is coupled to HR/RR only through the demo's
+    weak correlations and the shared size of large hourly moves.
+
+    Charting: °F (223761) and °C (223762) temperature, arterial and non-invasive BP in the same hour,
+    charting gaps, implausible values (HR 0, SpO₂ 29, ...), a Celsius-charted value that is plainly
+    °F, ``valuenum`` null with text in ``value``, duplicated charttimes, rows before intime and after
+    outtime, stays under 48 h, stays that never record a vital — and, as in the real file, mostly
+    rows of other itemids (ventilator settings, GCS, alarms, rhythm, lab values): about 46 per ICU
+    hour, so the nine vital itemids are ≈ 11 % of chartevents, as in MIMIC-IV.
+
+    Scale: stays are generated in chunks of ``chunk_stays`` by array operations
+    (:mod:`cohort.synthetic.chunk`) in ``workers`` processes (default: every core); the writer
+    appends the chunks in order (:mod:`cohort.synthetic.files`). Chunk ``c`` draws from
+    ``SeedSequence(seed, spawn_key=(c,))``, so the output is a deterministic function of (seed,
+    stays or rows, chunk_stays, vitals-only, parameters). Memory is bounded by a few chunks per
+    worker. ``synthetic_manifest.json`` labels the output ``"source_kind": "synthetic"``.
     """
     if fmt not in ("csv.gz", "parquet"):
         raise BadParameterError(f"fmt must be 'csv.gz' or 'parquet', got {fmt!r}")

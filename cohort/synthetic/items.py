@@ -2,33 +2,8 @@
 catalogue of common non-vital itemids the build's scan must read and skip, and the ``value``
 strings of both (one dictionary, so a row's text costs one lookup).
 
-Real MIMIC-IV itemids and labels only. Sources (facts, not text, taken from them):
-
-* mimic-code (MIT-LCP/mimic-code, ``mimic-iv/concepts/measurement/``): ``vitalsign.sql``
-  (220052, 220181, 224642, 225664, 220621), ``ventilator_setting.sql`` (224684–224690,
-  224696, 220339, 224700, 223835, 223848, 223849), ``oxygen_delivery.sql`` (223834, 226732),
-  ``rhythm.sql`` (220048, 224650, 224651), ``gcs.sql`` (220739, 223900, 223901, the
-  ``No Response-ETT`` verbal value).
-* CLIF-MIMIC (Common-Longitudinal-ICU-data-Format/CLIF-MIMIC,
-  ``data/mappings/mimic-to-clif-mappings - labs.csv``): the chartevents lab items 220224,
-  220235, 223830, 225698, 228640, 220227, 223772 with their labels, categories and units.
-* Alarm items (220046, 220047, 223751, 223752, 223769, 223770, 224161, 224162, 224168,
-  224641, 226253): labels as listed by public MIMIC-IV d_items extracts; units follow the
-  item they guard. Their rate (≈ 1,200 rows each in the demo's 140 stays) likewise.
-* Text values of ventilator mode, ventilator type and O2 delivery device, their mix, and the
-  GCS component mix: the real demo's CLIF tables (``clif_respiratory_support``,
-  ``clif_patient_assessments``; aggregate counts). The GCS answer texts other than
-  ``No Response-ETT``, the rhythm/ectopy/temperature-site texts and all numeric value
-  distributions are clinically plausible assumptions.
-
-Proportion (:data:`NON_VITAL_ROWS_PER_ICU_HOUR`): the MIMIC-IV demo's chartevents has 668,862
-rows (PhysioNet demo v2.2 file listing); its nine seed vital itemids have 77,036 rows (counted
-in the demo's CLIF vitals) over 12,832 ICU hours (its CLIF ADT ICU segments): vitals are 11.5 %
-of the rows, and the other items add (668,862 − 77,036) / 12,832 ≈ 46.1 rows per ICU hour. The
-full MIMIC-IV v3.1 agrees (≈ 433M rows over 94,458 stays of mean ≈ 3.6 days ≈ 53 rows per ICU
-hour in all). The real file spreads the non-vital volume over ~3,000 itemids, mostly nursing
-text items; this catalogue is scaled up uniformly to the same volume instead (assumption):
-``rate`` is each item's relative weight (the demo's rows per ICU hour where known).
+Real MIMIC-IV itemids and labels only; the sources (facts, not text) are listed above
+:data:`CATALOGUE`, the volume of non-vital rows above :data:`NON_VITAL_ROWS_PER_ICU_HOUR`.
 """
 from __future__ import annotations
 
@@ -38,7 +13,15 @@ import numpy as np
 import pyarrow as pa
 from scipy.special import ndtri
 
-#: Non-vital chartevents rows per ICU hour (the demo's figure; module docstring).
+# Proportion: the MIMIC-IV demo's chartevents has 668,862 rows (PhysioNet demo v2.2 file listing);
+# its nine seed vital itemids have 77,036 rows (counted in the demo's CLIF vitals) over 12,832 ICU
+# hours (its CLIF ADT ICU segments): vitals are 11.5 % of the rows, and the other items add
+# (668,862 − 77,036) / 12,832 ≈ 46.1 rows per ICU hour. The full MIMIC-IV v3.1 agrees (≈ 433M rows
+# over 94,458 stays of mean ≈ 3.6 days ≈ 53 rows per ICU hour in all). The real file spreads the
+# non-vital volume over ~3,000 itemids, mostly nursing text items; this catalogue is scaled up
+# uniformly to the same volume instead (assumption): ``rate`` is each item's relative weight (the
+# demo's rows per ICU hour where known).
+#: Non-vital chartevents rows per ICU hour (the demo's figure, derived above).
 NON_VITAL_ROWS_PER_ICU_HOUR = 46.1
 #: Share of the demo's chartevents rows that are the nine seed vital itemids (77,036 / 668,862).
 DEMO_VITAL_ROW_SHARE = 0.115
@@ -91,6 +74,21 @@ _GCS_VERBAL = ("cat", (("Oriented", 5.0, 1461), ("Confused", 4.0, 449), ("Inappr
 _GCS_MOTOR = ("cat", (("Obeys Commands", 6.0, 2482), ("Localizes Pain", 5.0, 440), ("Flex-withdraws", 4.0, 222),
                       ("Abnormal Flexion", 3.0, 52), ("Abnormal extension", 2.0, 44), ("No response", 1.0, 250)))
 
+# Sources of the catalogue (facts, not text, taken from them):
+# * mimic-code (MIT-LCP/mimic-code, mimic-iv/concepts/measurement/): vitalsign.sql (220052, 220181,
+#   224642, 225664, 220621), ventilator_setting.sql (224684–224690, 224696, 220339, 224700, 223835,
+#   223848, 223849), oxygen_delivery.sql (223834, 226732), rhythm.sql (220048, 224650, 224651),
+#   gcs.sql (220739, 223900, 223901, the "No Response-ETT" verbal value).
+# * CLIF-MIMIC (Common-Longitudinal-ICU-data-Format/CLIF-MIMIC, data/mappings/mimic-to-clif-mappings
+#   - labs.csv): the chartevents lab items 220224, 220235, 223830, 225698, 228640, 220227, 223772
+#   with their labels, categories and units.
+# * Alarm items (220046, 220047, 223751, 223752, 223769, 223770, 224161, 224162, 224168, 224641,
+#   226253): labels as listed by public MIMIC-IV d_items extracts; units follow the item they
+#   guard; their rate (≈ 1,200 rows each in the demo's 140 stays) likewise.
+# * Text values of ventilator mode, ventilator type and O2 delivery device, their mix, and the GCS
+#   component mix: the real demo's CLIF tables (clif_respiratory_support, clif_patient_assessments;
+#   aggregate counts). The GCS answer texts other than "No Response-ETT", the rhythm/ectopy/
+#   temperature-site texts and all numeric value distributions are clinically plausible assumptions.
 CATALOGUE: tuple[Item, ...] = (
     # blood pressure means, charted with the systolic/diastolic pairs
     Item(220181, "Non Invasive Blood Pressure mean", "NBPm", "Routine Vital Signs", "mmHg", "Numeric", 0.706, "all",

@@ -1,35 +1,19 @@
 """Deterioration prediction (seed 001 §5): at every hour, will a composite event occur within the
-next 6 hours? The protocol: causal features, labels, model input rows. Reading them from the
-warehouse a shard of windows at a time: :mod:`evaluation.clinical.deterioration_reader`;
-training and scoring: :mod:`evaluation.clinical.deterioration_training`; the paired,
-stay-clustered bootstrap: :mod:`evaluation.cluster_bootstrap`; the Prefect flow:
-:mod:`pipelines.flows.clinical_deterioration`.
+next 6 hours? The protocol (:data:`PROTOCOL`): causal features, labels, model input rows.
 
-Protocol (``PROTOCOL``)
------------------------
 * **Causal features** (F = 12 per hour): the 6 vitals rebuilt from the warehouse's *observed*
-  hourly values only — forward fill within the stay, and the **training-split median** of the
-  observed hourly values for hours before a vital's first measurement (never a later value) —
-  standardised with the warehouse ``standardisation`` table, plus the 6 ``_observed`` flags. The
-  warehouse's own ``_z`` columns are forward- *then back-* filled, so an hour before a vital's
-  first measurement carries that future measurement; :func:`backfill_exposure` counts such hours
-  (the share of scored hours that the old loader fed a back-filled value is reported).
-* **Labels** at hour t: any event in hours t+1 … t+6 (:func:`future_event_labels`); hours
-  without 6 future hours in the stay are not scored. Two event definitions (``label=``):
-  ``"filled"`` — the warehouse ``event_composite``: SPEC §2 thresholds on the *filled* values
-  (forward fill → back fill → training median), so an hour without a reading of the triggering
-  vital can be an event; ``"observed"`` — an hour is an event only if a vital *measured that
-  hour* crosses its threshold (same thresholds, on observed values).
-* **Rows** (``mode=``): ``"sliding"`` (default) — each stay is cut into consecutive blocks of
-  ``window`` scored hours; a block is read after up to ``context`` preceding hours of the same
-  stay (carried context, recomputed), so every hour is scored once and sees at least
-  ``min(context, t)`` hours of history (``context = 0``: disjoint windows). ``"stay"`` — one
-  whole-stay row per stay. A row is a *window*; :class:`SplitIndex` lists them.
+  hourly values only (:func:`causal_fill`: forward fill, the training-split median before a
+  vital's first measurement, never a later value), standardised, plus the 6 ``_observed`` flags;
+  :func:`backfill_exposure` counts the hours the warehouse's back-filled ``_z`` would have leaked.
+* **Labels** at hour t: any event in hours t+1 … t+6 (:func:`future_event_labels`), on filled or
+  observed values (:func:`label_events`).
+* **Rows**: sliding blocks of scored hours after carried context, or whole stays (:func:`sequences`).
 
 Vectorised over a block of stays (:func:`block_features`, :func:`window_pieces`,
 :func:`cut_windows`) for the streaming reader :mod:`evaluation.clinical.deterioration_reader`;
-the per-stay functions (:func:`causal_fill`, :func:`future_event_labels`, :func:`sequences`) are
-the slow references they are tested against.
+the per-stay functions are the slow references they are tested against. Training and scoring:
+:mod:`evaluation.clinical.deterioration_training`; the paired, stay-clustered bootstrap:
+:mod:`evaluation.cluster_bootstrap`; the Prefect flow: :mod:`pipelines.flows.clinical_deterioration`.
 """
 from __future__ import annotations
 
@@ -88,7 +72,12 @@ def future_event_labels_reference(events, horizon: int = HORIZON):
 def causal_fill(raw: np.ndarray, observed: np.ndarray, medians: np.ndarray) -> np.ndarray:
     """Forward fill of the observed values of one stay; hours before a vital's first observation
     take ``medians`` (training split). raw, observed (n, V); medians (V,) -> (n, V) float64.
-    The value at hour t depends only on observations at hours <= t."""
+    The value at hour t depends only on observations at hours <= t.
+
+    The warehouse's own ``_z`` columns are forward- *then back-* filled, so an hour before a vital's
+    first measurement carries that future measurement: the model reads this fill instead, standardised
+    with the warehouse ``standardisation`` table.
+    """
     return _fill_blocks(raw, observed, np.array([0, np.shape(observed)[0]]), medians)
 
 
@@ -115,7 +104,14 @@ def backfill_exposure(observed: np.ndarray) -> np.ndarray:
 
 
 def label_events(raw: np.ndarray, observed: np.ndarray, event_composite: np.ndarray, label: str) -> np.ndarray:
-    """Per-hour event flags (n,) under one of :data:`LABEL_VARIANTS` (see module doc)."""
+    """Per-hour event flags (n,) under one of :data:`LABEL_VARIANTS`.
+
+    ``"filled"`` — the warehouse ``event_composite``: SPEC §2 thresholds on the *filled* values
+    (forward fill → back fill → training median), so an hour without a reading of the triggering
+    vital can be an event; ``"observed"`` — an hour is an event only if a vital *measured that hour*
+    crosses its threshold (same thresholds, on observed values). Hours without 6 future hours in the
+    stay are not scored.
+    """
     if label == "filled":
         return np.asarray(event_composite, dtype=bool)
     if label == "observed":
@@ -240,8 +236,15 @@ def check_rows(mode: str, window: int, context: int) -> None:
 
 def sequences(stays: Sequence[StayFeatures], mode: str = "sliding", window: int = 48,
               context: int = 48) -> SeqData:
-    """Reference: rows of the model input from per-stay features (see module doc, "Rows"). Each
-    scored hour is scored in exactly one row; rows are padded at the end to the longest row."""
+    """Reference: rows of the model input from per-stay features. Each
+    scored hour is scored in exactly one row; rows are padded at the end to the longest row.
+
+    ``mode="sliding"`` (default): each stay is cut into consecutive blocks of ``window`` scored
+    hours; a block is read after up to ``context`` preceding hours of the same stay (carried context,
+    recomputed), so every hour is scored once and sees at least ``min(context, t)`` hours of history
+    (``context = 0``: disjoint windows). ``mode="stay"``: one whole-stay row per stay. A row is a
+    *window*; :class:`evaluation.clinical.deterioration_reader.SplitIndex` lists them.
+    """
     check_rows(mode, window, context)
     pieces = []  # (stay index, start of input, start of scoring, end)
     for j, s in enumerate(stays):

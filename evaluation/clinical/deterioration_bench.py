@@ -27,6 +27,7 @@ import sys
 import time
 
 from evaluation.clinical import deterioration_training as dtr
+from sv_core.jsonfile import write_json
 
 
 def default_threads() -> int:
@@ -172,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(out, a.models)))
     print(f"total {out['wall_s']:.0f} s")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(a.json, out, indent=1)
     return 0
 
 

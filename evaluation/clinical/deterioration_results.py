@@ -13,7 +13,6 @@ import numpy as np
 
 from evaluation.claims import claim, interval, tolerance
 
-SEED_TEXT = "seed 001 §5: AUROC 0.696 (SV-attention) vs 0.783 (LSTM) vs 0.751 (softmax)"
 PAPER_AUROC = {"sv_attention": 0.696, "lstm": 0.783, "softmax": 0.751}
 #: the report's low-power threshold for this study (dashboards/SCHEMA.md: ``test_stays`` below 20)
 MIN_TEST_STAYS = 20

@@ -6,33 +6,8 @@ scored on ``test`` (per-seed AUROC/AUPRC with a stay-clustered bootstrap; the te
 are returned for the paired evaluation). Protocol: :mod:`evaluation.clinical.deterioration`;
 reading the warehouse: :mod:`evaluation.clinical.deterioration_reader`. The LightGBM peer on
 causal summary features of the same rows: :mod:`evaluation.clinical.tabular_peers`. The training
-loop (:func:`fit`) reads rows through a :class:`WindowReader`, streamed from a warehouse or held
-in memory (:meth:`WindowReader.of_rows`: the MEDS-DEV entries' rows, one per prediction time).
-
-Bounded memory
---------------
-Every pass streams shards of :data:`~evaluation.clinical.deterioration_reader.SHARD_WINDOWS` windows
-from the warehouse (:func:`~evaluation.clinical.deterioration_reader.iter_shards`): an epoch permutes
-the (capped) training windows, reads them a shard at a time and trains on length-sorted batches
-within the shard; validation and test accumulate a loss sum or the scored predictions batch by
-batch. A split that fits in one shard is read once and kept (same rows, same order).
-
-Caps (:data:`CAPS`)
--------------------
-``train_windows`` windows drawn afresh each epoch (seeded), a fixed sample of ``val_windows``
-validation windows, a fixed sample of ``test_stays`` test stays (all their hours), at most
-``max_epochs`` epochs, ``seeds`` seeds; the LightGBM peer fits once on ``tabular_windows`` training
-windows drawn with its seed (its rows are held in memory): defaults for a CPU run and larger ones
-for CUDA. ``None`` = no cap. The caps never bind on the real demo (77 stays).
-
-Reproducibility
----------------
-Same seed, same data, same device → same predictions and figures. Initial weights come from a
-private ``torch.Generator`` seeded by the seed (:func:`models.seeding.reset_parameters_`), never
-from the process-wide generator that concurrently training threads share; shuffling and sampling
-use NumPy generators seeded by the seed; training runs under
-``torch.use_deterministic_algorithms(True)`` (and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` on CUDA)
-with one intra-op thread on CPU, so the reduction order does not depend on the core count.
+loop (:func:`fit`) reads rows through a :class:`WindowReader` (bounded memory: one shard at a
+time), within the caps of :data:`CAPS`, reproducibly (:func:`deterministic_torch`).
 """
 from __future__ import annotations
 
@@ -53,7 +28,10 @@ from evaluation.clinical import deterioration_reader as rd
 MODELS = det.SEQUENCE_MODELS
 DEFAULT_SIZE = {"hidden": 32, "d_model": 32, "heads": 2, "layers": 1, "chunk": 8, "C": 0.25, "sigma": 2.0,
                 "fista_iters": 40}
-#: default caps per device (see module doc); ``None`` = no cap
+#: default caps per device; ``None`` = no cap. ``train_windows`` windows drawn afresh each epoch
+#: (seeded), a fixed sample of ``val_windows`` validation windows, a fixed sample of ``test_stays``
+#: test stays (all their hours), at most ``max_epochs`` epochs, ``seeds`` seeds; the LightGBM peer
+#: fits once on ``tabular_windows`` training windows drawn with its seed (held in memory)
 CAPS: dict[str, dict[str, int | None]] = {
     "cpu": {"train_windows": 4096, "val_windows": 1024, "test_stays": 1000, "max_epochs": 12, "seeds": 3,
             "tabular_windows": 16384},
@@ -145,7 +123,13 @@ def deterministic_torch(device: str = "cpu", threads: int = 1) -> Iterator[None]
     """``torch.use_deterministic_algorithms(True)`` while any training is inside (reference
     counted across threads; the previous mode comes back after the last), ``threads`` intra-op
     threads on CPU (default one, the study's mode: the reduction order does not depend on the core
-    count; process-wide, left set), ``CUBLAS_WORKSPACE_CONFIG`` and cuDNN determinism on CUDA."""
+    count; process-wide, left set), ``CUBLAS_WORKSPACE_CONFIG`` and cuDNN determinism on CUDA.
+
+    Same seed, same data, same device → same predictions and figures. Initial weights come from a
+    private ``torch.Generator`` seeded by the seed (:func:`models.seeding.reset_parameters_`), never
+    from the process-wide generator that concurrently training threads share; shuffling and sampling
+    use NumPy generators seeded by the seed.
+    """
     import torch
 
     if device == "cuda":
@@ -191,7 +175,14 @@ def _trim(d: det.SeqData, idx: np.ndarray) -> int:
 class WindowReader:
     """Rows of one split's windows: streamed a shard at a time, or read once and kept when the
     split fits in one shard (the rows and their order are the same either way); or rows already
-    in memory (:meth:`of_rows`)."""
+    in memory (:meth:`of_rows`).
+
+    Every pass streams shards of :data:`~evaluation.clinical.deterioration_reader.SHARD_WINDOWS`
+    windows from the warehouse (:func:`~evaluation.clinical.deterioration_reader.iter_shards`): an
+    epoch permutes the (capped) training windows, reads them a shard at a time and trains on
+    length-sorted batches within the shard; validation and test accumulate a loss sum or the scored
+    predictions batch by batch. ``of_rows`` holds the MEDS-DEV entries' rows, one per prediction time.
+    """
 
     def __init__(self, data: StudyData, index: rd.SplitIndex, shard: int):
         self.data, self.index, self.shard = data, index, int(shard)

@@ -4,30 +4,12 @@ A context holds the first ≤ 48 hourly tokens (z-scored 6 vitals) of one stay o
 patients; each patient's tokens are deduplicated at 0.1 SD (:func:`sv_core.audit.dedupe`) so
 every kept token belongs to exactly one patient. The gate is solved at ``C = 1/(ν·n₀)``
 (ν = 0.5, σ = 2, n₀ = the context size), fixed for the context's lifetime. One patient is
-forgotten by the maintained decremental path (:meth:`sv_core.Gate.forget_many`) and compared with
-an independent same-C refit of the retained keys (:func:`sv_core.refit`).
-
-Three removals are put side by side, each against that refit (the reference state):
-
-* **exact** — the C&P decrement (retained coefficients re-solved);
-* **naive** — the patient's tokens dropped without re-solving: the other coefficients renormalised
-  to Σα = 1, ρ left as it was (:func:`naive_removal_alpha`);
-* **decay** — the patient's tokens kept, their coefficients multiplied by γ, no re-solve
-  (:func:`evaluation.audit_metrics.decay_alpha`).
-
-**Gap to refit** (the headline): max |gate-score difference| and max |readout difference| (values =
-keys) over retained keys, the forgotten patient's keys and jittered retained keys. Exact deletion
-reaches the refit to rounding (~1e-15); naive removal and decay do not. **Leakage** (seed 000 §6:
-the forgotten patient's "weight into the readout") is the forgotten patient's readout-weight share
-at queries = its own keys (:func:`evaluation.audit_metrics.readout_weight_share`): 0 after exact
-*and* naive removal (any removal of the tokens gives 0), positive under decay. Alternative
-definitions (α-mass share; every context key as query) are reported beside it. The paper does not
-state its two decay factors; this module reports γ ∈ {0.5, 0.1, 0.01} (``GAMMAS``) — see
-``SEED_GAMMAS`` for the pair that reproduces the paper's 0.29 / 0.09.
-
-Everything returned is an aggregate (no record identifiers) except ``gate_state`` and the token
-origins the caller persists for ``forgetful forget``. The aggregates over contexts and the result
-file: :mod:`evaluation.clinical.patient_deletion_result`.
+forgotten by the maintained decremental path and compared with an independent same-C refit of
+the retained keys, beside naive removal and coefficient decay (:func:`forget_patient`: the three
+removals, the gap to refit and the leakage). Everything returned is an aggregate (no record
+identifiers) except ``gate_state`` and the token origins the caller persists for ``forgetful
+forget``. The aggregates over contexts and the result file:
+:mod:`evaluation.clinical.patient_deletion_result`.
 """
 from __future__ import annotations
 
@@ -190,6 +172,24 @@ def forget_patient(ctx: Context, target: int, *, nu: float = 0.5, sigma: float =
     ``refit_check=False`` skips the independent refit (the audit oracle, run on a sample of contexts
     only: the :func:`refit_columns` are then ``None``); the gate's own KKT certificate is still
     recomputed from scratch, and the leakage and retrieval figures do not need the refit.
+
+    Three removals, each against the refit (the reference state):
+
+    * **exact** — the C&P decrement (:meth:`sv_core.Gate.forget_many`; retained coefficients re-solved);
+    * **naive** — the patient's tokens dropped without re-solving: the other coefficients renormalised
+      to Σα = 1, ρ left as it was (:func:`naive_removal_alpha`);
+    * **decay** — the patient's tokens kept, their coefficients multiplied by γ, no re-solve
+      (:func:`evaluation.audit_metrics.decay_alpha`).
+
+    **Gap to refit** (the headline): max |gate-score difference| and max |readout difference| (values =
+    keys) over retained keys, the forgotten patient's keys and jittered retained keys. Exact deletion
+    reaches the refit to rounding; naive removal and decay do not. **Leakage** (seed 000 §6: the
+    forgotten patient's "weight into the readout") is the forgotten patient's readout-weight share at
+    queries = its own keys (:func:`evaluation.audit_metrics.readout_weight_share`): 0 after exact
+    *and* naive removal (any removal of the tokens gives 0), positive under decay. Alternative
+    definitions (α-mass share; every context key as query) are reported beside it. The paper does not
+    state its two decay factors; γ ∈ :data:`GAMMAS` is reported, and :data:`SEED_GAMMAS` is the pair
+    that reproduces the paper's 0.29 / 0.09.
     """
     X, own = ctx.keys, ctx.owner
     n = X.shape[0]

@@ -2,35 +2,17 @@
 
 The protocol (ICU retention and the held-out SpO₂ control): for each stay with at least one event
 hour, the SV gate is solved at fixed ``C = 1/(ν·n)`` by the certified solve :func:`sv_core.solve`
-(SMO to find the partition, the bordered KKT system on the margin set in fp64, every KKT condition
-checked on the exactly recomputed gradient; :class:`evaluation.policies.SupportVectorPolicy`); the
-budget is the stay's support size ``k = |S∪E|``; every policy keeps exactly ``k`` hours;
-retention is the fraction of event hours kept; stays are the bootstrap units. The caller decides
-which channels the selectors see (held-out control: keys without SpO₂, events from raw SpO₂).
-
-Policies: SV, H2O-style density, recency, random, and the query-free peers of
-:mod:`evaluation.peers` (ridge leverage, kernel leverage in the gate's RBF space, KeyDiff).
-Query-stream peers and the oracle need queries, which an ICU stay does not have.
-
-**Random baseline as its expectation.** A uniform ``k``-subset of ``n`` hours keeps each hour
-with probability ``k/n``, so its expected event-hour retention is exactly ``k/n`` whatever the
-events (:func:`random_expected_retention`; the subset-enumerating reference
-:func:`random_expected_retention_reference` checks it). The study reports that expectation per
-stay — no draw — and its interval is the stay bootstrap of those expectations, so ``SV − random``
-is the difference to the baseline's mean, not to one draw of it.
-
-**Low power.** A comparison resting on fewer than :data:`LOW_POWER_MIN_STAYS` stays or fewer
-than :data:`LOW_POWER_MIN_EVENT_HOURS` event hours is labelled low power in the result
-(``metrics.low_power`` with its reason, and in every claim). The thresholds are fixed in advance:
-below about 100 units a stay-bootstrap interval of a mean retention difference is typically
-±0.1 wide on these data (the real demo: 38 stays, 84 event hours for held-out SpO₂), the
-size of the differences being compared, and one unusual stay moves the estimate visibly.
-
-Per-stay results travel as columns (:data:`STAY_COLUMNS` and ``ret_<policy>``; a few numbers per
-stay), so a study over tens of thousands of stays aggregates in flat memory
-(:func:`comparison_from_columns`). :func:`compare_retention` is the serial reference over
-in-memory stays; the streaming flow (``pipelines/flows/clinical_retention.py``) is tested equal
-to it.
+(:class:`evaluation.policies.SupportVectorPolicy`); the budget is the stay's support size
+``k = |S∪E|``; every policy keeps exactly ``k`` hours; retention is the fraction of event hours
+kept; stays are the bootstrap units. The caller decides which channels the selectors see
+(held-out control: keys without SpO₂, events from raw SpO₂). Policies: SV, H2O-style density,
+recency, random (as its expectation, :func:`random_expected_retention`), and the query-free peers
+of :mod:`evaluation.peers`; query-stream peers and the oracle need queries, which a stay has not.
+Small comparisons are labelled (:func:`low_power`). Per-stay results travel as columns
+(:data:`STAY_COLUMNS`), so a study over tens of thousands of stays aggregates in flat memory
+(:func:`comparison_from_columns`); :func:`compare_retention` is the serial reference over
+in-memory stays, and the streaming flow (``pipelines/flows/clinical_retention.py``) is tested
+equal to it.
 """
 from __future__ import annotations
 
@@ -110,6 +92,11 @@ def random_expected_retention(n: int, k: int) -> float:
     Each hour is kept with probability ``C(n-1, k-1)/C(n, k) = k/n``, so by linearity the expected
     number of kept event hours is ``(k/n)·|events|`` and the expected fraction ``k/n`` (any
     non-empty event set).
+
+    The subset-enumerating reference :func:`random_expected_retention_reference` checks it. The
+    study reports that expectation per stay — no draw — and its interval is the stay bootstrap of
+    those expectations, so ``SV − random`` is the difference to the baseline's mean, not to one
+    draw of it.
     """
     if isinstance(n, bool) or isinstance(k, bool) or not 0 <= int(k) <= int(n) or int(n) < 1:
         raise MetricError(f"need 0 <= k <= n and n >= 1, got n={n!r}, k={k!r}")
@@ -242,7 +229,13 @@ def concat_columns(parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.nd
 # ------------------------------------------------------------------------------ aggregation
 def low_power(n_stays: int, n_event_hours: int) -> tuple[bool, str]:
     """``(True, reason)`` when the comparison rests on fewer than :data:`LOW_POWER_MIN_STAYS`
-    stays or :data:`LOW_POWER_MIN_EVENT_HOURS` event hours; ``(False, "")`` otherwise."""
+    stays or :data:`LOW_POWER_MIN_EVENT_HOURS` event hours; ``(False, "")`` otherwise.
+
+    The label goes into the result (``metrics.low_power`` with its reason, and every claim). The
+    thresholds are fixed in advance: below about 100 units a stay-bootstrap interval of a mean
+    retention difference is typically as wide as the differences being compared, and one unusual
+    stay moves the estimate visibly.
+    """
     why = []
     if n_stays < LOW_POWER_MIN_STAYS:
         why.append(f"{n_stays} stays with an event (< {LOW_POWER_MIN_STAYS})")

@@ -213,13 +213,13 @@ def audit_result(summaries: Mapping[str, Mapping[str, Any]], *, trials: int, see
 
 def _path_tolerance(attempted: int) -> dict[str, Any]:
     """The polish / fallback split is decided by a KKT residual at rounding level (1e-12 / 1e-9), so it moves
-    with BLAS summation order (measured across OpenBLAS kernels: 22 vs 23 of 300 redundant-regime trials
-    polished, 4 vs 6 of 50): any count may move by 5 % of the attempted trials."""
+    with BLAS summation order (a trial or two across OpenBLAS kernels): any count may move by 5 % of the
+    attempted trials."""
     return tolerance("the split between the plain path, the SMO polish and the exact fallback is decided by a KKT "
                      "residual at rounding level (1e-12 / 1e-9), which moves with BLAS summation order; failed trials "
                      "and the attempted total do not move", abs=max(2, math.ceil(0.05 * attempted)))
 #: residual statistics above 1e-12 come from ill-conditioned near-duplicate supports (cond >= 1e9), where
-#: rounding is amplified: measured p95 1.2e-9 vs 1.3e-10 on the redundant regime across OpenBLAS kernels
+#: rounding is amplified: their p95 moves by about a decade across OpenBLAS kernels
 _STAT_TOLERANCE = tolerance("residual statistics: below 1e-12 they print as '< 1e-12'; above it they come from "
                             "ill-conditioned near-duplicate supports (cond >= 1e9) where rounding is amplified, so "
                             "only their order of magnitude is stable", decades=1.5, bound=1e-12)

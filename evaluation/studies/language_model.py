@@ -3,31 +3,11 @@
 For each seed: train the SV hybrid (chunk 64, C 0.25, sigma 2, batched gate), measure its mean
 active long-range state |S u E| on held-out data, set the sliding-window Transformer's window to
 that state + chunk, train it with the same seed (initialisation, data order), and compare best
-validation bits per byte. Paired t-test and Wilcoxon signed-rank over seeds (scipy). That paired
-SV-vs-matched-window comparison is the primary result.
-
-Optional single-seed reference rows (001 App. C: "the DeltaNet, linear, and full-softmax rows are
-single-seed references"): with ``--references`` the same backbone, optimiser, schedule and token
-budget are trained once (first seed) with DeltaNet, linear attention and full causal softmax;
-they are recorded under ``references`` in the result JSON and enter no statistical test.
-
-Configuration (3.22M): byte vocab 256, d 256, 4 layers, 4 heads, block 256, batch 16, AdamW
-beta (0.9, 0.95), weight decay 0.1, clip 1.0, cosine schedule with linear warm-up.
-
-The command is ``forgetful lm`` (:mod:`pipelines.flows.language_model`, the Prefect flow: each
-training run a task).
-
-Protocols (``--protocol``): ``cpu`` (the default) is sized to finish in minutes on a 2-core CPU
-(d 64, 2 layers, block 64, 30 steps, seeds 0 1): a pipeline check, not a converged comparison;
-``paper`` is the paper's comparison (the 3.22M model, seven paired seeds 0-6; the paper does not
-state its step count, 2,000 is this project's default and ``--steps`` sets the budget);
-``seed`` is the older 3-seed form of it; ``tiny`` is the seconds-long smoke configuration
-(``--tiny``). Each finished training run is saved as JSON under ``resume_dir`` so an interrupted
-study resumes where it stopped (see :func:`run_comparison`). The result records which protocol ran and the
-report labels every non-seed protocol as such. Training prints one progress line every
-``log_every`` steps and at each evaluation (step, loss, validation bits/byte, elapsed, ETA).
-
-The corpus defaults to the Shakespeare file built by ``python -m models.corpus fetch``.
+validation bits per byte. Paired t-test and Wilcoxon signed-rank over seeds (scipy): the primary
+result. Optional single-seed reference rows (DeltaNet, linear, full softmax) enter no test. The
+protocols, the configuration and resuming: :class:`LMConfig` and :func:`run_comparison`. The
+command is ``forgetful lm`` (:mod:`pipelines.flows.language_model`, each training run a task);
+the corpus defaults to the Shakespeare file built by ``python -m models.corpus fetch``.
 """
 from __future__ import annotations
 
@@ -55,7 +35,18 @@ REFERENCE_VARIANTS = ("deltanet", "linear", "softmax")
 
 @dataclass(frozen=True)
 class LMConfig:
-    """Hyper-parameters of one LM comparison."""
+    """Hyper-parameters of one LM comparison.
+
+    Configuration (3.22M): byte vocab 256, d 256, 4 layers, 4 heads, block 256, batch 16, AdamW
+    beta (0.9, 0.95), weight decay 0.1, clip 1.0, cosine schedule with linear warm-up.
+
+    Protocols (``--protocol``): ``cpu`` (the default) is a pipeline check sized for a 2-core CPU
+    (d 64, 2 layers, block 64, 30 steps, seeds 0 1), not a converged comparison; ``paper`` is the
+    paper's comparison (the 3.22M model, seven paired seeds 0-6; the paper does not state its step
+    count, 2,000 is this project's default and ``--steps`` sets the budget); ``seed`` is the older
+    3-seed form of it; ``tiny`` is the smoke configuration (``--tiny``). The result records which
+    protocol ran and the report labels every non-seed protocol as such.
+    """
 
     d_model: int = 256
     n_layers: int = 4
@@ -306,6 +297,11 @@ def run_comparison(cfg: LMConfig, seeds: list[int], data: bytes, runner=train_ru
     with the first seed on the identical backbone and budget; they are reported beside, never
     inside, the paired test. ``resume_dir``: finished runs are saved there and reused by a rerun
     with the same configuration and corpus (:class:`RunStore`).
+
+    001 App. C: "the DeltaNet, linear, and full-softmax rows are single-seed references". Each
+    finished training run is saved as JSON under ``resume_dir`` so an interrupted study resumes where
+    it stopped. Training prints one progress line every ``log_every`` steps and at each evaluation
+    (step, loss, validation bits/byte, elapsed, ETA).
     """
     if not seeds:
         raise LMStudyError("need at least one seed")

@@ -1,36 +1,11 @@
 """Surgical forgetting and exact editing on the frozen keys of a trained recall model (seed 000 §6).
 
-Model (:mod:`evaluation.studies.recall_model`; torch, CPU, a few seconds): a one-layer
-multi-query associative-recall (MQAR) reader whose fact tokens carry learned keys
-``k_i = W_k e(name_i)`` (d_k = 8), trained end to end until recall@1 ≈ 1.
-
-Frozen evaluation (fp64): the learned keys of a fresh context are admitted to the exact
-maintained gate (:class:`sv_core.Gate`, ``C = 1/(ν n₀)``, n₀ = P) and answered with the gated
-readout. Then
-
-* **forget** one fact by the C&P decrement: its question's recall@1 vs chance (1 / #cities),
-  the other facts' recall@1, and the forgotten token's readout weight (exactly 0);
-* **edit** one fact (``name → new city``) by exact forget + admit of the new binding, against a
-  fresh same-C refit of the edited context (the "never saw the old binding" reference), and against
-  *decay editing* (write the new binding with the old binding's α, keep the old one with its α
-  scaled by γ, no re-solve; admitting an exact duplicate key by C&P instead would split the mass
-  between two identical keys arbitrarily, since that optimum is not unique).
-  Residual = ‖logits(q) − logits_ref(q)‖₂ at the edited question; the old binding's weight share
-  is reported beside it.
-
-* **select under redundancy at a matched budget** (seed 000 §6: "under redundancy, certified
-  eviction keeps a queried rare fact 100 % of the time at a token budget where heavy-hitter (H2O)
-  eviction keeps it 21 %"): a fresh context stores one *rare* fact once and each of the other
-  ``P − 1`` facts ``copies`` times (the same name → city binding restated; its learned key repeats
-  exactly), ``n = 1 + (P − 1)·copies`` tokens in a random order. The budget is the paper's matched
-  budget (seed 000 §5, "a token budget equal to the gate's support size"): ``k = |S∪E|`` of the
-  certified fixed-C solve of that context (``C = 1/(ν n)``), strictly below the ``n`` stored tokens
-  in every trial (asserted and recorded). SV (top-k α), H2O-style density, recency, random and the
-  query-free peers of :mod:`evaluation.peers` (ridge leverage, kernel leverage with the model's σ,
-  KeyDiff) each keep ``k`` tokens; per policy: the rare fact kept, its question answered (recall@1
-  under the uniform-RBF readout over the kept tokens) and the other facts' recall.
-  ``metrics["selection"]["vs_sv"]``: paired SV − policy rare-fact recall, bootstrap over trials.
-
+Model (:mod:`evaluation.studies.recall_model`; torch, CPU): a one-layer multi-query associative
+recall (MQAR) reader whose fact tokens carry learned keys ``k_i = W_k e(name_i)`` (d_k = 8), trained
+end to end until recall@1 ≈ 1. Frozen evaluation (fp64): the learned keys of a fresh context are
+admitted to the exact maintained gate (:class:`sv_core.Gate`) and answered with the gated readout;
+then one fact is forgotten and one edited exactly (:func:`run_trial`), and a rare fact is kept or
+not at a matched budget under redundancy (:func:`selection_trial`).
 :func:`learned_key_sampler` turns the trained model into an audit regime (``fn(rng) -> keys``).
 """
 from __future__ import annotations
@@ -80,7 +55,18 @@ TRAINED_TOLERANCE = tolerance("figures of a model trained with torch on CPU: its
 
 def run_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, nu: float = 0.5,
               gammas=(0.1, 0.01)) -> dict:
-    """Forget and edit on one frozen context (see module doc)."""
+    """Forget and edit on one frozen context (``C = 1/(ν n₀)``, n₀ = P).
+
+    * **forget** one fact by the C&P decrement: its question's recall@1 vs chance (1 / #cities),
+      the other facts' recall@1, and the forgotten token's readout weight (exactly 0);
+    * **edit** one fact (``name → new city``) by exact forget + admit of the new binding, against a
+      fresh same-C refit of the edited context (the "never saw the old binding" reference), and against
+      *decay editing* (write the new binding with the old binding's α, keep the old one with its α
+      scaled by γ, no re-solve; admitting an exact duplicate key by C&P instead would split the mass
+      between two identical keys arbitrarily, since that optimum is not unique).
+      Residual = ‖logits(q) − logits_ref(q)‖₂ at the edited question; the old binding's weight share
+      is reported beside it.
+    """
     sigma = model.sigma
     names, cities = sample_facts(rng, model.n_names, model.n_cities, P, 1)
     names, cities = names[0], cities[0]
@@ -141,8 +127,22 @@ def run_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, nu: f
 
 def selection_trial(model: RecallModel, rng: np.random.Generator, *, P: int = 8, copies: int = 6,
                     nu: float = 0.5) -> dict:
-    """Matched-budget selection on one redundant context of frozen learned keys (see module doc):
-    ``{"k", "n", policy: {"rare_answered", "rare_kept", "others_recall", "all_recall"}}``."""
+    """Matched-budget selection on one redundant context of frozen learned keys:
+    ``{"k", "n", policy: {"rare_answered", "rare_kept", "others_recall", "all_recall"}}``.
+
+    Seed 000 §6: "under redundancy, certified eviction keeps a queried rare fact 100 % of the time at
+    a token budget where heavy-hitter (H2O) eviction keeps it 21 %". The context stores one *rare*
+    fact once and each of the other ``P − 1`` facts ``copies`` times (the same name → city binding
+    restated; its learned key repeats exactly), ``n = 1 + (P − 1)·copies`` tokens in a random order.
+    The budget is the paper's matched budget (seed 000 §5, "a token budget equal to the gate's support
+    size"): ``k = |S∪E|`` of the certified fixed-C solve of that context (``C = 1/(ν n)``), strictly
+    below ``n`` in every trial (asserted and recorded). SV (top-k α), H2O-style density, recency,
+    random and the query-free peers of :mod:`evaluation.peers` (ridge leverage, kernel leverage with
+    the model's σ, KeyDiff) each keep ``k`` tokens; per policy: the rare fact kept, its question
+    answered (recall@1 under the uniform-RBF readout over the kept tokens) and the other facts'
+    recall. ``metrics["selection"]["vs_sv"]`` in :func:`run`: paired SV − policy rare-fact recall,
+    bootstrap over trials.
+    """
     from evaluation.policies import get_policy
 
     sigma = model.sigma

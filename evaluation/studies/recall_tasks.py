@@ -1,38 +1,15 @@
 """Readout-level recall tasks: selective copying, capacity, distinct-key MQAR control.
 
-Each context is a set of (key, value) tokens followed by queries. Every mechanism reads the
-same context with its own rule and answers the argmax of its readout over one-hot classes:
+Each context is a set of (key, value) tokens followed by queries; every mechanism reads the same
+context with its own rule (:func:`read_all`) and answers the argmax of its readout over one-hot
+classes. The result tables compare only the gate (``sv``) with its gate-off ablation (``rbf``), the
+same training-free readout (:data:`ABLATION`); ``references=("softmax", "deltanet")`` adds
+training-free readouts as a separately labelled table, never beside a seed figure.
 
-* ``sv``      gated RBF readout ``Σ α κ(q,x) v / Σ α κ(q,x)``; α from the exact maintained fp64
-              gate (:class:`sv_core.Gate`) with ``C = 1/(ν n₀)`` calibrated **once** at the
-              declared size ``n₀`` of the smallest context of the sweep and held fixed;
-* ``rbf``     the same readout ungated (α uniform): the gate-off ablation;
-* ``softmax`` ``softmax(q·k/√d)`` over the context (:func:`models.multihead.masked_softmax_attention`);
-* ``linear``  causal linear attention, feature map ``elu+1`` (:func:`models.attn_linear.linear_attention`);
-* ``deltanet`` the delta rule with L2-normalised keys/queries and ``β = 1``
-              (:func:`models.attn_deltanet.deltanet_chunked`): a matched fixed state of ``d_v × d``.
-
-The recurrences read the context causally: their readout is the output at the last context
-position with the query placed in that position's query slot (state after the whole context).
-
-**What the studies compare.** The result tables and figures compare only the gate (``sv``) with
-its gate-off ablation (``rbf``): both are the same training-free readout, so the comparison is
-like for like. The softmax / linear / DeltaNet readouts here would be *training-free* on fixed
-random embeddings while the seed trained its sequence models, and linear attention is 0.0 by
-construction (positive ``elu+1`` weights average one-hot values, so the majority filler class
-wins); those cross-model rows are therefore dropped. ``references=("softmax", "deltanet")`` adds
-them as a separate table labelled training-free reference (never in the main table, never beside
-a seed figure).
-
-Tasks
------
-``selective_copying``: 8 informative keys ``N(0, I_d)`` (classes 0..7) + F filler tokens
-  ``f + filler_jitter·N(0, I_d)`` (one shared random centre ``f``, class "blank"), random order;
-  queries = informative keys + noise; F swept 8 → 120.
-``capacity``: N near-orthogonal items (random directions of norm ``key_norm`` in d = 16) + 20
-  near-duplicate filler tokens (class "blank"); N swept 8 → 40.
-``mqar_control``: 10 distinct key-value pairs, queries = keys + noise; gated vs ungated vs softmax,
-  and the support fraction (share of keys with α > 0).
+Tasks: ``selective_copying`` (8 informative keys + F near-duplicate filler tokens, F swept 8 → 120;
+:func:`selective_copying_context`), ``capacity`` (N near-orthogonal items in d = 16 + 20 filler
+tokens, N swept 8 → 40; :func:`capacity_context`), ``mqar_control`` (10 distinct key-value pairs:
+gated vs ungated vs softmax and the support fraction; :func:`mqar_context`).
 """
 from __future__ import annotations
 
@@ -95,7 +72,20 @@ def sv_readout(X, V, Q, C: float, sigma: float) -> tuple[np.ndarray, int]:
 
 
 def read_all(X, V, Q, *, C: float, sigma: float, mechanisms=MECHANISMS) -> tuple[dict, int | None]:
-    """Readouts ``{mechanism: (m, d_v)}`` and the SV support size."""
+    """Readouts ``{mechanism: (m, d_v)}`` and the SV support size.
+
+    * ``sv``      gated RBF readout ``Σ α κ(q,x) v / Σ α κ(q,x)``; α from the exact maintained fp64
+                  gate (:class:`sv_core.Gate`) with ``C = 1/(ν n₀)`` calibrated **once** at the
+                  declared size ``n₀`` of the smallest context of the sweep and held fixed;
+    * ``rbf``     the same readout ungated (α uniform): the gate-off ablation;
+    * ``softmax`` ``softmax(q·k/√d)`` over the context (:func:`models.multihead.masked_softmax_attention`);
+    * ``linear``  causal linear attention, feature map ``elu+1`` (:func:`models.attn_linear.linear_attention`);
+    * ``deltanet`` the delta rule with L2-normalised keys/queries and ``β = 1``
+                  (:func:`models.attn_deltanet.deltanet_chunked`): a matched fixed state of ``d_v × d``.
+
+    The recurrences read the context causally: their readout is the output at the last context
+    position with the query placed in that position's query slot (state after the whole context).
+    """
     out, support = {}, None
     for mech in mechanisms:
         if mech == "sv":
@@ -171,6 +161,13 @@ REFERENCE_NOTE = ("training-free readouts of the SAME fixed random embeddings (n
 
 
 def _check_references(refs) -> tuple[str, ...]:
+    """The training-free reference mechanisms asked for (typed error otherwise).
+
+    The softmax / linear / DeltaNet readouts here are *training-free* on fixed random embeddings while
+    the seed trained its sequence models, and linear attention is 0.0 by construction (positive
+    ``elu+1`` weights average one-hot values, so the majority filler class wins); so they are never in
+    the main table and ``linear`` is refused.
+    """
     refs = tuple(refs or ())
     bad = [r for r in refs if r not in REFERENCE_MECHANISMS]
     if bad:

@@ -1,48 +1,11 @@
 """Matched-budget selection under skewed redundancy (seed 001 §5, seed 000 §5).
 
-Context (per trial; 60 trials in the full run)
-----------------------------------------------
-* 12 groups with centres ``c_g ~ centre_scale · N(0, I_d)``; 6 *rare* groups hold one key at
-  the centre, 6 *dense* groups hold 10 near-duplicates ``c_g + dup_jitter · N(0, I_d)``
-  (n = 66, 12 effective items). Token order: the rare keys are stated first, then the dense
-  groups in random interleaved order (rare facts early, repetitive boilerplate later).
-* Two queries probe each group: ``c_g + query_noise · N(0, I_d)`` (24 queries).
-* Readout for **every** policy: uniform RBF weights ``κ(q, x_i)`` over the kept keys, one-hot
-  group values, answer = argmax group (so only the selection differs).
-
-Budget ``k`` = the support size ``|S ∪ E|`` of the exact fixed-C gate
-(:class:`evaluation.policies.SupportVectorPolicy`, ``C = 1/(ν n)``) of that trial. The seed's
-budgets are ~56 % and ~41 % of n; on this geometry ν = 0.45 and ν = 0.29 give mean budgets of
-55.5 % and 41.1 % over the 60 seeded trials (ν = 0.5 / 0.35, used before, gave 60 % / 47 %); the
-measured mean fractions are reported beside the target (``budget_target``). Policies (one
-interface, :mod:`evaluation.policies` and :mod:`evaluation.peers`): ``sv`` (support set),
-``oracle`` (the paper's oracle, below), ``oracle_normalised`` (a stronger oracle, below),
-``warm`` (the paper's oracle score computed from the first half of the shuffled query stream;
-recall is measured on the unseen second half), ``density`` (H2O-style Gram column sums, no
-queries), ``recency``, ``random``, ``full`` (no eviction), and the peers ``leverage``,
-``kernel_leverage`` (gate's σ), ``keydiff`` (no queries) and ``snapkv``, ``tova`` (observed stream =
-first half of the queries, like ``warm``; measured on the unseen second half).
-
-The oracle, and its query model
--------------------------------
-Seed 001 calls it an "oracle attention-mass proxy (H2O-style)"; seed 000 §5 keeps "the top-k
-tokens by accumulated attention mass, given an oracle form (scoring with the evaluation
-queries)"; and seed 001 §5 defines the paper's H2O-style proxy as "summed RBF similarity" (the
-ICU density proxy). ``oracle`` is that proxy with the evaluation queries in place of the other
-tokens — **query model: the 24 evaluation queries (two per group, equal weight), each adding its
-unnormalised kernel similarity** ``κ(q, x_i)`` **to every key**: ``score_i = Σ_q κ(q, x_i)``
-(:func:`paper_oracle_scores`). It is the seed-comparable row. ``oracle_normalised`` is the
-project's earlier, stronger variant: each query's attention is normalised over the keys first
-(``score_i = Σ_q κ(q, x_i) / Σ_j κ(q, x_j)``, :class:`evaluation.policies.OracleAttentionPolicy`),
-so a singleton key collects its queries' whole mass while ten near-duplicates share theirs — it keeps
-rare keys and scores far above the paper. The ``oracle_query_models`` table adds a third query model
-for reference: normalised attention from a token-proportional query stream (one query per context
-token, the token's key + ``query_noise`` jitter), where the dense groups issue most queries.
-
-Paired comparison with SV (``vs_sv`` in each budget block): per-trial SV − policy rare recall,
-percentile bootstrap over trials (10,000×, same resampled trials for every policy). Policies that
-see the observed half of the query stream (``warm``, ``snapkv``, ``tova``) are paired with SV's
-recall on the same unseen second half (``rare_unseen``); the others on all queries.
+Per trial, 6 rare keys and 6 groups of 10 near-duplicates (:func:`make_context`); every policy
+keeps ``k`` = the support size ``|S ∪ E|`` of the exact fixed-C gate of that trial and reads out
+through the same uniform RBF weights, so only the selection differs. ν per budget (:data:`NUS`) is
+chosen so the mean budget is near the seed's ~56 % and ~41 % of n; the measured fractions are
+reported beside the target. The paper's oracle and its query model: :func:`paper_oracle_scores`;
+the policies and the paired comparison with SV: :func:`run`.
 """
 from __future__ import annotations
 
@@ -61,7 +24,7 @@ POLICIES = ("sv", "oracle", "oracle_normalised", "warm", "density", "recency", "
             "leverage", "kernel_leverage", "keydiff", "snapkv", "tova")
 #: policies that read the observed (first) half of the query stream; scored on the unseen half
 OBSERVED_QUERY_POLICIES = ("warm", "snapkv", "tova")
-#: ν per budget: mean |S∪E|/n ≈ the seed's 56 % and 41 % (module doc)
+#: ν per budget: mean |S∪E|/n near the seed's 56 % and 41 %
 NUS = (0.45, 0.29)
 BUDGET_TARGETS = {0.45: 0.56, 0.29: 0.41}
 SEED_RARE = {"sv": 0.861, "oracle": 0.319, "random": 0.472, "recency": 0.0, "full": 0.86}
@@ -102,6 +65,13 @@ def make_context(rng: np.random.Generator, *, d: int = 4, n_rare: int = 6, n_den
     -------
     dict with ``X`` (n, d) keys in temporal order, ``y`` (n,) group labels, ``rare`` (G,) bool per
     group, ``Q`` (m, d) queries (shuffled), ``qy`` (m,) their groups, ``n_groups``.
+
+    12 groups with centres ``c_g ~ centre_scale · N(0, I_d)``; 6 *rare* groups hold one key at the
+    centre, 6 *dense* groups hold 10 near-duplicates ``c_g + dup_jitter · N(0, I_d)`` (n = 66, 12
+    effective items). Token order: the rare keys first, then the dense groups in random interleaved
+    order (rare facts early, repetitive boilerplate later). Two queries probe each group:
+    ``c_g + query_noise · N(0, I_d)`` (24 queries). The readout for every policy: uniform RBF weights
+    ``κ(q, x_i)`` over the kept keys, one-hot group values, answer = argmax group.
     """
     G = n_rare + n_dense
     centres = centre_scale * rng.standard_normal((G, d))
@@ -120,7 +90,21 @@ def make_context(rng: np.random.Generator, *, d: int = 4, n_rare: int = 6, n_den
 
 def paper_oracle_scores(keys: np.ndarray, queries: np.ndarray, sigma: float) -> np.ndarray:
     """The paper's oracle score: summed RBF similarity of each key to the queries,
-    ``score_i = Σ_q κ(q, x_i)`` (unnormalised). keys (n, d), queries (m, d) -> (n,)."""
+    ``score_i = Σ_q κ(q, x_i)`` (unnormalised). keys (n, d), queries (m, d) -> (n,).
+
+    Seed 001 calls it an "oracle attention-mass proxy (H2O-style)"; seed 000 §5 keeps "the top-k
+    tokens by accumulated attention mass, given an oracle form (scoring with the evaluation
+    queries)"; and seed 001 §5 defines the paper's H2O-style proxy as "summed RBF similarity" (the
+    ICU density proxy). ``oracle`` is that proxy with the evaluation queries in place of the other
+    tokens — query model: the 24 evaluation queries (two per group, equal weight), each adding its
+    unnormalised kernel similarity to every key. It is the seed-comparable row. ``oracle_normalised``
+    is the stronger variant: each query's attention is normalised over the keys first
+    (``score_i = Σ_q κ(q, x_i) / Σ_j κ(q, x_j)``, :class:`evaluation.policies.OracleAttentionPolicy`),
+    so a singleton key collects its queries' whole mass while ten near-duplicates share theirs. The
+    ``oracle_query_models`` table adds normalised attention from a token-proportional query stream
+    (one query per context token, the token's key + ``query_noise`` jitter), where the dense groups
+    issue most queries.
+    """
     from sv_core import rbf_kernel
 
     X = np.asarray(keys, dtype=np.float64)
@@ -219,7 +203,20 @@ def run_trial(rng: np.random.Generator, *, nus=NUS, sigma: float = 1.0, ctx_kw: 
 def run(trials: int = 60, seed: int = 0, *, nus=NUS, sigma: float = 1.0, d: int = 4,
         centre_scale: float = 1.5, dup_jitter: float = 0.05, query_noise: float = 0.3,
         progress: bool = False) -> dict:
-    """Run the study; returns a ``dashboards/SCHEMA.md`` result dict."""
+    """Run the study; returns a ``dashboards/SCHEMA.md`` result dict.
+
+    Policies (:mod:`evaluation.policies`, :mod:`evaluation.peers`): ``sv`` (support set), ``oracle``
+    and ``oracle_normalised`` (:func:`paper_oracle_scores`), ``warm`` (the paper's oracle score from
+    the first half of the shuffled query stream; recall on the unseen second half), ``density``
+    (H2O-style Gram column sums, no queries), ``recency``, ``random``, ``full`` (no eviction), and the
+    peers ``leverage``, ``kernel_leverage`` (gate's σ), ``keydiff`` (no queries) and ``snapkv``,
+    ``tova`` (observed stream = the first half of the queries, like ``warm``).
+
+    Paired comparison with SV (``vs_sv`` in each budget block): per-trial SV − policy rare recall,
+    percentile bootstrap over trials (10,000×, the same resampled trials for every policy). Policies
+    that see the observed half of the query stream (``warm``, ``snapkv``, ``tova``) are paired with
+    SV's recall on the same unseen second half (``rare_unseen``); the others on all queries.
+    """
     from tqdm.auto import tqdm
 
     trials = check_int("trials", trials, 1)

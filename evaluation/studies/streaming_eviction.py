@@ -3,33 +3,10 @@
 The skewed-redundancy context (:func:`evaluation.studies.skewed_redundancy.make_context`) is
 streamed in a random token order, ``chunk`` tokens at a time, into a cache of at most ``budget``
 tokens. Each policy decides what to evict at every chunk boundary, before any evaluation query is
-known; recall is measured once at the end with the shared uniform-RBF readout over the cache.
-
-* ``sv`` — the causal layer's exact long-range gate path: a maintained fixed-C gate
-  (:class:`sv_core.Gate`, ``C = 1/(ν n₀)`` with ``n₀`` = the stream length, fixed) admits each
-  chunk by C&P increments, then evicts its reserve keys with a point-in-time certificate
-  (:meth:`Gate.evict_reserve`). If the cache still exceeds the budget, the smallest-α active keys
-  are removed by the exact decrement (:meth:`Gate.forget`) — an uncertified budget eviction,
-  counted in the result. The ungated warm-up (fewer than ``⌈1/C⌉ + 2`` keys) evicts by recency.
-* ``h2o`` — streaming heavy-hitter eviction: every arriving token attends (uniform RBF
-  normalised over the cache plus itself) to the cache; attention received is accumulated per
-  token; the lowest-accumulated tokens are evicted down to the budget.
-* ``recency`` keeps the last ``budget`` tokens; ``random`` evicts uniformly at random.
-* peers (:mod:`evaluation.peers`): ``leverage``, ``kernel_leverage`` (gate's σ) and ``keydiff``
-  re-score the cache plus the arriving chunk at every chunk boundary and keep the top ``budget``
-  (a kvpress-style press applied per chunk); ``snapkv`` does the same with the arriving chunk's
-  keys as the observation window (queries) and, as SnapKV does, always keeps the window tokens;
-  ``tova`` evicts token by token, as TOVA does: whenever the cache exceeds the budget, the token
-  the newest token attends to least (ties: the older) is dropped. As for ``h2o``, the stream's own
-  keys act as queries (keys and evaluation queries share one space here); no peer sees an
-  evaluation query.
-
-Paired comparison (``metrics["vs_sv"]``): per-trial SV − policy rare recall, percentile bootstrap
-over trials (10,000×, the same resampled trials for every policy); ``metrics["peer_beats_sv"]``
-lists policies whose interval lies above SV. SV's certificate counts are reported beside them.
-
-Pruned streaming is an empirical trajectory, not certified equal to the full-history solve
-(seed 001 Proposition 2).
+known; recall is measured once at the end with the shared uniform-RBF readout over the cache. The
+policies (SV's certified reserve eviction, streaming H2O, recency, random and the published peers
+applied per chunk) and the paired comparison: :func:`run`. Pruned streaming is an empirical
+trajectory, not certified equal to the full-history solve (seed 001 Proposition 2).
 """
 from __future__ import annotations
 
@@ -164,7 +141,30 @@ def run_trial(rng: np.random.Generator, *, budget_frac: float = 0.56, chunk: int
 
 def run(trials: int = 60, seed: int = 0, *, budget_frac: float = 0.56, chunk: int = 6, nu: float = 0.5,
         sigma: float = 1.0, centre_scale: float = 1.5, order: str = "random", progress: bool = False) -> dict:
-    """Run the streaming study; returns a ``dashboards/SCHEMA.md`` result dict."""
+    """Run the streaming study; returns a ``dashboards/SCHEMA.md`` result dict.
+
+    * ``sv`` (:func:`stream_sv`) — the causal layer's exact long-range gate path: a maintained fixed-C
+      gate (:class:`sv_core.Gate`, ``C = 1/(ν n₀)`` with ``n₀`` = the stream length, fixed) admits
+      each chunk by C&P increments, then evicts its reserve keys with a point-in-time certificate
+      (:meth:`Gate.evict_reserve`). If the cache still exceeds the budget, the smallest-α active keys
+      are removed by the exact decrement (:meth:`Gate.forget`) — an uncertified budget eviction,
+      counted in the result. The ungated warm-up (fewer than ``⌈1/C⌉ + 2`` keys) evicts by recency.
+    * ``h2o`` (:func:`stream_h2o`) — streaming heavy-hitter eviction: every arriving token attends
+      (uniform RBF normalised over the cache plus itself) to the cache; attention received is
+      accumulated per token; the lowest-accumulated tokens are evicted down to the budget.
+    * ``recency`` keeps the last ``budget`` tokens; ``random`` evicts uniformly at random.
+    * peers (:mod:`evaluation.peers`, :func:`stream_press`): ``leverage``, ``kernel_leverage`` (gate's
+      σ) and ``keydiff`` re-score the cache plus the arriving chunk at every chunk boundary and keep
+      the top ``budget`` (a kvpress-style press applied per chunk); ``snapkv`` does the same with the
+      arriving chunk's keys as the observation window (queries) and, as SnapKV does, always keeps the
+      window tokens; ``tova`` (:func:`stream_tova`) evicts token by token, as TOVA does: whenever the
+      cache exceeds the budget, the token the newest token attends to least (ties: the older) is
+      dropped. As for ``h2o``, the stream's own keys act as queries; no peer sees an evaluation query.
+
+    Paired comparison (``metrics["vs_sv"]``): per-trial SV − policy rare recall, percentile bootstrap
+    over trials (10,000×, the same resampled trials for every policy); ``metrics["peer_beats_sv"]``
+    lists policies whose interval lies above SV. SV's certificate counts are reported beside them.
+    """
     from tqdm.auto import tqdm
 
     trials = check_int("trials", trials, 1)

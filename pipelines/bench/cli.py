@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sv_core.jsonfile import write_json
+
 MODES = ("own", "prefect", "reuse")
 
 
@@ -137,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             summary[f"{m}/{c}"] = {"wall_s": _median(w), "compute_s": _median(k), "overhead_s": _median(o)}
             print(f"{m:8s} {c:15s} {_median(w):8.2f} {_median(k):10.2f} {_median(o):11.2f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"summary": summary, "raw": raw, "stays": a.stays, "trials": a.trials},
-                                           indent=1))
+        write_json(a.json, {"summary": summary, "raw": raw, "stays": a.stays, "trials": a.trials}, indent=1)
     return 0
 
 

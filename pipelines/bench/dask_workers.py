@@ -1,31 +1,12 @@
 """Does ``--dask`` pay? The retention study on the same stays, local vs 1 vs 2 Dask worker processes.
 
 ``python -m pipelines.bench.dask_workers --stays 1000 [--repeats 3] [--sensitivity-stays N] [--json OUT]``
-runs ``forgetful retention --stays N`` (its defaults: refit audit, sensitivity table, gates
-persisted) in this process, ``repeats`` times per mode, the modes interleaved (order rotated each
-round):
-
-* ``local``: the default thread pool (2 threads);
-* ``dask-1`` / ``dask-2``: a ``LocalCluster`` of 1 or 2 worker processes (1 thread each),
-  started before the run and closed after it, so that no idle cluster shares the cores with the
-  measured one; its start-up and an untimed warm-up run on it (16 stays: the workers' imports)
-  are not timed.
-
-One untimed local warm-up run comes first (16 stays: the API server, this process's imports).
-The task cache is cleared before every run (nothing is served from an earlier run). Without ``--warehouse`` a synthetic warehouse
-(``--warehouse-seed``, enough stays for ``N`` eligible ones) is generated in a temporary folder.
-
-Each run is recorded with :func:`pipelines.runtime.scaleout.chunk_log`: its timeline (start-up, the
-pilot, every chunk phase — stay batches, refit audit, sensitivity — the flow's own work between
-and after them) and, on Dask, every chunk's stays (count, hours), estimated and measured seconds,
-worker and start/end. From each ``dask-1`` run's measured chunks the benchmark computes what 2
-workers could reach with that work, independent of the machine's load (:func:`ideals`): its
-flow-side seconds plus, per phase, the work halved (a stay never split), the longest-first (LPT)
-schedule of its own chunks, and the bound with the audit and sensitivity chunks overlapping the
-stay batches. The result file holds the runs, the median and range per mode, the paired
-speed-ups (median and range over rounds), those bounds, the largest chunk's share of the work
-and whether every run's retention metrics were identical. ``--table FILE …`` prints the
-tables from result files; ``--readme docs/DASK.md`` writes them between its ``bench_dask`` markers.
+runs ``forgetful retention --stays N`` in this process, ``repeats`` times per mode, the modes
+interleaved (``local``: the default thread pool; ``dask-1`` / ``dask-2``: a ``LocalCluster`` of 1 or
+2 worker processes), each run's timeline and chunks recorded (:func:`run` states the protocol).
+From each ``dask-1`` run's measured chunks it computes what 2 workers could reach with that work
+(:func:`ideals`). ``--table FILE …`` prints the tables from result files; ``--readme docs/DASK.md``
+writes them between its ``bench_dask`` markers.
 """
 from __future__ import annotations
 
@@ -39,6 +20,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from dashboards.numbers import md_table, spread
+from sv_core.jsonfile import write_json
 
 MODES = ("local", "dask-1", "dask-2")
 BEGIN, END = "<!-- bench_dask:begin -->", "<!-- bench_dask:end -->"
@@ -207,6 +191,28 @@ def dominance(big: dict | None) -> str:
 
 def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stays: int = 200,
         warehouse_seed: int = 0) -> dict:
+    """The benchmark; returns the result dict.
+
+    Modes, interleaved (order rotated each round): ``local`` (the default thread pool, 2 threads);
+    ``dask-1`` / ``dask-2`` (a ``LocalCluster`` of 1 or 2 worker processes, 1 thread each, started
+    before the run and closed after it, so that no idle cluster shares the cores with the measured
+    one; its start-up and an untimed warm-up run on it, 16 stays: the workers' imports, are not
+    timed). The retention command runs with its defaults (refit audit, sensitivity table, gates
+    persisted). One untimed local warm-up run comes first (16 stays: the API server, this process's
+    imports). The task cache is cleared before every run (nothing is served from an earlier run).
+    Without ``warehouse`` a synthetic warehouse (``warehouse_seed``, enough stays for ``stays``
+    eligible ones) is generated in a temporary folder.
+
+    Each run is recorded with :func:`pipelines.runtime.scaleout.chunk_log`: its timeline (start-up,
+    the pilot, every chunk phase — stay batches, refit audit, sensitivity — the flow's own work
+    between and after them) and, on Dask, every chunk's stays (count, hours), estimated and measured
+    seconds, worker and start/end. :func:`ideals` computes, from each ``dask-1`` run's chunks and
+    independent of the machine's load, its flow-side seconds plus, per phase, the work halved (a
+    stay never split), the longest-first (LPT) schedule of its own chunks, and the bound with the
+    audit and sensitivity chunks overlapping the stay batches. The result holds the runs, the
+    median and range per mode, the paired speed-ups (median and range over rounds), those bounds,
+    the largest chunk's share of the work and whether every run's retention metrics were identical.
+    """
     from distributed import LocalCluster
     from prefect_dask import DaskTaskRunner
 
@@ -308,47 +314,42 @@ def summarise(runs: list[dict], metrics: dict, **info) -> dict:
     }
 
 
-def _fmt(x: dict, unit: str = "") -> str:
-    return f"{x['median']:.{2 if unit == '×' else 1}f}{unit} ({x['min']:.{2 if unit == '×' else 1}f}–{x['max']:.{2 if unit == '×' else 1}f})"
-
-
 def table(result: dict) -> str:
     """The README's Markdown tables from a result file."""
     s, sp, ph = result["seconds"], result["speedup"], result["phases"]
     hd = result["sample_hours"]
     lines = [f"**{result['stays']} stays** (synthetic warehouse seed {result.get('warehouse_seed')}; stay hours median "
              f"{hd['median']}, 90th percentile {hd['p90']}, largest {hd['max']:,})"
-             + dominance(result.get("largest_chunk")) + ":", "",
-             "| mode | command s | stay-batch phase s | vs dask-1 (command) | vs dask-1 (stay batches) | vs local |",
-             "|---|---|---|---|---|---|"]
+             + dominance(result.get("largest_chunk")) + ":", ""]
+    rows = []
     for m in MODES:
         vs1 = {"dask-2": (sp["dask-2 vs dask-1"], sp["batches dask-2 vs dask-1"])}.get(m)
         vl = sp.get(f"{m} vs local")
-        lines.append(f"| {m} | {_fmt(s[m])} | {_fmt(ph[m]['batches'])} | "
-                     + (f"{_fmt(vs1[0], '×')} | {_fmt(vs1[1], '×')}" if vs1 else "— | —")
-                     + f" | {_fmt(vl, '×') if vl else '—'} |")
+        rows.append([m, spread(s[m]), spread(ph[m]["batches"]),
+                     *((spread(vs1[0], 2, "×"), spread(vs1[1], 2, "×")) if vs1 else ("—", "—")),
+                     spread(vl, 2, "×") if vl else "—"])
     ide = ideals(result["runs"])  # from the runs' measured chunks (the current definition)
     if ide:
         b, o = ide["bound"], ide["overlapped"]
-        lines.append(f"| bound, 2 workers (each dask-1 run's measured work halved per phase, a stay never split) "
-                     f"| {_fmt(b['seconds'])} | | {_fmt(b['speedup_vs_dask-1'], '×')} | "
-                     f"{_fmt(b['batches_speedup_vs_dask-1'], '×') if 'batches_speedup_vs_dask-1' in b else ''} | |")
-        lines.append(f"| bound, 2 workers, the audit and sensitivity chunks overlapping the stay batches "
-                     f"| {_fmt(o['seconds'])} | | {_fmt(o['speedup_vs_dask-1'], '×')} | | |")
-    lines += ["", "| mode | flow's own s (start-up, pilot, comparison, gate staging, result) | of which pilot s | stay batches s "
-                  "| refit audit s | sensitivity s |", "|---|---|---|---|---|---|"]
-    for m in MODES:
-        p = ph[m]
-        lines.append(f"| {m} | {_fmt(p['flow'])} | {_fmt(p['pilot'])} | {_fmt(p['batches'])} | {_fmt(p['audit'])} "
-                     f"| {_fmt(p['sensitivity'])} |")
+        rows.append(["bound, 2 workers (each dask-1 run's measured work halved per phase, a stay never split)",
+                     spread(b["seconds"]), "", spread(b["speedup_vs_dask-1"], 2, "×"),
+                     spread(b["batches_speedup_vs_dask-1"], 2, "×") if "batches_speedup_vs_dask-1" in b else "", ""])
+        rows.append(["bound, 2 workers, the audit and sensitivity chunks overlapping the stay batches",
+                     spread(o["seconds"]), "", spread(o["speedup_vs_dask-1"], 2, "×"), "", ""])
+    lines += md_table(["mode", "command s", "stay-batch phase s", "vs dask-1 (command)", "vs dask-1 (stay batches)",
+                       "vs local"], rows) + [""]
+    lines += md_table(["mode", "flow's own s (start-up, pilot, comparison, gate staging, result)", "of which pilot s",
+                       "stay batches s", "refit audit s", "sensitivity s"],
+                      [[m] + [spread(ph[m][k]) for k in ("flow", "pilot", "batches", "audit", "sensitivity")]
+                       for m in MODES])
     big, ld = result.get("largest_chunk"), result["load_1min"]
     con = contention(result["runs"])
     lines.append("")
     if con and "work_ratio" in con:
         lines.append(f"*Two worker processes slow each other: a dask-2 run's chunk seconds add up to "
-                     f"{_fmt(con['work_ratio'], '×')} the same round's dask-1 run's"
-                     + (f" (CPU seconds {_fmt(con['cpu_ratio'], '×')})" if "cpu_ratio" in con else "")
-                     + (f"; each worker waits {_fmt(con['gaps_s'])} s in all between its chunks"
+                     f"{spread(con['work_ratio'], 2, '×')} the same round's dask-1 run's"
+                     + (f" (CPU seconds {spread(con['cpu_ratio'], 2, '×')})" if "cpu_ratio" in con else "")
+                     + (f"; each worker waits {spread(con['gaps_s'])} s in all between its chunks"
                         if "gaps_s" in con else "")
                      + ".*")
         lines.append("")
@@ -401,8 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the clusters' own INFO lines
     res = run(a.stays, a.repeats, a.warehouse, a.sensitivity_stays, a.warehouse_seed)
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        write_json(a.json, res, indent=1)
     print(table(res))
     return 0
 

@@ -13,7 +13,7 @@ second records a run made that way earlier from the files it wrote. Either write
 the data's aggregate counts) to ``--out``, attaches it to the scale benchmark's result
 (``--into docs/SCALE.json``, key ``full_run``; :func:`pipelines.bench.scale_report.merge_results`
 keeps it) and re-renders ``--doc`` from that result, so ``docs/SCALE.md`` states the figures of
-the result file. A run on a 42,000-stay root takes about half an hour on 2 idle cores.
+the result file (its run time is in the record).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pipelines.bench.fullrun_report import FullRunError, Provenance, make_record
 from pipelines.bench.scale import machine_info, uptime_line, write_doc
+from sv_core.jsonfile import write_json
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -41,13 +42,6 @@ def _commit() -> str | None:
     return r.stdout.strip() or None if r.returncode == 0 else None
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def attach(record: dict, into: Path, doc: Path | None) -> None:
     """Put ``record`` into the scale result ``into`` (key ``full_run``) and re-render ``doc``."""
     try:
@@ -57,7 +51,7 @@ def attach(record: dict, into: Path, doc: Path | None) -> None:
     except (OSError, ValueError) as e:
         raise FullRunError(f"scale result is not readable JSON: {into} ({type(e).__name__})") from None
     result["full_run"] = record
-    _write_json(into, result)
+    write_json(into, result, indent=1)
     if doc is not None:
         write_doc(result, doc, os.path.relpath(into.resolve(), doc.resolve().parent))
 
@@ -138,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                                  made=Provenance(a.command, a.command, a.commit, machine_info(), a.uptime_start,
                                                  a.uptime_end, a.rc, now))
         if a.out:
-            _write_json(Path(a.out), record)
+            write_json(a.out, record, indent=1)
         attach(record, Path(a.into), None if a.no_doc else Path(a.doc))
     except FullRunError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dashboards.numbers import duration, fixed, md_table
 from pipelines.errors import PipelineError
 
 KIND = "run_all_full"
@@ -112,20 +113,6 @@ def make_record(steps_json: Path, runs_dir: Path, *, root: Path | None, made: Pr
             "headlines": headlines(runs_dir)}
 
 
-def _f(x, digits: int = 0) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, (int, float)) and digits == 0:
-        return f"{round(x):,}"
-    return f"{x:,.{digits}f}"
-
-
-def _wall(s) -> str:
-    if s is None:
-        return "–"
-    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
-
-
 def render_section(fr: dict) -> list[str]:
     """The ``docs/SCALE.md`` section of a full-run record (markdown lines)."""
     d = fr.get("data") or {}
@@ -135,20 +122,20 @@ def render_section(fr: dict) -> list[str]:
     top = max(steps, key=lambda k: steps[k].get("peak_rss_mb") or 0.0) if steps else None
     verdict = ("within" if peak is not None and peak <= PEAK_TARGET_MB else "above")
     L = ["## Full-size run-all", "",
-         f"One `run-all` on a generated MIMIC-layout root of {_f(d.get('chartevents_rows'))} chartevents rows, "
-         f"{_f(d.get('icu_stays'))} ICU stays, {_f(d.get('eligible_stays'))} eligible (≥ 48 h), "
-         f"{_f(d.get('hourly_tokens'))} hourly tokens; commit `{(fr.get('commit') or '?')[:7]}`, "
+         f"One `run-all` on a generated MIMIC-layout root of {fixed(d.get('chartevents_rows'), 0)} chartevents rows, "
+         f"{fixed(d.get('icu_stays'), 0)} ICU stays, {fixed(d.get('eligible_stays'), 0)} eligible (≥ 48 h), "
+         f"{fixed(d.get('hourly_tokens'), 0)} hourly tokens; commit `{(fr.get('commit') or '?')[:7]}`, "
          f"exit code {fr.get('rc')}. Made by:", "", "```", fr.get("bench_command") or fr.get("command") or "?", "```", "",
          f"`uptime` at the start: {fr.get('uptime_start', '?')}; at the end: {fr.get('uptime_end', '?')}.", "",
          f"Peak RSS: {fr.get('rss_method_note') or fr.get('rss_method') or '?'}. *start RSS* is what earlier steps "
          "left resident when the step began (it counts in the step's peak); *children* is the largest child "
-         "process alive in the step (the Prefect API server run-all starts, generator workers).", "",
-         "| step | wall | CPU s | peak RSS MB | of which children MB | start RSS MB |", "|---|---:|---:|---:|---:|---:|"]
-    for name, v in steps.items():
-        L.append(f"| {name} | {_wall(v.get('wall_s'))} | {_f(v.get('cpu_s'))} | {_f(v.get('peak_rss_mb'))} | "
-                 f"{_f(v.get('children_peak_rss_mb'))} | {_f(v.get('start_rss_mb'))} |")
-    L += ["", f"Total: {_wall(fr.get('total_seconds'))} wall, {_f(cpu)} CPU-s; the largest step's peak RSS "
-              f"{_f(peak)} MB ({top}) — {verdict} issue 20's {_f(PEAK_TARGET_MB)} MB."]
+         "process alive in the step (the Prefect API server run-all starts, generator workers).", ""]
+    L += md_table(["step", "wall", "CPU s", "peak RSS MB", "of which children MB", "start RSS MB"],
+                  [[name, duration(v.get("wall_s")), fixed(v.get("cpu_s"), 0), fixed(v.get("peak_rss_mb"), 0),
+                    fixed(v.get("children_peak_rss_mb"), 0), fixed(v.get("start_rss_mb"), 0)]
+                   for name, v in steps.items()], align="lrrrrr")
+    L += ["", f"Total: {duration(fr.get('total_seconds'))} wall, {fixed(cpu, 0)} CPU-s; the largest step's peak RSS "
+              f"{fixed(peak, 0)} MB ({top}) — {verdict} issue 20's {fixed(PEAK_TARGET_MB, 0)} MB."]
     if fr.get("headlines"):
         L += ["", "Studies (from their result files): "
               + "; ".join(f"{k} {v}" for k, v in fr["headlines"].items()) + "."]

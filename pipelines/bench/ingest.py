@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dashboards.numbers import fixed, md_table, spread
+from sv_core.jsonfile import write_json
+
 T0 = np.datetime64("2150-01-01T00:00:00", "us")
 #: (itemid, nominal mean, nominal sd) per vital, in the warehouse's VITALS order
 ITEMS = {"hr": (220045, 85.0, 15.0), "sbp": (220179, 120.0, 18.0), "dbp": (220180, 65.0, 11.0),
@@ -275,8 +278,10 @@ def cli_compare(stays: int, work: Path, sides: dict[str, str], repeats: int, see
 
 # ------------------------------------------------------------------------ markdown from result files
 def _med(xs: list[float]) -> str:
-    xs = sorted(xs)
-    return f"{float(np.median(xs)):.1f} ({xs[0]:.1f}–{xs[-1]:.1f})" if len(xs) > 1 else f"{xs[0]:.1f}"
+    """Median (min–max) of repeated wall times; one run: its value."""
+    if len(xs) == 1:
+        return fixed(xs[0])
+    return spread({"median": float(np.median(xs)), "min": min(xs), "max": max(xs)})
 
 
 MIMIC_TOKENS = 42_000 * 24  #: a day's new hourly tokens at MIMIC scale (issue 21)
@@ -299,9 +304,8 @@ def table(*results: dict) -> str:
     for r in results:
         if r.get("kind") == "cli":
             out += [f"`forgetful ingest` on a generated {r['stays']}-stay root, {r['repeats']} interleaved repeats "
-                    f"(wall seconds from process start to exit, median (min–max)):", "",
-                    "| checkout | first run (--init) | nothing new | the ingest itself: first / nothing new "
-                    "| load (1 min) |", "|---|---|---|---|---|"]
+                    f"(wall seconds from process start to exit, median (min–max)):", ""]
+            rows = []
             for side in r["sides"]:
                 sel = {k: [x for x in r["runs"] if x["side"] == side and x["run"] == k]
                        for k in ("first", "nothing_new")}
@@ -310,22 +314,23 @@ def table(*results: dict) -> str:
                        for k, v in sel.items()}
                 ld = [x["load_after"][0] for x in r["runs"] if x["side"] == side]
                 own_s = " / ".join(_med(own[k]) if own[k] else "–" for k in ("first", "nothing_new"))
-                out.append(f"| {side} ({Path(r['sides'][side]).name}) | {_med(w['first'])} | {_med(w['nothing_new'])} | {own_s} | "
-                           f"{min(ld):.1f}–{max(ld):.1f} |")
+                rows.append([f"{side} ({Path(r['sides'][side]).name})", _med(w["first"]), _med(w["nothing_new"]),
+                             own_s, f"{fixed(min(ld))}–{fixed(max(ld))}"])
+            out += md_table(["checkout", "first run (--init)", "nothing new",
+                             "the ingest itself: first / nothing new", "load (1 min)"], rows)
             out.append("")
             continue
         c = r["config"]
         out += [f"{c['stays']:,} live stays, {c['hours_per_day']} new hours per stay a day, late share {c['late']:g}, "
-                f"{r['machine']['cpus']} CPUs, load {r['machine']['load_start'][0]:.1f} at the start:", "",
-                "| phase | wall s | CPU s (all processes) | peak RSS MB (main / worker) | stays touched | "
-                "tokens admitted | CPU ms / token | tokens / s (wall) | start-up s | load after |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
-        for p in r["phases"]:
-            per = f"{1e3 * p['cpu_total_s'] / p['new_tokens']:.3f}" if p["new_tokens"] else "–"
-            tps = f"{p['tokens_per_s']:,.0f}" if p["new_tokens"] else "–"
-            out.append(f"| {p['phase']} | {p['wall_s']:.1f} | {p['cpu_total_s']:.1f} | {p['peak_rss_mb']:.0f} / "
-                       f"{p['worker_peak_rss_mb']:.0f} | {p['stays_touched']:,} | {p['new_tokens']:,} | {per} | "
-                       f"{tps} | {p['import_s']:.1f} | {p['load_after'][0]:.1f} |")
+                f"{r['machine']['cpus']} CPUs, load {r['machine']['load_start'][0]:.1f} at the start:", ""]
+        out += md_table(["phase", "wall s", "CPU s (all processes)", "peak RSS MB (main / worker)", "stays touched",
+                         "tokens admitted", "CPU ms / token", "tokens / s (wall)", "start-up s", "load after"],
+                        [[p["phase"], fixed(p["wall_s"]), fixed(p["cpu_total_s"]),
+                          f"{fixed(p['peak_rss_mb'], 0)} / {fixed(p['worker_peak_rss_mb'], 0)}", p["stays_touched"],
+                          p["new_tokens"],
+                          fixed(1e3 * p["cpu_total_s"] / p["new_tokens"], 3) if p["new_tokens"] else "–",
+                          fixed(p["tokens_per_s"], 0) if p["new_tokens"] else "–", fixed(p["import_s"]),
+                          fixed(p["load_after"][0])] for p in r["phases"]])
         out.append("")
         for p in r["phases"]:
             if not p["new_tokens"] or p["phase"] == "init":
@@ -382,7 +387,7 @@ def main(argv=None) -> int:
         res = cli_compare(a.stays, a.dir, sides, a.repeats, a.seed)
         a.out.mkdir(parents=True, exist_ok=True)
         f = a.out / f"bench_ingest_cli_{a.stays}{('_' + a.label) if a.label else ''}.json"
-        f.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(f, res)
         print(f"wrote {f}")
         return 0
     lay = Layout(a.stays, a.seed, a.history_hours, a.hours_per_day, a.days)
@@ -409,7 +414,7 @@ def main(argv=None) -> int:
     def save():
         res["machine"]["load_end"] = _load()
         res["warehouse_mb"] = wh.stat().st_size / 2 ** 20 if wh.is_file() else None
-        (a.out / name).write_text(json.dumps(res, indent=2) + "\n")
+        write_json(a.out / name, res)
 
     def phase(name, **kw):
         r = run_phase(name, wh, root, pp, extra=extra, **kw)

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sv_core.jsonfile import write_json
+
 
 def build_log(directory: Path, rows: int, keys, key) -> None:
     """``rows`` receipts and their signed heads, written in one pass."""
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
                            "cpu_median": round(statistics.median(cpu[k]), 4)} for k, v in times.items()}}
     print(json.dumps(out, indent=1))
     if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(a.json, out, indent=1)
     return 0
 
 

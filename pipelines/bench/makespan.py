@@ -3,27 +3,12 @@
 ``python -m pipelines.bench.makespan [--results FILE …] [--workers 1 2 4 8 32 128] [--json OUT]
 [--into docs/SCALE.json --doc docs/SCALE.md]`` (``--render RESULT`` only re-renders).
 
-A run on ``p`` worker processes takes ``T(p) = F(N) + pool(p)``:
-
-* ``F(N) = a + b N``: the flow's own seconds for ``N`` stays: its head ``a`` before the pool
-  (start-up, pilot, planning) and its serial tail after it (the comparison, gate staging, the
-  result) taken as proportional to ``N`` (an upper estimate: part of it is fixed);
-* ``pool(p)``: the list schedule of :func:`pipelines.runtime.scaleout.map_phases` simulated
-  (:func:`simulate`): the stay batches, refit audit and sensitivity chunks cut by the real
-  :func:`~pipelines.runtime.scaleout.plan_chunks` for ``p`` slots, submitted most expensive
-  first, one in flight per worker. A chunk of ``U`` cost units (:func:`~pipelines.runtime.scaleout.stay_units`)
-  takes ``s_phase U + o`` seconds; between two chunks a worker waits the round trip ``g``, and the
-  flow process handles each completion in turn for ``c`` seconds (the per-task overhead that a
-  large cluster queues behind one client).
-
-:func:`calibrate` fits ``s_phase`` and ``o`` on the ``dask-1`` runs' chunks (one worker: no
-sibling process), ``g`` and ``c`` on all Dask runs and ``κ`` (two busy processes on the 2-core
-machine slow each other) from paired rounds. Each stay's hours come from the synthetic
-generator's own stay draws (:func:`stay_hours`, no rows made): the benchmark's stay sets, and
-the full-size root (all eligible stays of 94,458 generated with seed 0, the run-all record's
-data). :func:`validate` predicts every measured ``dask-1``/``dask-2`` run; :func:`predict` gives
-the full cohort on 1 … 128 workers (a core per worker, ``κ = 1``; the ``κ`` column as on 2 shared
-cores), the bound ``max(longest chunk, work / p)`` and what limits it.
+A run on ``p`` worker processes takes ``T(p) = F(N) + pool(p)``: ``F(N) = a + b N`` the flow's own
+seconds for ``N`` stays, ``pool(p)`` the list schedule of
+:func:`pipelines.runtime.scaleout.map_phases` simulated (:func:`simulate`) with the real chunk
+planner. :func:`calibrate` fits the constants on the measured runs, :func:`validate` predicts
+every measured run, :func:`predict` gives the full cohort on 1 … 128 workers, the bound and what
+limits it; the stays' hours come from the synthetic generator's own draws (:func:`stay_hours`).
 """
 from __future__ import annotations
 
@@ -37,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.runtime.scaleout import PILOT_STAYS, plan_chunks, stay_units
+from sv_core.jsonfile import write_json
 
 PHASES = ("batches", "audit", "sensitivity")
 DEFAULT_RESULTS = ("docs/results/bench_dask.json", "docs/results/bench_dask_seed1.json",
@@ -91,7 +77,15 @@ def pilot_scale(run: dict) -> float | None:
 
 
 def calibrate(results: list[dict]) -> dict:
-    """Fit the model's constants on the measured runs (see the module docstring)."""
+    """Fit the model's constants on the measured runs.
+
+    ``s_phase`` and ``o`` on the ``dask-1`` runs' chunks (one worker: no sibling process), ``g`` and
+    ``c`` on all Dask runs and ``κ`` (two busy processes on the 2-core machine slow each other) from
+    paired rounds. Each stay's hours come from the synthetic generator's own stay draws
+    (:func:`stay_hours`, no rows made): the benchmark's stay sets, and the full-size root (all
+    eligible stays of the generated full-size cohort, seed 0, the run-all record's data).
+    :func:`predict` works a core per worker (``κ = 1``; the ``κ`` column as on 2 shared cores).
+    """
     f = _factors()
     rows, ys = [], []
     for res, run in _dask_runs(results):
@@ -228,7 +222,17 @@ def simulate(durations_by_estimate: list[tuple[float, float]], workers: int, gap
     """Seconds from the pool's start until the flow holds the last result: chunks (``(estimate,
     duration)``) taken most expensive first, one per worker at a time, the next one started
     ``gap`` after the flow (one client, ``client`` seconds per completion, in turn) handled the
-    worker's previous one."""
+    worker's previous one.
+
+    ``F(N) = a + b N``: the flow's head ``a`` before the pool (start-up, pilot, planning) and its
+    serial tail after it (the comparison, gate staging, the result) taken as proportional to ``N``
+    (an upper estimate: part of it is fixed). ``pool(p)``: the stay batches, refit audit and
+    sensitivity chunks cut by the real :func:`~pipelines.runtime.scaleout.plan_chunks` for ``p``
+    slots, submitted most expensive first, one in flight per worker. A chunk of ``U`` cost units
+    (:func:`~pipelines.runtime.scaleout.stay_units`) takes ``s_phase U + o`` seconds; between two
+    chunks a worker waits the round trip ``g``, and the flow process handles each completion in turn
+    for ``c`` seconds (the per-task overhead that a large cluster queues behind one client).
+    """
     todo = [d for _, d in sorted(durations_by_estimate, key=lambda x: -x[0])]
     busy = [(d + gap, w) for w, d in enumerate(todo[:workers])]  # (finish, worker)
     heapq.heapify(busy)
@@ -348,15 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         paths = a.results or [p for p in DEFAULT_RESULTS if Path(p).is_file()]
         model = build(paths, a.workers)
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(model, indent=1) + "\n")
+            write_json(a.json, model, indent=1)
     if a.into:
         from pipelines.bench.scale import write_doc
 
         into = Path(a.into)
         scale = json.loads(into.read_text())
         scale["scaleout"] = model
-        into.write_text(json.dumps(scale, indent=1) + "\n")
+        write_json(into, scale, indent=1)
         if a.doc:
             write_doc(scale, Path(a.doc), into.name)
     print("\n".join(render_section(model)))

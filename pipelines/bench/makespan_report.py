@@ -2,9 +2,7 @@
 (:mod:`pipelines.bench.makespan`; no figure is typed here)."""
 from __future__ import annotations
 
-
-def _r(x: dict, digits: int = 1) -> str:
-    return f"{x['median']:.{digits}f} ({x['min']:.{digits}f}–{x['max']:.{digits}f})"
+from dashboards.numbers import fixed, md_table, spread
 
 
 def render_section(m: dict) -> list[str]:
@@ -22,33 +20,37 @@ def render_section(m: dict) -> list[str]:
          "worker waits the round trip *g* between chunks, and the flow handles each completion in turn for *c* "
          "seconds. Stay lengths come from the synthetic generator's own stay draws: the benchmark's stay sets and "
          f"the full-size root ({full['stays']:,} eligible stays, {full['hours_total']:,} hours, longest "
-         f"{full['longest_stay_h']:,} h — the run-all record's data).", "",
-         "| constant | value | fitted on |", "|---|---:|---|",
-         f"| *s*, stay batches | {1e9 * s['batches']:.0f} ns / unit | {cal['chunks_fitted']} chunks of the dask-1 runs "
-         f"(relative error per chunk {_r(cal['chunk_fit_rel_err'], 2)}) |",
-         f"| *s*, refit audit | {1e9 * s['audit']:.0f} ns / unit | 〃 |",
-         f"| *s*, sensitivity | {1e9 * s['sensitivity']:.0f} ns / unit | 〃 |",
-         f"| *o*, per chunk | {1e3 * cal['chunk_s']:.0f} ms | 〃 |",
-         f"| *g*, round trip between a worker's chunks | {1e3 * cal['gap_s']:.0f} ms | those Dask runs (measured gap "
-         f"{1e3 * cal['gap_measured']['median']:.0f} ms less *c*) |",
-         f"| *c*, the flow's time per completion | {1e3 * cal['client_s']:.0f} ms | those Dask runs: the flow "
-         "process's CPU outside its own part fitted as a share of the pool's time plus *c* per chunk, at most the "
-         "measured gap |",
-         f"| *F(N) = a + b N* | {fl['a_s']:.2f} s + {1e3 * fl['b_s_per_stay']:.2f} ms × N | the flow's own "
-         "seconds of those runs: *a* its head before the pool (start-up, pilot, planning), *b N* its serial tail "
-         "after it (comparison, gate staging, result), taken as proportional to *N*: an upper estimate |"]
+         f"{full['longest_stay_h']:,} h — the run-all record's data).", ""]
+    same = "〃"
+    consts = [["*s*, stay batches", f"{fixed(1e9 * s['batches'], 0)} ns / unit",
+               f"{cal['chunks_fitted']} chunks of the dask-1 runs (relative error per chunk "
+               f"{spread(cal['chunk_fit_rel_err'], 2)})"],
+              ["*s*, refit audit", f"{fixed(1e9 * s['audit'], 0)} ns / unit", same],
+              ["*s*, sensitivity", f"{fixed(1e9 * s['sensitivity'], 0)} ns / unit", same],
+              ["*o*, per chunk", f"{fixed(1e3 * cal['chunk_s'], 0)} ms", same],
+              ["*g*, round trip between a worker's chunks", f"{fixed(1e3 * cal['gap_s'], 0)} ms",
+               f"those Dask runs (measured gap {fixed(1e3 * cal['gap_measured']['median'], 0)} ms less *c*)"],
+              ["*c*, the flow's time per completion", f"{fixed(1e3 * cal['client_s'], 0)} ms",
+               "those Dask runs: the flow process's CPU outside its own part fitted as a share of the pool's time "
+               "plus *c* per chunk, at most the measured gap"],
+              ["*F(N) = a + b N*", f"{fixed(fl['a_s'], 2)} s + {fixed(1e3 * fl['b_s_per_stay'], 2)} ms × N",
+               "the flow's own seconds of those runs: *a* its head before the pool (start-up, pilot, planning), *b N* "
+               "its serial tail after it (comparison, gate staging, result), taken as proportional to *N*: an upper "
+               "estimate"]]
     if kappa:
-        L.append(f"| κ, two busy worker processes on the 2 cores | {_r(kappa, 2)} × | paired dask-2 / dask-1 rounds |")
+        consts.append(["κ, two busy worker processes on the 2 cores", f"{spread(kappa, 2)} ×",
+                       "paired dask-2 / dask-1 rounds"])
+    L += md_table(["constant", "value", "fitted on"], consts, align="lrl")
     L += ["", "**Validation** against every measured run whose machine was not overloaded (median 1-minute load "
           f"at most {cal['max_load']:g}; median and range over its rounds; *with κ*: the chunks slowed by κ, as two "
           "worker processes on this machine's 2 cores are). Every constant is fitted on these runs (*s* and *o* on "
-          "their dask-1 chunks); the dask-2 rows are predictions:", "",
-          "| stays (warehouse seed) | longest stay h | mode | measured s | model s | model / measured | with κ, s | "
-          "with κ / measured | load |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for v in m["validation"]:
-        wk = (f"{v['predicted_kappa_s']:.1f} | {v['ratio_kappa']:.2f}" if "predicted_kappa_s" in v else "– | –")
-        L.append(f"| {v['stays']:,} ({v['warehouse_seed']}) | {v['longest_stay_h']:,} | {v['mode']} | "
-                 f"{_r(v['measured_s'])} | {v['predicted_s']:.1f} | {v['ratio']:.2f} | {wk} | {v['load_1min']:.1f} |")
+          "their dask-1 chunks); the dask-2 rows are predictions:", ""]
+    L += md_table(["stays (warehouse seed)", "longest stay h", "mode", "measured s", "model s", "model / measured",
+                   "with κ, s", "with κ / measured", "load"],
+                  [[f"{v['stays']:,} ({v['warehouse_seed']})", v["longest_stay_h"], v["mode"], spread(v["measured_s"]),
+                    fixed(v["predicted_s"]), fixed(v["ratio"], 2),
+                    *((fixed(v["predicted_kappa_s"]), fixed(v["ratio_kappa"], 2)) if "predicted_kappa_s" in v
+                      else ("–", "–")), fixed(v["load_1min"])] for v in m["validation"]], align="lrlrrrrrr")
     for ch in fl.get("checks", []):
         L += ["", f"*Check of the tail's growth on a run not compared above* ({ch['stays']:,} stays, {ch['mode']}, "
               f"load {ch['load_1min']:.1f}, which slows head and tail alike): tail / head measured "
@@ -56,13 +58,12 @@ def render_section(m: dict) -> list[str]:
     u = full["useful"]
     share = 100 * full["longest_stay_share"]
     L += ["", f"**The full cohort** ({full['stays']:,} stays; its longest stay is {share:.1f} % of the stay-batch "
-          "work; a core per worker):", "",
-          "| workers | model s | speed-up vs 1 | F s | pool s | chunks | work s | longest chunk s | bound s | "
-          "with κ, s | limited by |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in full["rows"]:
-        L.append(f"| {r['workers']} | {r['seconds']:.1f} | {r['speedup']:.2f} | {r['flow_s']:.1f} | "
-                 f"{r['pool_s']:.1f} | {r['chunks']} | {r['work_s']:.1f} | {r['longest_chunk_s']:.1f} | "
-                 f"{r['bound_s']:.1f} | {r['seconds_kappa']:.1f} | {r['limit']} |")
+          "work; a core per worker):", ""]
+    L += md_table(["workers", "model s", "speed-up vs 1", "F s", "pool s", "chunks", "work s", "longest chunk s",
+                   "bound s", "with κ, s", "limited by"],
+                  [[r["workers"], fixed(r["seconds"]), fixed(r["speedup"], 2), fixed(r["flow_s"]), fixed(r["pool_s"]),
+                    r["chunks"], fixed(r["work_s"]), fixed(r["longest_chunk_s"]), fixed(r["bound_s"]),
+                    fixed(r["seconds_kappa"]), r["limit"]] for r in full["rows"]], align="rrrrrrrrrrl")
     ran = full.get("measured_run_all")
     if ran:
         L += ["", f"Beside it, measured: the full-size run-all's retention step (`{ran['record']}`, the local thread "

@@ -37,7 +37,7 @@ def group_rss(pgid: int, leave_out: int | None = None) -> int | None:
 #: Launches a command by fork + exec and reports the command's own rusage. A child started straight
 #: from this (large) process would inherit its peak RSS: Linux records the old address space's
 #: high-water mark at exec, and subprocess may vfork. The launcher is a small interpreter, so the
-#: command's ``ru_maxrss`` is its own (floor: the launcher's ≈ 10 MB).
+#: command's ``ru_maxrss`` is its own (floor: the launcher's small interpreter).
 LAUNCHER = """
 import json, os, sys
 pid = os.fork()

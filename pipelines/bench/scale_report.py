@@ -18,6 +18,7 @@ import math
 import statistics
 from typing import Any
 
+from dashboards.numbers import fixed, md_table
 from pipelines.bench.fullrun_report import render_section
 
 #: full MIMIC-IV v3.1: chartevents rows, ICU stays, stays of ≥ 48 h (approximate)
@@ -221,15 +222,6 @@ def extrapolate(result: dict, target: dict | None = None) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------ rendering
-def fmt(x, digits: int = 1) -> str:
-    """A figure as printed in the document ('–' for missing)."""
-    if x is None:
-        return "–"
-    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) >= 1000):
-        return f"{int(x):,}"
-    return f"{x:,.{digits}f}"
-
-
 def _rows_label(n) -> str:
     return "–" if not n else (f"{n / 1e6:,.1f}M" if n >= 1e6 else f"{n / 1e3:,.0f}k")
 
@@ -253,7 +245,7 @@ def _sample_note(size: dict) -> str:
         return ""
     run = sw.get("run") or {}
     return (f" Studies without a stays option ran on a warehouse sampled by `{sw.get('command')}` "
-            f"(that build: wall {fmt(run.get('wall_s'))} s, CPU {fmt(run.get('cpu_s'))} s, exit {run.get('rc')}; "
+            f"(that build: wall {fixed(run.get('wall_s'))} s, CPU {fixed(run.get('cpu_s'))} s, exit {run.get('rc')}; "
             "not counted in any study's figures).")
 
 
@@ -280,7 +272,7 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
     if result.get("uptime_start"):
         L += [f"`uptime` at the start: {result['uptime_start']}; at the end: {result.get('uptime_end', '?')}.", ""]
     L += [
-         f"Machine: {mach.get('cpu_count', '?')} CPUs, {fmt(mach.get('mem_total_gb'))} GB memory, "
+         f"Machine: {mach.get('cpu_count', '?')} CPUs, {fixed(mach.get('mem_total_gb'))} GB memory, "
          f"{mach.get('platform', '?')}; runs started {', '.join(str(x) for x in started)}. "
          f"Data: {st.get('data', 'MIMIC-layout roots')}.", "",
          "How it is measured: each step is its own process through the real command line "
@@ -299,30 +291,29 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
         L += [f"Settings: {st['notes']}", ""]
     for size in result.get("sizes", []):
         L += [f"## {size.get('label') or _rows_label(size.get('chartevents_rows'))}: "
-              f"{fmt(size.get('chartevents_rows'))} chartevents rows, {fmt(size.get('stays_generated'))} stays, "
-              f"{fmt(size.get('eligible_stays'))} eligible (≥ 48 h), {fmt(size.get('hourly_rows'))} hourly rows", "",
+              f"{fixed(size.get('chartevents_rows'))} chartevents rows, {fixed(size.get('stays_generated'))} stays, "
+              f"{fixed(size.get('eligible_stays'))} eligible (≥ 48 h), {fixed(size.get('hourly_rows'))} hourly rows", "",
               f"Measured {size.get('measured_utc', '?')}; build and peers interleaved "
               f"{(size.get('settings') or st).get('repeat', 1)}× (median; wall min–max), the studies once."
-              + _sample_note(size) + _uptime_note(size, result), "",
-              "| step | stays | wall s (min–max) | compute s | compute CPU s | CPU s | peak RSS MB | tree RSS MB | "
-              "rows/s | CPU-ms/stay | load start → end |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              + _sample_note(size) + _uptime_note(size, result), ""]
+        rows = []
         for name in step_names({"sizes": [size]}):
             step = size["steps"][name]
             s = step_summary(step)
             title = STEP_TITLES.get(name, name)
             if s is None:
-                L.append(f"| {title} | – | {step.get('status', '?')}: {step.get('reason', '')} | | | | | | | | |")
+                rows.append([title, "–", f"{step.get('status', '?')}: {step.get('reason', '')}"] + [""] * 8)
                 continue
             n = s["stays"] if name not in ROW_STEPS else size.get("eligible_stays")
             rate = (size["chartevents_rows"] / s["compute_s"]
                     if name in ROW_STEPS and s.get("compute_s") and size.get("chartevents_rows") else None)
-            spread = f" ({fmt(s['wall_min'])}–{fmt(s['wall_max'])})" if s["n_runs"] > 1 else ""
-            L.append(f"| {title} | {fmt(n)} | {fmt(s['wall_s'])}{spread} | {fmt(s['compute_s'])} | "
-                     f"{fmt(s['compute_cpu_s'], 2)} | {fmt(s['cpu_s'])} | "
-                     f"{fmt(s['peak_rss_mb'], 0)} | {fmt(s['tree_rss_mb'], 0)} | {fmt(rate, 0)} | "
-                     f"{fmt(1000 * s['cpu_s'] / n if n else None)} | "
-                     f"{fmt(s['load_start'])} → {fmt(s['load_end'])} |")
+            spread = f" ({fixed(s['wall_min'])}–{fixed(s['wall_max'])})" if s["n_runs"] > 1 else ""
+            rows.append([title, fixed(n), fixed(s["wall_s"]) + spread, fixed(s["compute_s"]),
+                         fixed(s["compute_cpu_s"], 2), fixed(s["cpu_s"]), fixed(s["peak_rss_mb"], 0),
+                         fixed(s["tree_rss_mb"], 0), fixed(rate, 0), fixed(1000 * s["cpu_s"] / n if n else None),
+                         f"{fixed(s['load_start'])} → {fixed(s['load_end'])}"])
+        L += md_table(["step", "stays", "wall s (min–max)", "compute s", "compute CPU s", "CPU s", "peak RSS MB",
+                       "tree RSS MB", "rows/s", "CPU-ms/stay", "load start → end"], rows, align="lrrrrrrrrrl")
         peers = [p for p in ("peer_duckdb", "peer_polars") if step_summary(size["steps"].get(p, {}))]
         b = step_summary(size["steps"].get("build", {}))
         if b and peers:
@@ -330,63 +321,61 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
             for p in peers:
                 ps = step_summary(size["steps"][p])
                 assert ps is not None  # peers holds only the steps that ran
-                cc = (fmt(b["compute_cpu_s"] / ps["compute_cpu_s"], 2)
+                cc = (fixed(b["compute_cpu_s"] / ps["compute_cpu_s"], 2)
                       if b.get("compute_cpu_s") and ps.get("compute_cpu_s") else "–")
                 ratios.append(f"{STEP_TITLES[p].split(': ')[1]}: compute CPU {cc}×, process CPU "
-                              f"{fmt(b['cpu_s'] / ps['cpu_s'], 2)}×, compute wall "
-                              f"{fmt(b['compute_s'] / ps['compute_s'], 2) if ps['compute_s'] else '–'}×")
+                              f"{fixed(b['cpu_s'] / ps['cpu_s'], 2)}×, compute wall "
+                              f"{fixed(b['compute_s'] / ps['compute_s'], 2) if ps['compute_s'] else '–'}×")
             L += ["", "Build vs peers (build ÷ peer, medians; *compute* CPU excludes interpreter start and "
                   "imports): " + "; ".join(ratios) + "."]
             ph = b.get("cpu_phases") or {}
             if ph:
                 core = ph.get("scan", 0.0) + ph.get("hourly", 0.0)
                 d = step_summary(size["steps"].get("peer_duckdb", {}))
-                vs = (f" Scan + hourly means (the peers' work) = {fmt(core, 2)} CPU s = "
-                      f"{fmt(core / d['compute_cpu_s'], 2)}× the DuckDB peer; the rest writes the warehouse."
+                vs = (f" Scan + hourly means (the peers' work) = {fixed(core, 2)} CPU s = "
+                      f"{fixed(core / d['compute_cpu_s'], 2)}× the DuckDB peer; the rest writes the warehouse."
                       if d and d.get("compute_cpu_s") else "")
                 L += ["", "Build CPU by phase (medians, s): "
-                      + ", ".join(f"{k} {fmt(v, 2)}" for k, v in ph.items()) + "." + vs]
+                      + ", ".join(f"{k} {fixed(v, 2)}" for k, v in ph.items()) + "." + vs]
         L.append("")
     m = marginals(result)
     if any(m.values()):
-        L += ["## Marginal CPU per stay between sizes", "", "| step | stays from → to | CPU-ms per stay |",
-              "|---|---|---:|"]
-        for name, rows in m.items():
-            for r in rows:
-                L.append(f"| {STEP_TITLES.get(name, name)} | {fmt(int(r['from_stays']))} → {fmt(int(r['to_stays']))} | "
-                         f"{fmt(r['cpu_ms_per_stay'])} |")
+        L += ["## Marginal CPU per stay between sizes", ""]
+        L += md_table(["step", "stays from → to", "CPU-ms per stay"],
+                      [[STEP_TITLES.get(name, name), f"{fixed(int(r['from_stays']))} → {fixed(int(r['to_stays']))}",
+                        fixed(r["cpu_ms_per_stay"])] for name, rows in m.items() for r in rows], align="llr")
         L.append("")
     f = fits(result)
     L += ["## Fitted exponents", "",
           "Least squares of log y against log x over the sizes measured (x: chartevents rows for the build "
-          "and its peers, processed stays for the studies); 1.0 is linear.", "",
-          "| step | x | sizes | CPU figure | CPU exponent | wall exponent | peak RSS exponent |",
-          "|---|---|---:|---|---:|---:|---:|"]
-    for name, fs in f.items():
-        n = max((fs[k]["n"] for k in ("cpu_s", "wall_s", "peak_rss_mb") if fs[k]), default=0)
-        L.append(f"| {STEP_TITLES.get(name, name)} | {'rows' if name in ROW_STEPS else 'stays'} | {n} | "
-                 f"{'compute CPU' if fs['cpu_metric'] == 'compute_cpu_s' else 'process CPU'} | "
-                 + " | ".join(fmt(fs[k]["exponent"], 2) if fs[k] else "–" for k in ("cpu_s", "wall_s", "peak_rss_mb"))
-                 + " |")
+          "and its peers, processed stays for the studies); 1.0 is linear.", ""]
+    keys = ("cpu_s", "wall_s", "peak_rss_mb")
+    L += md_table(["step", "x", "sizes", "CPU figure", "CPU exponent", "wall exponent", "peak RSS exponent"],
+                  [[STEP_TITLES.get(name, name), "rows" if name in ROW_STEPS else "stays",
+                    max((fs[k]["n"] for k in keys if fs[k]), default=0),
+                    "compute CPU" if fs["cpu_metric"] == "compute_cpu_s" else "process CPU",
+                    *(fixed(fs[k]["exponent"], 2) if fs[k] else "–" for k in keys)] for name, fs in f.items()],
+                  align="llrlrrr")
     g = memory_growth(result)
     if g:
         L += ["", "## Peak RSS growth", "",
               "Smallest → largest measured size (issue 20 asks the studies for ≤ 150 MB growth from 1× to 4× stays). "
               "A study's peak is set by its longest stay (n × n matrices), so that column says whether two sizes "
-              "are alike in what sets the peak: a larger sample of a larger root holds longer stays.",
-              "", "| step | x from → to | × | longest stay h from → to | peak RSS MB from → to | growth MB |",
-              "|---|---|---:|---|---|---:|"]
+              "are alike in what sets the peak: a larger sample of a larger root holds longer stays.", ""]
+        rows = []
         for name, r in g.items():
             lf, lt = r.get("longest_from"), r.get("longest_to")
-            longest = "–" if name in ROW_STEPS or lf is None or lt is None else f"{fmt(lf)} → {fmt(lt)}"
-            L.append(f"| {STEP_TITLES.get(name, name)} | {fmt(int(r['x_from']))} → {fmt(int(r['x_to']))} | "
-                     f"{fmt(r['ratio'])} | {longest} | {fmt(r['rss_from'], 0)} → {fmt(r['rss_to'], 0)} | "
-                     f"{fmt(r['growth_mb'], 0)} |")
+            longest = "–" if name in ROW_STEPS or lf is None or lt is None else f"{fixed(lf)} → {fixed(lt)}"
+            rows.append([STEP_TITLES.get(name, name), f"{fixed(int(r['x_from']))} → {fixed(int(r['x_to']))}",
+                         fixed(r["ratio"]), longest, f"{fixed(r['rss_from'], 0)} → {fixed(r['rss_to'], 0)}",
+                         fixed(r["growth_mb"], 0)])
+        L += md_table(["step", "x from → to", "×", "longest stay h from → to", "peak RSS MB from → to", "growth MB"],
+                      rows, align="llrllr")
     tgt = FULL_MIMIC
     ex = extrapolate(result)
     L += ["", "## Extrapolation to full MIMIC-IV", "",
-          f"Target: {fmt(tgt['chartevents_rows'])} chartevents rows, {fmt(tgt['stays'])} ICU stays, "
-          f"≈ {fmt(tgt['eligible_stays'])} eligible; the build and its peers scale with rows, the studies with "
+          f"Target: {fixed(tgt['chartevents_rows'])} chartevents rows, {fixed(tgt['stays'])} ICU stays, "
+          f"≈ {fixed(tgt['eligible_stays'])} eligible; the build and its peers scale with rows, the studies with "
           "stays. *power law*: the largest measured size's figure × (x_target / x_measured)^exponent; "
           "*marginal*: the largest size's CPU + the CPU per unit of x between the two largest sizes × the "
           "rest (a constant start-up cost is not multiplied up). Synthetic rows are narrower than real ones "
@@ -394,13 +383,12 @@ def render_markdown(result: dict, source_name: str = "the result JSON") -> str:
           "real file costs the scan more per row."
           + (" The studies' peak RSS follows their longest stay's n × n matrices, not their number, so its "
              "extrapolation overstates; the full-size run-all below measures it." if result.get("full_run") else ""),
-          "",
-          "| step | measured at x | CPU, power law | CPU, marginal | wall, power law (this load) | "
-          "peak RSS MB, power law | peak RSS MB, marginal |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, r in ex.items():
-        L.append(f"| {STEP_TITLES.get(name, name)} | {fmt(int(r['x_measured']))} | {_dur(r['cpu_s'])} | "
-                 f"{_dur(r['cpu_s_marginal'])} | {_dur(r['wall_s'])} | {fmt(r['peak_rss_mb'], 0)} | "
-                 f"{fmt(r.get('peak_rss_mb_marginal'), 0)} |")
+          ""]
+    L += md_table(["step", "measured at x", "CPU, power law", "CPU, marginal", "wall, power law (this load)",
+                   "peak RSS MB, power law", "peak RSS MB, marginal"],
+                  [[STEP_TITLES.get(name, name), fixed(int(r["x_measured"])), _dur(r["cpu_s"]),
+                    _dur(r["cpu_s_marginal"]), _dur(r["wall_s"]), fixed(r["peak_rss_mb"], 0),
+                    fixed(r.get("peak_rss_mb_marginal"), 0)] for name, r in ex.items()], align="lrrrrrr")
     L.append("")
     if result.get("full_run"):
         L += render_section(result["full_run"])

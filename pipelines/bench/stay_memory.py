@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sv_core.jsonfile import write_json
+
 PROJECT = Path(__file__).resolve().parents[2]
 
 # the child: keys made before the baseline is read; VmHWM reset (clear_refs 5) so it measures the stay
@@ -88,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['bytes_per_hour2']:.1f} bytes/hour²), {r['seconds']:.1f} s")
     print(f"same retention figures: {res['same_retention']}; load {res['load_before']} -> {res['load_after']}")
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(a.json, res, indent=1)
     return 0
 
 

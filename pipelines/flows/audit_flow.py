@@ -24,7 +24,8 @@ import time
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from dashboards.seed_figures import seed_figure_for, seed_line
+from dashboards.numbers import fmt
+from dashboards.seed_figures import seed_field, seed_line
 from pipelines import jsonout
 from pipelines.runtime import runner, task_cache
 from pipelines.settings import COUNT, SEED
@@ -107,14 +108,9 @@ def audit_flow(warehouse: str | None = "runs/warehouse.duckdb", runs_dir: str = 
     result = audit_result({r: v["summary"] for r, v in res.items()}, trials=trials, seed=seed, protocol=protocol,
                           failure_kinds={r: v["failure_kinds"] for r, v in res.items()},
                           runtime_s=time.perf_counter() - t0)
-    seed_fig = seed_figure_for("deletion_audit")
-    result["seed_figure"] = {"text": seed_fig["text"], "source": seed_fig["source"]}
+    result["seed_figure"] = seed_field("deletion_audit")
     runner.write_study_result(result, runs_dir)
     return result
-
-
-def _fmt(x) -> str:
-    return "–" if x is None else x if isinstance(x, str) else f"{x:.1e}"
 
 
 @runner.cli_errors
@@ -127,12 +123,12 @@ def _main(args) -> int:
     print(f"  {'regime':<34}{'data':>10}{'attempted':>10}{'maintained':>11}{'polished':>9}{'fallback':>9}{'failed':>7}"
           f"{'median':>9}{'p95':>9}{'worst':>9}{'decay med':>10}   paper (completed, partition %, median, worst)")
     for row in r["tables"][0]["rows"]:
-        paper = ", ".join("–" if v is None else (v if isinstance(v, str) else f"{v:.2g}") for v in row[13:17])
+        paper = ", ".join(fmt(v, 2) for v in row[13:17])
         print(f"  {row[0]:<34}{str(row[1] or ''):>10}{row[3]:>10}{row[4]:>11}{row[5]:>9}{row[6]:>9}{row[7]:>7}"
-              f"{_fmt(row[9]):>9}{_fmt(row[10]):>9}{_fmt(row[11]):>9}{_fmt(row[12]):>10}   {paper}")
+              f"{fmt(row[9], 2):>9}{fmt(row[10], 2):>9}{fmt(row[11], 2):>9}{fmt(row[12], 2):>10}   {paper}")
     if m["power"]["low_power"]:
         print(f"  low power: this audit {m['power']['label']}")
-    print("  " + seed_line("deletion_audit", r["data"], r["seed_figure"].get("text", "")))
+    print("  " + seed_line("deletion_audit", r["data"]))
     print(f"  runtime {r['runtime_s']:.1f}s")
     jsonout.emit(args, r)
     return 0

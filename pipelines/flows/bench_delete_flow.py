@@ -11,14 +11,13 @@ import time
 
 from prefect import flow, task
 
+from dashboards.seed_figures import seed_field, seed_line
 from pipelines import jsonout
 from pipelines.runtime import runner
 
 #: the sizes of ``python -m sv_core.bench.delete`` (kept literal: --help must not import sv_core)
 DEFAULT_SIZES = (64, 120, 256, 512, 1024, 2048)
 
-SEED_TEXT = ("seed 001 §4: per-size median maintained deletion 0.30–1.04 ms (n = 120…512, Apple M3 Ultra); "
-             "median refit/decrement ratio 24–223× (cvxpy refit)")
 
 
 @task(name="bench-delete-size")
@@ -59,7 +58,7 @@ def bench_delete_flow(sizes: tuple[int, ...] = DEFAULT_SIZES, deletions: int = 3
         "title": "Deletion latency: maintained C&P decrement vs refits and warm-started OSQP",
         "data": "synthetic",
         "runtime_s": time.perf_counter() - t0,
-        "seed_figure": {"text": SEED_TEXT},
+        "seed_figure": seed_field("deletion_latency"),
         "metrics": _null_nan({f"n{s['n']}": {**s["active"], "admission_ms_median": s["admission"].get("median"),
                                              "admission_over_active": s["admission"].get("over_active_decrement"),
                                              "reserve_ms_median": s["reserve"].get("decrement_ms_median"),
@@ -98,7 +97,7 @@ def _main(args) -> int:
     print(" | ".join(r["tables"][0]["columns"]))
     for row in r["tables"][0]["rows"]:
         print(" | ".join(f"{c:.3g}" if isinstance(c, float) else str(c) for c in row))
-    print(f"seed figure: {SEED_TEXT}")
+    print(seed_line("deletion_latency", r["data"]))
     jsonout.emit(args, r)
     return 0
 

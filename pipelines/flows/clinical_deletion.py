@@ -35,7 +35,7 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from dashboards.seed_figures import seed_comparability, seed_figure_for, seed_line
+from dashboards.seed_figures import seed_comparability, seed_field, seed_line
 from evaluation.clinical import patient_deletion as pdel
 from evaluation.clinical import patient_deletion_result as pres
 from pipelines import jsonout, study_inputs
@@ -202,8 +202,7 @@ def patient_deletion_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: st
                 "batch_contexts": s.batch_contexts,
                 "refit_sample": {"requested": int(s.refit_sample), "contexts": min(int(s.refit_sample), len(groups)),
                                  "choice": "the first contexts of the seeded shuffle (a uniform sample)"}})
-    fig = seed_figure_for(STUDY)
-    result["seed_figure"] = {"text": fig["text"], "source": fig["source"]}
+    result["seed_figure"] = seed_field(STUDY)
     done = m.get("contexts_completed", 0)
     result["receipts"] = {"count": done, "certified": m.get("certified", 0),
                           "chain_verified": _ledger_verified(warehouse), "attempted": len(groups), "completed": done}
@@ -234,7 +233,7 @@ def _main(args) -> int:
               f"{m['others_self_retrieval_after']:.3f}")
     if m["power"]["low_power"]:
         print(f"  low power: this result {m['power']['label']}")
-    print("  " + seed_line(STUDY, r["data"], seed_figure_for(STUDY)["text"]))
+    print("  " + seed_line(STUDY, r["data"]))
     print(f"  runtime {r['runtime_s']:.1f}s")
     jsonout.emit(args, r)
     return 0

@@ -2,36 +2,15 @@
 
 Causal SV-hybrid attention (chunk-frozen gate, batched training path) beside the strongest peers of
 hourly ICU benchmarks: LSTM, GRU, causal softmax attention and LightGBM on causal summary features
-of the same rows (``--models``, default all five; :mod:`evaluation.clinical.tabular_peers`), each
-trained with several seeds (one Prefect task per model × seed) on the ``train`` split,
-early-stopped on ``val``, scored on ``test``, beside a trivial "event now" baseline (the current
-hour's event flag). Causal features (forward fill + training median), sliding
-48-h blocks read after 48 h of carried context (or whole stays, ``--mode stay``); labels on
-filled values (default) or observed-only (``--label observed``). Study logic:
-:mod:`evaluation.clinical.deterioration` (protocol), :mod:`evaluation.clinical.deterioration_reader`
-(streaming reader) and
-:mod:`evaluation.clinical.deterioration_training` (models, training, caps); this module wires it.
-
-Scale: training and scoring stream shards of windows from the warehouse, so memory does not grow
-with the number of stays. Default caps (``--device cpu``): 4,096 training windows drawn afresh
-per epoch, 1,024 validation windows, 1,000 test stays, at most 12 epochs, 3 seeds; ``--device
-cuda``: 65,536 / 8,192 / every test stay. ``--train-windows``, ``--val-windows``,
-``--test-stays`` override them (0 = no cap); LightGBM fits once on 16,384 training windows on cpu,
-all on cuda (``--tabular-windows``); the caps used are in the result's config.
-
-Evaluation: per seed, AUROC/AUPRC with a stay-clustered bootstrap CI; across seeds, the mean and
-seed-level SD; the seed-averaged predictions of every model and the baseline are scored on ONE
-set of stay-clustered resamples (10,000 by default), which gives each a real interval (plotted)
-and the paired differences between models, as YAIB reports its benchmark (AUROC and AUPRC, mean ±
-SD over seeds). The result names the winner (the highest seed-averaged AUROC) with its paired
-differences against every other model (``metrics.winner``, ``metrics.headline``, and a claim after
-the paper's that holds when its paired interval against the runner-up lies above 0). Same seed and
-data → same figures (seeded weights, deterministic torch and LightGBM; see
-:mod:`evaluation.clinical.deterioration_training`).
-
-Progress: one bar over every model × seed × epoch, its label the latest epoch's model, seed, train
-and validation loss and the seconds that model has trained; one line per trained model × seed
-(epochs, best validation loss, test AUROC, seconds). ``-q`` / ``--no-progress`` hide both.
+of the same rows (``--models``, default all five), each trained with several seeds (one Prefect task
+per model × seed) on the ``train`` split, early-stopped on ``val``, scored on ``test``, beside a
+trivial "event now" baseline. Causal features, sliding 48-h blocks after 48 h of carried context
+(or whole stays, ``--mode stay``); labels on filled values (default) or observed-only (``--label
+observed``). Training streams shards of windows within per-device caps (``--device``,
+``--train-windows``, ``--val-windows``, ``--test-stays``, ``--tabular-windows``; 0 = no cap; the caps
+used are in the result's config). The result names the winner with its paired, stay-clustered
+differences against every other model. Study logic: :mod:`evaluation.clinical.deterioration`;
+this module wires it.
 """
 from __future__ import annotations
 
@@ -44,13 +23,13 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from dashboards.seed_figures import seed_field, seed_line
 from evaluation.clinical import deterioration as det
 from evaluation.clinical import deterioration_reader as rd
 from evaluation.clinical import deterioration_training as dtr
 from evaluation.clinical.deterioration_results import (
     BASELINE,
     LABELS,
-    SEED_TEXT,
     TRAINED_TOLERANCE,
     aggregate,
     comparison_pairs,
@@ -171,7 +150,20 @@ def _tasks_run_in_this_process() -> bool:
 def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str = "runs",
                        settings: DeteriorationSettings = DeteriorationSettings(), progress: bool = True) -> dict:
     """``settings.seeds``, ``max_epochs`` and the window / stay caps default to the device's caps
-    (:data:`evaluation.clinical.deterioration_training.CAPS`); 0 = no cap."""
+    (:data:`evaluation.clinical.deterioration_training.CAPS`); 0 = no cap.
+
+    Evaluation: per seed, AUROC/AUPRC with a stay-clustered bootstrap CI; across seeds, the mean and
+    seed-level SD; the seed-averaged predictions of every model and the baseline are scored on ONE
+    set of stay-clustered resamples (``n_boot``), which gives each a real interval (plotted) and the
+    paired differences between models, as YAIB reports its benchmark (AUROC and AUPRC, mean ± SD over
+    seeds). The winner (the highest seed-averaged AUROC) is stated with its paired differences against
+    every other model (``metrics.winner``, ``metrics.headline``, and a claim after the paper's that
+    holds when its paired interval against the runner-up lies above 0). Same seed and data → same
+    figures (:func:`evaluation.clinical.deterioration_training.deterministic_torch`).
+
+    Progress: one bar over every model × seed × epoch, its label the latest epoch's model, seed, train
+    and validation loss and the seconds that model has trained; one line per trained model × seed.
+    """
     st = settings
     models = det.MODELS if st.models is None else tuple(st.models)
     seeds, window, max_epochs, n_boot = st.seeds, st.window, st.max_epochs, st.n_boot
@@ -247,7 +239,7 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
         "title": f"Deterioration prediction, next 6 h ({wh.data_kind(warehouse)})",
         "data": wh.data_kind(warehouse),
         "runtime_s": time.perf_counter() - t0,
-        "seed_figure": {"text": SEED_TEXT},
+        "seed_figure": seed_field("deterioration"),
         "metrics": {**{m: agg[m] for m in names}, "test_hours": first["n"], "test_positives": first["n_pos"],
                     "test_prevalence": first["prevalence"], "test_stays": first["n_groups"],
                     BASELINE: boot["scores"][BASELINE], "paired": boot["pairs"],
@@ -333,7 +325,7 @@ def _main(args) -> int:
         print(f"  {p:<28} ΔAUROC {v['auroc_diff']:+.3f} [{v['auroc_diff_low']:+.3f}, {v['auroc_diff_high']:+.3f}]")
     if m.get("headline"):
         print(f"  {m['headline']}")
-    print(f"  seed figure: {SEED_TEXT}")
+    print("  " + seed_line("deterioration", r["data"]))
     print(f"  runtime {r['runtime_s']:.1f}s{runner.cache_note(r)}")
     jsonout.emit(args, r)
     return 0

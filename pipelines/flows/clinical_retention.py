@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from prefect import flow
 
+from dashboards.seed_figures import seed_field
 from evaluation.clinical import retention as study
 from pipelines import study_inputs
 from pipelines.errors import SettingsError, StudyInputError
@@ -41,11 +42,6 @@ from pipelines.settings import RetentionSettings
 from pipelines.store import stay_results
 from pipelines.store import warehouse as wh
 
-SEED_TEXT = {
-    "icu_retention": "seed 001 §5: 0.80 (SV) vs 0.05 (H2O-style density) at mean 33% budget; 1,329 stays",
-    "heldout_spo2": "seed 001 §5: 0.464 (SV) vs 0.225 (density), recency 0.409, random 0.333; "
-                    "diff 0.239 [0.194, 0.284]; 718 stays, 32% budget",
-}
 POLICIES = list(study.DEFAULT_POLICIES)
 
 
@@ -96,10 +92,9 @@ def _study(w: wh.Warehouse, runs_dir: str, settings: RetentionSettings, progress
         sens = _sensitivity(out.sensitivity_rows, cols, settings)
         n_persisted = writing.result()
     _complete(fields, cols, out, settings, sens, n_persisted)
-    seed_text, data = SEED_TEXT.get(settings.study), wh.data_kind(warehouse)
+    data = wh.data_kind(warehouse)
     result = {"study": settings.study, "title": f"{_title(settings)} ({data})", "data": data,
-              "runtime_s": time.perf_counter() - t0,
-              "seed_figure": {"text": seed_text} if seed_text else {}, **fields}
+              "runtime_s": time.perf_counter() - t0, "seed_figure": seed_field(settings.study), **fields}
     runner.write_study_result(result, runs_dir)
     return result
 

@@ -12,7 +12,6 @@ loaded and the result files are written. The corpus defaults to the Shakespeare 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from evaluation.studies.language_model import (
 )
 from evaluation.studies.language_model_result import study_result
 from models.corpus import CorpusMissingError, load_corpus
+from sv_core.jsonfile import write_json
 
 train_task = task(train_run, name="lm-train-run")
 
@@ -93,7 +93,7 @@ def language_model_flow(corpus: str | None = None, out: str = "runs/language_mod
     # full per-step curves and configuration beside it ("kind", not "study": the report skips it)
     details = dict(res)
     details["kind"] = details.pop("study")
-    path.with_name("details.json").write_text(json.dumps(details, indent=2))
+    write_json(path.with_name("details.json"), details)
     return res
 
 

@@ -5,25 +5,17 @@ dataset), ``{labels_dir}`` (the ACES labels of a binary task), ``{output_dir}``,
 ``{demo}`` substituted. These two commands are that text's target::
 
     forgetful meds-dev train --model gru --dataset-dir D --labels-dir L --output-dir O/train [--seed 0]
-    forgetful meds-dev predict --model-dir O/train --dataset-dir D --labels-dir L --output-dir O/predict \\
+    forgetful meds-dev predict --model-dir O/train --dataset-dir D --labels-dir L --output-dir O/predict \
         --split held_out
 
-``train`` reads the label rows of the ``train`` and ``tuning`` subjects, builds each row's hourly
-stream from the events up to its prediction time only (:mod:`cohort.meds_streams`), fits the model
-on ``train`` and early-stops it on ``tuning`` (:mod:`evaluation.clinical.meds_dev`; deterministic
-for ``--seed``), and writes ``model.json`` (what the model is, the training rows' statistics,
-facts; no record) and its weights (``weights.npz`` or LightGBM's ``booster.txt``; no pickle).
-``predict`` writes ``predictions.parquet`` for exactly the label rows of ``--split``, in their
-order: ``subject_id``, ``prediction_time``, ``boolean_value`` (as given),
-``predicted_boolean_probability`` (float32) and ``predicted_boolean_value`` (probability ≥ 0.5),
-the schema meds-evaluation validates.
-
-Models: ``sv_attention``, ``lstm``, ``gru``, ``softmax`` (torch: the ``models`` extra) and
-``lightgbm`` (the ``lightgbm`` extra); a missing extra is one line, exit 3, before anything is read.
-Files are owner-only and written atomically (a temporary file renamed into place), so a kill
-leaves either the old state or the new one; a training folder that already holds a model is
-refused unless ``--overwrite``. ``predictions.parquet`` is record-level data (subject ids, times):
-keep it where the dataset may be kept. No Prefect server is started.
+``train`` fits a model on the ``train`` label rows (each row's hourly stream from the events up to
+its prediction time only) and early-stops it on ``tuning``; ``predict`` writes
+``predictions.parquet`` for exactly the label rows of ``--split``, the schema meds-evaluation
+validates. Models: ``sv_attention``, ``lstm``, ``gru``, ``softmax`` (torch: the ``models`` extra)
+and ``lightgbm`` (the ``lightgbm`` extra); a missing extra is one line, exit 3, before anything is
+read. Files are owner-only and written atomically; a training folder that already holds a model
+is refused unless ``--overwrite``. ``predictions.parquet`` is record-level data (subject ids,
+times): keep it where the dataset may be kept. No Prefect server is started.
 """
 from __future__ import annotations
 
@@ -84,6 +76,14 @@ def _streams(args, split: str, lookback: int):
 
 
 def train(args) -> dict:
+    """``forgetful meds-dev train``: read the label rows of the ``train`` and ``tuning`` subjects,
+    build each row's hourly stream from the events up to its prediction time only
+    (:mod:`cohort.meds_streams`), fit the model on ``train`` and early-stop it on ``tuning``
+    (:mod:`evaluation.clinical.meds_dev`; deterministic for ``--seed``), and write ``model.json`` (what
+    the model is, the training rows' statistics, facts; no record) and its weights (``weights.npz`` or
+    LightGBM's ``booster.txt``; no pickle), each through a temporary file renamed into place, so a
+    kill leaves either the old state or the new one.
+    """
     from evaluation.clinical import meds_dev as md
     from pipelines.errors import UsageError
 
@@ -154,6 +154,10 @@ def load_trained(folder: Path, device: str = "cpu"):
 
 
 def predict(args) -> dict:
+    """``forgetful meds-dev predict``: ``predictions.parquet`` for exactly the label rows of
+    ``--split``, in their order: ``subject_id``, ``prediction_time``, ``boolean_value`` (as given),
+    ``predicted_boolean_probability`` (float32) and ``predicted_boolean_value`` (probability ≥ 0.5).
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -1,33 +1,17 @@
 """``forgetful receipts …``: audit the deletion-receipt log; an auditor needs no secret.
 
-Auditor (the log's public key only; nothing secret is read or created):
+Auditor (the log's public key only; nothing secret is read or created): ``verify --public-key
+FILE`` checks every receipt line, the Merkle root against each signed tree head, the heads'
+signatures, the signed anchor, consistency with a kept head (``--head``) and the log size and root
+the warehouse recorded (a rolled-back or restored log exits 1); ``--witness`` also requires
+witness cosignatures; ``verify-proof`` checks an inclusion or consistency proof offline. A missing
+or empty log is one line, exit 3 (``--allow-empty`` when expected), never "verified: 0 receipts".
 
-* ``verify --public-key FILE [--head STH.json] [--ledger DIR] [--warehouse W]`` checks every
-  receipt line, the Merkle root against each signed tree head, the heads' signatures, the
-  signed anchor, consistency with a head the auditor kept, and the log size and root the
-  warehouse recorded (a rolled-back or restored log exits 1);
-* ``verify-proof --public-key FILE PROOF`` checks an inclusion or consistency proof offline
-  (forgetful JSON, or a C2SP ``.tlog-proof``);
-* a ledger folder that is missing or holds no receipt is one line, exit 3 (``--allow-empty``
-  when an empty log is expected), never "verified: 0 receipts";
-* ``verify --witness WVKEY [--quorum K] [--witness-url URL]`` also requires witness
-  cosignatures on the newest checkpoint (C2SP forms: :mod:`pipelines.flows.receipts_c2sp_cli`).
-
-Operator (holds the keys in the config folder):
-
-* ``verify`` without ``--public-key`` also checks every receipt's HMAC and, with the warehouse,
-  that no forgotten subject is back in it or in any export folder registered with it (counts
-  only); ``--head HASH --min-count N`` still take a row MAC;
-* ``public-key [--out FILE] [--format pem|hex|vkey]`` writes the log's public key for auditors;
-* ``head --out FILE [--format json|checkpoint]`` writes the newest signed tree head (or C2SP
-  checkpoint) for an auditor to keep;
-* ``prove --seq N|--index I --out FILE [--format json|tlog-proof]`` writes an inclusion proof of
-  one receipt; ``prove --since STH.json|CHECKPOINT [--format json|tlog-witness]`` a consistency
-  proof from a kept head to the newest one;
-* ``witness add|list|remove`` — the witnesses the log asks to cosign every checkpoint;
-* ``list`` prints aggregate fields only (never the subject hashes); ``export DIR`` writes one
-  JSON file per receipt and ``head.json`` (the newest signed head);
-* ``accept-rollback`` is the last-resort recovery after a restore (README, deletion guarantees).
+Operator (holds the keys in the config folder): ``verify`` without ``--public-key`` also checks
+every receipt's HMAC and that no forgotten subject is back in the warehouse or its exports;
+``public-key``, ``head`` and ``prove`` write what an auditor keeps; ``witness add|list|remove``;
+``list`` (aggregate fields only) and ``export DIR``; ``accept-rollback`` is the last-resort
+recovery after a restore. docs/RECEIPTS.md.
 
 Exit 0 verified, 1 any verification failure (tampered, rolled back, re-inserted, another key),
 2 usage, 3 other errors (one typed line).
@@ -108,7 +92,7 @@ def _public_key(args) -> int:
 
 
 def _write_out(path: str, text: str) -> None:
-    from dashboards.atomic import atomic_write_text
+    from sv_core.jsonfile import atomic_write_text
 
     atomic_write_text(Path(path), text)
 

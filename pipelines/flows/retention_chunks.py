@@ -26,16 +26,15 @@ from pipelines.store import gate_store
 from pipelines.store import warehouse as wh
 
 #: DuckDB memory cap of the study's own connections (reads of a batch, staged gate writes): the buffer pool
-#: keeps written gate blocks up to the cap (in isolation, 10k-20k 20 KB blobs: +290 MB at 256MB, flat at 64MB).
-#: With it, retention's peak RSS on the 42,721-stay warehouse is 737 / 704 / 757 MB at 1,500 / 6,000 / 9,011
-#: sampled stays (same longest stay, 3,222 h; peak in the capped refit audit): flat in the number of stays
+#: keeps written gate blocks up to the cap, so a small cap keeps retention's peak RSS flat in the number of
+#: stays (set by the longest stay; pipelines.bench.scale measures it)
 DUCKDB_MEMORY = "64MB"
 
 
 def read_only(warehouse: str):
     """A read-only connection with the study's memory cap. While :func:`held_open` keeps one open,
-    every further one in this process shares its database instance (opening one costs ~30 ms of
-    CPU otherwise, once per batch)."""
+    every further one in this process shares its database instance (otherwise each batch pays
+    the opening)."""
     import duckdb
 
     con = duckdb.connect(str(wh.require(warehouse)), read_only=True)

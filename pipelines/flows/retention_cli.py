@@ -8,9 +8,10 @@ selector.
 """
 from __future__ import annotations
 
+from dashboards.seed_figures import seed_line
 from pipelines import jsonout
 from pipelines.flows import clinical_retention
-from pipelines.flows.clinical_retention import SEED_TEXT, heldout_flow, retention_flow
+from pipelines.flows.clinical_retention import heldout_flow, retention_flow
 from pipelines.runtime import runner, scaleout
 from pipelines.settings import COUNT, COUNT0, NU, POSITIVE, SEED, RetentionSettings, event_file
 
@@ -30,8 +31,7 @@ def _print(res: dict, args=None) -> None:
     if a.get("stays_audited"):
         print(f"  refit audit on {a['stays_audited']} stays: max |Δscore| {a['score_dev_max']:.2g}, partitions equal "
               f"on {a['partition_exact_matches']}/{a['stays_audited']}")
-    if res["study"] in SEED_TEXT:
-        print(f"  seed figure: {SEED_TEXT[res['study']]}")
+    print("  " + seed_line(res["study"], res["data"]))
     print(f"  runtime {res['runtime_s']:.1f}s")
     jsonout.emit(args, res)
 

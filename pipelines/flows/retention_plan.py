@@ -30,11 +30,11 @@ from pipelines.runtime import runner, scaleout
 from pipelines.settings import RetentionSettings
 from pipelines.store import warehouse as wh
 
-#: a stay's refit-audit cost over its retention cost in the chunks, per cost unit: measured from the
-#: 1-worker chunk logs of 1,000-stay runs (``python -m pipelines.bench.dask_workers``, seed-1 set: each phase's
-#: measured seconds over its stays' units, relative to the stay batches'): 4.1-8.8× (load-dependent)
+#: a stay's refit-audit cost over its retention cost in the chunks, per cost unit: fitted on the
+#: 1-worker chunk logs of ``python -m pipelines.bench.dask_workers`` (each phase's seconds over its
+#: stays' units, relative to the stay batches'; load-dependent)
 AUDIT_COST_FACTOR = 6.0
-#: the same for a stay's ν × σ sensitivity row (16 solves and peers a stay): 2.6-5.1×
+#: the same for a stay's ν × σ sensitivity row (16 solves and peers a stay)
 SENSITIVITY_COST_FACTOR = 3.5
 
 

@@ -12,23 +12,10 @@
 5. the ledger card and the report at ``<runs>/report.html`` (``dashboards.report``).
 
 It ends with a short summary of the headline figures, read from the result files
-(:mod:`pipelines.flows.run_summary`); ``--json PATH`` writes the step timings as JSON: each step's wall
-``seconds``, ``cpu_seconds`` and ``peak_rss_mb`` (its own peak on Linux, where the high-water mark
-is reset before each step; ``rss_method`` says how it was measured: :mod:`pipelines.runtime.step_meter`).
-
-Without torch (the optional ``models`` extra) run-all still runs: the steps that need it —
-``deterioration``, the audit's ``learned`` regime, and the studies on torch recall models
-(``learned-keys``, ``selective-copying``, ``capacity``, ``mqar-control``) — are skipped with one
-line each on stderr naming the extra (``pip install 'forgetful-attention[models]'``), and the report
-shows their cards as not run. (The single commands refuse instead, exit 3: :mod:`pipelines.preflight`.)
-Without LightGBM (the ``lightgbm`` extra) ``deterioration`` trains its other models, after one line
-naming the extra.
-
-Time on the demo (measured 2026-12-02, 2 shared cores, load 0.9): 70 s wall, 87 s of CPU time,
-peak RSS 0.8 GB (the closing time line gives each step's); the synthetic studies (20 s) and
-deterioration (16 s) are the longest steps, the clinical retention studies take 13 s together. A rerun after
-a crash resumes from the task cache (the clinical studies' tasks); the synthetic audit regimes and
-the seconds-long studies run again.
+(:mod:`pipelines.flows.run_summary`); ``--json PATH`` writes each step's wall seconds, CPU
+seconds and peak RSS (:mod:`pipelines.runtime.step_meter`). Without torch (the ``models``
+extra) or LightGBM (the ``lightgbm`` extra) the steps that need them are skipped with one line
+each naming the extra (:func:`skip_without_torch`); the single commands refuse instead, exit 3.
 """
 from __future__ import annotations
 
@@ -99,7 +86,12 @@ def fidelity_result(stays: int = 800, seed: int = 0) -> dict:
 
 
 def skip_without_torch(what: str) -> bool:
-    """True (after one line on stderr naming the extra) when torch is not installed."""
+    """True (after one line on stderr naming the extra) when torch is not installed.
+
+    The steps that need torch: ``deterioration``, the audit's ``learned`` regime, and the studies on
+    torch recall models (``learned-keys``, ``selective-copying``, ``capacity``, ``mqar-control``); the
+    report shows their cards as not run. Without LightGBM ``deterioration`` trains its other models.
+    """
     if preflight.torch_available():
         return False
     print(f"[run-all] {what} skipped: needs torch, which is not installed ({MODELS_EXTRA_HINT})", file=sys.stderr)

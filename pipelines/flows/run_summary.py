@@ -16,7 +16,8 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+
+from dashboards.numbers import duration, fmt
 
 #: clinical study -> the command that writes it (the summary's label)
 CLINICAL = {"cohort": "build-cohort", "icu_retention": "retention", "heldout_spo2": "heldout-spo2",
@@ -30,23 +31,6 @@ MODEL_NAMES = {"sv_attention": "SV attention", "softmax": "softmax", "lstm": "LS
                "lightgbm": "LightGBM"}
 _DIFF = re.compile(r"SV minus (\S+)")
 _CI = re.compile(r"^\s*(-?[\d.eE+-]+)\s*\[")
-
-
-def num(x: Any) -> str:
-    """3 significant digits (integers with separators)."""
-    if isinstance(x, bool) or x is None:
-        return "–" if x is None else str(x).lower()
-    if isinstance(x, int):
-        return f"{x:,}"
-    if isinstance(x, float):
-        if not math.isfinite(x):
-            return str(x)
-        return "0" if x == 0 else f"{x:.3g}"
-    return str(x)
-
-
-def duration(s: float) -> str:
-    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
 
 
 def _holds(c: dict) -> str:
@@ -101,10 +85,10 @@ def _audit(p: dict) -> str:
     if m.get("headline"):  # maintained path / exact fallback / failed, against the paper's protocol
         return m["headline"] + _tally(p)
     worst = [(v["score_dev_worst"], k) for k, v in m.items() if isinstance(v, dict) and "score_dev_worst" in v]
-    out = f"{num(m.get('completed'))}/{num(m.get('attempted'))} deletions complete"
+    out = f"{fmt(m.get('completed'))}/{fmt(m.get('attempted'))} deletions complete"
     if worst:
         w, regime = max(worst)
-        out += f", worst max |Δ score| vs refit {num(w)} ({regime})"
+        out += f", worst max |Δ score| vs refit {fmt(w)} ({regime})"
     return out + _tally(p)
 
 
@@ -112,12 +96,12 @@ def _cohort(p: dict) -> str:
     m = p.get("metrics") or {}
     source = (p.get("config") or {}).get("source")  # a MEDS build is real data ("mimic") read from a MEDS dataset
     what = DATA["meds"] if source == "meds" else DATA.get(p.get("data"), p.get("data"))
-    return f"{num(m.get('n_stays'))} stays, {num(m.get('n_tokens'))} hourly tokens ({what})"
+    return f"{fmt(m.get('n_stays'))} stays, {fmt(m.get('n_tokens'))} hourly tokens ({what})"
 
 
 def _ledger(p: dict) -> str:
     m = p.get("metrics") or {}
-    return f"{num(m.get('receipts'))} deletion receipt(s), chain {'verified' if m.get('chain_verified') else 'NOT verified'}"
+    return f"{fmt(m.get('receipts'))} deletion receipt(s), chain {'verified' if m.get('chain_verified') else 'NOT verified'}"
 
 
 def _generic(p: dict) -> str:
@@ -126,7 +110,7 @@ def _generic(p: dict) -> str:
         return p.get("title", "")
     c = next((c for c in claims if c.get("holds") is False), claims[0])
     value = c.get("value")
-    value = num(value) if isinstance(value, (int, float)) else (value if isinstance(value, str) else "")
+    value = fmt(value) if isinstance(value, (int, float)) else (value if isinstance(value, str) else "")
     text = c["statement"] + (f": {value}" if value and len(value) < 40 else "")
     return (text if len(text) <= 80 else text[:79] + "…") + _holds(c) + _tally(p)
 
@@ -141,8 +125,8 @@ def _patient_deletion(p: dict) -> str:
     k, n = m.get("refit_contexts"), m.get("contexts_completed")
     sampled = isinstance(k, int) and isinstance(n, int) and k < n
     over = f" over {k:,} of {n:,} contexts (refit sample)" if sampled else ""
-    return (f"gap to a same-C refit: exact deletion {num(v['exact max'])} (max), naive removal "
-            f"{num(v['naive median'])} (median){over}") + _holds(c) + _tally(p)
+    return (f"gap to a same-C refit: exact deletion {fmt(v['exact max'])} (max), naive removal "
+            f"{fmt(v['naive median'])} (median){over}") + _holds(c) + _tally(p)
 
 
 LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention,

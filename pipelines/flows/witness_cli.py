@@ -28,7 +28,7 @@ def _init(args) -> int:
     v = witness.init(args.dir, args.name)
     out = {"witness": v.name, "dir": args.dir, "vkey": v.text()}
     if args.out:
-        from dashboards.atomic import atomic_write_text
+        from sv_core.jsonfile import atomic_write_text
 
         atomic_write_text(args.out, v.text() + "\n")
     print(f"witness {v.name} created in {args.dir}; its verifier key:", file=sys.stderr)

@@ -1,44 +1,13 @@
 """Incremental clinical ingest into a streaming warehouse (``forgetful ingest``).
 
-A *streaming warehouse* is created once (``init``) with a **frozen standardisation** — the
-training-split moments and medians of a causal batch build of the files present at creation, or
-a supplied table — recorded in ``standardisation`` (with a ``median`` column) and never
-recomputed. Every later run ingests only the measurement part files it has not seen
-(:func:`cohort.incremental.plan_files`; name + size + sha256 recorded in ``ingest_files``, with
-the mtime, so an unchanged file is not re-read; a changed file is refused).
-
-Watermark step (one per run, over all of the run's new files, in name order), in three stages:
-
-1. *stage* (one transaction): the files' usable rows go to ``ingest_rows`` (sorted by stay);
-   the watermark W (max charttime seen, ``ingest_state``) advances; stays with a first usable
-   row enter ``cohort_stays``; the file rows and the step's pending record are written.
-2. *batches* (:mod:`pipelines.ingest.batch`, one transaction per batch of consecutive stays):
-   every hour whose end is ≤ W is *closed* and becomes a ``vitals_hourly`` row (causal fill,
-   frozen z-scores) and a token of the stay's ``StreamingGate`` (``ingest_gates``,
-   ``ingest_tokens``); each gate is saved with the step number.
-3. *finish* (one transaction): the per-step series, the content hash; the pending record goes.
-
-A run killed anywhere leaves committed stages: the next run completes a pending step first
-(its staged rows are kept; a stay whose gate already carries the step is not recomputed), so
-nothing is admitted twice and no row is lost. Readers of a warehouse with a pending step see
-some stays advanced to W and the rest not yet (each stay consistent: one live token per
-emitted hour); the content hash is absent until the step finishes.
-
-Late rows (a usable row for an hour already closed): **re-open** policy. The stay is recomputed
-from the earliest late hour (its raw rows are kept in ``ingest_rows``); every recomputed hour
-whose key changed has its old token forgotten (exact C&P decrement, ``StreamingGate.forget``)
-and the corrected key admitted; the count is reported (``late_rows``, ``reopened_hours``,
-``replaced_tokens``). Nothing is silently ignored.
-
-Gates: one ``StreamingGate`` per stay, ``C = 1/(ν·n0)`` fixed when the stay's gate is created,
-with the declared ``n0 = 48`` (the cohort's minimum length of stay, so every stay reaches the
-warm-up of ⌈1/C⌉ + 2 = 17 keys), ν = 0.3, σ = 3 (the retention study's ν and σ; it sizes C by
-the whole stay, which a stream does not know). Keys are the six ``_z`` columns. After each
-step's admissions the reserve keys move to the cold tier (``evict_reserve``: future-safe).
-
-Forgotten subjects: the registry is applied at scan time (``Warehouse.exclusion``), and the
-deletion-request queue (:mod:`pipelines.ingest.state`) is processed before the scan, one
-``forget_subject`` (one receipt) per request.
+A *streaming warehouse* is created once (``init``) with a **frozen standardisation** (the
+training-split moments and medians of a causal batch build of the files present, or a supplied
+table, never recomputed). Every later run ingests only the measurement part files it has not
+seen (:func:`cohort.incremental.plan_files`: name, size, sha256; a changed file is refused), as
+one watermark step: closed hours become ``vitals_hourly`` rows and tokens of each stay's
+``StreamingGate``; a late row re-opens its stay by exact decrements; a killed run is completed by
+the next. The step's stages, the late-row policy and the gates' settings: :func:`ingest`;
+docs/STREAMING.md.
 """
 from __future__ import annotations
 
@@ -130,7 +99,40 @@ def ingest(warehouse: str | os.PathLike, source: str, root: str | os.PathLike, *
     ``settings.jobs`` worker processes update the gates (default: the usable CPUs, at most 8;
     results do not depend on it); ``batch_stays`` stays per committed batch; ``memory_limit``
     DuckDB's memory limit for the run (its block cache included; sorts and joins spill beyond it;
-    default :data:`MEMORY_LIMIT`). Returns aggregates of the run."""
+    default :data:`MEMORY_LIMIT`). Returns aggregates of the run.
+
+    Watermark step (one per run, over all of the run's new files, in name order), in three stages:
+
+    1. *stage* (one transaction): the files' usable rows go to ``ingest_rows`` (sorted by stay);
+       the watermark W (max charttime seen, ``ingest_state``) advances; stays with a first usable
+       row enter ``cohort_stays``; the file rows and the step's pending record are written.
+    2. *batches* (:mod:`pipelines.ingest.batch`, one transaction per batch of consecutive stays):
+       every hour whose end is ≤ W is *closed* and becomes a ``vitals_hourly`` row (causal fill,
+       frozen z-scores) and a token of the stay's ``StreamingGate`` (``ingest_gates``,
+       ``ingest_tokens``); each gate is saved with the step number.
+    3. *finish* (one transaction): the per-step series, the content hash; the pending record goes.
+
+    A run killed anywhere leaves committed stages: the next run completes a pending step first
+    (its staged rows are kept; a stay whose gate already carries the step is not recomputed), so
+    nothing is admitted twice and no row is lost. Readers of a warehouse with a pending step see
+    some stays advanced to W and the rest not yet (each stay consistent: one live token per
+    emitted hour); the content hash is absent until the step finishes.
+
+    Late rows (a usable row for an hour already closed): **re-open** policy. The stay is recomputed
+    from the earliest late hour (its raw rows are kept in ``ingest_rows``); every recomputed hour
+    whose key changed has its old token forgotten (exact C&P decrement, ``StreamingGate.forget``)
+    and the corrected key admitted; the count is reported (``late_rows``, ``reopened_hours``,
+    ``replaced_tokens``). Nothing is silently ignored.
+
+    Gates: one ``StreamingGate`` per stay, ``C = 1/(ν·n0)`` fixed when the stay's gate is created
+    (:func:`gate_C`), with the declared ``n0 = 48`` (the cohort's minimum length of stay, so every
+    stay reaches the warm-up of ⌈1/C⌉ + 2 = 17 keys), ν = 0.3, σ = 3 (the retention study's ν and σ;
+    it sizes C by the whole stay, which a stream does not know). Keys are the six ``_z`` columns.
+    After each step's admissions the reserve keys move to the cold tier (``evict_reserve``).
+    Forgotten subjects: the registry is applied at scan time (``Warehouse.exclusion``), and the
+    deletion-request queue (:mod:`pipelines.ingest.state`) is processed before the scan, one
+    ``forget_subject`` (one receipt) per request.
+    """
     from pipelines.ingest.gates import Pool, default_jobs
     from pipelines.store.warehouse import Warehouse
 

@@ -46,18 +46,16 @@ def configure_run(con, memory_limit: str = MEMORY_LIMIT) -> None:
     * ``memory_limit``: the run's memory cap (block cache included; sorts and joins spill).
     * ``index_scan_max_count = 0``: DuckDB answers a selective range filter on an indexed column
       (``ingest_gates``' key) with per-row index fetches; over a gate table rewritten every night
-      that costs ~40 ms a row (80 s for one batch of 2,000 stays, measured), where the
-      zone-mapped scan costs 0.2 s.
+      that costs far more than the zone-mapped scan.
     * ``wal_autocheckpoint`` = a quarter of ``memory_limit`` (:data:`WAL_SHARE`): DuckDB
       checkpoints when the WAL passes this size (16 MB by default), and a checkpoint rewrites
       every updated column of a touched row group whole; one batch of 2,000 gate blobs is about
-      16 MB, so every batch's commit rewrote the whole gate table (521 s of a 967 s day 2 at
-      42,000 stays, measured). Each commit stays durable (WAL, one fsync per commit; a killed
+      16 MB, so every batch's commit would rewrite the whole gate table. Each commit stays durable (WAL, one fsync per commit; a killed
       run's committed batches are replayed when the warehouse is next opened); the tables are
       rewritten every quarter of the memory limit of WAL (a few times a night at 42,000 stays)
       and by the ``CHECKPOINT`` after the steps. Not the whole limit: updates not yet
       checkpointed stay in the buffer pool, and at the full limit a day 2 at 42,000 stays left
-      the content hash's sort no memory (OutOfMemoryException, measured).
+      the content hash's sort no memory (OutOfMemoryException).
     """
     mem = str(memory_limit).strip().upper()
     con.execute(f"SET memory_limit = '{mem}'")

@@ -1,34 +1,15 @@
 """The C2SP transparency-log text formats, so any verifier of that ecosystem can check the log.
 
 Every function here is pure (text and bytes in, text and bytes out); the log's own files are in
-:mod:`pipelines.receipts.checkpoints`, the witness in :mod:`pipelines.receipts.witness`.
-
-* **signed-note** (https://c2sp.org/signed-note): a note is UTF-8 text ending in a newline,
-  then a blank line, then signature lines ``"— <key name> base64(key ID || signature)\\n"``
-  (em dash U+2014, space). No ASCII control character but the newline; key names are non-empty
-  without spaces or ``+``; the text is split from the signatures at the *last* blank line.
-  ``key ID = SHA-256(name || 0x0A || type || public key)[:4]`` (big-endian u32); type ``0x01``
-  is an Ed25519 signature over the note text (:data:`ED25519`). A verifier ignores signatures of
-  unknown keys and rejects the note when a signature of a known (name, key ID) fails.
-* **verifier keys** (the signed-note ``vkey`` encoding, as Go's ``sumdb/note``):
-  ``<name>+<8 lowercase hex of the key ID>+<base64(type || 32-byte key)>`` (:class:`Vkey`).
-* **tlog-checkpoint** (https://c2sp.org/tlog-checkpoint): note text ``origin``, the tree size
-  in decimal without leading zeros, the base64 RFC 6962 root, then optional non-empty extension
-  lines; the log's key name is the origin (:func:`checkpoint_body`, :func:`parse_checkpoint`).
-* **tlog-cosignature** (https://c2sp.org/tlog-cosignature, ``cosignature/v1``, type ``0x04``,
-  :data:`COSIGNATURE`): the signature is ``u64 big-endian timestamp || Ed25519 signature`` over
-  ``"cosignature/v1\\ntime <T>\\n" || checkpoint text``, ``T`` POSIX seconds (:func:`cosign`,
-  :func:`cosignature_time`).
-* **tlog-proof@v1** (https://c2sp.org/tlog-proof): ``c2sp.org/tlog-proof@v1``, optional
-  ``extra <base64>``, ``index <N>`` (zero-based), the inclusion hashes one per line (the leaf's
-  sibling first, RFC 6962 §2.1.1), an empty line, the checkpoint verbatim
-  (:func:`tlog_proof_text`, :func:`parse_tlog_proof`).
-* **tlog-witness** ``add-checkpoint`` body (https://c2sp.org/tlog-witness): ``old <N>``, at most
-  63 consistency-proof hashes, an empty line, the checkpoint (:func:`add_checkpoint_body`,
-  :func:`parse_add_checkpoint`).
-
-Malformed text raises :class:`NoteError` (a ``ValueError``); callers turn it into their own
-typed error. Base64 is RFC 4648 §4 (standard alphabet, padded) and is decoded strictly.
+:mod:`pipelines.receipts.checkpoints`, the witness in :mod:`pipelines.receipts.witness`. Formats,
+each stated at its functions: signed-note (https://c2sp.org/signed-note; :func:`split_note`,
+:func:`note_verified`), verifier keys (:class:`Vkey`), tlog-checkpoint
+(https://c2sp.org/tlog-checkpoint; :func:`checkpoint_body`), tlog-cosignature
+(https://c2sp.org/tlog-cosignature; :func:`cosign`), tlog-proof@v1 (https://c2sp.org/tlog-proof;
+:func:`tlog_proof_text`) and the tlog-witness ``add-checkpoint`` body
+(https://c2sp.org/tlog-witness; :func:`add_checkpoint_body`). Malformed text raises
+:class:`NoteError` (a ``ValueError``); callers turn it into their own typed error. Base64 is
+RFC 4648 §4 (standard alphabet, padded) and is decoded strictly. docs/RECEIPTS.md.
 """
 from __future__ import annotations
 
@@ -91,7 +72,11 @@ def key_id(name: str, sig_type: int, key: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Vkey:
-    """A verifier key: name, signature type (:data:`ED25519` or :data:`COSIGNATURE`), raw key."""
+    """A verifier key: name, signature type (:data:`ED25519` or :data:`COSIGNATURE`), raw key.
+
+    The signed-note ``vkey`` encoding, as Go's ``sumdb/note``:
+    ``<name>+<8 lowercase hex of the key ID>+<base64(type || 32-byte key)>``.
+    """
 
     name: str
     sig_type: int
@@ -156,7 +141,15 @@ class Signature:
 
 
 def split_note(text: str) -> tuple[str, list[Signature]]:
-    """(note text, signatures) of a signed note; the text ends in its newline."""
+    """(note text, signatures) of a signed note; the text ends in its newline.
+
+    A note is UTF-8 text ending in a newline, then a blank line, then signature lines
+    ``"— <key name> base64(key ID || signature)\n"`` (em dash U+2014, space). No ASCII control
+    character but the newline; key names are non-empty without spaces or ``+``; the text is split from
+    the signatures at the *last* blank line. ``key ID = SHA-256(name || 0x0A || type || public
+    key)[:4]`` (big-endian u32); type ``0x01`` is an Ed25519 signature over the note text
+    (:data:`ED25519`).
+    """
     if any(ord(c) < 0x20 and c != "\n" for c in text):
         raise NoteError("a signed note holds no control characters but newlines")
     if not text.endswith("\n"):
@@ -198,7 +191,11 @@ def _matching(sigs: list[Signature], v: Vkey) -> list[Signature]:
 
 def note_verified(body: str, sigs: list[Signature], v: Vkey) -> bool:
     """Is ``body`` signed by ``v`` (type 0x01)? Every signature of that key must verify and at
-    least one must be there; signatures of other keys are ignored."""
+    least one must be there; signatures of other keys are ignored.
+
+    A verifier ignores signatures of unknown keys and rejects the note when a signature of a known
+    (name, key ID) fails.
+    """
     mine = _matching(sigs, v)
     pub = v.public_key()
     return bool(mine) and all(_ed25519_ok(pub, s.sig, body.encode("utf-8")) for s in mine)
@@ -209,7 +206,12 @@ def cosignature_message(body: str, timestamp: int) -> bytes:
 
 
 def cosign(body: str, name: str, key, timestamp: int) -> Signature:
-    """A cosignature/v1 of checkpoint text ``body`` by private ``key`` at POSIX ``timestamp``."""
+    """A cosignature/v1 of checkpoint text ``body`` by private ``key`` at POSIX ``timestamp``.
+
+    ``cosignature/v1``, type ``0x04`` (:data:`COSIGNATURE`): the signature is ``u64 big-endian
+    timestamp || Ed25519 signature`` over ``"cosignature/v1\ntime <T>\n" || checkpoint text``, ``T``
+    POSIX seconds (:func:`cosignature_time` reads it back).
+    """
     if not 0 <= int(timestamp) < 2 ** 63:
         raise NoteError("a cosignature timestamp is below 2**63")
     sig = key.sign(cosignature_message(body, timestamp))
@@ -239,14 +241,19 @@ class Checkpoint:
 
 
 def checkpoint_body(origin: str, size: int, root: bytes) -> str:
-    """The note text of a checkpoint (no extension lines)."""
+    """The note text of a checkpoint (no extension lines).
+
+    Note text ``origin``, the tree size in decimal without leading zeros, the base64 RFC 6962 root,
+    then optional non-empty extension lines; the log's key name is the origin
+    (:func:`parse_checkpoint` reads it).
+    """
     if len(root) != HASH_LEN or int(size) < 0:
         raise NoteError("a checkpoint has a size and a 32-byte root")
     return f"{origin}\n{int(size)}\n{b64e(root)}\n"
 
 
 def parse_checkpoint(body: str) -> Checkpoint:
-    """A checkpoint's note text: at least three non-empty lines (see the module docstring)."""
+    """A checkpoint's note text: at least three non-empty lines (:func:`checkpoint_body`)."""
     if not body.endswith("\n"):
         raise NoteError("a checkpoint ends in a newline")
     lines = body[:-1].split("\n")
@@ -274,7 +281,12 @@ class TlogProof:
 
 
 def tlog_proof_text(index: int, path: list[bytes], note: str, extra: bytes | None = None) -> str:
-    """A ``c2sp.org/tlog-proof@v1`` file (its checkpoint ``note`` verbatim)."""
+    """A ``c2sp.org/tlog-proof@v1`` file (its checkpoint ``note`` verbatim).
+
+    ``c2sp.org/tlog-proof@v1``, optional ``extra <base64>``, ``index <N>`` (zero-based), the inclusion
+    hashes one per line (the leaf's sibling first, RFC 6962 §2.1.1), an empty line, the checkpoint
+    verbatim (:func:`parse_tlog_proof` reads it).
+    """
     head = [PROOF_HEADER] + ([f"extra {b64e(extra)}"] if extra is not None else []) + [f"index {int(index)}"]
     return "\n".join(head + [b64e(h) for h in path]) + "\n\n" + note
 
@@ -298,7 +310,11 @@ def parse_tlog_proof(text: str) -> TlogProof:
 
 
 def add_checkpoint_body(old: int, proof: list[bytes], note: str) -> str:
-    """The body of a tlog-witness ``add-checkpoint`` request."""
+    """The body of a tlog-witness ``add-checkpoint`` request.
+
+    ``old <N>``, at most 63 consistency-proof hashes, an empty line, the checkpoint
+    (:func:`parse_add_checkpoint` reads it).
+    """
     return f"old {int(old)}\n" + "".join(b64e(h) + "\n" for h in proof) + "\n" + note
 
 

@@ -1,33 +1,14 @@
 """The deletion-receipt ledger and forget registry: an append-only log of receipts in its own
 folder, never inside the (rebuildable) warehouse, keyed for the operator and signed for everyone.
 
-File ``<ledger dir>/receipts.jsonl``, one canonical JSON object per line::
-
-    {"seq": 1, "ts": "...", "kind": "forget_subject", "subject_id_hash": "<hmac>",
-     "payload": {...aggregates...}, "key_fp": "<16 hex>", "prev": "<mac of seq-1>", "mac": "<hmac>"}
-
-* ``seq`` counts 1, 2, 3, … without gaps; ``prev`` is the previous row's ``mac`` (64 zeros first);
-* ``mac`` = HMAC-SHA256 under the ledger sub-key (:mod:`pipelines.store.keys`) of the canonical JSON of
-  every other field; ``key_fp`` is the key's public fingerprint (another key is refused,
-  :class:`LedgerKeyMismatchError`). Subject and stay ids are keyed hashes: the id space is small
-  enough to brute-force a plain hash;
-* **publicly verifiable**: each line is a leaf of an RFC 9162 Merkle tree
-  (:mod:`pipelines.receipts.translog`), and after every append the log signs a tree head with its
-  Ed25519 key (:mod:`pipelines.receipts.signing`) into ``heads.jsonl``. Anyone with the public key checks
-  the log, inclusion proofs and consistency with a head they kept (:mod:`pipelines.receipts.logaudit`)
-  without being able to write a row;
-* **no rollback**: every append also stores the new signed head as the *anchor* in the config
-  folder (beside the keys, not beside the ledger), and a warehouse records the size and root
-  it has applied (:meth:`Ledger.record`). A log shorter than, or inconsistent with, any of them
-  is refused (:class:`LedgerRollbackError`).
-
-The *registry* is the set of ``subject_id_hash`` values of ``forget_subject`` rows: every build
-excludes those subjects at scan time, and every command completes pending erasures first.
-Appends are serialised by an exclusive lock on ``<ledger dir>/.lock`` and fsynced before return;
-a receipt is committed together with its signed head or not at all (a failed head write cuts the
-row back off; only a kill between the two leaves an unsigned tail, which the next writer signs).
-No symbolic link is followed: the log folder, its files, the anchors folder and the anchor are
-checked before every read and write (:meth:`Ledger.check_links`) and opened with ``O_NOFOLLOW``.
+File ``<ledger dir>/receipts.jsonl``, one canonical JSON object per line (the row format and the
+MAC chain: :class:`Ledger`); each line is a leaf of an RFC 9162 Merkle tree
+(:mod:`pipelines.receipts.translog`) whose heads the log signs with its Ed25519 key
+(:mod:`pipelines.receipts.signing`), so anyone with the public key checks the log
+(:mod:`pipelines.receipts.logaudit`) without being able to write a row; anchors and the
+warehouse's record refuse a rolled-back log (:class:`LedgerRollbackError`). The *registry* is the
+set of ``subject_id_hash`` values of ``forget_subject`` rows: every build excludes those subjects
+at scan time, and every command completes pending erasures first. docs/RECEIPTS.md.
 """
 from __future__ import annotations
 
@@ -114,7 +95,30 @@ def _cut_back(sizes: list[tuple[Path, int | None]]) -> None:
 class Ledger:
     """One ledger directory under one key. Reading verifies the whole log every time (HMAC
     chain, Merkle roots, the newest head's signature, the anchor), so a caller never acts on a
-    tampered registry."""
+    tampered registry.
+
+    Row::
+
+        {"seq": 1, "ts": "...", "kind": "forget_subject", "subject_id_hash": "<hmac>",
+         "payload": {...aggregates...}, "key_fp": "<16 hex>", "prev": "<mac of seq-1>", "mac": "<hmac>"}
+
+    * ``seq`` counts 1, 2, 3, … without gaps; ``prev`` is the previous row's ``mac`` (64 zeros first);
+    * ``mac`` = HMAC-SHA256 under the ledger sub-key (:mod:`pipelines.store.keys`) of the canonical
+      JSON of every other field; ``key_fp`` is the key's public fingerprint (another key is refused,
+      :class:`LedgerKeyMismatchError`). Subject and stay ids are keyed hashes: the id space is small
+      enough to brute-force a plain hash;
+    * after every append the log signs a tree head into ``heads.jsonl``;
+    * **no rollback**: every append also stores the new signed head as the *anchor* in the config
+      folder (beside the keys, not beside the ledger), and a warehouse records the size and root
+      it has applied (:meth:`record`). A log shorter than, or inconsistent with, any of them
+      is refused (:class:`LedgerRollbackError`).
+
+    Appends are serialised by an exclusive lock on ``<ledger dir>/.lock`` and fsynced before return;
+    a receipt is committed together with its signed head or not at all (a failed head write cuts the
+    row back off; only a kill between the two leaves an unsigned tail, which the next writer signs).
+    No symbolic link is followed: the log folder, its files, the anchors folder and the anchor are
+    checked before every read and write (:meth:`check_links`) and opened with ``O_NOFOLLOW``.
+    """
 
     def __init__(self, directory: str | os.PathLike, keys: Keys):
         given = Path(os.path.abspath(directory))

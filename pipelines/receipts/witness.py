@@ -10,22 +10,7 @@ largest tree it cosigned — so a log restored from a backup, or forked, is refu
   "root": "<base64>"}}``, replaced atomically (fsynced temporary file renamed over it).
 
 Its verifier key is ``NAME+<key ID>+base64(0x04 || key)`` (https://c2sp.org/tlog-cosignature).
-
-**add-checkpoint** (:meth:`Cosigner.add_checkpoint`), in the specification's order: a body that
-is not ``old N``, proof lines, an empty line and a signed checkpoint → 400; unknown origin → 404;
-no signature of a trusted log key that verifies → 403; old size above the checkpoint size →
-400 (and a non-empty proof from size 0); then, under one lock for the check *and* the update
-(a threading lock and an ``flock`` on ``D/.lock``, so neither concurrent requests nor two
-processes on one folder can roll the state back): old size other than the size it last
-cosigned → 409 with ``text/x.tlog.size`` body ``"<its size>\\n"``; the same size with another
-root → 409 likewise; a consistency proof (RFC 6962 §2.1.2, verified by
-:func:`pipelines.receipts.translog.verify_consistency`) that fails → 422; else the state is
-persisted and the answer is one ``cosignature/v1`` line timestamped now (200).
-
-**Serving** (:func:`make_server`): the standard library's ``ThreadingHTTPServer``, HTTP/1.1 with
-keep-alive, on 127.0.0.1 by default; ``POST <prefix>/add-checkpoint`` only. A deployment
-reachable by logs elsewhere terminates TLS in front of it (a reverse proxy) or passes
-``--tls-cert/--tls-key`` (docs/RECEIPTS.md).
+The request's checks: :meth:`Cosigner.add_checkpoint`; serving: :func:`make_server`.
 """
 from __future__ import annotations
 
@@ -96,7 +81,7 @@ def load(directory: str | os.PathLike):
 
 
 class Cosigner:
-    """The witness's logic and state, independent of HTTP (see the module docstring)."""
+    """The witness's logic and state, independent of HTTP."""
 
     def __init__(self, directory: str | os.PathLike, logs: list[c2sp.Vkey]):
         self.dir = Path(directory)
@@ -119,7 +104,18 @@ class Cosigner:
         return json.loads(p.read_text()) if p.is_file() else {}
 
     def add_checkpoint(self, raw: bytes) -> tuple[int, str, bytes]:
-        """(status, content type, body) of one ``add-checkpoint`` request body."""
+        """(status, content type, body) of one ``add-checkpoint`` request body.
+
+        In the specification's order: a body that is not ``old N``, proof lines, an empty line and a
+        signed checkpoint → 400; unknown origin → 404; no signature of a trusted log key that verifies
+        → 403; old size above the checkpoint size → 400 (and a non-empty proof from size 0); then, under
+        one lock for the check *and* the update (a threading lock and an ``flock`` on ``D/.lock``, so
+        neither concurrent requests nor two processes on one folder can roll the state back): old size
+        other than the size it last cosigned → 409 with ``text/x.tlog.size`` body ``"<its size>\n"``; the
+        same size with another root → 409 likewise; a consistency proof (RFC 6962 §2.1.2, verified by
+        :func:`pipelines.receipts.translog.verify_consistency`) that fails → 422; else the state is
+        persisted and the answer is one ``cosignature/v1`` line timestamped now (200).
+        """
         try:
             old, proof, note = c2sp.parse_add_checkpoint(raw.decode("utf-8"))
             body, sigs = c2sp.split_note(note)
@@ -194,7 +190,13 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(directory: str | os.PathLike, logs: list[c2sp.Vkey], host: str = "127.0.0.1", port: int = 0,
                 prefix: str = "", tls: tuple[str, str] | None = None, quiet: bool = False) -> ThreadingHTTPServer:
     """A bound (not yet serving) witness server; ``port=0`` picks a free port
-    (``server.server_address``). ``tls``: (certificate chain file, key file)."""
+    (``server.server_address``). ``tls``: (certificate chain file, key file).
+
+    The standard library's ``ThreadingHTTPServer``, HTTP/1.1 with keep-alive, on 127.0.0.1 by
+    default; ``POST <prefix>/add-checkpoint`` only. A deployment reachable by logs elsewhere
+    terminates TLS in front of it (a reverse proxy) or passes ``--tls-cert/--tls-key``
+    (docs/RECEIPTS.md).
+    """
     cosigner = Cosigner(directory, logs)
     srv = ThreadingHTTPServer((host, int(port)), _Handler)
     srv.daemon_threads = True

@@ -2,32 +2,11 @@
 
 :func:`ask` runs when a writing command opens its warehouse and again when it is done
 (:meth:`pipelines.store.warehouse.Warehouse.open`), only when ``witnesses.json`` names at least
-one witness: the log signs the checkpoint of its current size
-(:meth:`~pipelines.receipts.checkpoints.Checkpoints.publish`) and POSTs it to each witness with a
-consistency proof from the size that witness last cosigned (as far as the log knows; a ``409``
-answer names the witness's size and the request is made once more from there). Outcomes:
-
-* ``cosigned`` — the cosignature is checked with the witness's verifier key and stored beside
-  the checkpoint (it then appears in ``receipts head --format checkpoint`` and every tlog-proof);
-* ``ahead`` — the witness has cosigned a *larger* tree of this log (``409`` naming a larger
-  size), ``forked`` — another tree of a size this log has (``409`` at the same size, or ``422``:
-  its tree is not a prefix of this log): the log was restored or forked. With ``refuse`` (builds,
-  exports, studies) :class:`~pipelines.errors.WitnessConflictError` stops the command before it
-  reads a row; a forget goes on (it only removes data) and says so;
-* ``down`` — unreachable, timed out, or a server error: never blocks anything; the checkpoint is
-  cosigned on a later command (``receipts verify --witness`` lists what lacks it);
-* ``refused`` — ``403`` (the witness does not trust this log's key), ``404`` (unknown origin),
-  ``400``: a configuration to fix; said on stderr.
-
-One command asks once per log state: a nested open reuses the answers while the log's files
-are the very same (inode, size, modification time) and for at most :data:`REUSE_S` seconds, so
-a restored or edited folder is always asked about afresh; a witness that was down or refused is
-asked again at every open (it may be back). The first cosignature of each
-checkpoint is stored; later answers for it confirm it. ``$FORGETFUL_WITNESS_TIMEOUT`` (seconds,
-default 5) bounds each request.
-:func:`probe` is the auditor's question (``receipts verify --witness-url``): the log's newest
-checkpoint with ``old`` equal to its own size, which a witness that cosigned a larger tree answers
-with ``409`` and its size; nothing is advanced.
+one witness: the log signs the checkpoint of its current size and POSTs it to each witness with a
+consistency proof from the size that witness last cosigned. A witness that has cosigned a larger
+or another tree stops a build, export or study before it reads a row; a witness that is down never
+blocks anything. :func:`probe` is the auditor's question (``receipts verify --witness-url``).
+``$FORGETFUL_WITNESS_TIMEOUT`` (seconds, default 5) bounds each request. docs/RECEIPTS.md.
 """
 from __future__ import annotations
 
@@ -108,7 +87,7 @@ def _cosignatures(text: str, body: str, v: c2sp.Vkey) -> tuple[int | None, list[
 
 def submit(w: Witness, st: LogState, note: str, known: int) -> dict:
     """Ask ``w`` to cosign ``note`` (the checkpoint of ``st``), starting from the size ``known``
-    the log believes it last cosigned; see the module docstring for the outcomes."""
+    the log believes it last cosigned; :func:`ask` lists the outcomes."""
     body, _ = c2sp.split_note(note)
     n, old, http = st.size, min(known, st.size), []
     tree = translog.Tree(st.leaves)
@@ -178,7 +157,29 @@ def _files(d) -> tuple:
 
 def ask(led, refuse: bool = True) -> list[dict]:
     """Publish the log's newest checkpoint and ask every configured witness to cosign it (see
-    the module docstring). Returns one outcome per witness (no witnesses: nothing, no I/O)."""
+    the module docstring). Returns one outcome per witness (no witnesses: nothing, no I/O).
+
+    As far as the log knows the witness's size; a ``409`` answer names the witness's size and the
+    request is made once more from there. Outcomes:
+
+    * ``cosigned`` — the cosignature is checked with the witness's verifier key and stored beside
+      the checkpoint (it then appears in ``receipts head --format checkpoint`` and every tlog-proof);
+    * ``ahead`` — the witness has cosigned a *larger* tree of this log (``409`` naming a larger
+      size), ``forked`` — another tree of a size this log has (``409`` at the same size, or ``422``:
+      its tree is not a prefix of this log): the log was restored or forked. With ``refuse`` (builds,
+      exports, studies) :class:`~pipelines.errors.WitnessConflictError` stops the command before it
+      reads a row; a forget goes on (it only removes data) and says so;
+    * ``down`` — unreachable, timed out, or a server error: never blocks anything; the checkpoint is
+      cosigned on a later command (``receipts verify --witness`` lists what lacks it);
+    * ``refused`` — ``403`` (the witness does not trust this log's key), ``404`` (unknown origin),
+      ``400``: a configuration to fix; said on stderr.
+
+    One command asks once per log state: a nested open reuses the answers while the log's files
+    are the very same (inode, size, modification time) and for at most :data:`REUSE_S` seconds, so
+    a restored or edited folder is always asked about afresh; a witness that was down or refused is
+    asked again at every open (it may be back). The first cosignature of each checkpoint is stored;
+    later answers for it confirm it.
+    """
     store = Checkpoints(led.dir)
     ws = store.witnesses()
     if not ws:
@@ -217,7 +218,11 @@ def ask(led, refuse: bool = True) -> list[dict]:
 def probe(url: str, witnesses: list[c2sp.Vkey], st: LogState, note: str) -> dict:
     """The auditor asks the witness at ``url`` about the log's newest checkpoint ``note``
     (``old`` = its size, no proof): a cosignature by one of ``witnesses`` counts as fresh; a
-    larger or another tree raises :class:`WitnessConflictError`. Nothing is advanced."""
+    larger or another tree raises :class:`WitnessConflictError`. Nothing is advanced.
+
+    The log's newest checkpoint with ``old`` equal to its own size, which a witness that cosigned a
+    larger tree answers with ``409`` and its size; nothing is advanced.
+    """
     body, _ = c2sp.split_note(note)
     try:
         status, ctype, text = post(url, c2sp.add_checkpoint_body(st.size, [], note))

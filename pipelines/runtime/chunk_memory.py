@@ -8,11 +8,10 @@ from collections.abc import Sequence
 
 #: the most that chunks running side by side in this process may add up to, in estimated bytes
 #: (:func:`chunk_memory`): at full MIMIC-IV size the two longest stays (7,670 and 6,627 hours)
-#: would otherwise run together, ~1.1 + 0.8 GB of n x n matrices at once (issue 20's 2 GB bound)
+#: would otherwise run together, their n x n matrices at once past issue 20's 2 GB bound
 MEMORY_BUDGET_BYTES = 1.25 * 2**30
 #: a stay's peak working memory per hour², in bytes: the n x n kernel matrix of the solve and the
-#: peers' n x n buffers (measured: a 7,670-hour stay's held-out chunk peaks 1.10 GB above
-#: its start, 18.7 bytes per hour²; rounded up)
+#: peers' n x n buffers (the longest stay's held-out chunk's measured peak over its hours², rounded up)
 STAY_BYTES_PER_HOUR2 = 20.0
 
 

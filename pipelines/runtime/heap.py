@@ -5,11 +5,8 @@ below the mmap threshold (which grows up to 32 MB as large blocks are freed: mos
 matrices) live in malloc arenas — one per thread that allocated, so the study's worker threads
 each keep their own — and an arena's free pages stay resident until glibc trims them, which it does
 only at the top of the main heap. So a step of ``forgetful run-all`` can leave freed memory
-resident, and the next step's peak counts it. How much varies: measured at the end of a
-1,500-stay held-out run, glibc reported 80 MB free in its arenas but trimming returned only 4 MB
-(most of those pages were no longer resident); on the demo ``run-all`` the steps start 2-104 MB
-lower with the release than without (fidelity: 703 vs 807 MB). The rest of what a step leaves
-is not free heap (imported modules, native libraries' own caches, live objects).
+resident, and the next step's peak counts it; how much varies from step to step. The rest of
+what a step leaves is not free heap (imported modules, native libraries' own caches, live objects).
 
 :func:`release` collects Python garbage and then asks glibc to return every arena's free pages
 (``malloc_trim(0)``; glibc ≥ 2.8 releases whole free pages inside each arena with

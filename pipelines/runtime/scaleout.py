@@ -3,36 +3,11 @@
 A study maps one *chunk function* over chunks of stay ids. The chunk function is a plain,
 importable function (``f(warehouse, content_hash, stay_ids, ...) -> small result``) that reads
 its own stays from the warehouse (read-only DuckDB connection) and returns a few numbers per
-stay; record-level arrays never travel through the scheduler. :func:`map_chunks` runs it:
-
-* **local** (the command's ``ThreadPoolTaskRunner``): each chunk is one Prefect task (the task
-  wraps the same chunk function), so chunks show in the Prefect UI;
-* **Dask** (``--dask ADDRESS``; the flow's task runner is ``prefect_dask.DaskTaskRunner``): each
-  chunk is a plain Dask future on the runner's client — no Prefect task engine runs on the
-  workers for study chunks (measured: a Prefect task on a Dask worker costs 0.5–1.0 s of
-  API round trips, which is what made one-stay tasks slower than local), so the workers send
-  no Prefect events or logs for them. The flow run, its logs and its result file live in the
-  command's own process and API. Each chunk runs under one BLAS thread
-  (:func:`one_blas_thread`, inside the task: worker processes are the parallelism).
-
-**Chunk sizing** (:func:`plan_chunks`): the first :data:`PILOT_STAYS` stays are computed in the
-flow's own process through the same chunk function and timed; they set the machine's seconds per
-cost unit, and every stay gets an estimated cost (:func:`stay_units`: a fixed per-stay part, the
-n² kernel work and the n³ factorisations, with shape constants measured once, see
-:data:`COST_MODEL`). The remaining stays are cut, in order, into chunks whose cap shrinks with
-the work still to be cut (guided self-scheduling: about ``remaining / (GUIDED_WAVES × slots)``,
-between :data:`MIN_TASK_SECONDS` and :data:`TARGET_TASK_SECONDS`), so the last chunks are small;
-a stay above the cap is a chunk of its own. :func:`map_chunks` submits the chunks most expensive
-first (longest-processing-time order: the long stays start at once, the small chunks fill the
-end); :func:`map_phases` does so over several kinds of chunk in one pool (a study's stay batches,
-audit and sensitivity). On the local thread pool the chunks share this process's memory, so they
-also go by their estimated peak (:func:`chunk_memory`: the longest stay's n x n matrices): a chunk
-does not start beside running ones when their estimates together would pass
-:data:`MEMORY_BUDGET_BYTES` (:func:`next_chunk`). Per-stay results do not depend on the chunking
-(each stay is computed alone, chunks are contiguous, results come back in chunk order): local and
-Dask are bit-identical. :func:`chunk_log` records each chunk's stays, estimated and measured
-seconds, worker and start/end (``python -m pipelines.bench.dask_workers`` reads it); :func:`lpt_makespan`
-is the benchmark's schedule.
+stay; record-level arrays never travel through the scheduler. :func:`map_phases` runs the chunks
+on the command's thread pool (one Prefect task each) or as plain futures on a Dask cluster
+(``--dask ADDRESS``), most expensive first; :func:`plan_chunks` cuts the stays into chunks by
+their estimated cost (:func:`stay_units`, :data:`COST_MODEL`). Per-stay results do not depend on
+the chunking: local and Dask are bit-identical. docs/DASK.md.
 """
 from __future__ import annotations
 
@@ -47,10 +22,10 @@ from typing import Any
 
 from pipelines.runtime.chunk_memory import MEMORY_BUDGET_BYTES, STAY_BYTES_PER_HOUR2, chunk_memory, next_chunk  # noqa: F401 (re-exported)
 
-#: the largest chunk, in seconds of estimated work (a Dask task costs a few ms of scheduling; a
-#: local Prefect task ~20-50 ms)
+#: the largest chunk, in seconds of estimated work (large enough that a Dask task's scheduling and a
+#: local Prefect task's overhead stay small beside it)
 TARGET_TASK_SECONDS = 3.0
-#: the smallest cap (a chunk also opens a read-only connection: ~0.03-0.1 s)
+#: the smallest cap (a chunk also opens a read-only connection)
 MIN_TASK_SECONDS = 0.25
 #: stays timed in the flow's own process to size the chunks
 PILOT_STAYS = 8
@@ -144,11 +119,10 @@ def local_slots() -> int:
 
 
 #: a stay's cost in units of one stay-hour², ``FIXED + n² + n³ / CUBIC`` for ``n`` hours: reading and
-#: the per-stay bookkeeping (~6 ms, as much as the n² work of a ~150-hour stay), the n × n kernel
-#: work of the solve and the peers (0.25 µs per hour²), and the kernel-leverage peer's Cholesky
-#: factor and triangular inverse (n³, equal to the n² part at about 35,000 h; ~25 % of an 8,400-hour
-#: stay). Measured per stay on this project's retention chunk function (one BLAS thread, 2-core
-#: machine); only their ratios matter, the pilot sets the scale.
+#: the per-stay bookkeeping (as much as the n² work of a 150-hour stay), the n × n kernel work of the
+#: solve and the peers, and the kernel-leverage peer's Cholesky factor and triangular inverse (n³,
+#: equal to the n² part at 35,000 h). Fitted per stay on this project's retention chunk function (one
+#: BLAS thread); only their ratios matter, the pilot sets the scale.
 COST_FIXED_UNITS = 150.0 ** 2
 COST_CUBIC_HOURS = 35_000.0
 COST_MODEL = f"{COST_FIXED_UNITS ** 0.5:.0f}² + n² + n³/{COST_CUBIC_HOURS:,.0f} for n hours"
@@ -197,6 +171,15 @@ def plan_chunks(stay_ids: Sequence[int], hours: Sequence[int], seconds_per_hour:
         work over ``min_waves × slots`` — big chunks first, small ones last, so that submitted
         longest first (:func:`map_chunks`) no worker idles through a long last chunk.
     Returns a list of non-empty lists covering ``stay_ids`` exactly once, order kept.
+
+    The first :data:`PILOT_STAYS` stays are computed in the flow's own process through the same chunk
+    function and timed; they set the machine's seconds per cost unit, and every stay gets an estimated
+    cost (:func:`stay_units`: a fixed per-stay part, the n² kernel work and the n³ factorisations,
+    with shape constants fitted once, :data:`COST_MODEL`). The remaining stays are cut, in order, into
+    chunks whose cap shrinks with the work still to be cut (guided self-scheduling: about
+    ``remaining / (GUIDED_WAVES × slots)``, between :data:`MIN_TASK_SECONDS` and
+    :data:`TARGET_TASK_SECONDS`), so the last chunks are small; a stay above the cap is a chunk of its
+    own.
     """
     ids = [int(s) for s in stay_ids]
     if len(ids) != len(hours):
@@ -317,8 +300,27 @@ def map_phases(phases: Sequence[Phase], *, progress: bool = True, hold: tuple | 
 
     hold : ``(opener, key)`` (importable ``opener``): on Dask, each worker process opens
         ``opener(key)`` once, before its first chunk, and closes it when the pool is done, also
-        after a failure (a read-only warehouse connection: opening the file costs ~30-80 ms, once per
-        chunk otherwise; closed before the command writes the warehouse)."""
+        after a failure (a read-only warehouse connection, otherwise opened once per chunk; closed
+        before the command writes the warehouse).
+
+    * **local** (the command's ``ThreadPoolTaskRunner``): each chunk is one Prefect task (the task
+      wraps the same chunk function), so chunks show in the Prefect UI. The chunks share this
+      process's memory, so they also go by their estimated peak (:func:`chunk_memory`: the longest
+      stay's n x n matrices): a chunk does not start beside running ones when their estimates together
+      would pass :data:`MEMORY_BUDGET_BYTES` (:func:`next_chunk`).
+    * **Dask** (the flow's task runner is ``prefect_dask.DaskTaskRunner``): each chunk is a plain Dask
+      future on the runner's client — no Prefect task engine runs on the workers for study chunks (a
+      Prefect task on a worker pays API round trips per chunk), so the workers send no Prefect events
+      or logs for them. The flow run, its logs and its result file live in the command's own process
+      and API. Each chunk runs under one BLAS thread (:func:`one_blas_thread`, inside the task: worker
+      processes are the parallelism).
+
+    Chunks are submitted most expensive first (longest-processing-time order: the long stays start at
+    once, the small chunks fill the end). Each stay is computed alone, chunks are contiguous and
+    results come back in chunk order. :func:`chunk_log` records each chunk's stays, estimated and
+    measured seconds, worker and start/end (``python -m pipelines.bench.dask_workers`` reads it);
+    :func:`lpt_makespan` is the benchmark's schedule.
+    """
     from tqdm.auto import tqdm
 
     jobs = [(p, i, tuple(a)) for p, ph in enumerate(phases) for i, a in enumerate(ph.arglists)]

@@ -2,49 +2,10 @@
 
 Only the ``forgetful`` process itself uses this (``pipelines.cli.main()`` called without
 ``argv``); a call of ``main([...])`` from Python changes nothing in the caller's process.
-
-**API server.** A flow command needs a Prefect API. When ``PREFECT_API_URL`` is set (a running
-``prefect server start``), it is used and nothing is started. Otherwise the command starts one
-API server for itself — the same uvicorn app Prefect's ephemeral mode runs — *before* it imports
-the command module (torch, Prefect), so the server's start overlaps the command's own imports,
-and the command process never imports the server code (about 5 s of imports on 2 cores). The
-server child
-
-* runs in its own session, so a Ctrl-C in the terminal reaches only the command (which then
-  stops the server itself, after the flow run has recorded its final state — no shutdown
-  tracebacks);
-* dies with the command: ``PR_SET_PDEATHSIG`` (SIGKILL) is set in the child before ``exec``, so
-  even a ``kill -9`` of the command leaves no server behind;
-* uses the user's Prefect database (``$PREFECT_HOME``, already migrated after the first run);
-* imports Prefect and builds the app with the garbage collector paused (:data:`SERVER_MAIN`).
-
-``FORGETFUL_API_SERVER=0`` leaves it to Prefect's own ephemeral server (the behaviour before).
-Commands that are not flows (``forget``, ``receipts``, ``witness``, ``gate-demo``, ``export``,
-``report``, ``serve --dry-run``, any ``--help``) start nothing.
-
-**Signals.** SIGINT and SIGTERM are blocked in every thread of the command and taken by one
-watcher thread (``sigwaitinfo``), so a signal is seen at once even while the main thread is
-inside a long NumPy/DuckDB/torch call. On the first one the watcher prints one line
-(``forgetful: stopped by SIGINT (exit 130)``) and wakes the main thread with a real signal
-(SIGUSR2, so a wait on futures or a lock returns) whose handler raises :class:`Interrupted`
-(a ``KeyboardInterrupt``). The main thread unwinds: the thread-pool task runner cancels pending
-tasks and abandons running ones instead of joining them
-(:func:`pipelines.runtime.runner.make_task_runner`), Prefect marks the flow run *Crashed*, ``with``
-blocks release the warehouse lock and remove their temporaries (every build writes temporary
-files and swaps them in atomically), and the command stops its server and leaves with
-``os._exit`` (abandoned worker threads are not joined). Before the server stops, the runs the
-command leaves unfinished are closed on the API (:mod:`pipelines.runtime.crash_hooks`: the flow run
-*Crashed*, its unfinished subflow and task runs *Cancelled*), so nothing stays *Running* in the
-Prefect UI. If the main thread has not unwound after :data:`GRACE_S` seconds, or at a second
-signal, the command leaves anyway — the kernel releases the ``flock``, and stale temporaries of a
-dead process (builds, task-cache entries) are removed by the next writer
-(:func:`pipelines.store.locking.clean_stale`). Exit codes follow the shell convention: 130 after
-SIGINT, 143 after SIGTERM (128 + the signal number). Child processes inherit the blocked signals:
-the API server unblocks them before ``exec``; ``subprocess.run`` kills its child when the
-interrupt unwinds it; ``serve``, whose runner starts every flow run as a subprocess, is left to
-Prefect's own signal handling (:data:`UNGUARDED_COMMANDS`). Measured on 2 loaded cores: exit
-1.1–2.5 s after the signal (at most :data:`GRACE_S` plus the server kill), no process left
-(``tests/test_pipelines_signals.py``; ``run-all`` interrupted while deterioration trains).
+:class:`ApiServer` starts one API server per flow command (unless ``PREFECT_API_URL`` names one)
+before the command's heavy imports, and it dies with the command; :class:`Guard` turns SIGINT and
+SIGTERM into a prompt, clean stop (exit 130 / 143, nothing left *Running*, no process left).
+Commands that are not flows (:data:`SERVERLESS_COMMANDS`, any ``--help``) start nothing.
 """
 from __future__ import annotations
 
@@ -68,7 +29,7 @@ SERVERLESS_COMMANDS = frozenset({"forget", "receipts", "gate-demo", "export", "r
 #: which would inherit the blocked SIGINT/SIGTERM of a guarded command)
 UNGUARDED_COMMANDS = frozenset({"serve"})
 #: seconds the main thread gets to unwind after a signal (so Prefect records the run as crashed)
-#: before the command leaves anyway; measured unwinding of run-all on 2 loaded cores: 1.1-2.5 s
+#: before the command leaves anyway (tests/test_pipelines_signals.py interrupts run-all)
 GRACE_S = 3.5
 #: ``FORGETFUL_API_SERVER=0``: start no server of our own (Prefect's ephemeral server, as before)
 OWN_SERVER_ENV = "FORGETFUL_API_SERVER"
@@ -158,13 +119,11 @@ def _child_setup(parent: int):
 #: the server child: Prefect's uvicorn app (what ``uvicorn --factory
 #: prefect.server.api.server:create_app`` runs), with the cyclic garbage collector paused while
 #: Prefect's modules are imported and the app is built — those build thousands of pydantic models,
-#: and the collections they trigger are about a tenth of the child's start (measured 6.9 -> 6.2 s
-#: to a healthy API, 4 interleaved starts each); what is alive then is frozen (never scanned again)
-#: and collection resumes before the first request. Prefect's "final app" mode
+#: and the collections they trigger are a sizeable share of the child's start; what is alive then is
+#: frozen (never scanned again) and collection resumes before the first request. Prefect's "final app" mode
 #: (``PREFECT__SERVER_FINAL``) is asked for only where it still saves memory (a FastAPI that copies
 #: included routes, < 0.137); with a newer FastAPI all it does is one full ``gc.collect()`` of the
-#: whole heap (0.28 s; measured 6.6 -> 6.2 s to a healthy API, 5 interleaved starts each), for
-#: about 8,000 unreachable objects (< 10 MB) that now stay frozen. argv: site-packages folder
+#: whole heap, for a few unreachable objects that now stay frozen. argv: site-packages folder
 #: (first on the path, as ``--app-dir`` did, so nothing in the working folder shadows Prefect), port.
 SERVER_MAIN = """\
 import gc, os, sys
@@ -190,7 +149,24 @@ def server_argv(site: str, port: int) -> list[str]:
 
 
 class ApiServer:
-    """One Prefect API server for this command (see the module docstring)."""
+    """One Prefect API server for this command.
+
+    A flow command needs a Prefect API. When ``PREFECT_API_URL`` is set (a running
+    ``prefect server start``), it is used and nothing is started. Otherwise the command starts one
+    API server for itself — the same uvicorn app Prefect's ephemeral mode runs — *before* it imports
+    the command module (torch, Prefect), so the server's start overlaps the command's own imports,
+    and the command process never imports the server code. The server child
+
+    * runs in its own session, so a Ctrl-C in the terminal reaches only the command (which then
+      stops the server itself, after the flow run has recorded its final state — no shutdown
+      tracebacks);
+    * dies with the command: ``PR_SET_PDEATHSIG`` (SIGKILL) is set in the child before ``exec``, so
+      even a ``kill -9`` of the command leaves no server behind;
+    * uses the user's Prefect database (``$PREFECT_HOME``, already migrated after the first run);
+    * imports Prefect and builds the app with the garbage collector paused (:data:`SERVER_MAIN`).
+
+    ``FORGETFUL_API_SERVER=0`` leaves it to Prefect's own ephemeral server.
+    """
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -217,8 +193,8 @@ class ApiServer:
         env.pop("PREFECT__SERVER_FINAL", None)  # the child decides (SERVER_MAIN)
         # a command's own server serves one flow run: no automations (triggers + actions), no
         # websocket streams (nothing subscribes), no block-type registration (the flows use no
-        # blocks; even memoized it imports every installed collection, e.g. prefect-dask) —
-        # measured 9.1 -> 7.2 s to a healthy API on 2 cores; task-run recording and events stay on
+        # blocks; even memoized it imports every installed collection, e.g. prefect-dask), which
+        # shortens its start; task-run recording and events stay on
         for k in ("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED",
                   "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED", "PREFECT_SERVER_REGISTER_BLOCKS_ON_START",
                   "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION"):
@@ -311,7 +287,28 @@ def _drain_prefect() -> None:
 
 
 class Guard:
-    """Signal watcher of the command process (see the module docstring)."""
+    """Signal watcher of the command process.
+
+    SIGINT and SIGTERM are blocked in every thread of the command and taken by one watcher thread
+    (``sigwaitinfo``), so a signal is seen at once even while the main thread is inside a long
+    NumPy/DuckDB/torch call. On the first one the watcher prints one line
+    (``forgetful: stopped by SIGINT (exit 130)``) and wakes the main thread with a real signal
+    (SIGUSR2, so a wait on futures or a lock returns) whose handler raises :class:`Interrupted`
+    (a ``KeyboardInterrupt``). The main thread unwinds: the thread-pool task runner cancels pending
+    tasks and abandons running ones instead of joining them
+    (:func:`pipelines.runtime.runner.make_task_runner`), Prefect marks the flow run *Crashed*, ``with``
+    blocks release the warehouse lock and remove their temporaries, and the command stops its server
+    and leaves with ``os._exit`` (abandoned worker threads are not joined). Before the server stops,
+    the runs the command leaves unfinished are closed on the API (:mod:`pipelines.runtime.crash_hooks`:
+    the flow run *Crashed*, its unfinished subflow and task runs *Cancelled*). If the main thread has
+    not unwound after :data:`GRACE_S` seconds, or at a second signal, the command leaves anyway — the
+    kernel releases the ``flock``, and stale temporaries of a dead process are removed by the next
+    writer (:func:`pipelines.store.locking.clean_stale`). Exit codes: 130 after SIGINT, 143 after
+    SIGTERM. Child processes inherit the blocked signals: the API server unblocks them before
+    ``exec``; ``subprocess.run`` kills its child when the interrupt unwinds it; ``serve``, whose runner
+    starts every flow run as a subprocess, is left to Prefect's own signal handling
+    (:data:`UNGUARDED_COMMANDS`). ``tests/test_pipelines_signals.py`` interrupts real commands.
+    """
 
     def __init__(self, server: ApiServer | None):
         self.server = server

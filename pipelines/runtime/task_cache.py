@@ -2,31 +2,12 @@
 
 Prefect's own result persistence stores cloudpickle payloads, and the serializer a stored record
 names is the one used to read it back (``ResultRecord.deserialize``), so a file planted in the
-result folder runs code on the next cache hit — measured: a crafted record executed
-``os.system``. Record-level task results are therefore kept out of Prefect's result store
-(``persist_result=False``) and cached here instead:
-
-* location: :func:`pipelines.store.warehouse.cache_dir` — beside the warehouse, found from the
-  warehouse path (never the current directory), removed by every forget;
-* key: task name + SHA-256 of the task's **source** + its parameters except paths (inputs +
-  task source; the warehouse content hash is a parameter, so a changed warehouse never hits; a
-  settings dataclass counts with its type and every field);
-* format: canonical JSON; NumPy arrays as ``{"__ndarray__": [dtype, shape, base64]}`` restricted
-  to bool/int/uint/float dtypes and read with :func:`numpy.frombuffer` — nothing can execute code;
-* integrity: each file starts with an HMAC (cache sub-key, :mod:`pipelines.store.keys`) of its body; a
-  file that fails it is deleted and recomputed (a forged result can never be served);
-* links: a cache folder found as a symbolic link is never followed — the link itself is removed
-  (said on stderr) and a real owner-only folder made; entries are written owner-only with
-  ``O_EXCL | O_NOFOLLOW`` (:mod:`pipelines.store.safe_io`).
-* run time: each entry records when its computation ran (start, end; :func:`_pack`). A study whose
-  tasks come from the cache reports the original computation's run time, not the seconds of the
-  cache hits: every hit and miss is tallied per flow run (:func:`take_tally`), and
-  :func:`pipelines.runtime.runner.write_study_result` puts the original seconds in ``runtime_s`` and says so.
-  The layout of an entry is part of the key (the source of :func:`_pack`), so an entry written in
-  another layout is never read.
-* re-reading: ``fn.lookup(*args)`` of a cached ``fn`` returns ``(True, result)`` for an authentic
-  entry without computing or tallying anything — a flow that returns only a small part of a task's
-  result through the scheduler reads the rest back from here, batch by batch.
+result folder runs code on the next cache hit (a crafted record executed ``os.system``).
+Record-level task results are therefore kept out of Prefect's result store
+(``persist_result=False``) and cached here instead (:func:`cached`): beside the warehouse, keyed on
+the task's source and parameters, canonical JSON with typed NumPy arrays (nothing can execute
+code), each file authenticated by an HMAC, links never followed; a study served from the cache
+reports the original computation's run time (:func:`take_tally`).
 """
 from __future__ import annotations
 
@@ -187,7 +168,29 @@ def covered(spans: list[tuple[float, float]]) -> float:
 
 def cached(fn: Callable) -> Callable:
     """Decorate a task body: results are cached per (task source, non-path parameters) in the
-    cache of the ``warehouse`` parameter. Tasks without a warehouse run uncached."""
+    cache of the ``warehouse`` parameter. Tasks without a warehouse run uncached.
+
+    * location: :func:`pipelines.store.warehouse.cache_dir` — beside the warehouse, found from the
+      warehouse path (never the current directory), removed by every forget;
+    * key: task name + SHA-256 of the task's **source** + its parameters except paths (inputs +
+      task source; the warehouse content hash is a parameter, so a changed warehouse never hits; a
+      settings dataclass counts with its type and every field);
+    * format: canonical JSON; NumPy arrays as ``{"__ndarray__": [dtype, shape, base64]}`` restricted
+      to bool/int/uint/float dtypes and read with :func:`numpy.frombuffer`;
+    * integrity: each file starts with an HMAC (cache sub-key, :mod:`pipelines.store.keys`) of its
+      body; a file that fails it is deleted and recomputed (a forged result can never be served);
+    * links: a cache folder found as a symbolic link is never followed — the link itself is removed
+      (said on stderr) and a real owner-only folder made; entries are written owner-only with
+      ``O_EXCL | O_NOFOLLOW`` (:mod:`pipelines.store.safe_io`);
+    * run time: each entry records when its computation ran (start, end; :func:`_pack`). Every hit
+      and miss is tallied per flow run (:func:`take_tally`), and
+      :func:`pipelines.runtime.runner.write_study_result` puts the original seconds in ``runtime_s``
+      and says so. The layout of an entry is part of the key (the source of :func:`_pack`), so an
+      entry written in another layout is never read;
+    * re-reading: ``fn.lookup(*args)`` of a cached ``fn`` returns ``(True, result)`` for an authentic
+      entry without computing or tallying anything — a flow that returns only a small part of a
+      task's result through the scheduler reads the rest back from here, batch by batch.
+    """
     sig = inspect.signature(fn)
     digest = _source_digest(fn)
 

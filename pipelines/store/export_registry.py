@@ -1,31 +1,12 @@
 """Which folders ``forgetful export`` wrote, and which files in them are the project's own.
 
 A forget erases the patient from every export the project wrote (:mod:`pipelines.store.exports`)
-and from nothing else: a folder is registered only once an export into it has completed, and a
-file in it is rewritten only when its content is one the project wrote there. The warehouse's
-meta table keeps, under ``export_files``::
-
-    {"<folder>": {"format": "parquet" | "meds", "files": {"<path in the folder>": ["<sha256>", ...]}}}
-
-every version of every file: the one the export wrote, and each one a later forget wrote in its
-place (recorded *before* it is swapped in, so a kill never leaves a file of ours unrecognised). A
-restored copy of any earlier version is therefore still the project's (and is cleaned against
-the whole registry); a file whose content is no recorded version — a user's own file under an
-export's name, an edited export — is left byte for byte and reported. Each entry also keeps, under
-``seen``, every file's ``(size, mtime, inode)`` when the project last looked at it: a writing
-command stats the files (no read) and re-checks only a folder where one changed
-(:func:`changed`; a copy put back after a forget is cleaned by the next writing command).
-
-An export writes into a staging folder ``<folder>/.forgetful-export-<pid>`` recorded under
-``export_pending`` (folder, format, staging name, and, once written, each staged file's
-sha256), moves the files into place, and only then registers them (:func:`begin`,
-:func:`finish`). A failed export removes its staging folder (:func:`abandon`); a killed one is
-undone by the next writing command (:func:`sweep`: the staging folder and any file already moved
-whose content it recorded are zeroed and removed). :func:`sweep` also removes the temporary
-files (``.<name>.forget-<pid>``, of any pid) a killed forget left in registered folders.
-
-Folders registered before content identities (meta keys ``exports`` / ``meds_exports``, a list
-of paths) are still honoured: their files are recognised by name, as then.
+and from nothing else: a folder is registered only once an export into it has completed
+(:func:`begin`, :func:`finish`), and a file in it is rewritten only when its content is one the
+project wrote there (every version is recorded: :class:`ExportEntry`). A failed or killed export
+is undone (:func:`abandon`, :func:`sweep`). Folders registered before content identities (meta
+keys ``exports`` / ``meds_exports``, a list of paths) are still honoured: their files are
+recognised by name, as then.
 """
 from __future__ import annotations
 
@@ -55,7 +36,21 @@ _SWAP_TEMP = re.compile(r"^\.(?P<name>.+)\.forget-\d+$")
 @dataclass
 class ExportEntry:
     """One registered export folder. ``files``: path in the folder -> every sha256 the project
-    wrote there (None: registered before content identities, recognised by name)."""
+    wrote there (None: registered before content identities, recognised by name).
+
+    The warehouse's meta table keeps, under ``export_files``::
+
+        {"<folder>": {"format": "parquet" | "meds", "files": {"<path in the folder>": ["<sha256>", ...]}}}
+
+    every version of every file: the one the export wrote, and each one a later forget wrote in its
+    place (recorded *before* it is swapped in, so a kill never leaves a file of ours unrecognised). A
+    restored copy of any earlier version is therefore still the project's (and is cleaned against
+    the whole registry); a file whose content is no recorded version — a user's own file under an
+    export's name, an edited export — is left byte for byte and reported. Each entry also keeps, under
+    ``seen``, every file's ``(size, mtime, inode)`` when the project last looked at it: a writing
+    command stats the files (no read) and re-checks only a folder where one changed
+    (:func:`changed`; a copy put back after a forget is cleaned by the next writing command).
+    """
 
     folder: Path
     fmt: str
@@ -287,7 +282,15 @@ def _swap_temps(e: ExportEntry) -> list[Path]:
 
 def sweep(w: Any, meta: dict[str, str]) -> int:
     """Under the writer lock: remove what killed exports and forgets left in the folders they
-    write (see the module docstring). Returns how many files were removed."""
+    write (see the module docstring). Returns how many files were removed.
+
+    An export writes into a staging folder ``<folder>/.forgetful-export-<pid>`` recorded under
+    ``export_pending`` (folder, format, staging name, and, once written, each staged file's sha256),
+    moves the files into place, and only then registers them. A killed export is undone here: the
+    staging folder and any file already moved whose content it recorded are zeroed and removed. The
+    temporary files (``.<name>.forget-<pid>``, of any pid) a killed forget left in registered folders
+    are removed too.
+    """
     n = 0
     for e in entries(meta):
         if is_link(e.folder):

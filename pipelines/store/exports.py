@@ -3,31 +3,11 @@
 An export (``stays.parquet`` + ``hourly.parquet``, owner-only; or a MEDS dataset,
 :mod:`cohort.meds_export`) is record-level data the project wrote, so a forget reaches it like
 every other byte: :func:`erase` rewrites every file the project wrote in each registered export
-(:mod:`pipelines.store.export_registry`) without **every** patient the forget registry names —
-not only the newest, so a restored copy of an older version is cleaned too. Subjects are matched
-by keyed hash (the registry), stays by the keyed hashes their receipts name. In a Parquet export
-``hourly.parquet`` is cleaned first and ``stays.parquet`` (which maps stays to patients) last; in a
-MEDS export every data shard (``data/**/*.parquet``) and ``metadata/subject_splits.parquet``;
-``codes.parquet`` and ``dataset.json`` hold no record and are left as they are.
-
-Each rewrite is a fresh file beside the old one (``.<name>.forget-<pid>``, never copying the
-removed rows), fsynced, recorded as a version the project wrote (before the swap, so a kill never
-leaves a file of ours unrecognised), swapped in atomically; the old inode is zeroed before it is
-released. A file whose content is no version the project wrote (edited, or the user's own file
-under an export's name) is left byte for byte and counted (``export_files_left_alone``). In a
-folder registered before content identities (recognised by name) a file that cannot be read as an
-export is zeroed and removed, as then (fail closed). Idempotent: rerunning finds nothing to
-remove, so a forget killed half-way is completed by the next command, and the temporary file it
-left is removed by the next writing command (:func:`pipelines.store.export_registry.sweep`).
-
-:func:`scan` (``receipts verify --warehouse``) reads every export-named file of every registered
-folder — the project's or not — and counts forgotten subjects in them; nothing is written.
-
-Links are never followed (:mod:`pipelines.store.safe_io`): a registered folder, ``stays.parquet`` or
-``hourly.parquet``, or a MEDS export's ``data``/``metadata`` folder, any folder or file under
-``data``, or its split file, that is a symbolic link is refused with one typed line before anything is
-changed (:func:`check_links`, also run by ``forget`` before its receipt is committed), and every
-file is opened with ``O_NOFOLLOW``. Nothing here prints an identifier.
+(:mod:`pipelines.store.export_registry`) without **every** patient the forget registry names, so
+a restored copy of an older version is cleaned too; a file that is no version the project wrote
+is left byte for byte and counted. :func:`scan` (``receipts verify --warehouse``) counts forgotten
+subjects in every export-named file; nothing is written. Links are never followed
+(:func:`check_links`, ``O_NOFOLLOW``). Nothing here prints an identifier. docs/DELETION.md.
 """
 from __future__ import annotations
 
@@ -86,7 +66,10 @@ def meds_shards(folder: Path) -> list[Path]:
 def check_links(entries: Iterable[ExportEntry]) -> None:
     """Refuse (:class:`~pipelines.errors.UnsafePathError`) a registered export folder or export
     file that is a symbolic link (MEDS: its ``data`` and ``metadata`` folders, every entry under
-    ``data`` and the split file); nothing is changed."""
+    ``data`` and the split file); nothing is changed.
+
+    Run before anything is changed, also by ``forget`` before its receipt is committed.
+    """
     for e in entries:
         refuse_link(e.folder, "export folder")
         if e.meds:
@@ -255,6 +238,21 @@ def erase(entries: Iterable[ExportEntry], excl, remember: Callable[[Path, str, s
     folders), ``export_rows_removed``, ``export_files_left_alone`` (not the project's). Raises
     :class:`~pipelines.errors.UnsafePathError` (a link, nothing changed) or a storage error (the
     files are left as they were or already clean; rerunning completes it).
+
+    Subjects are matched by keyed hash (the registry), stays by the keyed hashes their receipts
+    name. In a Parquet export ``hourly.parquet`` is cleaned first and ``stays.parquet`` (which maps
+    stays to patients) last; in a MEDS export every data shard (``data/**/*.parquet``) and
+    ``metadata/subject_splits.parquet``; ``codes.parquet`` and ``dataset.json`` hold no record and are
+    left as they are. Each rewrite is a fresh file beside the old one (``.<name>.forget-<pid>``, never
+    copying the removed rows), fsynced, recorded as a version the project wrote (before the swap, so a
+    kill never leaves a file of ours unrecognised), swapped in atomically; the old inode is zeroed
+    before it is released. A file whose content is no version the project wrote (edited, or the
+    user's own file under an export's name) is left byte for byte and counted
+    (``export_files_left_alone``). In a folder registered before content identities (recognised by
+    name) a file that cannot be read as an export is zeroed and removed, as then (fail closed).
+    Idempotent: rerunning finds nothing to remove, so a forget killed half-way is completed by the
+    next command, and the temporary file it left is removed by the next writing command
+    (:func:`pipelines.store.export_registry.sweep`).
     """
     entries = list(entries)
     out = _counts()

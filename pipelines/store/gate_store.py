@@ -13,17 +13,10 @@ Tables
 tokens, is :class:`GateStoreError`, never a certified gate) and then
 :meth:`sv_core.Gate.from_state`, which validates shapes, finiteness, feasibility and the KKT
 residual. Context ids are opaque integers (never derived from a record id), so receipts may name
-them. Writers run inside the caller's transaction. A study written in batches stages its contexts
-under another name (:func:`append_contexts` with ``promote_to``, which also computes each
-context's MAC under the final name) and publishes them in one short transaction
-(:func:`promote_study`: no blob is re-read).
-
-A gate built and validated where the study's work runs (a worker process) can travel to the
-writer already serialised: :func:`staged_record` (the npz blob, its SHA-256, ``C``, ``sigma`` and
-the live token ids; JSON-cacheable, no pickle) and :func:`staged_state` on the writer's side, which
-checks the digest and the fields (a corrupt record is :class:`GateStoreError`) without building a
-:class:`sv_core.Gate` — the writer stores the bytes the worker validated instead of re-validating
-every gate serially. :func:`load_gate` still validates a stored blob in full when it is used.
+them. Writers run inside the caller's transaction; a study written in batches stages its
+contexts (:func:`append_contexts`) and publishes them in one short transaction
+(:func:`promote_study`); a gate validated on a worker travels to the writer already serialised
+(:func:`staged_record`).
 """
 from __future__ import annotations
 
@@ -85,7 +78,14 @@ class StagedState:
 def staged_record(g: Gate) -> dict:
     """``g`` serialised for :func:`staged_state` (on the worker that built and validated it):
     ``{"blob": (b,) uint8, "sha256": hex, "C", "sigma", "ids": (n,) int64}`` — arrays and
-    numbers only (the task cache's JSON, no pickle)."""
+    numbers only (the task cache's JSON, no pickle).
+
+    :func:`staged_state` on the writer's side checks the digest and the fields (a corrupt record is
+    :class:`GateStoreError`) without building a :class:`sv_core.Gate` — the writer stores the bytes
+    the worker validated instead of re-validating every gate serially. :func:`load_gate` still
+    validates a stored blob in full when it is used. (:func:`append_contexts` with ``promote_to``
+    computes each context's MAC under the final name, so :func:`promote_study` re-reads no blob.)
+    """
     blob = gate_to_blob(g)
     return {"blob": np.frombuffer(blob, dtype=np.uint8), "sha256": hashlib.sha256(blob).hexdigest(),
             "C": float(g.C), "sigma": float(g.sigma), "ids": np.asarray(g.ids, dtype=np.int64)}

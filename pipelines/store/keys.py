@@ -1,37 +1,12 @@
 """The project's secret key: where it lives, how it is checked, and the sub-keys derived from it.
 
-One master key (≥ 32 bytes of entropy) keys everything that must not be forgeable or
-invertible by someone who can write the data directories:
-
-=====================  =============================================================
-sub-key                used for
-=====================  =============================================================
-``subject``            HMAC of subject and stay ids (the forget registry, receipts)
-``content``            HMAC of a forgotten stay's hourly content (:mod:`cohort.build.content`)
-``ledger``             the MAC chain of the receipt ledger
-``gate``               the MAC of every stored gate state
-``cache``              the MAC of every task-cache file
-``fingerprint``        a public fingerprint recorded in every ledger row
-=====================  =============================================================
-
-Where the key comes from (first match):
-
-1. ``$FORGETFUL_LEDGER_KEY`` — the key itself (≥ 32 characters);
-2. ``$FORGETFUL_KEY_FILE`` — a key file;
-3. ``<config dir>/ledger.key`` where the config dir is ``$FORGETFUL_CONFIG_DIR``, else
-   ``$XDG_CONFIG_HOME/forgetful``, else ``~/.config/forgetful`` — created with 64 random hex
-   characters, mode 0600, in a directory of mode 0700, **only for a fresh configuration**: one
-   that has anchored no receipt log yet (:func:`kept_logs`). A key missing from a configuration
-   that keeps a log is one typed line naming the recovery (restore it from the backup), never a
-   new key that could neither verify nor extend that log.
-
-The key is never stored beside the warehouse: a key file (this one or the log's signing key,
-:mod:`pipelines.receipts.signing`) beside the warehouse or inside the ledger, runs or export folders is
-refused (:func:`check_location`, :class:`KeyLocationError`) unless
-``$FORGETFUL_ALLOW_KEY_NEAR_DATA=1``. An empty or short key, or a key file readable by
-group/others, is refused (:class:`LedgerKeyError`). Threat model: whoever holds the key can
-enumerate the (small, ~10⁸) MIMIC id space and recover which subject a hash names; the key
-protects the registry against everyone else.
+One master key (≥ 32 bytes of entropy) keys everything that must not be forgeable or invertible
+by someone who can write the data directories; :class:`Keys` derives one sub-key per purpose
+(:data:`PURPOSES`). :func:`load_master` says where the key comes from (it is created only for a
+fresh configuration); :func:`check_location` refuses a key stored beside the data; an empty or
+short key, or a key file readable by group/others, is refused (:class:`LedgerKeyError`). Threat
+model: whoever holds the key can enumerate the (small, ~10⁸) MIMIC id space and recover which
+subject a hash names; the key protects the registry against everyone else. docs/DELETION.md.
 """
 from __future__ import annotations
 
@@ -112,7 +87,19 @@ def _read_file(p: Path) -> bytes:
 
 
 def load_master(create: bool = True) -> bytes:
-    """The master key (see the module docstring); created in the config dir when missing."""
+    """The master key; created in the config dir when missing (a fresh configuration only).
+
+    Where the key comes from (first match):
+
+    1. ``$FORGETFUL_LEDGER_KEY`` — the key itself (≥ 32 characters);
+    2. ``$FORGETFUL_KEY_FILE`` — a key file;
+    3. ``<config dir>/ledger.key`` where the config dir is ``$FORGETFUL_CONFIG_DIR``, else
+       ``$XDG_CONFIG_HOME/forgetful``, else ``~/.config/forgetful`` — created with 64 random hex
+       characters, mode 0600, in a directory of mode 0700, **only for a fresh configuration**: one
+       that has anchored no receipt log yet (:func:`kept_logs`). A key missing from a configuration
+       that keeps a log is one typed line naming the recovery (restore it from the backup), never a
+       new key that could neither verify nor extend that log.
+    """
     env = os.environ.get(KEY_ENV)
     if env is not None:
         return _check(env.encode(), f"${KEY_ENV}")
@@ -184,7 +171,19 @@ def key_files() -> list[Path]:
 
 
 class Keys:
-    """Purpose-separated sub-keys of one master key. ``Keys.load()`` reads the configured key."""
+    """Purpose-separated sub-keys of one master key. ``Keys.load()`` reads the configured key.
+
+    =====================  =============================================================
+    sub-key                used for
+    =====================  =============================================================
+    ``subject``            HMAC of subject and stay ids (the forget registry, receipts)
+    ``content``            HMAC of a forgotten stay's hourly content (:mod:`cohort.build.content`)
+    ``ledger``             the MAC chain of the receipt ledger
+    ``gate``               the MAC of every stored gate state
+    ``cache``              the MAC of every task-cache file
+    ``fingerprint``        a public fingerprint recorded in every ledger row
+    =====================  =============================================================
+    """
 
     def __init__(self, master: bytes):
         master = _check(master, "the given key")

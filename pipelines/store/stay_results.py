@@ -96,7 +96,7 @@ def staging_name(study: str) -> str:
 
 
 #: staged gate blobs written per transaction (the chunks' batches are joined up to this size): every
-#: commit costs 5-10 ms, and one chunk of small stays holds only ~1 MB of blobs
+#: commit has a fixed cost, and one chunk of small stays holds few blobs
 GROUP_BYTES = 32 * 2**20
 
 

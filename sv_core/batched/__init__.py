@@ -1,36 +1,15 @@
 """Batched, approximate SVDD gate for training (no deletion certificate).
 
-This is the *training* path of SPEC §1 ("Batched training path"; preprint 001, Appendix B): many
+The *training* path of SPEC §1 ("Batched training path"; preprint 001, Appendix B): many
 independent SVDD problems (one per sequence x head x chunk) are packed into one padded batch of
-Gram matrices with a per-row validity mask and solved together.
-
-Pipeline::
-
-    K (P, n, n), mask (P, n) or (P, J, n)
-      -> fista_svdd         accelerated projected gradient, no autograd (partition finder)
-      -> partition_masks    margin S = {0 < a < C}, bound E = {a = C} (per row, tolerance tol)
-      -> ridged_kkt_solve   bordered system M u = c with ridge on the margin diagonal,
-                            torch.linalg.solve (reference), differentiable by autograd; or
-                            solver="cholesky": the same system by the Schur complement of the
-                            SPD margin block (batched Cholesky, analytic backward);
-                            solver="compiled": one Cholesky per problem in sv_core._batchfast
-      -> validate_alpha     box / sum / padding violations (diagnostics, never raises)
-
-`batched_gate` runs the whole pipeline and applies the warm-up rule (fewer than
-``ceil(1/C) + 2`` valid keys: ungated uniform weights, flagged, no solve).
-
-The SVDD dual (SPEC §1)::
-
-    min_a  a^T K a - diag(K)^T a    s.t.  sum(a) = 1,  0 <= a_i <= C     (feasible iff n C >= 1)
-
-The coefficients returned here are the exact solution of the *ridged* packed system, which is a
-stabilised approximation of the SVDD optimum (typically 1e-3-level differences). They are never
-used for deletion certificates; those come from the fp64 maintained solver (`sv_core.Gate`).
-
-Every function accepts CPU or CUDA tensors of any floating dtype. Layout: the shared pieces
-(error, warm-up size, problem layout) in `sv_core.batched.common`, the partition finder in
-`sv_core.batched.fista`, the KKT solves in `sv_core.batched.kkt`; this module re-exports them and
-holds the diagnostics and `batched_gate`.
+Gram matrices ``K (P, n, n)`` with a per-row validity mask ``(P, n)`` or ``(P, J, n)`` and solved
+together by :func:`batched_gate` (FISTA partition, ridged KKT solve, diagnostics). The
+coefficients are the exact solution of the *ridged* packed system, a stabilised approximation of
+the SVDD optimum; they are never used for deletion certificates, which come from the fp64
+maintained solver (:class:`sv_core.Gate`). Every function accepts CPU or CUDA tensors of any
+floating dtype. Layout: shared pieces in ``sv_core.batched.common``, the partition finder in
+``sv_core.batched.fista``, the KKT solves in ``sv_core.batched.kkt``; this module re-exports them
+and holds the diagnostics and :func:`batched_gate`.
 """
 from __future__ import annotations
 
@@ -196,6 +175,18 @@ def batched_gate(
     Returns
     -------
     BatchedGateResult
+
+    Pipeline::
+
+        K (P, n, n), mask (P, n) or (P, J, n)
+          -> fista_svdd         accelerated projected gradient, no autograd (partition finder)
+          -> partition_masks    margin S = {0 < a < C}, bound E = {a = C} (per row, tolerance tol)
+          -> ridged_kkt_solve   bordered system M u = c with ridge on the margin diagonal,
+                                torch.linalg.solve (reference), differentiable by autograd; or
+                                solver="cholesky": the same system by the Schur complement of the
+                                SPD margin block (batched Cholesky, analytic backward);
+                                solver="compiled": one Cholesky per problem in sv_core._batchfast
+          -> validate_alpha     box / sum / padding violations (diagnostics, never raises)
     """
     m3, flat = as_problems(K, mask)
     C = check_box(C)

@@ -23,6 +23,7 @@ import numpy as np
 
 from sv_core import Gate, calibrate_C, rbf_kernel, refit
 from sv_core.errors import GateError
+from sv_core.jsonfile import write_json
 
 JITTERS = (1e-2, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 1e-6, 1e-7, 0.0)
 
@@ -122,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in (res if isinstance(res, list) else [res]):
         print(json.dumps(r))
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(res, fh, indent=1)
+        write_json(a.json, res, indent=1)
     return 0
 
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import pathlib
 import platform
 import sys
 import time
@@ -41,6 +39,7 @@ import numpy as np
 from sv_core._fastpath import fast_path_available
 from sv_core.calibrate import calibrate_C
 from sv_core.gate import Gate
+from sv_core.jsonfile import write_json
 from sv_core.kernels import rbf_kernel
 from sv_core.refit import refit
 from sv_core.solver import reference_loop
@@ -258,9 +257,7 @@ def _run_sizes(args: argparse.Namespace, res: dict, t_start: float) -> None:
                                       reference=not args.no_reference))
         print(f"n={n} done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
         if args.json_out:  # partial results survive an interrupted run
-            p = pathlib.Path(args.json_out)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(res, indent=2))
+            write_json(args.json_out, res)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,10 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     res["runtime_s"] = time.perf_counter() - t_start
     print(format_table(res))
     if args.json_out:
-        p = pathlib.Path(args.json_out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(res, indent=2))
-        print(f"wrote {p}")
+        print(f"wrote {write_json(args.json_out, res)}")
     return 0
 
 

@@ -1,34 +1,11 @@
 """Per-stay solve: the certified solve (sv_core.solve) vs libsvm, interleaved, at every size.
 
 Protocol (the retention study's): ν = 0.3, σ = 3, ``C = 1/(ν n)``, d = 6, two key families:
-
-* ``icu`` -- ICU-like stays from a small local generator (:func:`icu_like_keys`; ``sv_core`` does
-  not import ``cohort``): six vitals-like channels (heart rate, systolic/diastolic/mean pressure,
-  respiratory rate, SpO₂), each a slow AR(1) stream with heavy-tailed (t₄) innovations around a
-  per-stay level, recorded at the vitals' integer resolution (so exact repeats occur, as in real
-  hourly data) and z-scored per stay;
-* ``gauss`` -- standard Gaussian keys.
-
-For each (n, family, thread setting) the same keys are solved ``reps`` times by, in turn,
-:func:`sv_core.solve` and scikit-learn's ``OneClassSVM(nu=1/(nC), gamma=1/σ², tol=1e-8)`` (libsvm;
-single-threaded), and at n ≤ ``--refit-max`` (in the first ``REFIT_REPS``) the old per-stay path
-(:func:`sv_core.refit`, Clarabel + KKT polish); medians with inter-quartile ranges and the median
-of the per-rep libsvm/solve ratios, in wall time and in process CPU time (steadier on a loaded
-machine; both sides are single-threaded). One untimed warm-up call of each precedes the timing.
-Thread settings: the machine's default BLAS threads and 1 thread (threadpoolctl; the solve caps
-BLAS to one thread inside itself at n ≥ 192 anyway, libsvm does not
-use BLAS). Reported beside the times: the KKT violation of each (the certificate's; libsvm's
-recomputed from its α = dual_coef/(ν' n) and ρ = 1 + 2·intercept/(ν' n), SPEC §3b), the max gate
-score gap between the two over the keys, the set sizes, SMO iterations, fallbacks, and the load
-average before and after. ``--rss`` runs each size in a fresh subprocess and reports its peak
-resident memory; ``--gate`` times a cold ``Gate.admit`` by the certified solve vs settling keys
-one by one (the crossover behind ``sv_core.gate.CERTIFIED_MIN_KEYS``). ``--admit`` times the
-maintained gate's batch admission ``Gate(C, σ).admit(X)`` (the certified solve, loaded deferred)
-against libsvm instead of the bare solve, interleaved, with the gate's recomputed KKT residual,
-the peak memory traced during the admission (``tracemalloc``, one untimed call) beside the
-n × |support| and n × n kernel sizes, and the time of the first C&P step (one deletion, which
-builds the kernel and bordered inverse) up to ``FIRST_STEP_MAX`` keys. Speed is measured here,
-never asserted in tests.
+``icu`` (ICU-like stays, :func:`icu_like_keys`) and ``gauss`` (standard Gaussian keys). Per size,
+family and thread setting, :func:`bench_one` times both solvers interleaved and reports their KKT
+violations and score gap; ``--rss`` (:func:`bench_rss`), ``--gate`` (:func:`bench_gate`) and
+``--admit`` (:func:`bench_admit`) measure the peak memory, the cold-admission crossover and the
+maintained gate's batch admission. Speed is measured here, never asserted in tests.
 
 Usage::
 
@@ -39,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import pathlib
 import platform
@@ -51,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from sv_core.certified import solve
+from sv_core.jsonfile import write_json
 from sv_core.kernels import rbf_matvec
 from sv_core.refit import refit
 from sv_core.smo import fast_smo_available
@@ -67,7 +44,13 @@ _SPREAD = np.array([12.0, 16.0, 10.0, 11.0, 4.0, 2.0])
 
 
 def icu_like_keys(n: int, rng: np.random.Generator, d: int = D) -> np.ndarray:
-    """(n, d) z-scored ICU-like hourly keys (see the module docstring); d ≤ 6 channels."""
+    """(n, d) z-scored ICU-like hourly keys; d ≤ 6 channels.
+
+    Six vitals-like channels (heart rate, systolic/diastolic/mean pressure, respiratory rate, SpO₂),
+    each a slow AR(1) stream with heavy-tailed (t₄) innovations around a per-stay level, recorded at
+    the vitals' integer resolution (so exact repeats occur, as in real hourly data) and z-scored per
+    stay; a small local generator because ``sv_core`` does not import ``cohort``.
+    """
     if not 1 <= d <= 6:
         raise ValueError(f"d must be in 1..6, got {d}")
     phi = rng.uniform(0.85, 0.98, d)
@@ -131,6 +114,17 @@ def _timed(f):
 
 
 def bench_one(kind: str, n: int, reps: int, seed: int, refit_max: int) -> dict:
+    """The same keys solved ``reps`` times by, in turn, :func:`sv_core.solve` and scikit-learn's
+    ``OneClassSVM(nu=1/(nC), gamma=1/σ², tol=1e-8)`` (libsvm; single-threaded), and at n ≤
+    ``refit_max`` (in the first ``REFIT_REPS``) the old per-stay path (:func:`sv_core.refit`, Clarabel
+    + KKT polish); medians with inter-quartile ranges and the median of the per-rep libsvm/solve
+    ratios, in wall time and in process CPU time (steadier on a loaded machine; both sides are
+    single-threaded). One untimed warm-up call of each precedes the timing. The solve caps BLAS to one
+    thread inside itself at n ≥ 192; libsvm does not use BLAS. Reported beside the times: the KKT
+    violation of each (the certificate's; libsvm's recomputed from its α = dual_coef/(ν' n) and
+    ρ = 1 + 2·intercept/(ν' n), SPEC §3b), the max gate score gap between the two over the keys, the
+    set sizes, SMO iterations and fallbacks.
+    """
     X = keys(kind, n, seed)
     C = 1.0 / (NU * n)
     t_solve, t_lib, t_refit, ratio, c_solve, c_lib, c_ratio = [], [], [], [], [], [], []
@@ -174,7 +168,13 @@ def _admit(X: np.ndarray, C: float):
 
 
 def bench_admit(kind: str, n: int, reps: int, seed: int) -> dict:
-    """``Gate(C, σ).admit(X)`` vs libsvm, interleaved (see the module docstring)."""
+    """``Gate(C, σ).admit(X)`` vs libsvm, interleaved.
+
+    With the gate's recomputed KKT residual, the peak memory traced during the admission
+    (``tracemalloc``, one untimed call) beside the n × |support| and n × n kernel sizes, and the time
+    of the first C&P step (one deletion, which builds the kernel and bordered inverse) up to
+    ``FIRST_STEP_MAX`` keys.
+    """
     import tracemalloc
 
     X = keys(kind, n, seed)
@@ -219,7 +219,10 @@ def bench_admit(kind: str, n: int, reps: int, seed: int) -> dict:
 
 
 def bench_gate(n: int, reps: int, seed: int) -> dict:
-    """Cold ``Gate.admit`` of n ICU-like keys: certified solve vs settling one by one."""
+    """Cold ``Gate.admit`` of n ICU-like keys: certified solve vs settling one by one.
+
+    The crossover behind ``sv_core.gate.CERTIFIED_MIN_KEYS``.
+    """
     from sv_core.gate import Gate
 
     X = keys("icu", n, seed)
@@ -363,10 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     res["runtime_s"] = time.perf_counter() - t0
     print(format_admit_table(res) if args.admit else format_table(res))
     if args.json_out:
-        p = pathlib.Path(args.json_out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(res, indent=2))
-        print(f"wrote {p}")
+        print(f"wrote {write_json(args.json_out, res)}")
     return 0
 
 

@@ -4,37 +4,11 @@
 ``--table FILE … [--write-docs docs/STREAMING.md]`` prints the tables of saved results (and writes them
 between the ``bench_stream`` markers of a document; :mod:`sv_core.bench.stream_tables`).
 
-An ICU-like drifting stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare far
-excursion episodes) is admitted one token at a time into a :class:`StreamingGate`
-(C = calibrate_C(0.3, 120), sigma = 1.5) with ``evict_reserve`` every 24 tokens. At each size N
-the next ``--window`` tokens are timed *interleaved*, token by token, for three ways of keeping
-the exact full-history memory:
-
-* ``streaming`` -- the StreamingGate (admission + its share of the eviction every 24 tokens);
-* ``plain_gate`` -- a plain :class:`Gate` holding every live token (built at N from the
-  streaming gate's solution with :meth:`Gate.from_solution`, then admitting the same tokens);
-  not run above ``--plain-max`` live tokens (its Gram matrix is n^2 floats: 80 GB at 100,000);
-* ``libsvm`` -- scikit-learn's ``OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8)`` re-solved
-  on the whole live history at sampled steps (``--libsvm-steps`` per size; one thread).
-
-The window alternates blocks with default BLAS threads and with one thread (threadpoolctl); the
-untimed streaming that reaches each size runs on one thread. In every timed window
-:class:`sv_core.streaming.profile.CostProfile` splits the StreamingGate's time into parts (hot C&P
-solve, exact cold gradients, screening bound and scan, undo copy, other), recorded with the hot,
-support and margin sizes and the cold keys re-checked per token; the streamed part records the same
-per 1,000 tokens. ``--stream gauss`` replaces the ICU-like stream by a stationary standard normal
-one (a control: the support still grows). libsvm times are kept as wall and process CPU.
-Sizes up to ``--stream-max`` are reached by streaming every token; larger sizes start from the
-full-history solution at N (libsvm, polished by :meth:`StreamingGate.from_solution`, whose
-re-admission check repairs any key libsvm got wrong) and stream ``--warmup`` untimed tokens
-first; at the largest streamed size the same warm start is timed too, as a check that it is
-representative.
-
-Exactness at every size: the independent :func:`sv_core.refit` over the hot tier plus all cold
-keys (or ``--refit-sample`` of them) must give the same gate scores at the refit keys, other cold
-keys and jittered probes (median and worst |difference|), and the full-history certificate
-(every cold gradient exact) is recomputed. Per-token cost along the stream (1,000-token blocks)
-shows how it grows with the stream. Machine load (``os.getloadavg``) is recorded per size.
+An ICU-like drifting stream (:func:`icu_stream`) is admitted one token at a time into a
+:class:`StreamingGate`; at each size the next ``--window`` tokens are timed interleaved for three
+ways of keeping the exact full-history memory, the StreamingGate's time is split into its parts,
+and its exactness is checked against an independent refit. The protocol: :func:`run`; the
+results: docs/STREAMING.md.
 """
 from __future__ import annotations
 
@@ -52,6 +26,7 @@ import numpy as np
 from sv_core.bench.stream_tables import DocsBlockError, docs_text, thread_settings, write_docs
 from sv_core.calibrate import calibrate_C
 from sv_core.gate import Gate
+from sv_core.jsonfile import write_json
 from sv_core.kernels import rbf_kernel
 from sv_core.refit import refit
 from sv_core.streaming import StreamingGate
@@ -199,6 +174,38 @@ def _window(sg, plain, X, lo: int, w: int, blocks, libsvm_at: set[int], C, sigma
 def run(sizes=(1000, 10_000, 100_000), window: int = 200, stream_max: int = 10_000, plain_max: int = 10_000,
         libsvm_steps: int = 3, threads: str = "both", refit_sample: int = 1500, warmup: int = 48,
         seed: int = 0, stream: str = "icu", log=print) -> dict:
+    """The benchmark; returns the result dict (``--json``).
+
+    The stream (d = 6: slow random-walk drift + circadian term + AR(1) noise, rare far excursion
+    episodes) is admitted into a :class:`StreamingGate` (C = calibrate_C(0.3, 120), sigma = 1.5) with
+    ``evict_reserve`` every 24 tokens. At each size N the next ``window`` tokens are timed
+    *interleaved*, token by token:
+
+    * ``streaming`` -- the StreamingGate (admission + its share of the eviction every 24 tokens);
+    * ``plain_gate`` -- a plain :class:`Gate` holding every live token (built at N from the
+      streaming gate's solution with :meth:`Gate.from_solution`, then admitting the same tokens);
+      not run above ``plain_max`` live tokens (its Gram matrix is n^2 floats);
+    * ``libsvm`` -- scikit-learn's ``OneClassSVM(nu=1/(nC), gamma=1/sigma^2, tol=1e-8)`` re-solved
+      on the whole live history at sampled steps (``libsvm_steps`` per size; one thread).
+
+    The window alternates blocks with default BLAS threads and with one thread (threadpoolctl); the
+    untimed streaming that reaches each size runs on one thread. In every timed window
+    :class:`sv_core.streaming.profile.CostProfile` splits the StreamingGate's time into parts (hot C&P
+    solve, exact cold gradients, screening bound and scan, undo copy, other), recorded with the hot,
+    support and margin sizes and the cold keys re-checked per token; the streamed part records the
+    same per 1,000 tokens. ``stream="gauss"`` replaces the ICU-like stream by a stationary standard
+    normal one (a control: the support still grows). libsvm times are kept as wall and process CPU.
+    Sizes up to ``stream_max`` are reached by streaming every token; larger sizes start from the
+    full-history solution at N (libsvm, polished by :meth:`StreamingGate.from_solution`, whose
+    re-admission check repairs any key libsvm got wrong) and stream ``warmup`` untimed tokens first;
+    at the largest streamed size the same warm start is timed too, as a check that it is
+    representative.
+
+    Exactness at every size: the independent :func:`sv_core.refit` over the hot tier plus all cold
+    keys (or ``refit_sample`` of them) must give the same gate scores at the refit keys, other cold
+    keys and jittered probes (median and worst |difference|), and the full-history certificate
+    (every cold gradient exact) is recomputed. Machine load (``os.getloadavg``) is recorded per size.
+    """
     C, sigma, d = calibrate_C(nu=0.3, n0=120), 1.5, 6
     sizes = sorted(int(s) for s in sizes)
     blocks = {"both": [None, 1, None, 1], "default": [None], "1": [1]}[threads]
@@ -333,7 +340,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stream", choices=("icu", "gauss"), default="icu",
                     help="icu: the drifting ICU-like stream; gauss: a stationary standard normal control")
-    ap.add_argument("--quick", action="store_true", help="sizes 1000,2000 with a 96-token window (< 2 min)")
+    ap.add_argument("--quick", action="store_true", help="sizes 1000,2000 with a 96-token window (a quick check)")
     ap.add_argument("--json", default=None, help="write the result here (e.g. runs/bench_stream/bench.json)")
     ap.add_argument("--table", nargs="+", default=None, metavar="JSON",
                     help="only print the markdown tables of these result files")
@@ -362,9 +369,7 @@ def main(argv=None) -> int:
               seed=a.seed, stream=a.stream)
     print(docs_text(one))
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(one, f, indent=1, default=float)
+        write_json(a.json, one, indent=1, default=float)
     return 0
 
 

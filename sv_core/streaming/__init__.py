@@ -8,27 +8,12 @@ increments and decrements); the *cold* tier holds keys with ``alpha = 0`` whose 
 is certified non-negative. Invariant after every operation: hot alpha extended by zeros on the
 cold tier satisfies the fixed-C KKT conditions over *every* live token, hence (unique optimum)
 scores and readout equal a fresh full-history solve (:func:`sv_core.refit` over all live keys).
-
-* Admission: a new key whose exact ``g`` against the current hot state is ``>= SCREEN_MARGIN``
-  is inert as it arrives (it would enter the hot gate as reserve and change nothing): it goes
-  straight to the cold tier (``direct_cold``, one kernel row against the hot support). Other keys
-  enter the hot gate by C&P increments.
-* Reserve eviction moves hot keys with ``alpha = 0`` to the cold tier (Proposition 1).
-* Re-admission: after any operation that changed the hot coefficients, every cold key whose
-  certified lower bound on ``g_j`` (:mod:`sv_core.streaming.screen`: one global budget, O(1) per
-  operation) fell below ``SCREEN_MARGIN`` is recomputed exactly in one vectorised block; keys
-  with ``g_j < -READMIT_TOL`` re-enter the hot gate by a C&P increment, until none does.
-
-Warm-up: below ``ceil(1/C) + 2`` live keys nothing is solved and nothing is cold. An optional
-``hot_budget`` may evict *non-reserve* keys (oldest first, by a C&P decrement) into a pinned part
-of the cold tier that is excluded from re-admission: an **uncertified** policy; the certificate
-then reports ``future_safe = False`` until every pinned token is forgotten.
-
-Layout: :mod:`sv_core.streaming.store` (key stores), :mod:`sv_core.streaming.cold` (screening
-records), :mod:`sv_core.streaming.screen` (bounds), :mod:`sv_core.streaming.cache` (kernel rows
-kept for re-checks), :mod:`sv_core.streaming.ops` (the operations and their transaction),
+Admission, reserve eviction and re-admission: :class:`StreamingGate`. Layout:
+:mod:`sv_core.streaming.store` (key stores), :mod:`sv_core.streaming.cold` (screening records),
+:mod:`sv_core.streaming.screen` (bounds), :mod:`sv_core.streaming.cache` (kernel rows kept for
+re-checks), :mod:`sv_core.streaming.ops` (the operations and their transaction),
 :mod:`sv_core.streaming.cert` (certificate), :mod:`sv_core.streaming.state` (saved form), this
-module (the public class: views, scores, serialisation).
+module (the public class: views, scores, serialisation). docs/STREAMING.md.
 """
 from __future__ import annotations
 
@@ -55,7 +40,7 @@ class StreamingGate(StreamingOps):
     ----------
     C, sigma : the fixed box and RBF bandwidth (as for :class:`Gate`).
     hot_budget : optional hard cap on the hot size (>= ceil(1/C) + 2); exceeding the reserve
-        set is an uncertified policy (see module docstring).
+        set is an uncertified policy (below).
     screen : use the safe screening bound (False: exact check of every cold key after every
         operation, the slow reference).
     store : a :class:`ColdStore` (default :class:`ArrayColdStore`).
@@ -63,6 +48,21 @@ class StreamingGate(StreamingOps):
         tier (False: every key enters the hot gate first, as in the first release).
     cache_entries : cap on kernel values kept for re-checks (:mod:`sv_core.streaming.cache`;
         0 disables the cache).
+
+    * Admission: a new key whose exact ``g`` against the current hot state is ``>= SCREEN_MARGIN``
+      is inert as it arrives (it would enter the hot gate as reserve and change nothing): it goes
+      straight to the cold tier (``direct_cold``, one kernel row against the hot support). Other keys
+      enter the hot gate by C&P increments.
+    * Reserve eviction moves hot keys with ``alpha = 0`` to the cold tier (Proposition 1).
+    * Re-admission: after any operation that changed the hot coefficients, every cold key whose
+      certified lower bound on ``g_j`` (:mod:`sv_core.streaming.screen`: one global budget, O(1) per
+      operation) fell below ``SCREEN_MARGIN`` is recomputed exactly in one vectorised block; keys
+      with ``g_j < -READMIT_TOL`` re-enter the hot gate by a C&P increment, until none does.
+
+    Warm-up: below ``ceil(1/C) + 2`` live keys nothing is solved and nothing is cold. An optional
+    ``hot_budget`` may evict *non-reserve* keys (oldest first, by a C&P decrement) into a pinned part
+    of the cold tier that is excluded from re-admission: an **uncertified** policy; the certificate
+    then reports ``future_safe = False`` until every pinned token is forgotten.
     """
 
     def __init__(self, C: float, sigma: float, hot_budget: int | None = None, screen: bool = True,
