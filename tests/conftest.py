@@ -1,7 +1,9 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -12,6 +14,8 @@ os.environ.pop("FORGETFUL_LEDGER_KEY", None)
 os.environ.pop("FORGETFUL_KEY_FILE", None)
 os.environ.pop("FORGETFUL_LEDGER_DIR", None)
 os.environ["FORGETFUL_CONFIG_DIR"] = tempfile.mkdtemp(prefix="forgetful-test-config-")
+# ... and it goes when the session ends (it holds the session's keys and registry index)
+atexit.register(shutil.rmtree, os.environ["FORGETFUL_CONFIG_DIR"], ignore_errors=True)
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 

@@ -313,8 +313,9 @@ def test_flow_causal_protocol_baseline_paired_result_and_same_figures_twice(pref
 
 
 def test_caps_are_resolved_per_device_and_stated_in_the_help():
-    from pipelines.flows.clinical_deterioration import __doc__ as doc
-    from pipelines.flows.clinical_deterioration import resolve_caps
+    import argparse
+
+    from pipelines.flows.clinical_deterioration import add_cli, resolve_caps
 
     assert resolve_caps("cpu") == dtr.CAPS["cpu"]
     assert resolve_caps("cuda", test_stays=0, train_windows=10)["test_stays"] is None
@@ -322,9 +323,13 @@ def test_caps_are_resolved_per_device_and_stated_in_the_help():
     for bad in (dict(device="tpu"), dict(device="cpu", val_windows=-1)):
         with pytest.raises(det.DeteriorationInputError):
             resolve_caps(**bad)
-    c = dtr.CAPS["cpu"]
-    for v in (c["train_windows"], c["val_windows"], c["test_stays"], c["max_epochs"], c["seeds"]):
-        assert f"{v:,}" in " ".join(doc.split())
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_cli(sub)
+    helptext = " ".join(sub.choices["deterioration"].format_help().split())
+    for device, c in dtr.CAPS.items():
+        for key in ("train_windows", "val_windows", "test_stays", "tabular_windows", "max_epochs", "seeds"):
+            v = "all" if c[key] is None else f"{c[key]:,}"
+            assert f"{v} on {device}" in helptext, (key, device)
 
 
 def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path):

@@ -6,7 +6,6 @@ No Prefect server: the build task's function is called directly, the CLI through
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from forget_site import build_site, present, sha
 
 from cohort.synthetic import generate
 from pipelines.cli import main
@@ -24,25 +24,6 @@ from pipelines.receipts.ledger import Ledger, default_dir
 from pipelines.store.forget import forget_subject
 from pipelines.store.keys import Keys
 from pipelines.store.warehouse import Warehouse
-
-
-def _build(p: Path, src: Path) -> dict:
-    from pipelines.flows.clinical_cohort import build_task
-    from pipelines.settings import CohortSettings
-
-    return build_task.fn("mimic", str(src), str(p), CohortSettings(memory_limit="1GB"), runs_dir=str(p.parent))
-
-
-def _count(p: Path, subject: int) -> int:
-    con = duckdb.connect(str(p), read_only=True)
-    try:
-        return con.execute("SELECT count(*) FROM cohort_stays WHERE subject_id = ?", [subject]).fetchone()[0]
-    finally:
-        con.close()
-
-
-def _sha(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +36,7 @@ def src(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(src, tmp_path_factory):
     p = tmp_path_factory.mktemp("built") / "runs" / "warehouse.duckdb"
-    _build(p, src)
+    build_site(p, src)
     con = duckdb.connect(str(p), read_only=True)
     subjects = [r[0] for r in con.execute("SELECT DISTINCT subject_id FROM cohort_stays ORDER BY 1").fetchall()]
     con.close()
@@ -97,16 +78,16 @@ def test_backup_restore_fails_closed_and_the_newer_log_recovers(site, src, tmp_p
     assert main(["receipts", "public-key", "--out", str(pub)]) == 0
     assert main(["receipts", "head", "--out", str(kept), "--warehouse", str(p)]) == 0
     shutil.copytree(led_dir, tmp_path / "newer")
-    assert _count(p, b) == 0
-    before = _sha(p)
+    assert present(p, b) == 0
+    before = sha(p)
     _restore(bak / "forget-registry", led_dir)
     _restore(bak / "config", cfg)
     # every command refuses with one typed line and touches nothing
     with pytest.raises(LedgerRollbackError, match="holds 1 receipts but the warehouse warehouse.duckdb recorded 2"):
-        _build(p, src)
+        build_site(p, src)
     rc, err = _cli(capsys, "forget", "--subject-id", str(c), "--warehouse", str(p))
     assert rc == 3 and err.strip().startswith("error: LedgerRollbackError") and len(err.strip().splitlines()) == 1
-    assert _sha(p) == before and _count(p, b) == 0 and len(Ledger(led_dir, Keys.load()).rows()) == 1
+    assert sha(p) == before and present(p, b) == 0 and len(Ledger(led_dir, Keys.load()).rows()) == 1
     rc, err = _cli(capsys, "receipts", "verify", "--warehouse", str(p))
     assert rc == 1 and "LedgerRollbackError" in err
     rc, err = _cli(capsys, "receipts", "verify", "--public-key", str(pub), "--warehouse", str(p))
@@ -116,8 +97,8 @@ def test_backup_restore_fails_closed_and_the_newer_log_recovers(site, src, tmp_p
     # recovery 1: put the newer log back (any verified copy of it: a newer backup, an auditor's copy)
     _restore(tmp_path / "newer", led_dir)
     assert main(["receipts", "verify", "--public-key", str(pub), "--warehouse", str(p), "--head", str(kept)]) == 0
-    _build(p, src)
-    assert _count(p, a) == 0 and _count(p, b) == 0
+    build_site(p, src)
+    assert present(p, a) == 0 and present(p, b) == 0
     assert main(["receipts", "verify", "--warehouse", str(p)]) == 0
 
 
@@ -138,8 +119,8 @@ def test_full_restore_is_caught_by_the_kept_head_only(site, src, tmp_path, capsy
     _restore(bak / "forget-registry", default_dir(p))
     _restore(bak / "config", cfg)
     shutil.copy(bak / "warehouse.duckdb", p)
-    _build(p, src)
-    assert _count(p, b) > 0  # the documented limit of local records
+    build_site(p, src)
+    assert present(p, b) > 0  # the documented limit of local records
     assert main(["receipts", "verify", "--public-key", str(pub), "--warehouse", str(p)]) == 0
     rc, err = _cli(capsys, "receipts", "verify", "--public-key", str(pub), "--warehouse", str(p), "--head", str(kept))
     assert rc == 1 and "the kept head recorded 2" in err
@@ -161,18 +142,18 @@ def test_accept_rollback_then_forget_again(site, src, tmp_path, capsys):
     _restore(bak / "forget-registry", default_dir(p))  # the registry only: the anchor still records 2
     with pytest.raises(LedgerRollbackError):
         Ledger(default_dir(p), Keys.load()).verify()
-    before = _sha(p)
+    before = sha(p)
     rc, err = _cli(capsys, "receipts", "accept-rollback", "--warehouse", str(p))
     assert rc == 0 and "forget each again" in err
-    assert _count(p, b) == 0 and _sha(p) != before  # rows untouched; only the record changed
+    assert present(p, b) == 0 and sha(p) != before  # rows untouched; only the record changed
     rows = Ledger(default_dir(p), Keys.load()).rows()
     assert [r.kind for r in rows] == ["forget_subject", "rollback_accepted"]
     assert rows[1].payload["recorded_size"] == 2 and rows[1].payload["log_size"] == 1
     assert main(["receipts", "accept-rollback", "--warehouse", str(p)]) == 0  # nothing left to accept
     assert len(Ledger(default_dir(p), Keys.load()).rows()) == 2
     forget_subject(p, subject_id=b, verify=False, allow_absent=True)
-    _build(p, src)
-    assert _count(p, a) == 0 and _count(p, b) == 0
+    build_site(p, src)
+    assert present(p, a) == 0 and present(p, b) == 0
     assert main(["receipts", "verify", "--public-key", str(pub), "--warehouse", str(p)]) == 0
     assert main(["receipts", "verify", "--warehouse", str(p)]) == 0
     rc, err = _cli(capsys, "receipts", "verify", "--public-key", str(pub), "--head", str(kept), "--warehouse", str(p))
@@ -203,7 +184,7 @@ def test_interrupted_append_is_signed_by_the_next_command(site, monkeypatch, tmp
     with Warehouse.open(p):  # the operator's next command signs it (and completes the erasure)
         pass
     assert main(["receipts", "verify", "--public-key", str(pub), "--warehouse", str(p), "--all-signatures"]) == 0
-    assert _count(p, subjects[1]) == 0
+    assert present(p, subjects[1]) == 0
 
 
 def test_keys_and_anchors_are_owner_only(site):
@@ -240,7 +221,7 @@ def test_key_files_beside_the_data_are_refused(site, monkeypatch, tmp_path, caps
     monkeypatch.setenv("FORGETFUL_SIGNING_KEY_FILE", str(inside))
     with pytest.raises(KeyLocationError, match="inside the data folder"):
         forget_subject(p, subject_id=subjects[1], verify=False)
-    assert _count(p, subjects[1]) > 0
+    assert present(p, subjects[1]) > 0
 
 
 def test_swapped_keys_are_a_verification_failure(site, monkeypatch, capsys):

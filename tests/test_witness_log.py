@@ -7,15 +7,14 @@ No Prefect server: the build task's function is called directly, the CLI through
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
-from pathlib import Path
 
 import c2sp_verifier as ref
 import duckdb
 import pytest
+from forget_site import build_site, present, sha
 from witness_site import Served
 
 from cohort.synthetic import generate
@@ -27,31 +26,12 @@ from pipelines.store.forget import forget_subject
 from pipelines.store.warehouse import Warehouse
 
 
-def _build(p: Path, src: Path) -> dict:
-    from pipelines.flows.clinical_cohort import build_task
-    from pipelines.settings import CohortSettings
-
-    return build_task.fn("mimic", str(src), str(p), CohortSettings(memory_limit="1GB"), runs_dir=str(p.parent))
-
-
-def _count(p: Path, subject: int) -> int:
-    con = duckdb.connect(str(p), read_only=True)
-    try:
-        return con.execute("SELECT count(*) FROM cohort_stays WHERE subject_id = ?", [subject]).fetchone()[0]
-    finally:
-        con.close()
-
-
-def _sha(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("src")
     generate(d / "mimic", stays=24, seed=1, fmt="parquet")
     p = tmp_path_factory.mktemp("built") / "runs" / "warehouse.duckdb"
-    _build(p, d / "mimic")
+    build_site(p, d / "mimic")
     con = duckdb.connect(str(p), read_only=True)
     subjects = [r[0] for r in con.execute("SELECT DISTINCT subject_id FROM cohort_stays ORDER BY 1").fetchall()]
     con.close()
@@ -139,11 +119,11 @@ def test_a_full_restore_is_refused_by_the_next_build(site, capsys):
     for name in ("runs", "exp", "config"):
         shutil.rmtree(s["tmp"] / name)
         shutil.copytree(bak / name, s["tmp"] / name)
-    assert _count(s["p"], b) > 0  # the restored warehouse holds B again
-    before = _sha(s["p"])
+    assert present(s["p"], b) > 0  # the restored warehouse holds B again
+    before = sha(s["p"])
     with pytest.raises(WitnessConflictError, match="has cosigned 2 receipts of this log, which holds 1"):
-        _build(s["p"], s["src"])
-    assert _sha(s["p"]) == before
+        build_site(s["p"], s["src"])
+    assert sha(s["p"]) == before
     capsys.readouterr()
     rc = main(["export", "--warehouse", str(s["p"]), "--out", str(s["tmp"] / "exp2")])
     err = capsys.readouterr().err.strip().splitlines()
@@ -155,7 +135,7 @@ def test_a_full_restore_is_refused_by_the_next_build(site, capsys):
     # recovery: put the newer log back is the only way the witness accepts; (here: remove the
     # witness after accept-rollback) — the auditor who requires it then sees no cosignature
     assert main(["receipts", "witness", "remove", "--vkey", s["wvkey"], "--warehouse", str(s["p"])]) == 0
-    _build(s["p"], s["src"])
+    build_site(s["p"], s["src"])
     rc, _, err = _auditor_verify(s, capsys, "--witness-url", s["url"])
     assert rc == 1
 
@@ -177,12 +157,12 @@ def test_the_operator_fork_is_refused_by_the_witness_with_409(site, capsys):
     capsys.readouterr()
     rc = main(["forget", "--subject-id", str(c), "--warehouse", str(s["p"])])
     err = capsys.readouterr().err
-    assert rc == 0 and _count(s["p"], c) == 0  # the erasure is never blocked ...
+    assert rc == 0 and present(s["p"], c) == 0  # the erasure is never blocked ...
     assert "has cosigned another tree of 2 receipts of this log" in err and "HTTP 409" in err  # ... the fork is refused
     state = json.loads((s["tmp"] / "witness" / "state.json").read_text())
     assert [v["size"] for v in state.values()] == [2]  # the witness still holds the tree it cosigned
     with pytest.raises(WitnessConflictError):
-        _build(s["p"], s["src"])
+        build_site(s["p"], s["src"])
     rc, _, err = _auditor_verify(s, capsys)
     assert rc == 1 and "cosignatures of 0 of the 1 required" in err
 
@@ -195,7 +175,7 @@ def test_a_witness_that_is_down_never_blocks_a_forget(site, capsys):
     s["served"].stop()
     rc = main(["forget", "--subject-id", str(b), "--warehouse", str(s["p"])])
     err = capsys.readouterr().err
-    assert rc == 0 and _count(s["p"], b) == 0 and "unreachable" in err
+    assert rc == 0 and present(s["p"], b) == 0 and "unreachable" in err
     rc, _, err = _auditor_verify(s, capsys, "--quorum", "1")
     assert rc == 1 and "{'witness.example/w1': [2]}" in err  # which checkpoint lacks its cosignature
     s["served"] = Served(s["tmp"] / "witness", [Vkey.parse(s["vkey"].read_text())], port=port)  # back up

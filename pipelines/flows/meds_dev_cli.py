@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 from pipelines import jsonout
 from pipelines.preflight import MEDS_DEV_MODELS
 from pipelines.runtime import runner
+from pipelines.store.safe_io import replace_private
 
 MODEL_JSON = "model.json"
 PREDICTIONS = "predictions.parquet"
@@ -44,26 +44,9 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary file beside it (owner-only, fsynced, renamed)."""
-    from pipelines.store.safe_io import open_nofollow
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "a temporary file")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _clear_stale(folder: Path, name: str) -> None:
     """Temporary files a killed run of ours left beside ``name`` (they may hold record-level data)."""
-    for f in folder.glob(f".{name}.tmp-*"):
+    for f in folder.glob(f".{name}.tmp*"):  # replace_private's temporaries
         if f.is_file() and not f.is_symlink():
             f.unlink(missing_ok=True)
 
@@ -108,12 +91,12 @@ def train(args) -> dict:
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     for name, data in blobs.items():
         _clear_stale(out, name)
-        _write_atomic(out / name, data)
+        replace_private(out / name, data)
         meta.setdefault("files", {})[name] = hashlib.sha256(data).hexdigest()
     meta.update(train_rows=int(lab_tr.height), tuning_rows=int(lab_tu.height), demo=bool(args.demo),
                 meds_codes=_codes_digest(args.meds_codes), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 forgetful=_version())
-    _write_atomic(out / MODEL_JSON, json.dumps(meta, indent=1, default=float).encode())
+    replace_private(out / MODEL_JSON, json.dumps(meta, indent=1, default=float).encode())
     return {"command": "train", "model": args.model, "seed": args.seed, "train_rows": meta["train_rows"],
             "tuning_rows": meta["tuning_rows"], "epochs": meta["facts"]["epochs"],
             "best_tuning_loss": meta["facts"]["best_val_loss"], "seconds": time.perf_counter() - t0,
@@ -189,7 +172,7 @@ def predict(args) -> dict:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     _clear_stale(out, PREDICTIONS)
-    _write_atomic(out / PREDICTIONS, sink.getvalue().to_pybytes())
+    replace_private(out / PREDICTIONS, sink.getvalue().to_pybytes())
     return {"command": "predict", "model": fitted.model, "split": args.split, "rows": int(table.num_rows),
             "positive_rate_predicted": float(np.mean(p >= md.THRESHOLD)) if p.size else None,
             "seconds": time.perf_counter() - t0, "predictions": str(out / PREDICTIONS)}

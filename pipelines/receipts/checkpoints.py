@@ -36,34 +36,12 @@ from pathlib import Path
 from pipelines.errors import LedgerRollbackError, LedgerTamperedError, WitnessError
 from pipelines.receipts import c2sp
 from pipelines.receipts.logaudit import LogState, canonical_json
+from pipelines.store.safe_io import replace_private
 
 ORIGIN = "origin"
 FILE = "checkpoints.jsonl"
 WITNESSES = "witnesses.json"
 ORIGIN_PREFIX = "forgetful.invalid/"
-
-
-def replace_private(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically (a 0600 temporary file, fsynced, renamed over it,
-    the folder fsynced): a reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 @contextlib.contextmanager

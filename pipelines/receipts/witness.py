@@ -26,7 +26,8 @@ from pathlib import Path
 
 from pipelines.errors import WitnessError
 from pipelines.receipts import c2sp, translog
-from pipelines.receipts.checkpoints import flocked, replace_private
+from pipelines.receipts.checkpoints import flocked
+from pipelines.store.safe_io import replace_private
 
 KEY = "witness.key"
 CONFIG = "witness.json"

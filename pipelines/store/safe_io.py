@@ -126,3 +126,26 @@ def remove_own_dir(path: str | os.PathLike, what: str) -> bool:
     else:
         os.unlink(p)
     return True
+
+
+def replace_private(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically (a 0600 temporary file, fsynced, renamed over it,
+    the folder fsynced): a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
