@@ -13,7 +13,7 @@ EXTRAS  ?= dev,models,retrieval
 comma   := ,
 WANTS_TORCH := $(filter models retrieval,$(subst $(comma), ,$(EXTRAS)))
 
-.PHONY: install data demo test test-all bench clean aces
+.PHONY: install data demo test test-all lint bench clean aces
 
 install: $(VENV)/.installed
 
@@ -78,6 +78,10 @@ test: install
 
 test-all: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest -m "slow or study or not slow"
+
+# ruff (from the dev extra) with the settings in pyproject.toml; not part of `make test` or CI.
+lint: install
+	$(BIN)/ruff check .
 
 bench: install
 	$(BIN)/python -m sv_core.bench.delete --json runs/bench_delete/result.json

@@ -8,7 +8,6 @@ when it rests on few units (low power). Every cell is read from a result file.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -124,7 +123,8 @@ def _streaming(p: Payload) -> Cells:
     m = p["metrics"]
     d = _get(m, "vs_sv", "diffs", "h2o") or {}
     return _cells(f"rare recall SV {doc_fmt(_get(m, 'sv', 'rare_recall', 'mean'))} vs streaming H2O "
-                  f"{doc_fmt(_get(m, 'h2o', 'rare_recall', 'mean'))}: diff {_ci(d.get('mean'), d.get('low'), d.get('high'))}",
+                  f"{doc_fmt(_get(m, 'h2o', 'rare_recall', 'mean'))}: "
+                  f"diff {_ci(d.get('mean'), d.get('low'), d.get('high'))}",
                   p)
 
 

@@ -288,7 +288,8 @@ def paired_bootstrap_cis(
     return out
 
 
-def paired_bootstrap_ci_reference(a: Any, b: Any, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> BootstrapCI:
+def paired_bootstrap_ci_reference(a: Any, b: Any, n_boot: int = 10_000, seed: int = 0,
+                                  level: float = 0.95) -> BootstrapCI:
     """Slow reference for :func:`paired_bootstrap_ci`: one resample per loop iteration."""
     d = paired_differences(a, b)
     n_boot, level = check_boot_args(n_boot, level)

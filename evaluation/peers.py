@@ -271,7 +271,8 @@ class SnapKVPolicy(SelectionPolicy):
         return np.lib.stride_tricks.sliding_window_view(pad, self.kernel_size).sum(axis=1) / self.kernel_size
 
 
-def snapkv_scores_reference(keys: Any, queries: Any, sigma: float, kernel_size: int = 5, pooling: str = "avg") -> np.ndarray:
+def snapkv_scores_reference(keys: Any, queries: Any, sigma: float, kernel_size: int = 5,
+                            pooling: str = "avg") -> np.ndarray:
     """Slow reference of :class:`SnapKVPolicy` (all queries as the window; loops)."""
     X = as_keys(keys)
     Q = as_keys(queries, "queries")

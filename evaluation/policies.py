@@ -291,7 +291,8 @@ def available_policies() -> list[str]:
 
 def get_policy(name: str, **kwargs: Any) -> SelectionPolicy:
     """Instantiate a policy by name (``sv``, ``density``, ``oracle``, ``recency``, ``random``, and the
-    peers ``leverage``, ``kernel_leverage``, ``keydiff``, ``snapkv``, ``tova``; aliases ``support_vector``, ``h2o``/``h2o_density``, ``h2o_oracle``).
+    peers ``leverage``, ``kernel_leverage``, ``keydiff``, ``snapkv``, ``tova``; aliases ``support_vector``,
+    ``h2o``/``h2o_density``, ``h2o_oracle``).
 
     Raises
     ------

@@ -111,7 +111,8 @@ def test_run_all_prints_the_summary_and_writes_the_json_only_to_the_json_path(ru
     assert run_all._main(args) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("run-all done in ") and printed[0].endswith("· report: r.html")
-    assert any(ln.startswith("  retention ") for ln in printed) and printed[-1] == "  time: build-cohort 1 s, retention 2 s"
+    assert (any(ln.startswith("  retention ") for ln in printed)
+            and printed[-1] == "  time: build-cohort 1 s, retention 2 s")
     assert not any(ln.lstrip().startswith(("{", '"seconds"')) for ln in printed)  # no raw JSON on the console
     d = json.loads(out.read_text())
     assert d["seconds"] == seconds and d["report"] == "r.html" and d["total_seconds"] >= 0

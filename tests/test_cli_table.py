@@ -18,7 +18,7 @@ def _registered() -> dict[str, str]:
 
 def test_table_matches_the_modules():
     assert set(_registered()) == set(COMMANDS)
-    for name, (mod, help_) in COMMANDS.items():
+    for name, (_mod, help_) in COMMANDS.items():
         assert help_ and name in build_parser([name]).format_help()
 
 

@@ -195,7 +195,8 @@ def test_vectorised_token_digest_equals_the_reference():
     rows = list(zip(tok, subj, stay, hour))
     assert gate_store.token_digest_arrays(tok, subj, stay, hour) == gate_store.token_digest(rows)
     perm = rng.permutation(300)
-    assert gate_store.token_digest_arrays(tok[perm], subj[perm], stay[perm], hour[perm]) == gate_store.token_digest(rows)
+    assert (gate_store.token_digest_arrays(tok[perm], subj[perm], stay[perm], hour[perm])
+            == gate_store.token_digest(rows))
 
 
 def test_one_blas_thread_also_limits_scipys_own_blas():

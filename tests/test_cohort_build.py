@@ -174,7 +174,8 @@ def test_standardisation_is_train_only_and_z_columns(mimic_wh):
     st = {v: (m, s) for v, m, s in con.execute("SELECT vital, mean, sd FROM standardisation").fetchall()}
     for v in VITALS:
         train = np.array([r[0] for r in con.execute(
-            f"SELECT h.{v} FROM vitals_hourly h JOIN cohort_stays c USING (stay_id) WHERE c.split = 'train'").fetchall()])
+            f"SELECT h.{v} FROM vitals_hourly h JOIN cohort_stays c USING (stay_id) "
+            "WHERE c.split = 'train'").fetchall()])
         sd = train.std(ddof=1)
         assert st[v][0] == pytest.approx(train.mean(), abs=1e-9)
         assert st[v][1] == pytest.approx(sd if sd > 0 else 1.0, abs=1e-9)

@@ -72,7 +72,8 @@ def test_demo_matches_reference_and_event_rates(demo_wh):
     ref = reference_build("clif", root)
     assert read_funnel(wh) == ref["funnel"]
     con = duckdb.connect(str(wh), read_only=True)
-    d = con.execute("SELECT stay_id, hour, hr, spo2, temp_c, event_composite FROM vitals_hourly ORDER BY stay_id, hour").fetchall()
+    d = con.execute("SELECT stay_id, hour, hr, spo2, temp_c, event_composite FROM vitals_hourly "
+                    "ORDER BY stay_id, hour").fetchall()
     comp, spo2 = con.execute("SELECT avg(c::INT), avg(s::INT) FROM (SELECT max(event_composite::INT) c, "
                              "max(event_spo2::INT) s FROM vitals_hourly GROUP BY stay_id)").fetchone()
     con.close()

@@ -27,7 +27,8 @@ def test_generator_is_deterministic(tmp_path):
     a = generate(tmp_path / "a", stays=30, seed=1, fmt="parquet")
     b = generate(tmp_path / "b", stays=30, seed=1, fmt="parquet")
     generate(tmp_path / "c", stays=30, seed=2, fmt="parquet")
-    ta, tb, tc = (pq.read_table(x / "icu" / "chartevents.parquet") for x in (tmp_path / "a", tmp_path / "b", tmp_path / "c"))
+    ta, tb, tc = (pq.read_table(x / "icu" / "chartevents.parquet")
+                  for x in (tmp_path / "a", tmp_path / "b", tmp_path / "c"))
     assert a.n_chartevents == b.n_chartevents and ta.equals(tb)
     assert not ta.equals(tc)
 
@@ -43,7 +44,8 @@ def test_generator_writes_the_native_quirks(syn):
     q = lambda sql: con.execute(sql).fetchone()[0]  # noqa: E731
     assert q(f"SELECT count(*) FROM {ce}") == s.n_chartevents
     assert q(f"SELECT count(*) FROM {st}") == 80
-    assert q(f"SELECT count(*) FROM {ce} WHERE itemid = 223761") > 0 and q(f"SELECT count(*) FROM {ce} WHERE itemid = 223762") > 0
+    assert (q(f"SELECT count(*) FROM {ce} WHERE itemid = 223761") > 0
+            and q(f"SELECT count(*) FROM {ce} WHERE itemid = 223762") > 0)
     assert q(f"SELECT count(*) FROM {ce} WHERE valuenum IS NULL AND value IS NOT NULL") > 0
     assert q(f"SELECT count(*) FROM {ce} WHERE itemid = 220045 AND valuenum = 0") > 0
     assert q(f"SELECT count(*) FROM {ce} c JOIN {st} s USING (stay_id) WHERE c.charttime < s.intime") > 0
@@ -53,7 +55,8 @@ def test_generator_writes_the_native_quirks(syn):
                  FROM {ce} c JOIN {st} s USING (stay_id) WHERE itemid IN (220050, 220179)
                  GROUP BY ALL HAVING count(DISTINCT itemid) = 2)""")
     assert both > 0
-    assert q(f"SELECT count(*) FROM {ce} WHERE itemid NOT IN (220045,220050,220051,220179,220180,220210,220277,223761,223762)") > 0
+    assert q(f"SELECT count(*) FROM {ce} "
+             "WHERE itemid NOT IN (220045,220050,220051,220179,220180,220210,220277,223761,223762)") > 0
 
 
 def test_event_rates_in_the_seed_range(syn):
@@ -103,7 +106,8 @@ def test_standardisation_never_reads_val_or_test(syn, tmp_path):
     st0 = con.execute("SELECT * FROM standardisation ORDER BY vital").fetchall()
     train0 = con.execute("SELECT h.* FROM vitals_hourly h JOIN cohort_stays c USING (stay_id) "
                          "WHERE c.split = 'train' ORDER BY stay_id, hour").fetchall()
-    held0 = con.execute("SELECT hr FROM vitals_hourly WHERE stay_id IN (SELECT unnest(?)) ORDER BY stay_id, hour", [held]).fetchall()
+    held0 = con.execute("SELECT hr FROM vitals_hourly WHERE stay_id IN (SELECT unnest(?)) ORDER BY stay_id, hour",
+                        [held]).fetchall()
     con.close()
     assert held
     (tmp_path / "m" / "icu").mkdir(parents=True)
@@ -114,7 +118,8 @@ def test_standardisation_never_reads_val_or_test(syn, tmp_path):
         shutil.copy(d / "mimic" / "icu" / f, tmp_path / "m" / "icu" / f)
     c = duckdb.connect()
     src = d / "mimic" / "icu" / "chartevents.csv.gz"
-    c.execute(f"""COPY (SELECT * REPLACE (CASE WHEN stay_id IN (SELECT unnest(?::BIGINT[])) AND itemid IN (220045, 220277, 223762)
+    c.execute(f"COPY (SELECT * REPLACE (CASE WHEN stay_id IN (SELECT unnest(?::BIGINT[])) "
+              f"""AND itemid IN (220045, 220277, 223762)
                                                THEN valuenum * 0.93 + 3 ELSE valuenum END AS valuenum)
                         FROM read_csv('{src}', header=true, types={{'value': 'VARCHAR', 'valuenum': 'DOUBLE'}}))
                   TO '{tmp_path / 'm' / 'icu' / 'chartevents.parquet'}' (FORMAT parquet)""", [held])
@@ -123,7 +128,8 @@ def test_standardisation_never_reads_val_or_test(syn, tmp_path):
     assert con.execute("SELECT * FROM standardisation ORDER BY vital").fetchall() == st0
     assert con.execute("SELECT h.* FROM vitals_hourly h JOIN cohort_stays c USING (stay_id) "
                        "WHERE c.split = 'train' ORDER BY stay_id, hour").fetchall() == train0
-    assert con.execute("SELECT hr FROM vitals_hourly WHERE stay_id IN (SELECT unnest(?)) ORDER BY stay_id, hour", [held]).fetchall() != held0
+    assert con.execute("SELECT hr FROM vitals_hourly WHERE stay_id IN (SELECT unnest(?)) ORDER BY stay_id, hour",
+                       [held]).fetchall() != held0
     con.close()
 
 

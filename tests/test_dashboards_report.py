@@ -89,7 +89,8 @@ def test_fixtures_validate_and_validation_does_not_mutate():
         assert res == before
 
 
-@pytest.mark.parametrize("key", ["subject_id", "stay_id", "hadm_id", "STAY_ID", "deleted_patient_id", "hospitalization_id"])
+@pytest.mark.parametrize("key", ["subject_id", "stay_id", "hadm_id", "STAY_ID", "deleted_patient_id",
+                                 "hospitalization_id"])
 def test_identifier_keys_are_refused_anywhere(key):
     res = fixture_results()[1]
     res["metrics"]["per_stay"] = {key: 12345}

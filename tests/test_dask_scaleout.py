@@ -102,7 +102,8 @@ def test_bench_timeline_ideal_from_measured_chunks_and_no_stay_ids():
     log = [{"desc": "pilot", "executor": "flow", "start": t0 + 1, "end": t0 + 1.5,
             "chunks": [chunk([11, 12], 0.5, "flow", t0 + 1)]},
            {"desc": "icu_retention (stay batches)", "executor": "dask", "start": t0 + 2, "end": t0 + 12,
-            "chunks": [chunk([13], 6.0, "0", t0 + 2), chunk([14, 15], 2.0, "0", t0 + 8), chunk([16], 2.0, "0", t0 + 10)]},
+            "chunks": [chunk([13], 6.0, "0", t0 + 2), chunk([14, 15], 2.0, "0", t0 + 8),
+                       chunk([16], 2.0, "0", t0 + 10)]},
            {"desc": "icu_retention (refit audit)", "executor": "dask", "start": t0 + 13, "end": t0 + 15,
             "chunks": [chunk([13], 1.0, "0", t0 + 13), chunk([14], 1.0, "0", t0 + 14)]}]
     hours = {11: 50, 12: 60, 13: 8000, 14: 100, 15: 200, 16: 300}
@@ -154,8 +155,9 @@ def test_readme_bench_dask_block_is_the_rendering_of_the_committed_results():
     text = "\n\n".join(bench_dask.table(json.loads((root / f).read_text())) for f in bench_dask.README_RESULTS)
     doc = (root / "docs" / "DASK.md").read_text()
     block = doc.split(bench_dask.BEGIN)[1].split(bench_dask.END)[0]
-    assert block == f"\n{text}\n", "docs/DASK.md bench_dask block is stale: rerun python -m pipelines.bench.dask_workers --table " \
-        + " ".join(bench_dask.README_RESULTS) + " --readme docs/DASK.md"
+    assert block == f"\n{text}\n", "docs/DASK.md bench_dask block is stale: rerun " \
+        "python -m pipelines.bench.dask_workers --table " + " ".join(bench_dask.README_RESULTS) \
+        + " --readme docs/DASK.md"
 
 
 # ------------------------------------------------------------------------------ local vs LocalCluster

@@ -126,8 +126,8 @@ def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(p
     from dashboards.reproduce import collect
     from pipelines.flows.clinical_deterioration import deterioration_flow
     from pipelines.flows.run_summary import summary_lines
-    from pipelines.settings import DeteriorationSettings
     from pipelines.runtime import runner
+    from pipelines.settings import DeteriorationSettings
 
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -75,3 +75,26 @@ def test_the_link_check_can_fail(tmp_path):
         ROOT = old
     assert slug("Held-out SpO2 control (demo)") == "held-out-spo2-control-demo"
     assert slug("`forgetful` — the *main* job") == "forgetful--the-main-job"
+
+
+#: a code span naming a path under one of the packages (``pipelines/store/forget.py``, ``sv_core/batched/``)
+PACKAGE_PATH = re.compile(r"`((?:sv_core|cohort|models|evaluation|pipelines|dashboards)/[\w/]*(?:\.py|/))`")
+
+
+def package_paths(text: str) -> list[str]:
+    return PACKAGE_PATH.findall(text)
+
+
+def test_architecture_names_only_modules_that_exist():
+    """docs/ARCHITECTURE.md is the map a new engineer walks: every module or room it names exists."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    named = package_paths(text)
+    assert len(named) > 40
+    missing = sorted({p for p in named if not (ROOT / p).exists()})
+    assert not missing, f"docs/ARCHITECTURE.md names modules that are not there: {missing}"
+
+
+def test_the_path_check_can_fail():
+    assert package_paths("see `pipelines/ingest_flow.py` and `sv_core/batched/` and `x/y.py`") == [
+        "pipelines/ingest_flow.py", "sv_core/batched/"]
+    assert not (ROOT / "pipelines/ingest_flow.py").exists()

@@ -34,7 +34,8 @@ def test_decay_alpha_scales_targets_only_and_copies():
 def test_max_abs_score_gap_per_set_and_overall():
     f = lambda P: P[:, 0]  # noqa: E731
     g = lambda P: P[:, 0] + P[:, 1]  # noqa: E731
-    gaps = max_abs_score_gap(f, g, {"retained": [[1.0, 0.5], [0.0, -2.0]], "removed": [[3.0, 0.25]], "none": np.zeros((0, 2))})
+    gaps = max_abs_score_gap(f, g, {"retained": [[1.0, 0.5], [0.0, -2.0]], "removed": [[3.0, 0.25]],
+                                    "none": np.zeros((0, 2))})
     assert gaps == {"retained": 2.0, "removed": 0.25, "all": 2.0}
     with pytest.raises(MetricError, match="empty"):
         max_abs_score_gap(f, g, {})
@@ -50,7 +51,8 @@ def test_gate_scores_and_leakage_by_hand():
     # after a completed deletion the forgotten key has alpha 0: zero leakage
     assert readout_weight_share(X, np.array([1.0, 0.0]), [[0.0], [1.0]], [1], sigma=1.0) == 0.0
     # mask and index forms agree
-    assert readout_weight_share(X, a, [[0.3]], np.array([False, True]), 1.0) == readout_weight_share(X, a, [[0.3]], [1], 1.0)
+    assert (readout_weight_share(X, a, [[0.3]], np.array([False, True]), 1.0)
+            == readout_weight_share(X, a, [[0.3]], [1], 1.0))
 
 
 def test_leakage_matches_reference_loop():
@@ -59,7 +61,8 @@ def test_leakage_matches_reference_loop():
     a = rng.random(20)
     a /= a.sum()
     sub = [2, 5, 11]
-    assert readout_weight_share(X, a, Q, sub, 2.0) == pytest.approx(readout_weight_share_reference(X, a, Q, sub, 2.0), rel=1e-12)
+    assert readout_weight_share(X, a, Q, sub, 2.0) == pytest.approx(readout_weight_share_reference(X, a, Q, sub, 2.0),
+                                                                    rel=1e-12)
     with pytest.raises(MetricError, match="zero total"):
         readout_weight_share(X, np.zeros(20), Q, sub, 2.0)
     with pytest.raises(MetricError, match="alpha"):

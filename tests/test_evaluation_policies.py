@@ -84,7 +84,8 @@ def test_oracle_attention_mass_by_hand():
 def test_oracle_matches_reference_and_needs_queries():
     rng = np.random.default_rng(1)
     X, Q = rng.normal(size=(12, 2)), rng.normal(size=(5, 2))
-    np.testing.assert_allclose(OracleAttentionPolicy(1.3).score(X, queries=Q), oracle_scores_reference(X, Q, 1.3), rtol=1e-12)
+    np.testing.assert_allclose(OracleAttentionPolicy(1.3).score(X, queries=Q), oracle_scores_reference(X, Q, 1.3),
+                               rtol=1e-12)
     with pytest.raises(PolicyError, match="queries"):
         OracleAttentionPolicy(1.0).score(X)
     with pytest.raises(PolicyError, match="d="):
@@ -140,7 +141,7 @@ def test_sv_policy_example_3_1_keeps_the_two_margin_keys():
 
 def test_sv_topk_at_support_size_is_exactly_the_support_set():
     rng = np.random.default_rng(5)
-    for trial in range(4):
+    for _trial in range(4):
         X = np.vstack([rng.normal(size=(30, 3)), rng.normal(size=(10, 3)) * 0.05 + 2.0])
         pol = SupportVectorPolicy(nu=0.3, sigma=3.0)
         alpha = pol.alpha(X)

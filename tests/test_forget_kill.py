@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KILLS = int(os.environ.get("FORGETFUL_KILLS", "30"))
 
 FORGET = ("import sys; from pipelines.store.forget import forget_subject; import cohort.build, sv_core\n"
-          "print('ready', flush=True)\nforget_subject(sys.argv[1], subject_id=int(sys.argv[2]))\nprint('done', flush=True)")
+          "print('ready', flush=True)\nforget_subject(sys.argv[1], subject_id=int(sys.argv[2]))\n"
+          "print('done', flush=True)")
 BUILD = ("import sys; from pipelines.flows.clinical_cohort import build_task\n"
          "from pipelines.settings import CohortSettings\nprint('ready', flush=True)\n"
          "build_task.fn('mimic', sys.argv[2], sys.argv[1], CohortSettings(memory_limit='1GB'))\n"

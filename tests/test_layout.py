@@ -223,7 +223,8 @@ def test_the_deletion_subsystem_imports_no_prefect():
 
 def test_the_deletion_room_check_can_fail():
     tree = ast.parse("def f():\n    from pipelines.runtime import runner\n")
-    assert _prefect_imports([(Path("pipelines/store/x.py"), tree)]) == ["pipelines/store/x.py: imports pipelines.runtime"]
+    assert _prefect_imports([(Path("pipelines/store/x.py"), tree)]) == [
+        "pipelines/store/x.py: imports pipelines.runtime"]
 
 
 def _hand_written_result_files(modules) -> list[str]:
@@ -231,7 +232,8 @@ def _hand_written_result_files(modules) -> list[str]:
     with a ``--json`` option: a command's result file is written by ``sv_core.jsonfile.write_json``
     (atomic, parent folders made), never by a copied block."""
     def is_json(f: ast.AST, name: str) -> bool:
-        return isinstance(f, ast.Attribute) and f.attr == name and isinstance(f.value, ast.Name) and f.value.id == "json"
+        return (isinstance(f, ast.Attribute) and f.attr == name and isinstance(f.value, ast.Name)
+                and f.value.id == "json")
 
     out = []
     for rel, tree in modules:

@@ -88,6 +88,37 @@ def test_record_cli_attaches_and_renders(tmp_path):
     assert "| heldout-spo2 | 4.0 min | 250 | 1,950 | 215 | 300 |" in doc.read_text()
 
 
+def test_repeats_are_kept_with_again_and_shown_side_by_side(tmp_path, capsys):
+    """--add attaches a record an earlier --out wrote; --again keeps the earlier runs (full_runs) and the
+    document shows every run's per-step peak; without --again the earlier runs are dropped."""
+    first = _record(tmp_path / "a")
+    heavier = _record(tmp_path / "b", dict(STEPS, peak_rss_mb=dict(STEPS["peak_rss_mb"], retention=2100.0),
+                                          peak_rss_mb_max=2100.0))
+    (tmp_path / "r1.json").write_text(json.dumps(first))
+    (tmp_path / "r2.json").write_text(json.dumps(heavier))
+    into, doc = tmp_path / "SCALE.json", tmp_path / "SCALE.md"
+    into.write_text(json.dumps({"kind": "bench_scale", "sizes": []}))
+    assert bf.main(["--add", str(tmp_path / "r1.json"), "--into", str(into), "--doc", str(doc)]) == 0
+    assert "### Every full-size run" not in doc.read_text()
+    assert bf.main(["--add", str(tmp_path / "r2.json"), "--again", "--into", str(into), "--doc", str(doc)]) == 0
+    result = json.loads(into.read_text())
+    assert [r["peak_rss_mb_max"] for r in result["full_runs"]] == [1950.5, 2100.0]
+    assert result["full_run"]["peak_rss_mb_max"] == 2100.0
+    text = doc.read_text()
+    assert "2 full-size runs; 1 of them kept every step within 2,048 MB" in text
+    assert "| retention | 1,900 | 2,100 |" in text and "| **largest** | **1,950** | **2,100** |" in text
+    assert merge_results([{"kind": "bench_scale", "sizes": []}, result])["full_runs"] == result["full_runs"]
+    assert bf.main(["--add", str(tmp_path / "r1.json"), "--into", str(into), "--no-doc"]) == 0
+    assert len(json.loads(into.read_text())["full_runs"]) == 1
+    capsys.readouterr()
+    before = into.read_text()
+    (tmp_path / "bad.json").write_text(json.dumps({"kind": "other"}))
+    for bad in ("bad.json", "missing.json"):
+        assert bf.main(["--add", str(tmp_path / bad), "--again", "--into", str(into), "--no-doc"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and into.read_text() == before
+
+
 @pytest.mark.parametrize("breakage", ["no steps file", "not json", "no seconds", "no cohort result"])
 def test_bad_inputs_one_line_and_nothing_written(tmp_path, capsys, breakage):
     runs, root, sj = _runs(tmp_path)

@@ -44,7 +44,8 @@ def test_a_cache_hit_reports_the_original_computation(tmp_path):
     runner.runtime_with_cache(resumed, task_cache.take_tally(None))
     # the two tasks ran one after the other the first time: 2 x TASK_S of original computation
     assert resumed["runtime_s"] >= 2 * TASK_S and resumed["runtime_s"] == pytest.approx(first["runtime_s"], abs=0.3)
-    assert resumed["config"]["task_cache"]["tasks_cached"] == 2 and resumed["config"]["task_cache"]["tasks_computed"] == 0
+    assert (resumed["config"]["task_cache"]["tasks_cached"] == 2
+            and resumed["config"]["task_cache"]["tasks_computed"] == 0)
     assert resumed["notes"].startswith("n · cached: 2 task(s) came from the task cache; the run time counts")
     assert runner.cache_note(resumed) == " (cached)" and runner.cache_note(first) == ""
 

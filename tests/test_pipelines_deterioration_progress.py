@@ -33,8 +33,8 @@ def test_the_flow_shows_each_epoch_and_each_model_seed(prefect_harness, tmp_path
     for seed in (0, 1):
         for ep in (1, 2):  # no early stop within 2 epochs (patience 3)
             assert re.search(rf"LSTM seed {seed} epoch {ep}/2: loss \d+\.\d+, val \d+\.\d+, \d+ s", err), err[-2000:]
-        line = re.search(rf"LSTM seed {seed}: 2 epochs, best val loss \d+\.\d+, test AUROC \d\.\d+ \(trained in \d+ s\)",
-                         err)
+        line = re.search(rf"LSTM seed {seed}: 2 epochs, best val loss \d+\.\d+, "
+                         rf"test AUROC \d\.\d+ \(trained in \d+ s\)", err)
         assert line, err[-2000:]
     assert "4/4" in err  # the bar counts model x seed x epoch
     cached = run(True)  # the same inputs again: both from the task cache
@@ -57,7 +57,8 @@ def test_quiet_hides_every_progress_bar_of_the_process(tmp_path):
             "tqdm(range(2)).disable)")
     env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    for argv, want in ((["-q", "gate-demo", "--n", "40"], "0 1 1 True"), (["gate-demo", "--n", "40"], "0 None None False")):
+    for argv, want in ((["-q", "gate-demo", "--n", "40"], "0 1 1 True"),
+                       (["gate-demo", "--n", "40"], "0 None None False")):
         out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert out.stdout.strip().splitlines()[-1] == want, (argv, out.stdout[-500:], out.stderr[-500:])
     from pipelines.cli import main

@@ -56,7 +56,8 @@ def test_retention_and_heldout_flows(prefect_harness, small, monkeypatch):
     stored = _load(runs, "icu_retention")
     assert stored["study"] == "icu_retention" and stored["metrics"]["retention"] == m["retention"]
     con = duckdb.connect(w, read_only=True)
-    assert con.execute("SELECT count(*) FROM gate_states WHERE study='icu_retention'").fetchone()[0] == m["gates_persisted"]
+    assert (con.execute("SELECT count(*) FROM gate_states WHERE study='icu_retention'").fetchone()[0]
+            == m["gates_persisted"])
     con.close()
     # rerun resumes from the cache: the per-stay computation is not called again
     import pipelines.flows.retention_chunks as flow_mod

@@ -189,7 +189,8 @@ def test_no_byte_of_the_patient_remains(site, tmp_path):
         fh.write(header)
     # in a child process: DuckDB may abort() on a corrupted file
     code = ("import duckdb, sys\ntry:\n    c = duckdb.connect(sys.argv[1], read_only=True)\n"
-            "    print(c.execute('SELECT count(*) FROM cohort_stays WHERE subject_id = ?', [int(sys.argv[2])]).fetchone()[0])\n"
+            "    print(c.execute('SELECT count(*) FROM cohort_stays WHERE subject_id = ?', "
+            "[int(sys.argv[2])]).fetchone()[0])\n"
             "except Exception:\n    print(0)\n")
     out = subprocess.run([sys.executable, "-c", code, str(forged), str(target)], capture_output=True, text=True)
     assert out.stdout.strip() in ("0", ""), out.stdout  # "" = DuckDB aborted on the forged file

@@ -45,10 +45,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-from test_meds_dev import task  # noqa: F401  (the MEDS export and labels of test_meds_dev_forms)
+import test_meds_dev
 
 from pipelines.cli import COMMANDS, build_parser, main
+
+#: test_meds_dev's pytest fixture (the MEDS export and labels of test_meds_dev_forms), made visible here
+task = test_meds_dev.task
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = "tests/test_readme_snippets.py"
@@ -58,8 +60,8 @@ FENCE = re.compile(r"^([ \t]*)```(\w*)[ \t]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")
 #: the project's own packages: ``python -m venv`` or ``python -m pip`` are not forms of this project
 PACKAGES = ("sv_core", "cohort", "models", "evaluation", "pipelines", "dashboards", "pytest")
-COMMAND = re.compile(r"^(?:\.venv/bin/)?(?:forgetful \S|python -m (?:%s)\b|python tests/|make \S|pip install )"
-                     % "|".join(PACKAGES))
+COMMAND = re.compile(r"^(?:\.venv/bin/)?(?:forgetful \S|python -m (?:{})\b|python tests/|make \S|pip install )"
+                     .format("|".join(PACKAGES)))
 #: ``VAR=value cmd``: the environment assignments in front of a command are not part of its form
 ENV_PREFIX = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+")
 MIMIC_PLACEHOLDER = "/path/to/mimic-iv-3.1"
@@ -208,13 +210,15 @@ SLOW = {
     "forgetful run-all": "test_slow_run_all (synthetic root, reduced sizes)",
     "forgetful run-all --source synthetic --stays 1500 --runs runs_synth": "test_slow_run_all (--stays 40, reduced)",
     "forgetful run-all --source meds --root my_meds/": "test_slow_run_all (a MEDS export of its warehouse, reduced)",
-    "forgetful run-all [--source demo\\|synthetic\\|mimic] [--root DIR]": "test_slow_run_all (mimic: the synthetic root)",
+    "forgetful run-all [--source demo\\|synthetic\\|mimic] [--root DIR]":
+        "test_slow_run_all (mimic: the synthetic root)",
     ".venv/bin/forgetful run-all --source mimic --root /path/to/mimic-iv-3.1": "test_slow_run_all (the synthetic root)",
     "forgetful build-cohort": "test_slow_run_all (its build step)",
     "forgetful retention": "test_slow_run_all", "forgetful heldout-spo2": "test_slow_run_all",
     "forgetful patient-deletion": "test_slow_run_all", "forgetful deterioration": "test_slow_run_all",
     "forgetful audit": "test_slow_run_all",
-    "forgetful skewed-redundancy": "test_slow_study_commands", "forgetful streaming-eviction": "test_slow_study_commands",
+    "forgetful skewed-redundancy": "test_slow_study_commands",
+    "forgetful streaming-eviction": "test_slow_study_commands",
     "forgetful selective-copying": "test_slow_study_commands", "forgetful capacity": "test_slow_study_commands",
     "forgetful mqar-control": "test_slow_study_commands", "forgetful learned-keys": "test_slow_study_commands",
     "forgetful retrieval-memory": "test_slow_study_commands (skips without the [retrieval] extra)",
@@ -236,7 +240,8 @@ SLOW = {
     "python -m cohort.synthetic --fidelity --json OUT": "test_slow_fidelity (needs the real demo)",
     "python -m cohort.synthetic --fidelity [--json OUT]": "test_slow_fidelity (needs the real demo)",
     "python -m cohort.build --source demo --convention mimic_code …": "test_slow_fidelity (needs the real demo)",
-    "forgetful ingest --source mimic|clif --root DIR --warehouse W --init": "test_slow_ingest (mimic, the synthetic root)",
+    "forgetful ingest --source mimic|clif --root DIR --warehouse W --init":
+        "test_slow_ingest (mimic, the synthetic root)",
     "forgetful ingest --source mimic\\|clif --root DIR [--init]": "test_slow_ingest",
     "python tests/test_ingest_long.py --hours 10000 --parts 20 --dir /tmp/long --json OUT":
         "test_slow_ingest (--hours 600 --parts 3)",
@@ -265,9 +270,10 @@ PARSE_ONLY = {
                                                                                     "minutes (benchmark command)",
     "python -m pipelines.bench.ingest --table FILE …": "reads result files of the benchmark; "
                                                      "tests/test_ingest_scale.py renders one",
-    "forgetful retention --stays 1000 --dask tcp://SCHEDULER:8786": "needs a running cluster (tests/test_dask_scaleout.py "
-                                                                    "runs --dask against dask scheduler/worker processes)",
-    "python -m pipelines.bench.dask_workers --stays 1000 --json OUT": "minutes of CPU (3 modes × rounds of a 1,000-stay study)",
+    "forgetful retention --stays 1000 --dask tcp://SCHEDULER:8786":
+        "needs a running cluster (tests/test_dask_scaleout.py runs --dask against dask scheduler/worker processes)",
+    "python -m pipelines.bench.dask_workers --stays 1000 --json OUT":
+        "minutes of CPU (3 modes × rounds of a 1,000-stay study)",
     "python -m sv_core.bench.stream --sizes 100000 --window 80 --libsvm-steps 1 --refit-sample 500 --json "
     "docs/results/bench_stream_100k_refit.json": "minutes of CPU (a libsvm full-history solve at 100,000 tokens "
                                                  "and a refit); test_slow_benchmarks runs the benchmark at 300,600",
@@ -279,10 +285,11 @@ PARSE_ONLY = {
     "docs/results/bench_stream_gauss.json": "minutes of CPU (a stationary control); test_slow_benchmarks runs the "
                                             "same benchmark at --sizes 300,600",
     "python -m sv_core.bench.stream --table docs/results/bench_stream.json docs/results/bench_stream_100k_refit.json "
-    "docs/results/bench_stream_100k.json docs/results/bench_stream_gauss.json --write-docs docs/STREAMING.md": "rewrites docs/STREAMING.md's bench_stream block from the committed result files; "
-                              "tests/test_sv_core_streaming_bench.py writes the block of a decoy copy",
-    "python -m pipelines.bench.dask_workers --stays 1000 --warehouse-seed 1 --json OUT": "minutes of CPU (as the row above, "
-                                                                                  "another generated warehouse)",
+    "docs/results/bench_stream_100k.json docs/results/bench_stream_gauss.json --write-docs docs/STREAMING.md":
+        "rewrites docs/STREAMING.md's bench_stream block from the committed result files; "
+        "tests/test_sv_core_streaming_bench.py writes the block of a decoy copy",
+    "python -m pipelines.bench.dask_workers --stays 1000 --warehouse-seed 1 --json OUT":
+        "minutes of CPU (as the row above, another generated warehouse)",
     "python -m pipelines.bench.dask_workers --table docs/results/bench_dask.json docs/results/bench_dask_seed1.json "
     "--readme docs/DASK.md": "rewrites docs/DASK.md's bench_dask block from the committed result files "
                           "(tests/test_dask_scaleout.py checks the block equals their rendering)",
@@ -291,8 +298,8 @@ PARSE_ONLY = {
     "forgetful lm --protocol paper --device cuda --references": "needs a GPU and hours (see the row above)",
     "python -m dashboards.reproduce --store --runs runs": "rewrites docs/results/ and the documents; "
                                                          "tests/test_reproduce_docs.py runs it on copies",
-    "forgetful run-all --source synthetic --stays 42000 --runs runs_42k": "half an hour of CPU at MIMIC-IV size "
-                                                                          "(docs/SCALE.md); test_slow_run_all runs it at 40 stays",
+    "forgetful run-all --source synthetic --stays 42000 --runs runs_42k":
+        "half an hour of CPU at MIMIC-IV size (docs/SCALE.md); test_slow_run_all runs it at 40 stays",
     "make install": "the install itself (checked: the target exists)", "make data": "network (target exists)",
     "make demo": "the main job (minutes; install included) (target exists; its steps: SLOW run-all)",
     "make test": "the test suite itself (target exists)",
@@ -458,7 +465,8 @@ def test_every_documented_form_is_classified():
     src = Path(__file__).read_text()
     for form, where in (*EXECUTED.items(), *SLOW.items()):
         name = where.split(" ")[0]
-        assert f"def {name}(" in src or name == "site", f"{form!r}: its value names {name}, no test or fixture in {HERE}"
+        assert f"def {name}(" in src or name == "site", \
+            f"{form!r}: its value names {name}, no test or fixture in {HERE}"
         assert form.replace(chr(92), chr(92) * 2) in src.split("# --- running forms")[-1] or name == "site", \
             f"{form!r}: {name} must run it with run_form({form!r}, ...) (below '# --- running forms' in {HERE})"
 
@@ -1034,7 +1042,8 @@ def test_slow_ingest(site, prefect_harness):
     run_form("forgetful ingest --source mimic\\|clif --root DIR [--init]", site, which="bare",
              values={"DIR": site["mimic"]}, extra=("--warehouse", str(wh), "--no-progress"))
     run_form("python tests/test_ingest_long.py --hours 10000 --parts 20 --dir /tmp/long --json OUT", site,
-             subst=(("--hours 10000 --parts 20 --dir /tmp/long", f"--hours 600 --parts 3 --dir {site['tmp'] / 'long'}"),),
+             subst=(("--hours 10000 --parts 20 --dir /tmp/long",
+                     f"--hours 600 --parts 3 --dir {site['tmp'] / 'long'}"),),
              values={"OUT": str(site["tmp"] / "long.json")})
 
 

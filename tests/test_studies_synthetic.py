@@ -87,8 +87,9 @@ def test_skewed_redundancy_budgets_match_the_seed(nu, target):
     """The seed's ~56 % and ~41 % budgets: mean |S∪E|/n over 20 seeded contexts within 2 points."""
     from evaluation.policies import get_policy
 
-    fr = [get_policy("sv", nu=nu, sigma=1.0).support_size(skewed_redundancy.make_context(np.random.default_rng([0, t]))["X"])
-          / 66 for t in range(20)]
+    fr = [get_policy("sv", nu=nu, sigma=1.0).support_size(
+              skewed_redundancy.make_context(np.random.default_rng([0, t]))["X"]) / 66
+          for t in range(20)]
     assert abs(np.mean(fr) - target) < 0.02
 
 
@@ -97,7 +98,7 @@ def test_skewed_redundancy_reports_peers_paired_with_sv():
     for nu in ("0.45", "0.29"):
         vs = res["metrics"][f"nu_{nu}"]["vs_sv"]
         assert set(vs["diffs"]) == set(skewed_redundancy.POLICIES) - {"sv", "full"}
-        for p, d in vs["diffs"].items():
+        for _p, d in vs["diffs"].items():
             assert d["low"] <= d["mean"] <= d["high"] and d["n_units"] >= 1
         # the paired mean is the difference of the per-trial means on the same queries
         m = res["metrics"][f"nu_{nu}"]

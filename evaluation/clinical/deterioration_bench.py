@@ -110,8 +110,10 @@ def markdown(out: dict) -> str:
             lines.append(f"| {t} | {m} | {s['median_s']:.2f} ({s['min_s']:.2f}–{s['max_s']:.2f}) | {ratio:.2f}× | "
                          f"{s['cpu_median_s']:.2f} | {cratio:.2f}× | {au} |")
     la, lb = out["load_before"][0], (out.get("load_after") or [float("nan")])[0]
-    lines += ["", f"*{out['rounds']} interleaved rounds, warehouse `{out['warehouse']}`, {out['train_windows']:,} training "
-                  f"and {out['val_windows']:,} validation windows per epoch ({out['device']} caps), seed {out['seed']}, "
+    lines += ["", f"*{out['rounds']} interleaved rounds, warehouse `{out['warehouse']}`, "
+                  f"{out['train_windows']:,} training "
+                  f"and {out['val_windows']:,} validation windows per epoch ({out['device']} caps), "
+                  f"seed {out['seed']}, "
                   f"{out['cpu_count']} CPUs (torch default {out['default_threads']} threads), 1-min load "
                   f"{la:.1f} before, {lb:.1f} after*"]
     return "\n".join(lines)

@@ -81,7 +81,8 @@ def _median(xs: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.bench.cli", description=__doc__.split("\n\n")[0].replace("``", ""))
+    ap = argparse.ArgumentParser(prog="python -m pipelines.bench.cli",
+                                 description=__doc__.split("\n\n")[0].replace("``", ""))
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per command and mode (default 3)")
     ap.add_argument("--modes", default="own,prefect",
                     help=f"comma-separated, of {', '.join(MODES)} (default own,prefect)")

@@ -65,7 +65,8 @@ def timeline(log: list[dict], t0: float, t1: float, hours: dict[int, int]) -> di
         chunks = []
         for c in rec["chunks"]:
             h = [hours.get(int(s), 0) for s in c["stay_ids"]]
-            rel = {k: (None if c.get(k) is None else round(c[k] - t0, 3)) for k in ("submitted", "start", "end", "received")}
+            rel = {k: (None if c.get(k) is None else round(c[k] - t0, 3))
+                   for k in ("submitted", "start", "end", "received")}
             chunks.append({"stays": len(h), "hours_sum": sum(h), "hours_max": max(h, default=0),
                            "predicted_s": c.get("predicted_s"), "seconds": c.get("seconds"), "cpu_s": c.get("cpu_s"),
                            "worker": c.get("worker"), **rel})
@@ -276,7 +277,8 @@ def run(stays: int, repeats: int, warehouse: str | None = None, sensitivity_stay
 
 
 def _sample_hours(hours: dict[int, int], stays: int) -> dict:
-    """The study sample's stay lengths (the command's own sample: seed 0) and the cost model's share of its largest stay."""
+    """The study sample's stay lengths (the command's own sample: seed 0) and the cost model's share of
+    its largest stay."""
     from evaluation.clinical.sampling import sample_stays
     from pipelines.runtime.scaleout import stay_units
 

@@ -4,16 +4,19 @@
         [--into docs/SCALE.json] [--doc docs/SCALE.md] [--out FILE.json]
     python -m pipelines.bench.fullrun --record RUNS_DIR --steps STEPS.json --uptime-start LINE
         --uptime-end LINE --command CMD [--commit REV] [--root DIR] [--rc 0] [--into ...] [--doc ...]
+    python -m pipelines.bench.fullrun --add RECORD.json [--again] [--into ...] [--doc ...]
 
 The first form runs the whole pipeline once, as a user would (``python -m pipelines.cli run-all
 --source mimic --root DIR --runs <workdir>/runs … --json <workdir>/steps.json``, deterioration capped
 by ``--det-seeds`` / ``--det-max-epochs``), in its own process with ``uptime`` before and after; the
-second records a run made that way earlier from the files it wrote. Either writes the record
+second records a run made that way earlier from the files it wrote; the third attaches a record an
+earlier ``--out`` wrote. Either writes the record
 (:mod:`pipelines.bench.fullrun_report`: per step wall, CPU, peak RSS, the RSS earlier steps left,
 the data's aggregate counts) to ``--out``, attaches it to the scale benchmark's result
 (``--into docs/SCALE.json``, key ``full_run``; :func:`pipelines.bench.scale_report.merge_results`
 keeps it) and re-renders ``--doc`` from that result, so ``docs/SCALE.md`` states the figures of
-the result file (its run time is in the record).
+the result file (its run time is in the record). With ``--again`` the earlier full-size runs stay
+beside it (key ``full_runs``, oldest first): the document then shows every run's per-step peak RSS.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.bench.fullrun_report import FullRunError, Provenance, make_record
+from pipelines.bench.fullrun_report import FullRunError, Provenance, make_record, read_record
 from pipelines.bench.scale import machine_info, uptime_line, write_doc
 from sv_core.jsonfile import write_json
 
@@ -42,15 +45,17 @@ def _commit() -> str | None:
     return r.stdout.strip() or None if r.returncode == 0 else None
 
 
-def attach(record: dict, into: Path, doc: Path | None) -> None:
-    """Put ``record`` into the scale result ``into`` (key ``full_run``) and re-render ``doc``."""
+def attach(record: dict, into: Path, doc: Path | None, again: bool = False) -> None:
+    """Put ``record`` into the scale result ``into`` (key ``full_run``; ``full_runs`` lists it after
+    the earlier runs with ``again``, alone without) and re-render ``doc``."""
     try:
         result = json.loads(into.read_text())
     except FileNotFoundError:
         raise FullRunError(f"scale result not found: {into} (run python -m pipelines.bench.scale first)") from None
     except (OSError, ValueError) as e:
         raise FullRunError(f"scale result is not readable JSON: {into} ({type(e).__name__})") from None
-    result["full_run"] = record
+    earlier = (result.get("full_runs") or ([result["full_run"]] if result.get("full_run") else [])) if again else []
+    result["full_run"], result["full_runs"] = record, [*earlier, record]
     write_json(into, result, indent=1)
     if doc is not None:
         write_doc(result, doc, os.path.relpath(into.resolve(), doc.resolve().parent))
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--root", help="MIMIC-layout root to run run-all on (--source mimic)")
     g.add_argument("--record", metavar="RUNS_DIR", help="record an earlier run-all from its runs folder")
+    g.add_argument("--add", metavar="RECORD_JSON", help="attach a record an earlier --out wrote")
     ap.add_argument("--workdir", help="run: the runs folder, logs and steps file go here")
     ap.add_argument("--det-seeds", type=int, default=1, help="deterioration training seeds (default 1)")
     ap.add_argument("--det-max-epochs", type=int, default=2, help="deterioration epochs cap (default 2)")
@@ -100,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="scale benchmark result to attach the record to (default docs/SCALE.json)")
     ap.add_argument("--doc", default=str(PROJECT / "docs" / "SCALE.md"), help="document re-rendered from --into")
     ap.add_argument("--no-doc", action="store_true", help="do not re-render the document")
+    ap.add_argument("--again", action="store_true",
+                    help="keep the earlier full-size runs beside this one (a repeat) instead of replacing them")
     a = ap.parse_args(argv)
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     bench_cmd = "python -m pipelines.bench.fullrun " + " ".join(
@@ -123,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                      for x in redact(cmd[1:])]
             record = make_record(steps, runs, root=Path(a.root), made=Provenance(
                 " ".join(["python", *shown]), bench_cmd, _commit(), machine_info(), up0, uptime_line(), rc, now))
+        elif a.add:
+            record = read_record(Path(a.add))
         else:
             missing = [f"--{k.replace('_', '-')}" for k in ("steps", "uptime_start", "uptime_end", "command")
                        if not getattr(a, k)]
@@ -133,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  a.uptime_end, a.rc, now))
         if a.out:
             write_json(a.out, record, indent=1)
-        attach(record, Path(a.into), None if a.no_doc else Path(a.doc))
+        attach(record, Path(a.into), None if a.no_doc else Path(a.doc), again=a.again)
     except FullRunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -113,6 +113,39 @@ def make_record(steps_json: Path, runs_dir: Path, *, root: Path | None, made: Pr
             "headlines": headlines(runs_dir)}
 
 
+def read_record(path: Path) -> dict:
+    """A record an earlier ``--out`` wrote; :class:`FullRunError` when it is not one."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FullRunError(f"record not found: {path}") from None
+    except (OSError, ValueError) as e:
+        raise FullRunError(f"record is not readable JSON: {path} ({type(e).__name__})") from None
+    if not isinstance(rec, dict) or rec.get("kind") != KIND or not isinstance(rec.get("steps"), dict):
+        raise FullRunError(f"not a full-size run-all record (kind {KIND!r} with steps): {path}")
+    return rec
+
+
+def repeats_section(runs: list[dict]) -> list[str]:
+    """Every full-size run side by side: per step peak RSS, then the run's data, total and verdict."""
+    steps = list(dict.fromkeys(s for fr in runs for s in fr.get("steps") or {}))
+    head = ["step", *(f"run {i} peak RSS MB" for i in range(1, len(runs) + 1))]
+    rows = [[s, *(fixed(((fr.get("steps") or {}).get(s) or {}).get("peak_rss_mb"), 0) for fr in runs)] for s in steps]
+    rows += [["**largest**", *(f"**{fixed(fr.get('peak_rss_mb_max'), 0)}**" for fr in runs)],
+             ["wall", *(duration(fr.get("total_seconds")) for fr in runs)],
+             ["chartevents rows", *(fixed((fr.get("data") or {}).get("chartevents_rows"), 0) for fr in runs)],
+             ["eligible stays", *(fixed((fr.get("data") or {}).get("eligible_stays"), 0) for fr in runs)],
+             ["commit · exit code", *(f"`{(fr.get('commit') or '?')[:7]}` · {fr.get('rc')}" for fr in runs)],
+             ["made (UTC)", *((fr.get("created_utc") or "?")[:16] for fr in runs)]]
+    within = sum(1 for fr in runs if fr.get("peak_rss_mb_max") is not None and fr["peak_rss_mb_max"] <= PEAK_TARGET_MB)
+    L = ["### Every full-size run", "",
+         f"{len(runs)} full-size runs; {within} of them kept every step within {fixed(PEAK_TARGET_MB, 0)} MB "
+         "(the largest step's peak RSS, bold). The section above is the latest.", ""]
+    L += md_table(head, rows, align="l" + "r" * len(runs))
+    L.append("")
+    return L
+
+
 def render_section(fr: dict) -> list[str]:
     """The ``docs/SCALE.md`` section of a full-run record (markdown lines)."""
     d = fr.get("data") or {}
@@ -125,7 +158,8 @@ def render_section(fr: dict) -> list[str]:
          f"One `run-all` on a generated MIMIC-layout root of {fixed(d.get('chartevents_rows'), 0)} chartevents rows, "
          f"{fixed(d.get('icu_stays'), 0)} ICU stays, {fixed(d.get('eligible_stays'), 0)} eligible (≥ 48 h), "
          f"{fixed(d.get('hourly_tokens'), 0)} hourly tokens; commit `{(fr.get('commit') or '?')[:7]}`, "
-         f"exit code {fr.get('rc')}. Made by:", "", "```", fr.get("bench_command") or fr.get("command") or "?", "```", "",
+         f"exit code {fr.get('rc')}. Made by:", "",
+         "```", fr.get("bench_command") or fr.get("command") or "?", "```", "",
          f"`uptime` at the start: {fr.get('uptime_start', '?')}; at the end: {fr.get('uptime_end', '?')}.", "",
          f"Peak RSS: {fr.get('rss_method_note') or fr.get('rss_method') or '?'}. *start RSS* is what earlier steps "
          "left resident when the step began (it counts in the step's peak); *children* is the largest child "

@@ -87,8 +87,9 @@ def _study(w: wh.Warehouse, runs_dir: str, settings: RetentionSettings, progress
         writing = writer.submit(  # the gates as the chunks serialised them (digest-checked, gate_store.staged_state)
             stay_results.write_study, warehouse, settings.study, cols, out.gates, memory_limit=DUCKDB_MEMORY,
             keys=w.keys)
-        fields = study.comparison_from_columns(cols, policies=POLICIES, nu=settings.nu, sigma=settings.sigma,
-                                               seed=settings.seed, n_boot=settings.n_boot).to_result_fields(settings.study)
+        fields = study.comparison_from_columns(
+            cols, policies=POLICIES, nu=settings.nu, sigma=settings.sigma, seed=settings.seed,
+            n_boot=settings.n_boot).to_result_fields(settings.study)
         sens = _sensitivity(out.sensitivity_rows, cols, settings)
         n_persisted = writing.result()
     _complete(fields, cols, out, settings, sens, n_persisted)

@@ -33,9 +33,11 @@ def receipt_lines(r: dict) -> list[str]:
     v = r.get("verification")
     out = [f"receipt: token {r['token_id']} forgotten ({r['status_before']} key, α = {r['alpha_before']:.4g}; "
            f"n {r['n_before']} -> {r['n_after']}, C = {r['C']:.5g}, σ = {r['sigma']:g})",
-           f"  certified     {'yes' if r['certified'] else 'NO'}: C&P decrement, {r['path_events']} path event{'' if r['path_events'] == 1 else 's'}, "
+           f"  certified     {'yes' if r['certified'] else 'NO'}: C&P decrement, "
+           f"{r['path_events']} path event{'' if r['path_events'] == 1 else 's'}, "
            f"{1e3 * r['elapsed_s']:.2f} ms",
-           "  fallback      " + (f"yes ({r['fallback_reason']})" if r["fallback"] else "no (the maintained path completed)")]
+           "  fallback      " + (f"yes ({r['fallback_reason']})" if r["fallback"]
+                                 else "no (the maintained path completed)")]
     if v is None:
         out.append("  verification  not requested (verify=False)")
         return out
@@ -43,7 +45,8 @@ def receipt_lines(r: dict) -> list[str]:
     out += [f"  refit gap     max |Δ gate score| {v['max_abs_score_dev']:.2e} vs an independent same-C refit "
             f"(retained, removed and jittered probes); partition {'matches' if v['partition_match'] else 'differs'}",
             f"  KKT residual  {v['kkt_residual']:.1e}",
-            f"  verification  {'passed' if ok else 'FAILED'} (tolerances: score {VERIFY_SCORE_TOL:g}, KKT {VERIFY_KKT:g})"]
+            f"  verification  {'passed' if ok else 'FAILED'} "
+            f"(tolerances: score {VERIFY_SCORE_TOL:g}, KKT {VERIFY_KKT:g})"]
     return out
 
 

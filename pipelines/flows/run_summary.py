@@ -72,7 +72,8 @@ def _deterioration(p: dict) -> str:
 
     def auc(k: str) -> str:
         r = m[k]
-        return f"{MODEL_NAMES[k]} {r['auroc_seedavg']:.3f} [{r['auroc_seedavg_low']:.3f}, {r['auroc_seedavg_high']:.3f}]"
+        return (f"{MODEL_NAMES[k]} {r['auroc_seedavg']:.3f} "
+                f"[{r['auroc_seedavg_low']:.3f}, {r['auroc_seedavg_high']:.3f}]")
     out = f"AUROC {auc('sv_attention')} vs {auc(best)}"
     d = (m.get("paired") or {}).get(f"sv_attention - {best}")
     if isinstance(d, dict) and "auroc_diff" in d:
@@ -101,7 +102,8 @@ def _cohort(p: dict) -> str:
 
 def _ledger(p: dict) -> str:
     m = p.get("metrics") or {}
-    return f"{fmt(m.get('receipts'))} deletion receipt(s), chain {'verified' if m.get('chain_verified') else 'NOT verified'}"
+    return (f"{fmt(m.get('receipts'))} deletion receipt(s), "
+            f"chain {'verified' if m.get('chain_verified') else 'NOT verified'}")
 
 
 def _generic(p: dict) -> str:
@@ -130,7 +132,8 @@ def _patient_deletion(p: dict) -> str:
 
 
 LINES = {"cohort": _cohort, "icu_retention": _retention, "heldout_spo2": _retention,
-         "patient_deletion": _patient_deletion, "deterioration": _deterioration, "deletion_audit": _audit, "ledger": _ledger}
+         "patient_deletion": _patient_deletion, "deterioration": _deterioration, "deletion_audit": _audit,
+         "ledger": _ledger}
 
 
 def _load(runs: Path, study: str) -> tuple[dict | None, float]:

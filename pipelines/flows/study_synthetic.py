@@ -44,8 +44,10 @@ def _make_flow(command: str, study: str, target: str, trials: int):
     def compute(trials: int, seed: int, progress: bool) -> dict:
         return _study_fn(target)(trials=trials, seed=seed, progress=progress)
 
+    out_default = default_out(study)  # computed once, when the flow is made (as a call in the signature was)
+
     @flow(name=f"study-{command}", log_prints=True)
-    def study_flow(trials: int = trials, seed: int = 0, out: str | Path = default_out(study),
+    def study_flow(trials: int = trials, seed: int = 0, out: str | Path = out_default,
                    progress: bool = True) -> str:
         return str(write_result(compute(trials, seed, progress), Path(out)))
 

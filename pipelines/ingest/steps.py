@@ -50,7 +50,8 @@ def configure_run(con, memory_limit: str = MEMORY_LIMIT) -> None:
     * ``wal_autocheckpoint`` = a quarter of ``memory_limit`` (:data:`WAL_SHARE`): DuckDB
       checkpoints when the WAL passes this size (16 MB by default), and a checkpoint rewrites
       every updated column of a touched row group whole; one batch of 2,000 gate blobs is about
-      16 MB, so every batch's commit would rewrite the whole gate table. Each commit stays durable (WAL, one fsync per commit; a killed
+      16 MB, so every batch's commit would rewrite the whole gate table. Each commit stays durable (WAL,
+      one fsync per commit; a killed
       run's committed batches are replayed when the warehouse is next opened); the tables are
       rewritten every quarter of the memory limit of WAL (a few times a night at 42,000 stays)
       and by the ``CHECKPOINT`` after the steps. Not the whole limit: updates not yet

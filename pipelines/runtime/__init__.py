@@ -1,1 +1,2 @@
-"""Prefect plumbing shared by the flows: task runners, result files and caches, signals, crash hooks, chunked scale-out, Dask hygiene, step meter."""
+"""Prefect plumbing shared by the flows: task runners, result files and caches, signals, crash hooks,
+chunked scale-out, Dask hygiene, step meter."""

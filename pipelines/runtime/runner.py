@@ -159,7 +159,8 @@ def heartbeat_settings(shared: bool | None = None) -> dict:
     Prefect's flow engine sends a heartbeat from a thread that sleeps in 1 s steps and joins it
     when the flow ends, so every flow call ended on the next whole second after its work.
     Heartbeats let a server mark a run whose process died as crashed; a command's private server
-    exits with the command, so nobody reads them. A shared server keeps them (Prefect's ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``)."""
+    exits with the command, so nobody reads them. A shared server keeps them (Prefect's
+    ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
     if shared is None:

@@ -141,7 +141,8 @@ def rewrite(warehouse: str | os.PathLike, subjects: set[int], gate_updates: dict
         con.execute("CREATE TABLE IF NOT EXISTS nw.main.forgetful_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
         for k, v in meta.items():
             con.execute("INSERT OR REPLACE INTO nw.main.forgetful_meta VALUES (?, ?)", [k, str(v)])
-        if content_hash_fn is not None and {"build_info", "cohort_stays", "vitals_hourly", "standardisation"} <= set(tables):
+        if content_hash_fn is not None and {"build_info", "cohort_stays", "vitals_hourly",
+                                            "standardisation"} <= set(tables):
             con.execute("UPDATE nw.main.build_info SET value = ? WHERE key = 'content_hash'",
                         [content_hash_fn(con, "nw.main.")])
         con.execute("USE memory")

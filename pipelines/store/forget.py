@@ -112,7 +112,8 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
     warehouse : path of the DuckDB warehouse.
     subject_id, stay_id : exactly one; a stay id forgets the patient who owns it (all their stays).
     verify : compare every decremented gate with an independent same-C refit.
-    ledger_dir : the ledger/registry directory (default ``$FORGETFUL_LEDGER_DIR`` or ``<warehouse dir>/forget-registry``).
+    ledger_dir : the ledger/registry directory (default ``$FORGETFUL_LEDGER_DIR`` or
+    ``<warehouse dir>/forget-registry``).
     wait : seconds to wait for another command's writer lock.
     allow_absent : register a subject the warehouse does not hold (so future builds exclude them).
     """
@@ -150,7 +151,8 @@ def forget_subject(warehouse: str | os.PathLike, subject_id: int | None = None, 
                     "SELECT count(*) FROM vitals_hourly WHERE stay_id IN (SELECT unnest(?::BIGINT[]))",
                     [sorted(stays)]).fetchone()[0])
             if not stays and not any(counts.values()) and not allow_absent:
-                raise UnknownSubjectError("no warehouse table or stored gate holds the given subject id; nothing changed "
+                raise UnknownSubjectError("no warehouse table or stored gate holds the given subject id; "
+                                          "nothing changed "
                                           "(--allow-absent registers it anyway, so no future build admits it)")
             updates, infos = plan_contexts(con, sid, w.keys, verify=verify)
             fingerprints = content_fingerprints(con, stays, w.keys)

@@ -69,7 +69,8 @@ def plan_contexts(con, subject_id: int, keys, verify: bool = True, score_tol: fl
                     forgotten_tokens_live_after=int(np.isin(g.ids, tids).sum()), C=g.C, sigma=g.sigma,
                     fallbacks=int(sum(bool(getattr(r, "fallback", False)) for r in recs)))
         if not g.gated:
-            info.update(certified=True, certificate="ungated (warm-up) context: uniform readout over the remaining tokens")
+            info.update(certified=True,
+                        certificate="ungated (warm-up) context: uniform readout over the remaining tokens")
         elif not was_gated:
             info.update(certified=False, reason="context was ungated before the deletion")
         else:

@@ -310,7 +310,8 @@ def load_gate(con: duckdb.DuckDBPyConnection, context_id: int, keys=None) -> Gat
     try:
         g = blob_to_gate(blob)
     except (GateError, ValueError, KeyError, OSError) as exc:
-        raise GateStoreError(f"stored gate state of context {context_id} is invalid ({type(exc).__name__}: {exc})") from None
+        raise GateStoreError(f"stored gate state of context {context_id} is invalid "
+                             f"({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # any other failure to parse stored bytes (a bad zip, a short read)
         raise GateStoreError(f"stored gate state of context {context_id} is invalid ({type(exc).__name__})") from None
     if sorted(int(i) for i in g.ids) != [t[0] for t in toks]:

@@ -32,7 +32,8 @@ def subjects_present(con) -> set[int]:
     out: set[int] = set()
     for (t,) in con.execute("SELECT table_name FROM duckdb_columns() WHERE column_name = 'subject_id' "
                             "AND schema_name = current_schema() AND database_name = current_database()").fetchall():
-        out.update(int(r[0]) for r in con.execute(f"SELECT DISTINCT subject_id FROM {t}").fetchall() if r[0] is not None)
+        out.update(int(r[0]) for r in con.execute(f"SELECT DISTINCT subject_id FROM {t}").fetchall()
+                   if r[0] is not None)
     return out
 
 
@@ -127,7 +128,8 @@ def stays(warehouse: str | os.PathLike, split: str | None = None) -> list[tuple[
         if split is not None:
             q += " WHERE split = ?"
             args.append(split)
-        return [(int(a), int(b), str(c), int(d)) for a, b, c, d in con.execute(q + " ORDER BY stay_id", args).fetchall()]
+        return [(int(a), int(b), str(c), int(d))
+                for a, b, c, d in con.execute(q + " ORDER BY stay_id", args).fetchall()]
     finally:
         con.close()
 
