@@ -97,6 +97,7 @@ def run_benchmark(
         _sync(device)
         return time.perf_counter() - t0
 
+    load_before = os.getloadavg()[0]
     for _ in range(warmup):
         for m in models.values():
             step(m)
@@ -127,6 +128,8 @@ def run_benchmark(
         "fused_readout": fused_readout,
         "fista_iterations_last_step": fista_its,
         "step_seconds": samples,
+        "step_seconds_min_max": {k: [min(v), max(v)] for k, v in samples.items()},
+        "load_1min_before_after": [load_before, os.getloadavg()[0]],
         "softmax_note": "unfused masked softmax (the seed's reference), not SDPA/FlashAttention",
         "seed_figure": {"hybrid_tokens_per_s": 9125, "ratio_vs_cpu_softmax": 6.1},
     }

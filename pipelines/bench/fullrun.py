@@ -123,14 +123,14 @@ def main(argv: list[str] | None = None) -> int:
             env.setdefault("FORGETFUL_CONFIG_DIR", str(work / "config"))
             env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
             cmd = run_all_argv(Path(a.root).resolve(), runs, steps, a.det_seeds, a.det_max_epochs)
-            up0 = uptime_line()
+            up0, commit = uptime_line(), _commit()  # the code the run starts with (HEAD may move while it runs)
             print(f"[bench_fullrun] {up0}\n[bench_fullrun] running: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
             with open(work / "run_all.out", "wb") as out, open(work / "run_all.err", "wb") as err:
                 rc = subprocess.call(cmd, env=env, cwd=str(PROJECT), stdout=out, stderr=err)
             shown = [{str(runs): "WORKDIR/runs", str(steps): "WORKDIR/steps.json"}.get(x, x)
                      for x in redact(cmd[1:])]
             record = make_record(steps, runs, root=Path(a.root), made=Provenance(
-                " ".join(["python", *shown]), bench_cmd, _commit(), machine_info(), up0, uptime_line(), rc, now))
+                " ".join(["python", *shown]), bench_cmd, commit, machine_info(), up0, uptime_line(), rc, now))
         elif a.add:
             record = read_record(Path(a.add))
         else:
