@@ -115,13 +115,8 @@ def make_record(steps_json: Path, runs_dir: Path, *, root: Path | None, made: Pr
 
 def read_record(path: Path) -> dict:
     """A record an earlier ``--out`` wrote; :class:`FullRunError` when it is not one."""
-    try:
-        rec = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FullRunError(f"record not found: {path}") from None
-    except (OSError, ValueError) as e:
-        raise FullRunError(f"record is not readable JSON: {path} ({type(e).__name__})") from None
-    if not isinstance(rec, dict) or rec.get("kind") != KIND or not isinstance(rec.get("steps"), dict):
+    rec = _read_json(path, "record")
+    if rec.get("kind") != KIND or not isinstance(rec.get("steps"), dict):
         raise FullRunError(f"not a full-size run-all record (kind {KIND!r} with steps): {path}")
     return rec
 
