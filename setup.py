@@ -13,9 +13,34 @@ which ones are in use).
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+#: ``sv_core._batchfast`` splits a batch over the OpenMP team of the process when built with OpenMP: torch's
+#: own runtime (the same ``libgomp.so.1`` soname, loaded first by ``import torch``), so torch's intra-op workers
+#: run the problems instead of spinning beside helper threads; without OpenMP support it falls back to POSIX
+#: threads (the same results: each problem is computed by the same loop whichever thread runs it)
+OPENMP = [] if sys.platform in ("win32", "darwin") else ["-fopenmp"]
+
+
+class BuildExt(build_ext):
+    """Build ``_batchfast`` with OpenMP when the compiler supports it, else without (same results)."""
+
+    def build_extension(self, ext):
+        if ext.name != "sv_core._batchfast" or not OPENMP:
+            return super().build_extension(ext)
+        plain = (list(ext.extra_compile_args), list(ext.extra_link_args))
+        ext.extra_compile_args = plain[0] + OPENMP
+        ext.extra_link_args = plain[1] + OPENMP
+        try:
+            return super().build_extension(ext)
+        except Exception as exc:  # no OpenMP in this toolchain: the POSIX-threads build
+            self.warn(f"building sv_core._batchfast without OpenMP ({exc})")
+            ext.extra_compile_args, ext.extra_link_args = plain
+            return super().build_extension(ext)
+
 
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
-setup(ext_modules=[
+setup(cmdclass={"build_ext": BuildExt}, ext_modules=[
     Extension("sv_core._cpfast", ["sv_core/_cpfast.c"], optional=True, extra_compile_args=flags),
     Extension("sv_core._smo", ["sv_core/_smo.c"], optional=True, extra_compile_args=flags),
     Extension("sv_core._batchfast", ["sv_core/_batchfast.c"],

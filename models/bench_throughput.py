@@ -7,10 +7,13 @@ on the same device so background load affects both alike.
 
     python -m models.bench_throughput --json runs/throughput/result.json [--device cpu|cuda|mps]
         [--batch 16] [--fista-tol 1e-4] [--fista-iters 80] [--threads N]
-        [--kkt-solver cholesky|lu] [--reference-readout]
+        [--kkt-solver auto|compiled|cholesky|lu] [--fista-backend auto|torch|compiled] [--reference-readout]
 
-``--kkt-solver lu --reference-readout`` times the reference implementations (the SPEC's
-``torch.linalg.solve`` KKT solve and the dense readout) for a before/after comparison.
+The defaults are the language-model study's configuration (`evaluation.studies.language_model`:
+chunk 64, C 0.25, sigma 2, 80 FISTA iterations with early exit at 1e-4, ``kkt_solver`` and
+``fista_backend`` "auto" - the compiled loops on CPU when built). ``--kkt-solver lu --fista-backend
+torch --reference-readout`` times the reference implementations (the SPEC's ``torch.linalg.solve``
+KKT solve, the torch FISTA loop and the dense readout) for a before/after comparison.
 
 JSON keys: softmax_tokens_per_s, hybrid_tokens_per_s, ratio (hybrid step time / softmax step
 time, i.e. softmax_tokens_per_s / hybrid_tokens_per_s), device, torch_version, threads, plus
@@ -29,6 +32,8 @@ import time
 import torch
 
 from models.backbone import GPT, GPTConfig
+from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS
+from sv_core.batched.common import compiled_build
 from sv_core.jsonfile import write_json
 
 
@@ -53,6 +58,26 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+def build_models(block: int = 256, d_model: int = 256, n_layers: int = 4, n_heads: int = 4, fista_iters: int = 80,
+                 fista_tol: float | None = 1e-4, kkt_solver: str = "auto", fused_readout: bool = True,
+                 fista_backend: str = "auto") -> dict[str, GPT]:
+    """The two timed models, ``{"softmax": GPT, "hybrid": GPT}`` (byte vocabulary); the defaults are
+    the language-model study's 3.22M configuration (tested against its `build_model`)."""
+    base = dict(vocab_size=256, block_size=block, d_model=d_model, n_layers=n_layers, n_heads=n_heads)
+    return {
+        "softmax": GPT(GPTConfig(attention="softmax", **base)),
+        "hybrid": GPT(
+            GPTConfig(
+                attention="sv_hybrid",
+                attn_kwargs={"chunk": 64, "C": 0.25, "sigma": 2.0, "fista_iters": fista_iters,
+                             "fista_tol": fista_tol, "kkt_solver": kkt_solver,
+                             "fused_readout": fused_readout, "fista_backend": fista_backend},
+                **base,
+            )
+        ),
+    }
+
+
 def run_benchmark(
     device: str = "cpu",
     batch: int = 16,
@@ -65,25 +90,15 @@ def run_benchmark(
     d_model: int = 256,
     n_layers: int = 4,
     n_heads: int = 4,
-    kkt_solver: str = "cholesky",
+    kkt_solver: str = "auto",
     fused_readout: bool = True,
+    fista_backend: str = "auto",
 ) -> dict:
     """Time both variants; returns the result dict (see module docstring)."""
     device = _resolve_device(device)
     torch.manual_seed(seed)
-    base = dict(vocab_size=256, block_size=block, d_model=d_model, n_layers=n_layers, n_heads=n_heads)
-    models = {
-        "softmax": GPT(GPTConfig(attention="softmax", **base)).to(device),
-        "hybrid": GPT(
-            GPTConfig(
-                attention="sv_hybrid",
-                attn_kwargs={"chunk": 64, "C": 0.25, "sigma": 2.0, "fista_iters": fista_iters,
-                             "fista_tol": fista_tol, "kkt_solver": kkt_solver,
-                             "fused_readout": fused_readout},
-                **base,
-            )
-        ).to(device),
-    }
+    models = {k: m.to(device) for k, m in build_models(block, d_model, n_layers, n_heads, fista_iters, fista_tol,
+                                                        kkt_solver, fused_readout, fista_backend).items()}
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, block + 1), generator=g).to(device)
     inp, tgt = x[:, :-1], x[:, 1:]
@@ -125,7 +140,9 @@ def run_benchmark(
         "fista_iters": fista_iters,
         "fista_tol": fista_tol,
         "kkt_solver": kkt_solver,
+        "fista_backend": fista_backend,
         "fused_readout": fused_readout,
+        "compiled_loops": compiled_build(),
         "fista_iterations_last_step": fista_its,
         "step_seconds": samples,
         "step_seconds_min_max": {k: [min(v), max(v)] for k, v in samples.items()},
@@ -147,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fista-tol", type=float, default=1e-4,
                    help="early-exit tolerance (<= 0 disables early exit: fixed iterations)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--kkt-solver", default="cholesky", choices=["cholesky", "lu"],
-                   help="ridged KKT solve: Schur-complement Cholesky (fast) or torch.linalg.solve")
+    p.add_argument("--kkt-solver", default="auto", choices=list(KKT_SOLVERS),
+                   help="ridged KKT solve: auto (the study's: compiled on CPU when built), compiled, "
+                        "Schur-complement Cholesky or torch.linalg.solve")
+    p.add_argument("--fista-backend", default="auto", choices=list(FISTA_BACKENDS),
+                   help="FISTA partition finder: auto (the study's: compiled on CPU when built), torch, compiled")
     p.add_argument("--reference-readout", action="store_true",
                    help="dense reference readout instead of the chunked fused one")
     a = p.parse_args(argv)
@@ -157,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = run_benchmark(a.device, a.batch, a.block, a.warmup, a.repeats, a.fista_iters,
                             a.fista_tol if a.fista_tol and a.fista_tol > 0 else None,
-                            kkt_solver=a.kkt_solver, fused_readout=not a.reference_readout)
+                            kkt_solver=a.kkt_solver, fused_readout=not a.reference_readout,
+                            fista_backend=a.fista_backend)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -154,6 +154,9 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
 #define HAVE_PTHREADS 1
 #endif
 #define MAX_THREADS 64
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 typedef struct {
     int (*fn)(void *ctx, Py_ssize_t p0, Py_ssize_t p1, int tid);
@@ -205,6 +208,17 @@ static int clamp_threads(long nthreads, Py_ssize_t P)
  * scratch); returns the OR of the codes */
 static int run_split(int (*fn)(void *, Py_ssize_t, Py_ssize_t, int), void *ctx, Py_ssize_t P, int nt)
 {
+#ifdef _OPENMP
+    /* built with OpenMP: the team of the process's OpenMP runtime - torch's own libgomp (the same
+     * soname, loaded first by `import torch`), so its intra-op workers run these problems instead
+     * of spinning beside helper threads; problems are claimed one at a time as below */
+    if (nt > 1) {
+        int code = 0;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : code)
+        for (Py_ssize_t p = 0; p < P; p++) code |= fn(ctx, p, p + 1, omp_get_thread_num());
+        return code;
+    }
+#endif
     claim_job local, *j = &local;
 #ifdef HAVE_PTHREADS
     if (nt > 1) {
@@ -401,16 +415,18 @@ done:
     return res;
 }
 
-/* ---- fista ------------------------------------------------------------------------------- */
+/* ---- fista / fista_segment ---------------------------------------------------------------- */
 typedef struct {
     const void *K, *mask, *invL;
     void *Lout, *out;
     Py_ssize_t J, n;
     double C;
-    long iters;
+    long k0, k1;
     int dbl, stop, sparse;
     char *work;      /* (n * n + 8 n + 1) entries per thread */
     Py_ssize_t *idx; /* (2 n + 1) per thread */
+    void *sa, *sKa, *sz, *stau, *sres; /* the state of a segmented run (NULL: one-shot) */
+    int *sint;
 } fista_ctx;
 
 static int fista_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
@@ -418,12 +434,15 @@ static int fista_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
     fista_ctx *f = (fista_ctx *)c;
     const size_t wn = (size_t)(f->n * f->n + 8 * f->n + 1);
     Py_ssize_t *idx = f->idx + (size_t)tid * (size_t)(2 * f->n + 1);
-    if (f->dbl)
-        fista_run_f64(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, f->C, f->iters, f->stop,
-                      f->sparse, (double *)f->work + (size_t)tid * wn, idx);
-    else
-        fista_run_f32(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, (float)f->C, f->iters, f->stop,
-                      f->sparse, (float *)f->work + (size_t)tid * wn, idx);
+    if (f->dbl) {
+        const fista_state_f64 st = {f->sa, f->sKa, f->sz, f->stau, f->sres, f->sint};
+        fista_run_f64(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, f->C, f->k0, f->k1, f->stop,
+                      f->sparse, (double *)f->work + (size_t)tid * wn, idx, f->sa ? &st : NULL);
+    } else {
+        const fista_state_f32 st = {f->sa, f->sKa, f->sz, f->stau, f->sres, f->sint};
+        fista_run_f32(f->K, f->mask, f->invL, f->Lout, f->out, p0, p1, f->J, f->n, (float)f->C, f->k0, f->k1,
+                      f->stop, f->sparse, (float *)f->work + (size_t)tid * wn, idx, f->sa ? &st : NULL);
+    }
     return 0;
 }
 
@@ -432,6 +451,29 @@ static int nonneg_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
     (void)tid;
     fista_ctx *f = (fista_ctx *)c;
     return f->dbl ? !nonnegative_f64(f->K, p0, p1, f->n) : !nonnegative_f32(f->K, p0, p1, f->n);
+}
+
+/* runs f over the batch (the non-negativity check first when L is computed here at the start);
+ * returns the code (1: K has a negative entry, nothing done) or -1 with an exception set */
+static int fista_call(fista_ctx *f, Py_ssize_t P, long nthreads, int own_L, Py_ssize_t sz)
+{
+    const Py_ssize_t n = f->n;
+    const int nt = clamp_threads(nthreads, P);
+    f->work = PyMem_RawMalloc((size_t)nt * (size_t)(n * n + 8 * n + 1) * (size_t)sz);
+    f->idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
+    int code = 0;
+    if (!f->work || !f->idx) {
+        PyErr_NoMemory();
+        code = -1;
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        if (own_L && f->k0 == 0) code = run_split(nonneg_range, f, P, nt);
+        if (!code) run_split(fista_range, f, P, nt);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_RawFree(f->work);
+    PyMem_RawFree(f->idx);
+    return code;
 }
 
 static PyObject *fista(PyObject *self, PyObject *args)
@@ -447,29 +489,49 @@ static PyObject *fista(PyObject *self, PyObject *args)
                           &nthreads, &own_L, &sparse))
         return NULL;
     PyObject *res = NULL;
-    fista_ctx f = {0};
     const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
     if (P < 0 || J < 0 || n < 0 || !(C > 0.0) || iters < 0 || bK.len < P * n * n * sz || bm.len < P * J * n
         || bL.len < P * J * sz || bo.len < P * J * n * sz) {
         PyErr_SetString(PyExc_ValueError, "_batchfast.fista: inconsistent sizes or parameters");
         goto done;
     }
-    const int nt = clamp_threads(nthreads, P);
-    f = (fista_ctx){bK.buf, bm.buf, own_L ? NULL : bL.buf, own_L ? bL.buf : NULL, bo.buf, J, n, C, iters, dbl, stop,
-                    sparse, NULL, NULL};
-    f.work = PyMem_RawMalloc((size_t)nt * (size_t)(n * n + 8 * n + 1) * (size_t)sz);
-    f.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
-    if (!f.work || !f.idx) { PyErr_NoMemory(); goto done; }
-    int code = 0;
-    Py_BEGIN_ALLOW_THREADS
-    if (own_L) code = run_split(nonneg_range, &f, P, nt);
-    if (!code) run_split(fista_range, &f, P, nt);
-    Py_END_ALLOW_THREADS
-    res = PyLong_FromLong(code);
+    fista_ctx f = {bK.buf, bm.buf, own_L ? NULL : bL.buf, own_L ? bL.buf : NULL, bo.buf, J, n, C, 0, iters, dbl, stop,
+                   sparse, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    const int code = fista_call(&f, P, nthreads, own_L, sz);
+    if (code >= 0) res = PyLong_FromLong(code);
 done:
-    PyMem_RawFree(f.work);
-    PyMem_RawFree(f.idx);
     PyBuffer_Release(&bK); PyBuffer_Release(&bm); PyBuffer_Release(&bL); PyBuffer_Release(&bo);
+    return res;
+}
+
+static PyObject *fista_segment(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t P, J, n;
+    double C;
+    long k0, k1, nthreads;
+    int dbl, stop, own_L, sparse;
+    Py_buffer bK, bm, bL, bo, ba, bKa, bz, bt, br, bi;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*w*w*w*w*w*nnndllpplpp", &bK, &bm, &bL, &bo, &ba, &bKa, &bz, &bt, &br, &bi,
+                          &P, &J, &n, &C, &k0, &k1, &dbl, &stop, &nthreads, &own_L, &sparse))
+        return NULL;
+    PyObject *res = NULL;
+    const Py_ssize_t sz = dbl ? (Py_ssize_t)sizeof(double) : (Py_ssize_t)sizeof(float);
+    const Py_ssize_t pjn = P * J * n * sz, pj = P * J * sz;
+    if (P < 0 || J < 0 || n < 0 || !(C > 0.0) || k0 < 0 || k1 < k0 || bK.len < P * n * n * sz || bm.len < P * J * n
+        || bL.len < pj || bo.len < pjn || ba.len < pjn || bKa.len < pjn || bz.len < pjn || bt.len < pj
+        || br.len < pj || bi.len < P * J * 2 * (Py_ssize_t)sizeof(int)) {
+        PyErr_SetString(PyExc_ValueError, "_batchfast.fista_segment: inconsistent sizes or parameters");
+        goto done;
+    }
+    fista_ctx f = {bK.buf, bm.buf, own_L ? NULL : bL.buf, own_L ? bL.buf : NULL, bo.buf, J, n, C, k0, k1, dbl, stop,
+                   sparse, NULL, NULL, ba.buf, bKa.buf, bz.buf, bt.buf, br.buf, (int *)bi.buf};
+    const int code = fista_call(&f, P, nthreads, own_L, sz);
+    if (code >= 0) res = PyLong_FromLong(code);
+done:
+    PyBuffer_Release(&bK); PyBuffer_Release(&bm); PyBuffer_Release(&bL); PyBuffer_Release(&bo);
+    PyBuffer_Release(&ba); PyBuffer_Release(&bKa); PyBuffer_Release(&bz); PyBuffer_Release(&bt);
+    PyBuffer_Release(&br); PyBuffer_Release(&bi);
     return res;
 }
 
@@ -657,6 +719,13 @@ static PyMethodDef methods[] = {
      "nthreads: Grams split over this many threads (the same result); sparse (default true): K a' over the "
      "non-zero entries of the iterate only when the block is finite (the same result). "
      "See sv_core/batched/fista.py."},
+    {"fista_segment", fista_segment, METH_VARARGS,
+     "fista_segment(K, mask, lip, out, a, Ka, z, tau, residual, ints, P, J, n, C, k0, k1, is_double, "
+     "stop_when_fixed, nthreads, own_lipschitz, sparse) -> 0 or 1. The iterations k0 <= k < k1 of fista, resumable: "
+     "a, Ka, z (P, J, n), tau, residual (P, J) of K's dtype and ints (P, J, 2) int32 hold each problem's state "
+     "(k0 = 0: started here); after the segment, out holds the estimate and residual the projected-gradient "
+     "residual of the reference's check. own_lipschitz: lip (P, J) holds L (computed here when k0 = 0, else "
+     "read back); else the steps 1/L. See sv_core/batched/fista.py."},
     {"kkt_forward", kkt_forward, METH_VARARGS,
      "kkt_forward(K, S, E, C, h, c0, alpha, rho, Lstore, x1store, dstore, offsets, P, J, n, ridge, is_double, "
      "nthreads) -> 0 or 1 (a factorisation failed). E empty: h and c0 given; E (P, J, n) uint8: h, c0 and alpha_E "
@@ -685,12 +754,18 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batchfast",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 /* bumped whenever a function's arguments or return value change: a stale build is not used */
-#define BATCHFAST_ABI 4
+#define BATCHFAST_ABI 5
 
 PyMODINIT_FUNC PyInit__batchfast(void)
 {
     PyObject *mod = PyModule_Create(&module);
-    if (mod && PyModule_AddIntConstant(mod, "ABI", BATCHFAST_ABI) < 0) {
+#ifdef _OPENMP
+    const int openmp = 1;
+#else
+    const int openmp = 0;
+#endif
+    if (mod && (PyModule_AddIntConstant(mod, "ABI", BATCHFAST_ABI) < 0
+                || PyModule_AddIntConstant(mod, "OPENMP", openmp) < 0)) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -247,18 +247,48 @@ static T NAME(momentum)(long k)
     return (T)((t - 1.0) / tn);
 }
 
-/* problems of the Grams [p0, p1); with Lout, the step 1/L comes from NAME(lipschitz) and L is
- * written to Lout (P, J), else from invL (P, J) */
+/* the state of segmented runs (sv_core.batched.fista, early exit): per problem (p, j) the iterate a,
+ * K a and the next step's z on its m keys (at (p J + j) n, compact), the shift tau, the fixed-point
+ * count and whether the block is finite (i: 2 ints), and the projected-gradient residual written
+ * after each segment; NULL: a one-shot run */
+typedef struct {
+    T *a, *Ka, *z, *tau, *res;
+    int *i;
+} NAME(fista_state);
+
+/* max_i |P(a - (2 K a - diag K) / L) - a| over the m keys, the projection warm-started from tau (the
+ * reference's residual check; NaN when any entry is NaN); z, step: scratch */
+static ALWAYS_INLINE T NAME(fista_residual)(const T *restrict a, const T *restrict Ka, const T *restrict dg,
+                                           Py_ssize_t m, T il, T C, T tau, T *restrict z, T *restrict step)
+{
+    for (Py_ssize_t i = 0; i < m; i++) z[i] = a[i] - (((T)2 * Ka[i]) - dg[i]) * il;
+    NAME(project)(z, m, C, &tau, step);
+    T r = (T)0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        const T d = step[i] - a[i];
+        const T ad = d < (T)0 ? -d : d;
+        if (ad != ad) return (T)NAN;
+        r = ad > r ? ad : r;
+    }
+    return r;
+}
+
+/* problems of the Grams [p0, p1), iterations k0 <= k < k1. One-shot (st NULL, k0 = 0): from the
+ * start, the estimate written to out. Segmented (st given): from the state (k0 = 0: the start),
+ * the state and the residual written back, and the current estimate to out. With Lout, the step
+ * 1/L comes from NAME(lipschitz) at k0 = 0 and L is written to Lout (P, J); a later segment reads L
+ * back from Lout; else the steps are invL (P, J) */
 MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL, T *Lout, T *out,
-                                         Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n, T C, long iters,
-                                         int stop_when_fixed, int sparse, T *work, Py_ssize_t *idx)
+                                         Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n, T C, long k0,
+                                         long k1, int stop_when_fixed, int sparse, T *work, Py_ssize_t *idx,
+                                         const NAME(fista_state) *st)
 {
     Py_ssize_t *nz = idx + n; /* the non-zero entries of the iterate */
     /* the momentum schedule, the same double recurrence for every problem (NULL: per step) */
-    T *mom = iters > 0 ? (T *)malloc((size_t)iters * sizeof(T)) : NULL;
+    T *mom = k1 > 0 ? (T *)malloc((size_t)k1 * sizeof(T)) : NULL;
     if (mom) {
         double t = 1.0;
-        for (long k = 0; k < iters; k++) {
+        for (long k = 0; k < k1; k++) {
             const double tn = 0.5 * (1.0 + sqrt(1.0 + 4.0 * t * t));
             mom[k] = (T)((t - 1.0) / tn);
             t = tn;
@@ -268,15 +298,17 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
     for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
         for (Py_ssize_t j = 0; j < J; j++) {
-            const unsigned char *mk = mask + (p * J + j) * n;
-            T *o = out + (p * J + j) * n;
+            const Py_ssize_t pj = p * J + j;
+            const unsigned char *mk = mask + pj * n;
+            T *o = out + pj * n;
             Py_ssize_t m = 0;
             for (Py_ssize_t i = 0; i < n; i++) {
                 o[i] = (T)0;
                 if (mk[i]) idx[m++] = i;
             }
             if (m == 0) {
-                if (Lout) Lout[p * J + j] = (T)2e-12;
+                if (Lout && k0 == 0) Lout[pj] = (T)2e-12;
+                if (st) st->res[pj] = (T)0;
                 continue;
             }
             /* a prefix mask reads its block in place; any other is copied once */
@@ -291,27 +323,40 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 ld = m;
             }
             for (Py_ssize_t r = 0; r < m; r++) dg[r] = Kb[r * ld + r];
-            int finite = sparse; /* the sparse product K a' is exact for a finite block (see kmul) */
-            for (Py_ssize_t r = 0; r < m; r++) {
-                const T *row = Kb + r * ld;
-                for (Py_ssize_t c = 0; c < m; c++) finite &= (row[c] - row[c]) == (T)0; /* inf, NaN: no */
+            T *sa = st ? st->a + pj * n : NULL, *sKa = st ? st->Ka + pj * n : NULL, *sz = st ? st->z + pj * n : NULL;
+            int finite;
+            T il, tau;
+            int still; /* consecutive iterations that left a and tau bit-for-bit unchanged */
+            if (k0 == 0) {
+                finite = sparse; /* the sparse product K a' is exact for a finite block (see kmul) */
+                for (Py_ssize_t r = 0; r < m; r++) {
+                    const T *row = Kb + r * ld;
+                    for (Py_ssize_t c = 0; c < m; c++) finite &= (row[c] - row[c]) == (T)0; /* inf, NaN: no */
+                }
+                if (Lout) {
+                    const T L = NAME(lipschitz)(Kb, ld, m, a, Ka);
+                    Lout[pj] = L;
+                    il = (T)1 / L;
+                } else {
+                    il = invL[pj];
+                }
+                const T a0 = (T)1 / (T)m;
+                for (Py_ssize_t i = 0; i < m; i++) a[i] = a0;
+                NAME(kmul)(Kb, ld, a, m, Ka, NULL, 0);
+                /* y = a, K y = K a at the start */
+                for (Py_ssize_t i = 0; i < m; i++) z[i] = a[i] - (((T)2 * Ka[i]) - dg[i]) * il;
+                tau = (T)NAN;
+                still = 0;
+            } else { /* a later segment: the state of the last one */
+                finite = st->i[2 * pj + 1];
+                il = Lout ? (T)1 / Lout[pj] : invL[pj];
+                memcpy(a, sa, (size_t)m * sizeof(T));
+                memcpy(Ka, sKa, (size_t)m * sizeof(T));
+                memcpy(z, sz, (size_t)m * sizeof(T));
+                tau = st->tau[pj];
+                still = st->i[2 * pj];
             }
-            T il;
-            if (Lout) {
-                const T L = NAME(lipschitz)(Kb, ld, m, a, Ka);
-                Lout[p * J + j] = L;
-                il = (T)1 / L;
-            } else {
-                il = invL[p * J + j];
-            }
-            const T a0 = (T)1 / (T)m;
-            for (Py_ssize_t i = 0; i < m; i++) a[i] = a0;
-            NAME(kmul)(Kb, ld, a, m, Ka, NULL, 0);
-            /* y = a, K y = K a at the start */
-            for (Py_ssize_t i = 0; i < m; i++) z[i] = a[i] - (((T)2 * Ka[i]) - dg[i]) * il;
-            T tau = (T)NAN;
-            int still = 0; /* consecutive iterations that left a and tau bit-for-bit unchanged */
-            for (long k = 0; k < iters; k++) {
+            for (long k = k0; k < k1 && !(stop_when_fixed && still >= 2); k++) {
                 const T tau_before = tau;
                 NAME(project)(z, m, C, &tau, an);
                 /* a' = a and tau unchanged twice in a row: y = a, K y = K a and the next z, tau and
@@ -341,6 +386,16 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 sw = Ka; Ka = Kan; Kan = sw;
             }
             for (Py_ssize_t r = 0; r < m; r++) o[idx[r]] = a[r];
+            if (st) {
+                memcpy(sa, a, (size_t)m * sizeof(T));
+                memcpy(sKa, Ka, (size_t)m * sizeof(T));
+                memcpy(sz, z, (size_t)m * sizeof(T));
+                st->tau[pj] = tau;
+                st->i[2 * pj] = still;
+                st->i[2 * pj + 1] = finite;
+                /* an, Kan: free scratch here */
+                st->res[pj] = NAME(fista_residual)(a, Ka, dg, m, il, C, tau, an, Kan);
+            }
         }
     }
     free(mom);

@@ -452,9 +452,52 @@ def test_compiled_fista_equals_the_torch_reference(dtype, atol):
     assert torch.equal(a_i.isnan(), _fista_compiled(Ki, mask, L_fin, 0.25, 5, sparse=False)[0].isnan())
     assert bool(a_i[0].isnan().any()) and not bool(a_i[1:].isnan().any())
     with pytest.raises(BatchedGateError):
-        fista_svdd(K, 0.1, mask, iters=5, tol=1e-6, backend="compiled")
-    with pytest.raises(BatchedGateError):
         fista_svdd(K, 0.1, mask, iters=5, backend="fortran")
+
+
+@compiled
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_compiled_fista_early_exit_stops_where_the_reference_stops(dtype, atol):
+    """With ``tol`` the compiled loop runs in segments of ``check_every`` iterations and stops at the
+    reference's lockstep checkpoint; segments change no bit of the estimate."""
+    from sv_core.batched.fista import _fista_compiled
+
+    for seed, scale in ((21, 1.0), (22, 0.3)):
+        X, mask = _nested(seed, scale=scale)
+        K = torch_kernel(X, X, 2.0).to(dtype)
+        for C, tol, every in ((0.1, 1e-3, 2), (0.25, 1e-4, 2), (0.25, 1e-5, 3), (0.1, 1e-4, 1)):
+            ref, ir = fista_svdd(K, C, mask, iters=80, tol=tol, check_every=every, return_info=True, backend="torch")
+            fast, ic = fista_svdd(K, C, mask, iters=80, tol=tol, check_every=every, return_info=True,
+                                  backend="compiled")
+            assert (ic.iterations, ic.converged) == (ir.iterations, ir.converged), (seed, C, tol)
+            assert torch.allclose(fast, ref, atol=atol, rtol=0)
+            assert torch.allclose(ic.residual, ir.residual, atol=atol, rtol=0)
+            assert torch.equal(partition_masks(fast, C, mask)[0], partition_masks(ref, C, mask)[0])
+            # the same bits as the one-shot loop run for the same number of iterations, on any thread count
+            assert torch.equal(fast, _fista_compiled(K, mask, None, C, ic.iterations)[0])
+            with _threads(3):
+                assert torch.equal(fista_svdd(K, C, mask, iters=80, tol=tol, check_every=every,
+                                              backend="compiled"), fast)
+        # tol = 0 never converges: every segment up to iters, bit for bit the one-shot loop
+        a0, i0 = fista_svdd(K, 0.25, mask, iters=17, tol=0.0, check_every=4, return_info=True, backend="compiled")
+        assert (i0.iterations, i0.converged) == (17, False)
+        assert torch.equal(a0, _fista_compiled(K, mask, None, 0.25, 17)[0])
+    # a Gram with a negative entry: the Rayleigh bound of the reference, through every segment
+    Kn = K.clone()
+    Kn[0, 1, 2] = Kn[0, 2, 1] = -0.01
+    an, inn = fista_svdd(Kn, 0.25, mask, iters=40, tol=1e-4, return_info=True, backend="compiled")
+    ar, irn = fista_svdd(Kn, 0.25, mask, iters=40, tol=1e-4, return_info=True, backend="torch")
+    assert inn.iterations == irn.iterations and torch.allclose(an, ar, atol=atol, rtol=0)
+    assert torch.equal(inn.lipschitz, irn.lipschitz)
+    # a NaN Gram entry: its residual is NaN, so neither loop ever stops early
+    Ki = K.clone()
+    Ki[0, 1, 2] = Ki[0, 2, 1] = float("nan")
+    _, ii = fista_svdd(Ki, 0.25, mask, iters=9, tol=1e-1, return_info=True, backend="compiled")
+    _, ir = fista_svdd(Ki, 0.25, mask, iters=9, tol=1e-1, return_info=True, backend="torch")
+    assert (ii.iterations, ii.converged) == (ir.iterations, ir.converged) == (9, False)
+    # no iteration: the start, no check
+    a_z, iz = fista_svdd(K, 0.25, mask, iters=0, tol=1e-4, return_info=True, backend="compiled")
+    assert iz.iterations == 0 and torch.equal(a_z, fista_svdd(K, 0.25, mask, iters=0, backend="torch"))
 
 
 @compiled

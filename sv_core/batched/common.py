@@ -19,7 +19,7 @@ try:
 except ImportError:  # pragma: no cover - optional, built by setup.py
     batchfast = None
 #: the interface version these modules speak (``BATCHFAST_ABI`` in the C file); a stale build is ignored
-ABI = 4
+ABI = 5
 if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: no cover
     batchfast = None
 
@@ -27,6 +27,13 @@ if batchfast is not None and getattr(batchfast, "ABI", None) != ABI:  # pragma: 
 def compiled_batch_available() -> bool:
     """Whether the compiled loops ``sv_core._batchfast`` are built (``setup.py build_ext``)."""
     return batchfast is not None
+
+
+def compiled_build() -> dict:
+    """What this process runs: ``{"built": bool, "openmp": bool}`` - whether ``sv_core._batchfast``
+    is built, and whether it splits a batch over the OpenMP team (torch's runtime) rather than
+    POSIX helper threads."""
+    return {"built": batchfast is not None, "openmp": bool(getattr(batchfast, "OPENMP", 0))}
 
 
 def compiled_threads() -> int:

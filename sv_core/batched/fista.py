@@ -220,9 +220,10 @@ def fista_svdd(
         guaranteed upper bound after any number of steps, and one step is within a few per cent
         of lambda_max), 4 otherwise.
     backend : "torch" (the reference: the loop above over the whole padded batch, any device),
-        "compiled" (``sv_core._batchfast``, CPU float32/float64 tensors, ``tol=None``: the same loop
-        per problem on its own keys, ``K a`` over the non-zero entries of ``a`` only; equal to the
-        reference to rounding) or "auto" (compiled when built and applicable, else torch).
+        "compiled" (``sv_core._batchfast``, CPU float32/float64 tensors: the same loop per problem on
+        its own keys, ``K a`` over the non-zero entries of ``a`` only, with ``tol`` in segments of
+        ``check_every`` iterations and the same lockstep stop; equal to the reference to rounding) or
+        "auto" (compiled when built and applicable, else torch).
 
     Returns
     -------
@@ -238,18 +239,22 @@ def fista_svdd(
         raise BatchedGateError(f"backend must be one of {FISTA_BACKENDS}, got {backend!r}")
     K = K.detach()
     m3 = m3.contiguous()  # an expanded (stride-0) mask sends every reduction down a slow path
-    compiled_ok = tol is None and compiled_applicable(K)
+    compiled_ok = compiled_applicable(K)
     if backend == "compiled" and not compiled_ok:
-        raise BatchedGateError("the compiled FISTA loop needs sv_core._batchfast built, CPU float32/float64 K "
-                               "and tol=None")
+        raise BatchedGateError("the compiled FISTA loop needs sv_core._batchfast built and CPU float32/float64 K")
     if backend != "torch" and compiled_ok:
-        a, L = _fista_compiled(K, m3, None if power_iters is None else fista_lipschitz(K, m3, power_iters),
-                               C, int(iters))
-        residual = torch.full(m3.shape[:-1], float("nan"), dtype=K.dtype, device=K.device)
+        L0 = None if power_iters is None else fista_lipschitz(K, m3, power_iters)
+        if tol is None:
+            a, L = _fista_compiled(K, m3, L0, C, int(iters))
+            residual = torch.full(m3.shape[:-1], float("nan"), dtype=K.dtype, device=K.device)
+            done, converged = int(iters), False
+        else:
+            a, L, residual, done, converged = _fista_compiled_tol(K, m3, L0, C, int(iters), float(tol),
+                                                                  int(check_every))
         if flat:
             a, residual, L = a.squeeze(1), residual.squeeze(1), L.squeeze(1)
         if return_info:
-            return a, FistaInfo(iterations=int(iters), residual=residual, converged=False, lipschitz=L)
+            return a, FistaInfo(iterations=done, residual=residual, converged=converged, lipschitz=L)
         return a
     L = fista_lipschitz(K, m3, power_iters)  # (P, J)
     m = m3.to(K.dtype)
@@ -316,6 +321,48 @@ def _fista_compiled(K: torch.Tensor, m3: torch.Tensor, L: torch.Tensor | None, C
     il = (1.0 / L).to(K.dtype).contiguous()
     ext.fista(*args, il.numpy(), out.numpy(), *rest, False, bool(sparse))
     return out, L
+
+
+def _fista_compiled_tol(K: torch.Tensor, m3: torch.Tensor, L: torch.Tensor | None, C: float, iters: int, tol: float,
+                        check_every: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, bool]:
+    """The compiled loop with the reference's early exit: every problem advances in segments of
+    ``check_every`` iterations (``_batchfast.fista_segment``, each problem's state kept between
+    segments), and after each segment - the reference's checkpoints ``k % check_every == 0`` or
+    ``k == iters`` - the loop stops once every problem's projected-gradient residual is below ``tol``.
+    So every problem stops at the same iteration as in the reference (lockstep), its iterate equal
+    to the reference's to rounding. Returns the estimate (P, J, n), L (P, J), the residual at the
+    last check (P, J), the iterations run and whether it converged."""
+    if iters == 0:  # no iteration, no check
+        a, L = _fista_compiled(K, m3, L, C, 0)
+        return a, L, torch.full(m3.shape[:-1], float("nan"), dtype=K.dtype), 0, False
+    P, J, n = m3.shape
+    Kc = K.contiguous()
+    mk = m3.to(torch.uint8).contiguous()
+    ext = batched_common.batchfast
+    assert ext is not None
+    dt = K.dtype
+    out = torch.empty(P, J, n, dtype=dt)
+    sa, sKa, sz = (torch.empty(P, J, n, dtype=dt) for _ in range(3))
+    stau, sres = torch.empty(P, J, dtype=dt), torch.empty(P, J, dtype=dt)
+    sint = torch.zeros(P, J, 2, dtype=torch.int32)
+    own = L is None
+    lip = torch.empty(P, J, dtype=dt) if own else (1.0 / L).to(dt).contiguous()
+    state = (sa.numpy(), sKa.numpy(), sz.numpy(), stau.numpy(), sres.numpy(), sint.numpy())
+    k, converged = 0, False
+    while k < iters:
+        k1 = min(iters, (k // check_every + 1) * check_every)
+        code = ext.fista_segment(Kc.numpy(), mk.numpy(), lip.numpy(), out.numpy(), *state, P, J, n, float(C), k, k1,
+                                 dt == torch.float64, True, batched_common.compiled_threads(), own, True)
+        if code:  # a negative entry (only checked at the start): the Rayleigh bound, given to the loop
+            own = False
+            L = fista_lipschitz(K, m3, 4)
+            lip = (1.0 / L).to(dt).contiguous()
+            continue
+        k = k1
+        if bool((sres < tol).all()):
+            converged = True
+            break
+    return out, lip if own else L, sres, k, converged
 
 
 def partition_masks(
