@@ -15,9 +15,15 @@ chunk 64, C 0.25, sigma 2, 80 FISTA iterations with early exit at 1e-4, ``kkt_so
 torch --reference-readout`` times the reference implementations (the SPEC's ``torch.linalg.solve``
 KKT solve, the torch FISTA loop and the dense readout) for a before/after comparison.
 
+    python -m models.bench_throughput --table docs/results/bench_throughput_1thread.json
+        docs/results/bench_throughput_default.json --readme docs/COMMANDS.md
+
+renders the results' table (printed, or into the ``throughput`` markers of ``--readme``).
+
 JSON keys: softmax_tokens_per_s, hybrid_tokens_per_s, ratio (hybrid step time / softmax step
-time, i.e. softmax_tokens_per_s / hybrid_tokens_per_s), device, torch_version, threads, plus
-the configuration and per-sample times.
+time, i.e. softmax_tokens_per_s / hybrid_tokens_per_s), softmax_fused_tokens_per_s and
+ratio_vs_fused (the same against torch's fused ``scaled_dot_product_attention``, the peer a user
+would pick), device, torch_version, threads, plus the configuration and per-sample times.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ import torch
 from models.backbone import GPT, GPTConfig
 from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS
 from sv_core.batched.common import compiled_build
-from sv_core.jsonfile import write_json
+from sv_core.jsonfile import write_json, write_marked_block
 
 
 class BenchError(RuntimeError):
@@ -61,11 +67,13 @@ def _resolve_device(device: str) -> str:
 def build_models(block: int = 256, d_model: int = 256, n_layers: int = 4, n_heads: int = 4, fista_iters: int = 80,
                  fista_tol: float | None = 1e-4, kkt_solver: str = "auto", fused_readout: bool = True,
                  fista_backend: str = "auto") -> dict[str, GPT]:
-    """The two timed models, ``{"softmax": GPT, "hybrid": GPT}`` (byte vocabulary); the defaults are
-    the language-model study's 3.22M configuration (tested against its `build_model`)."""
+    """The timed models, ``{"softmax": GPT, "softmax_fused": GPT, "hybrid": GPT}`` (byte vocabulary): the
+    seed's unfused softmax reference, torch's fused ``scaled_dot_product_attention`` and the SV hybrid;
+    the defaults are the language-model study's 3.22M configuration (tested against its `build_model`)."""
     base = dict(vocab_size=256, block_size=block, d_model=d_model, n_layers=n_layers, n_heads=n_heads)
     return {
         "softmax": GPT(GPTConfig(attention="softmax", **base)),
+        "softmax_fused": GPT(GPTConfig(attention="softmax", attn_kwargs={"fused": True}, **base)),
         "hybrid": GPT(
             GPTConfig(
                 attention="sv_hybrid",
@@ -127,6 +135,8 @@ def run_benchmark(
         "softmax_tokens_per_s": tokens / med["softmax"],
         "hybrid_tokens_per_s": tokens / med["hybrid"],
         "ratio": med["hybrid"] / med["softmax"],
+        "softmax_fused_tokens_per_s": tokens / med["softmax_fused"],
+        "ratio_vs_fused": med["hybrid"] / med["softmax_fused"],
         "device": device,
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -147,14 +157,50 @@ def run_benchmark(
         "step_seconds": samples,
         "step_seconds_min_max": {k: [min(v), max(v)] for k, v in samples.items()},
         "load_1min_before_after": [load_before, os.getloadavg()[0]],
-        "softmax_note": "unfused masked softmax (the seed's reference), not SDPA/FlashAttention",
+        "softmax_note": "softmax: the unfused masked reference (the seed's); softmax_fused: torch's "
+                        "scaled_dot_product_attention(is_causal=True)",
         "seed_figure": {"hybrid_tokens_per_s": 9125, "ratio_vs_cpu_softmax": 6.1},
     }
 
 
+BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
+#: the result files the block of docs/COMMANDS.md is rendered from
+README_RESULTS = ("docs/results/bench_throughput_1thread.json", "docs/results/bench_throughput_default.json")
+
+
+def markdown(results: list[dict]) -> str:
+    """The table of benchmark results: per result, the threads, each side's tokens/s and step seconds
+    (median, min-max), the ratio of medians; the configuration and the load below."""
+    lines = ["| threads | softmax tok/s | SV hybrid tok/s | softmax step s, median (min–max) | "
+             "SV hybrid step s, median (min–max) | SV / softmax | fused softmax tok/s | SV / fused softmax | "
+             "1-min load before, after |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        med = {k: statistics.median(v) for k, v in r["step_seconds"].items()}
+        mm = r["step_seconds_min_max"]
+        lb, la = r["load_1min_before_after"]
+        lines.append(f"| {r['threads']} | {r['softmax_tokens_per_s']:,.0f} | {r['hybrid_tokens_per_s']:,.0f} | "
+                     f"{med['softmax']:.2f} ({mm['softmax'][0]:.2f}–{mm['softmax'][1]:.2f}) | "
+                     f"{med['hybrid']:.2f} ({mm['hybrid'][0]:.2f}–{mm['hybrid'][1]:.2f}) | "
+                     f"**{r['ratio']:.2f}×** | " + (f"{r['softmax_fused_tokens_per_s']:,.0f} | "
+                                                   f"{r['ratio_vs_fused']:.2f}× | " if "ratio_vs_fused" in r
+                                                   else "– | – | ") + f"{lb:.1f}, {la:.1f} |")
+    r0 = results[0]
+    build = r0.get("compiled_loops") or {}
+    lines += ["", f"*{r0['device']}, torch {r0['torch_version']}, batch {r0['batch']} × block {r0['block']}, "
+                  f"{r0['params_non_embedding']:,} non-embedding parameters; {r0['repeats']} interleaved samples "
+                  f"after {r0['warmup']} warm-ups; SV: FISTA ≤ {r0['fista_iters']} iterations, early exit "
+                  f"{r0['fista_tol']}, backend {r0.get('fista_backend', 'torch')}, KKT {r0['kkt_solver']}, compiled "
+                  f"loops {'with OpenMP' if build.get('openmp') else 'built' if build.get('built') else 'not built'}; "
+                  f"{r0['softmax_note']}*"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.bench_throughput", description=__doc__.split("\n")[0])
-    p.add_argument("--json", required=True, help="output JSON path")
+    p.add_argument("--json", help="output JSON path (required unless --table)")
+    p.add_argument("--table", nargs="+", metavar="RESULT", help="render these result files' table instead")
+    p.add_argument("--readme", help="with --table: write it between the throughput markers of this file")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--block", type=int, default=256)
@@ -172,6 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference-readout", action="store_true",
                    help="dense reference readout instead of the chunked fused one")
     a = p.parse_args(argv)
+    if a.table:
+        try:
+            text = markdown([json.loads(open(f, encoding="utf-8").read()) for f in a.table])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: cannot render {a.table}: {e}", file=sys.stderr)
+            return 2
+        if a.readme:
+            write_marked_block(a.readme, BEGIN, END, text)
+        else:
+            print(text)
+        return 0
+    if not a.json:
+        p.error("--json is required (or --table RESULT ...)")
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
@@ -184,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     write_json(a.json, res)
     print(json.dumps({k: res[k] for k in ("softmax_tokens_per_s", "hybrid_tokens_per_s", "ratio",
-                                          "device", "threads")}, indent=2))
+                                          "softmax_fused_tokens_per_s", "ratio_vs_fused", "device", "threads")},
+                     indent=2))
     return 0
 
 

@@ -61,7 +61,16 @@
  *
  * Threads. Problems of different Grams are independent: a batch's Grams are claimed one at a time
  * by up to the caller's thread count (torch's) of threads, each problem computed by the same loop,
- * so the result does not depend on the count (see run_split).
+ * so the result does not depend on the count (see run_split). Built with OpenMP (setup.py, when the
+ * compiler has it) the threads are the process's OpenMP team - torch's own runtime, so torch's
+ * intra-op workers run the problems instead of spin-waiting beside other threads; else POSIX
+ * helper threads.
+ *
+ * FISTA with early exit (fista_segment). The same loop in segments k0 <= k < k1, each problem's
+ * state (a, K a, the next z, tau, the fixed-point count) kept by the caller between segments, and
+ * after each segment the reference's residual check max_i |P(a - (2 K a - diag K) / L) - a|
+ * (projection warm-started from tau); the caller stops once every residual is below tol, at the
+ * reference's lockstep checkpoint. A segment boundary changes no bit of any iterate.
  *
  * The loops for float and double are _batchfast_body.h, _readout_body.h and _gram_body.h, included twice
  * (exp: expf / exp of libm). Only the buffer protocol
@@ -146,7 +155,8 @@ typedef long long vec_i64 __attribute__((vector_size(32)));
  * (its core busy, e.g. with torch's spinning OpenMP workers right after a parallel torch operation)
  * finds nothing left and only drops its reference to the job, so a call is never slower than the
  * calling thread alone by more than the thread starts. Elsewhere (or when no thread can be
- * started) the calling thread runs every problem. */
+ * started) the calling thread runs every problem. Built with OpenMP, the team of the process's
+ * OpenMP runtime claims the problems instead (run_split). */
 #if !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
 #include <pthread.h>
 #include <sched.h>

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_text", "write_json"]
+__all__ = ["atomic_write_text", "write_json", "write_marked_block"]
 
 
 def _umask() -> int:
@@ -44,3 +44,14 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int = 2,
     """``obj`` as indented JSON (and a final newline) to ``path``, atomically; returns the path.
     ``default`` converts what JSON cannot hold (``float`` for NumPy scalars)."""
     return atomic_write_text(path, json.dumps(obj, indent=indent, default=default) + "\n")
+
+
+def write_marked_block(path: str | os.PathLike, begin: str, end: str, text: str) -> Path:
+    """Replace what lies between the one ``begin`` … ``end`` marker pair of the document ``path``
+    with ``text`` (a generated table), atomically. Raises ``SystemExit`` naming the markers when the
+    document lacks exactly one ordered pair (left as it was)."""
+    doc = Path(path).read_text(encoding="utf-8")
+    if doc.count(begin) != 1 or doc.count(end) != 1 or doc.index(begin) > doc.index(end):
+        raise SystemExit(f"{path}: needs one {begin} … {end} pair")
+    head, rest = doc.split(begin)
+    return atomic_write_text(path, f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")

@@ -1,6 +1,7 @@
 """The throughput benchmark times the language-model study's configuration, not a neighbour of it."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from evaluation.studies import language_model as lm
@@ -40,4 +41,19 @@ def test_the_benchmark_records_what_it_ran():
     assert res["kkt_solver"] == "auto" and res["fista_backend"] == "auto" and res["fista_tol"] == 1e-4
     assert set(res["compiled_loops"]) == {"built", "openmp"}
     assert res["threads"] == torch.get_num_threads()
-    assert len(res["step_seconds"]["hybrid"]) == len(res["step_seconds"]["softmax"]) == 1
+    assert {k: len(v) for k, v in res["step_seconds"].items()} == {"softmax": 1, "softmax_fused": 1, "hybrid": 1}
+    assert res["ratio_vs_fused"] == pytest.approx(res["softmax_fused_tokens_per_s"] / res["hybrid_tokens_per_s"])
+
+
+def test_the_documented_throughput_table_is_rendered_from_the_result_files():
+    import json
+    from pathlib import Path
+
+    from models import bench_throughput as bench
+
+    root = Path(__file__).resolve().parents[1]
+    text = bench.markdown([json.loads((root / f).read_text()) for f in bench.README_RESULTS])
+    doc = (root / "docs" / "COMMANDS.md").read_text()
+    assert f"{bench.BEGIN}\n{text}\n{bench.END}" in doc
+    command = f"python -m models.bench_throughput --table {' '.join(bench.README_RESULTS)} --readme docs/COMMANDS.md"
+    assert command in doc

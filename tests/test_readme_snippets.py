@@ -226,6 +226,7 @@ SLOW = {
     "forgetful throughput --threads 1": "test_slow_benchmarks (--repeats 1 --warmup 0)",
     "forgetful throughput [--device cpu\\|cuda\\|mps]": "test_slow_benchmarks (cpu)",
     "python -m models.bench_throughput --json OUT": "test_slow_benchmarks (--repeats 1 --warmup 0)",
+    "python -m models.bench_throughput --threads 1 --json OUT": "test_slow_benchmarks (--repeats 1 --warmup 0)",
     "python -m sv_core.bench.delete --json OUT": "test_slow_benchmarks (--sizes 64, 3 deletions)",
     "python -m sv_core.bench.stream [--quick] --json OUT": "test_slow_benchmarks (--quick)",
     "python -m sv_core.bench.stream --sizes 1000,2000,10000 --json docs/results/bench_stream.json":
@@ -258,6 +259,10 @@ PARSE_ONLY = {
     "python -m evaluation.clinical.deterioration_bench --table docs/results/deterioration_bench_42k.json "
     "--readme docs/COMMANDS.md": "rewrites docs/COMMANDS.md's deterioration_bench block from the committed result file "
                           "(tests/test_clinical_deterioration.py checks the block equals its rendering)",
+    "python -m models.bench_throughput --table docs/results/bench_throughput_1thread.json "
+    "docs/results/bench_throughput_default.json --readme docs/COMMANDS.md":
+        "rewrites docs/COMMANDS.md's throughput block from the committed result files "
+        "(tests/test_bench_throughput_config.py checks the block equals its rendering)",
     "python -m models.corpus fetch": "set-up step that downloads (network); tests never download",
     "forgetful serve --ingest-root DIR --ingest-interval 3600": "serves until stopped; tests/test_ingest_served.py "
                                                                 "(slow) serves it on a 3-s interval",
@@ -994,6 +999,8 @@ def test_slow_benchmarks(site, prefect_harness):
     run_form("forgetful throughput [--device cpu\\|cuda\\|mps]", site, which="full", extra=("--repeats", "1",
                                                                                           "--warmup", "0"))
     run_form("python -m models.bench_throughput --json OUT", site, values={"OUT": str(t / "tp.json")},
+             extra=("--repeats", "1", "--warmup", "0"))
+    run_form("python -m models.bench_throughput --threads 1 --json OUT", site, values={"OUT": str(t / "tp1.json")},
              extra=("--repeats", "1", "--warmup", "0"))
     run_form("python -m sv_core.bench.delete --json OUT", site, values={"OUT": str(t / "bd.json")},
              extra=("--sizes", "64", "--deletions", "3", "--reserve-deletions", "2", "--admissions", "2"))

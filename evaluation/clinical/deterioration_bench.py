@@ -27,7 +27,7 @@ import sys
 import time
 
 from evaluation.clinical import deterioration_training as dtr
-from sv_core.jsonfile import write_json
+from sv_core.jsonfile import write_json, write_marked_block
 
 
 def default_threads() -> int:
@@ -121,13 +121,7 @@ def markdown(out: dict) -> str:
 
 def write_readme(readme: str, text: str) -> None:
     """Replace what lies between the ``deterioration_bench`` markers of ``readme`` with ``text``."""
-    with open(readme) as f:
-        doc = f.read()
-    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
-        raise SystemExit(f"{readme}: needs one {BEGIN} … {END} pair")
-    head, rest = doc.split(BEGIN)
-    with open(readme, "w") as f:
-        f.write(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    write_marked_block(readme, BEGIN, END, text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from dashboards.numbers import md_table, spread
-from sv_core.jsonfile import write_json
+from sv_core.jsonfile import write_json, write_marked_block
 
 MODES = ("local", "dask-1", "dask-2")
 BEGIN, END = "<!-- bench_dask:begin -->", "<!-- bench_dask:end -->"
@@ -366,11 +366,7 @@ def table(result: dict) -> str:
 
 def write_readme(readme: Path, text: str) -> None:
     """Replace what lies between the ``bench_dask`` markers of ``readme`` with ``text``."""
-    doc = readme.read_text()
-    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
-        raise SystemExit(f"{readme}: needs one {BEGIN} … {END} pair")
-    head, rest = doc.split(BEGIN)
-    readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    write_marked_block(readme, BEGIN, END, text)
 
 
 def main(argv: list[str] | None = None) -> int:
