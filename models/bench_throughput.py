@@ -1,9 +1,10 @@
 """Throughput benchmark: softmax vs SV hybrid at the 3.22M configuration.
 
 A timed step is ``zero_grad`` + forward + cross-entropy + backward (no optimiser update, no
-data loading), batch 16, block 256, as in 001 Appendix C. Each variant: 3 warm-ups, then the
-median of 7 synchronised samples; the two variants are sampled alternately in the same process
-on the same device so background load affects both alike.
+data loading), batch 16, block 256, as in 001 Appendix C. Each model (the seed's unfused softmax,
+torch's fused softmax, the SV hybrid): 3 warm-ups, then the median of 7 synchronised samples; the
+models are sampled in turn in the same process on the same device so background load affects all
+alike.
 
     python -m models.bench_throughput --json runs/throughput/result.json [--device cpu|cuda|mps]
         [--batch 16] [--fista-tol 1e-4] [--fista-iters 80] [--threads N]
@@ -102,7 +103,7 @@ def run_benchmark(
     fused_readout: bool = True,
     fista_backend: str = "auto",
 ) -> dict:
-    """Time both variants; returns the result dict (see module docstring)."""
+    """Time the three models of `build_models`, interleaved; returns the result dict (see module docstring)."""
     device = _resolve_device(device)
     torch.manual_seed(seed)
     models = {k: m.to(device) for k, m in build_models(block, d_model, n_layers, n_heads, fista_iters, fista_tol,

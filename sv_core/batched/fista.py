@@ -346,7 +346,7 @@ def _fista_compiled_tol(K: torch.Tensor, m3: torch.Tensor, L: torch.Tensor | Non
     stau, sres = torch.empty(P, J, dtype=dt), torch.empty(P, J, dtype=dt)
     sint = torch.zeros(P, J, 2, dtype=torch.int32)
     own = L is None
-    lip = torch.empty(P, J, dtype=dt) if own else (1.0 / L).to(dt).contiguous()
+    lip = torch.empty(P, J, dtype=dt) if L is None else torch.reciprocal(L).to(dt).contiguous()
     state = (sa.numpy(), sKa.numpy(), sz.numpy(), stau.numpy(), sres.numpy(), sint.numpy())
     k, converged = 0, False
     while k < iters:
@@ -356,13 +356,13 @@ def _fista_compiled_tol(K: torch.Tensor, m3: torch.Tensor, L: torch.Tensor | Non
         if code:  # a negative entry (only checked at the start): the Rayleigh bound, given to the loop
             own = False
             L = fista_lipschitz(K, m3, 4)
-            lip = (1.0 / L).to(dt).contiguous()
+            lip = torch.reciprocal(L).to(dt).contiguous()
             continue
         k = k1
         if bool((sres < tol).all()):
             converged = True
             break
-    return out, lip if own else L, sres, k, converged
+    return out, lip if L is None else L, sres, k, converged
 
 
 def partition_masks(
