@@ -19,6 +19,9 @@ reference: :class:`SVHybridAttention`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -34,9 +37,10 @@ from models.sv_hybrid_readout import (
     hybrid_attend_dense,
     hybrid_weights,
 )
-from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, rbf_gram, warmup_threshold
+from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, rbf_gram, validate_alpha, warmup_threshold
 
-__all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "HybridDeletionError", "SVHybridAttention",
+__all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "GateStats", "HybridDeletionError",
+           "SVHybridAttention",
            "chunk_starts", "hybrid_attend", "hybrid_attend_chunked", "hybrid_attend_compiled", "hybrid_attend_dense",
            "hybrid_weights", "prefix_gate_batched", "prefix_gate_exact"]
 
@@ -44,6 +48,25 @@ __all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "Hyb
 # --------------------------------------------------------------------------------------------
 # gate construction
 # --------------------------------------------------------------------------------------------
+
+
+class GateStats(Mapping):
+    """Read-only mapping of a forward's gate diagnostics, each computed on its first read (by the
+    function given for its key) and kept."""
+
+    def __init__(self, **getters: Callable[[], Any]):
+        self._get, self._val = getters, {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._val:
+            self._val[key] = self._get[key]()
+        return self._val[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get)
+
+    def __len__(self) -> int:
+        return len(self._get)
 
 
 def prefix_gate_batched(
@@ -58,7 +81,7 @@ def prefix_gate_batched(
     keep: torch.Tensor | None = None,
     kkt_solver: str = "auto",
     fista_backend: str = "auto",
-) -> tuple[torch.Tensor, dict]:
+) -> tuple[torch.Tensor, GateStats]:
     """Chunk-frozen gate coefficients for every (batch, head, chunk), solved as one batch.
 
     The prefix of chunk j is ``[0, s_j)``; the ``n_chunks - 1`` nested prefixes of one
@@ -81,15 +104,16 @@ def prefix_gate_batched(
     Returns
     -------
     gate : tensor (B, H, n_chunks, T): ``gate[b, h, j, i] = alpha_j[i]`` for ``i < s_j``, else 0.
-    stats : dict of detached diagnostics (``active`` (G,), ``prefix`` (G,), ``warmup`` (G,),
-        ``fista_iterations``, ``max_box``, ``max_sum``).
+    stats : `GateStats`, detached diagnostics computed on first read (``active`` (G,), ``prefix``
+        (G,), ``warmup`` (G,), ``fista_iterations``, ``max_box``, ``max_sum``).
     """
     B, H, T, d = k.shape
     starts = chunk_starts(T, chunk)
     nc = len(starts)
     gate = k.new_zeros(B, H, nc, T)
     if nc <= 1:
-        return gate, {"active": k.new_zeros(0), "prefix": k.new_zeros(0), "warmup": k.new_zeros(0)}
+        return gate, GateStats(active=lambda: k.new_zeros(0), prefix=lambda: k.new_zeros(0),
+                               warmup=lambda: k.new_zeros(0))
     n = starts[-1]
     J = nc - 1
     kp = k[:, :, :n]
@@ -105,14 +129,18 @@ def prefix_gate_batched(
                        kkt_solver=kkt_solver, fista_backend=fista_backend)
     alpha = res.alpha.view(B, H, J, n)
     gate = torch.cat([k.new_zeros(B, H, 1, T), nn.functional.pad(alpha, (0, T - n))], dim=2)
-    stats = {
-        "active": res.active_count.detach().reshape(-1),
-        "prefix": mask.sum(-1).detach().reshape(-1),
-        "warmup": res.warmup.detach().reshape(-1),
-        "fista_iterations": res.fista.iterations,
-        "max_box": res.report.max_box,
-        "max_sum": res.report.max_sum,
-    }
+    # diagnostics on first read only (a training step never reads them); detached, so a kept
+    # last_stats does not hold the step's autograd graph
+    S, E, warm, a_d = res.S, res.E, res.warmup, res.alpha.detach()
+    report = GateStats(report=lambda: validate_alpha(a_d, C, mask))
+    stats = GateStats(
+        active=lambda: (S | E).sum(-1).reshape(-1),
+        prefix=lambda: mask.sum(-1).reshape(-1),
+        warmup=lambda: warm.detach().reshape(-1),
+        fista_iterations=lambda: res.fista.iterations,
+        max_box=lambda: report["report"].max_box,
+        max_sum=lambda: report["report"].max_sum,
+    )
     return gate, stats
 
 
@@ -176,7 +204,7 @@ class SVHybridAttention(nn.Module):
 
     Attributes
     ----------
-    last_stats : dict of diagnostics of the latest forward (see `prefix_gate_batched`).
+    last_stats : mapping of diagnostics of the latest forward (`GateStats`, see `prefix_gate_batched`).
 
     Fast paths: the shared Gram of the prefixes is `sv_core.batched.rbf_gram` (reference
     `sv_core.torch_kernel`; hand-written backward, compiled loops on CPU tensors when
@@ -226,7 +254,7 @@ class SVHybridAttention(nn.Module):
         if fista_backend not in FISTA_BACKENDS:
             raise AttentionConfigError(f"fista_backend must be one of {FISTA_BACKENDS}, got {fista_backend!r}")
         self.fista_backend = fista_backend
-        self.last_stats: dict = {}
+        self.last_stats: Mapping = {}
 
     def compute_gate(self, k: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Gate tensor (B, H, n_chunks, T) for keys (B, H, T, d)."""
