@@ -106,6 +106,12 @@ typedef double vec_f64 __attribute__((vector_size(32)));
 /* their comparison results: all-ones / zero lanes of the same width */
 typedef int vec_i32 __attribute__((vector_size(32)));
 typedef long long vec_i64 __attribute__((vector_size(32)));
+/* lane permutation of two vectors a, b (indices into their concatenation; moves lanes only) */
+#if defined(__clang__)
+#define KKT_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define KKT_SHUF(a, b, ...) __builtin_shuffle(a, b, (VIT){__VA_ARGS__})
+#endif
 
 #define T float
 #define NAME(x) x##_f32
@@ -297,8 +303,14 @@ typedef struct {
     double ridge, C;
     int dbl;
     Py_ssize_t *idx; /* (2 n + 1) per thread */
-    char *x2;        /* (n + 1) entries per thread */
+    char *x2;        /* KKT_FWD_SCRATCH(n) entries per thread */
 } kfwd_ctx;
+
+/* per-thread scratch of kkt_fwd (two right-hand sides of n + 8, the Cholesky panels: VL^2 np (np + 1) / 2
+ * <= (n + 8) (n + 16) / 2 with np = ceil(m / VL), m <= n, VL <= 8) and of kkt_bwd (y: n + 1, alpha_S or the
+ * margin mask: n + 8), in entries */
+#define KKT_FWD_SCRATCH(n) (2 * ((size_t)(n) + 8) + ((size_t)(n) + 8) * ((size_t)(n) + 16) / 2 + 8)
+#define KKT_BWD_SCRATCH(n) (2 * (size_t)(n) + 9)
 
 static int kfwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
 {
@@ -306,9 +318,9 @@ static int kfwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
     Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(2 * k->n + 1);
     if (k->dbl)
         return kkt_fwd_f64(k->K, k->S, k->E, k->C, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off,
-                           p0, p1, k->J, k->n, k->ridge, idx, (double *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
+                           p0, p1, k->J, k->n, k->ridge, idx, (double *)k->x2 + (size_t)tid * KKT_FWD_SCRATCH(k->n));
     return kkt_fwd_f32(k->K, k->S, k->E, k->C, k->h, k->c0, k->alpha, k->rho, k->Lst, k->x1st, k->dst, k->off,
-                       p0, p1, k->J, k->n, k->ridge, idx, (float *)k->x2 + (size_t)tid * (size_t)(k->n + 1));
+                       p0, p1, k->J, k->n, k->ridge, idx, (float *)k->x2 + (size_t)tid * KKT_FWD_SCRATCH(k->n));
 }
 
 static PyObject *kkt_forward(PyObject *self, PyObject *args)
@@ -337,7 +349,7 @@ static PyObject *kkt_forward(PyObject *self, PyObject *args)
     const int nt = clamp_threads(nthreads, P);
     k = (kfwd_ctx){bK.buf, bS.buf, emode ? bE.buf : NULL, emode ? NULL : bh.buf, emode ? NULL : bc.buf, bo.buf,
                    ba.buf, br.buf, bL.buf, bx.buf, bd.buf, J, n, ridge, Cbox, dbl, NULL, NULL};
-    k.x2 = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * (size_t)sz);
+    k.x2 = PyMem_RawMalloc((size_t)nt * KKT_FWD_SCRATCH(n) * (size_t)sz);
     k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
     if (!k.x2 || !k.idx) { PyErr_NoMemory(); goto done; }
     int code;
@@ -362,7 +374,7 @@ typedef struct {
     double C;
     int dbl;
     Py_ssize_t *idx;
-    char *y;
+    char *y;         /* KKT_BWD_SCRATCH(n) entries per thread */
 } kbwd_ctx;
 
 static int kbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
@@ -371,10 +383,10 @@ static int kbwd_range(void *c, Py_ssize_t p0, Py_ssize_t p1, int tid)
     Py_ssize_t *idx = k->idx + (size_t)tid * (size_t)(2 * k->n + 1);
     if (k->dbl)
         kkt_bwd_f64(k->S, k->E, k->C, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK,
-                    p0, p1, k->J, k->n, idx, (double *)k->y + (size_t)tid * (size_t)(k->n + 1));
+                    p0, p1, k->J, k->n, idx, (double *)k->y + (size_t)tid * KKT_BWD_SCRATCH(k->n));
     else
         kkt_bwd_f32(k->S, k->E, k->C, k->alpha, k->ga, k->grho, k->Lst, k->x1st, k->dst, k->off, k->gh, k->gc0, k->gK,
-                    p0, p1, k->J, k->n, idx, (float *)k->y + (size_t)tid * (size_t)(k->n + 1));
+                    p0, p1, k->J, k->n, idx, (float *)k->y + (size_t)tid * KKT_BWD_SCRATCH(k->n));
     return 0;
 }
 
@@ -407,7 +419,7 @@ static PyObject *kkt_backward(PyObject *self, PyObject *args)
     const int nt = clamp_threads(nthreads, P);
     k = (kbwd_ctx){bS.buf, emode ? bE.buf : NULL, ba.buf, bg.buf, bgr.buf, bL.buf, bx.buf, bd.buf, bo.buf,
                    emode ? NULL : bgh.buf, emode ? NULL : bgc.buf, haveK ? bgK.buf : NULL, J, n, Cbox, dbl, NULL, NULL};
-    k.y = PyMem_RawMalloc((size_t)nt * (size_t)(n + 1) * (size_t)sz);
+    k.y = PyMem_RawMalloc((size_t)nt * KKT_BWD_SCRATCH(n) * (size_t)sz);
     k.idx = PyMem_RawMalloc((size_t)nt * (size_t)(2 * n + 1) * sizeof(Py_ssize_t));
     if (!k.y || !k.idx) { PyErr_NoMemory(); goto done; }
     Py_BEGIN_ALLOW_THREADS

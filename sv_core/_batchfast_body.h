@@ -401,6 +401,249 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
     free(mom);
 }
 
+/* ---- ridged KKT solve ----------------------------------------------------------------------
+ * Every element of the factor L (A = L L^T, m x m, lower triangle, row-major in Lst) is computed
+ * by the operation sequence of the plain right-looking Cholesky:
+ *     v = A_rc,  v = v - L_rk * L_ck  for k = 0, 1, ..., c - 1 (product rounded, then subtracted),
+ *     L_rc = v / L_cc (r > c),  L_cc = sqrt(v) (in double, rounded to T; fails unless v > 0),
+ * with L_rk, L_ck the stored (divided) values; only the loop order differs. The rows go in panels
+ * of VL (one vector lane per row; panel b holds rows [b VL, b VL + VL) column by column, columns
+ * [0, b VL + VL), in the scratch W) and the columns in blocks of VL: for each column block b, the
+ * panel b's own triangle first (its diagonals in ascending order, so a factorisation fails at the
+ * same diagonal as the plain loop), then block b of every later panel, each accumulated in
+ * registers over k in ascending order (the later panels' blocks are independent of one another, so
+ * their division chains overlap). The forward substitution of both right-hand sides runs panel by
+ * panel as soon as a panel is done, in chol_solve's order (dot8's 8 accumulators: k mod 8). */
+
+/* panel of rows [r0, r0 + VL) (lane l: row r0 + l; rows past m are zero), columns [0, r0 + VL):
+ * A_rc = 2 K_{idx r, idx c} (+ ridge on the diagonal), c <= r; zero above the diagonal */
+static ALWAYS_INLINE void NAME(chol_fill)(T *restrict Wp, const T *restrict Kp, Py_ssize_t n,
+                                          const Py_ssize_t *restrict idx, Py_ssize_t m, Py_ssize_t r0, T ridge)
+{
+    const T *rows[VL];
+    for (int l = 0; l < VL; l++) rows[l] = Kp + idx[r0 + l < m ? r0 + l : 0] * n;
+    if (r0 + VL <= m) {
+        for (Py_ssize_t c = 0; c < r0; c++) {
+            const Py_ssize_t ic = idx[c];
+            VT v;
+#pragma GCC unroll 8
+            for (int l = 0; l < VL; l++) v[l] = rows[l][ic];
+            v = (T)2 * v;
+            memcpy(Wp + c * VL, &v, sizeof v);
+        }
+    } else {
+        for (Py_ssize_t c = 0; c < r0; c++) {
+            const Py_ssize_t ic = idx[c];
+            for (int l = 0; l < VL; l++) Wp[c * VL + l] = r0 + l < m ? (T)2 * rows[l][ic] : (T)0;
+        }
+    }
+    for (int l = 0; l < VL; l++) {
+        const Py_ssize_t r = r0 + l;
+        for (Py_ssize_t c = r0; c < r0 + VL; c++)
+            Wp[c * VL + l] = r < m && c <= r ? (T)2 * rows[l][idx[c]] : (T)0;
+        if (r < m) Wp[r * VL + l] += ridge;
+    }
+}
+
+/* block [c0, c0 + VL) of panel Wp, given panel Wb of rows [c0, c0 + VL): the terms k in [k0, k1)
+ * (an element's partial value kept in Wp between calls), then, when tri (Wb done through its
+ * triangle, k1 = c0), the block's own triangle: the division by L_cc and the terms k in [c0, c) */
+static ALWAYS_INLINE void NAME(chol_offblk)(T *restrict Wp, const T *restrict Wb, Py_ssize_t c0, Py_ssize_t k0,
+                                            Py_ssize_t k1, const int tri)
+{
+    VT acc[VL];
+    for (int j = 0; j < VL; j++) memcpy(&acc[j], Wp + (c0 + j) * VL, sizeof(VT));
+    for (Py_ssize_t k = k0; k < k1; k++) {
+        VT p;
+        memcpy(&p, Wp + k * VL, sizeof p);
+        const T *lk = Wb + k * VL; /* lane j: L_{c0 + j, k} */
+#pragma GCC unroll 8
+        for (int j = 0; j < VL; j++) acc[j] = acc[j] - p * lk[j];
+    }
+    if (!tri) {
+        for (int j = 0; j < VL; j++) memcpy(Wp + (c0 + j) * VL, &acc[j], sizeof(VT));
+        return;
+    }
+#pragma GCC unroll 8
+    for (int kk = 0; kk < VL; kk++) {
+        const T *lc = Wb + (c0 + kk) * VL; /* lane j: L_{c0 + j, c0 + kk} (j = kk: the diagonal) */
+        acc[kk] = acc[kk] / lc[kk];
+        memcpy(Wp + (c0 + kk) * VL, &acc[kk], sizeof(VT));
+#pragma GCC unroll 8
+        for (int j = kk + 1; j < VL; j++) acc[j] = acc[j] - acc[kk] * lc[j];
+    }
+}
+
+/* panel Wb's own block [c0, c0 + VL): the terms k in [k0, k1), then, when tri (k1 = c0), its
+ * triangle, columns [c0, c0 + nr) (nr <= VL rows; lanes of rows past m are left over); returns 1
+ * when a diagonal is not positive */
+static ALWAYS_INLINE int NAME(chol_diagblk)(T *restrict Wb, Py_ssize_t c0, Py_ssize_t k0, Py_ssize_t k1, int nr,
+                                            const int tri)
+{
+    VT acc[VL];
+    for (int j = 0; j < VL; j++) memcpy(&acc[j], Wb + (c0 + j) * VL, sizeof(VT));
+    for (Py_ssize_t k = k0; k < k1; k++) {
+        VT p;
+        memcpy(&p, Wb + k * VL, sizeof p);
+        const T *lk = Wb + k * VL; /* lane j: L_{c0 + j, k} */
+#pragma GCC unroll 8
+        for (int j = 0; j < VL; j++) acc[j] = acc[j] - p * lk[j];
+    }
+    if (tri) {
+#pragma GCC unroll 8
+        for (int kk = 0; kk < VL; kk++) {
+            if (kk >= nr) break;
+            const T v = acc[kk][kk];
+            if (!(v > (T)0)) return 1;
+            const T dk = (T)sqrt((double)v);
+            acc[kk] = acc[kk] / dk;
+            acc[kk][kk] = dk;
+#pragma GCC unroll 8
+            for (int j = kk + 1; j < VL; j++) acc[j] = acc[j] - acc[kk] * acc[kk][j];
+        }
+    }
+    for (int j = 0; j < VL; j++) memcpy(Wb + (c0 + j) * VL, &acc[j], sizeof(VT));
+    return 0;
+}
+
+/* forward substitution of the rows [c0, c0 + nr) of panel Wb (f: right-hand side in, L^-1 b out,
+ * rows < c0 already done): row i gets (f_i - dot8(L_i, f, i)) / L_ii, dot8's accumulator a holding
+ * the products L_ik f_k of k = a mod 8 in ascending k, from +0, summed in dot8's tree; a lane per
+ * row */
+static ALWAYS_INLINE void NAME(chol_fwdsub)(const T *restrict Wb, Py_ssize_t c0, int nr, T *restrict f)
+{
+    VT A[8];
+    for (int a = 0; a < 8; a++) A[a] = (VT){0};
+    Py_ssize_t k = 0;
+    for (; k + 8 <= c0; k += 8)
+#pragma GCC unroll 8
+        for (int a = 0; a < 8; a++) {
+            VT p;
+            memcpy(&p, Wb + (k + a) * VL, sizeof p);
+            A[a] += p * f[k + a];
+        }
+    for (int a = 0; k < c0; k++, a++) {
+        VT p;
+        memcpy(&p, Wb + k * VL, sizeof p);
+        A[a] += p * f[k];
+    }
+    /* row i = c0 + kk goes to accumulator i mod 8 = (a0 + kk) mod 8 (a0 = c0 mod 8: 0, or 4 when VL = 4) */
+#define FWDSUB_TRI(a0)                                                                                  \
+    do {                                                                                                \
+        _Pragma("GCC unroll 8") for (int kk = 0; kk < VL; kk++)                                         \
+        {                                                                                               \
+            if (kk >= nr) break;                                                                        \
+            const Py_ssize_t i = c0 + kk;                                                               \
+            const VT s = ((A[0] + A[4]) + (A[1] + A[5])) + ((A[2] + A[6]) + (A[3] + A[7]));            \
+            VT p;                                                                                       \
+            memcpy(&p, Wb + i * VL, sizeof p); /* lane kk: the diagonal */                              \
+            const T fi = (f[i] - s[kk]) / p[kk];                                                        \
+            f[i] = fi;                                                                                  \
+            A[((a0) + kk) & 7] += p * fi;                                                               \
+        }                                                                                               \
+    } while (0)
+    if ((c0 & 7) == 0)
+        FWDSUB_TRI(0);
+    else
+        FWDSUB_TRI(4);
+#undef FWDSUB_TRI
+}
+
+/* panel Wb (rows [c0, c0 + nr)) into the row-major lower triangle L: the blocks left of the
+ * diagonal as VL x VL transposes in registers (lane moves only), the diagonal block element-wise */
+static ALWAYS_INLINE void NAME(chol_store_rows)(const T *restrict Wb, Py_ssize_t c0, int nr, T *restrict L,
+                                                Py_ssize_t m)
+{
+    for (Py_ssize_t k0 = 0; k0 < c0; k0 += VL) {
+        VT r[VL], o[VL];
+        for (int j = 0; j < VL; j++) memcpy(&r[j], Wb + (k0 + j) * VL, sizeof(VT));
+#if VL == 8
+        const VT t0 = KKT_SHUF(r[0], r[1], 0, 8, 1, 9, 4, 12, 5, 13), t1 = KKT_SHUF(r[0], r[1], 2, 10, 3, 11, 6, 14, 7, 15);
+        const VT t2 = KKT_SHUF(r[2], r[3], 0, 8, 1, 9, 4, 12, 5, 13), t3 = KKT_SHUF(r[2], r[3], 2, 10, 3, 11, 6, 14, 7, 15);
+        const VT t4 = KKT_SHUF(r[4], r[5], 0, 8, 1, 9, 4, 12, 5, 13), t5 = KKT_SHUF(r[4], r[5], 2, 10, 3, 11, 6, 14, 7, 15);
+        const VT t6 = KKT_SHUF(r[6], r[7], 0, 8, 1, 9, 4, 12, 5, 13), t7 = KKT_SHUF(r[6], r[7], 2, 10, 3, 11, 6, 14, 7, 15);
+        const VT u0 = KKT_SHUF(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13), u1 = KKT_SHUF(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15);
+        const VT u2 = KKT_SHUF(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13), u3 = KKT_SHUF(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15);
+        const VT u4 = KKT_SHUF(t4, t6, 0, 1, 8, 9, 4, 5, 12, 13), u5 = KKT_SHUF(t4, t6, 2, 3, 10, 11, 6, 7, 14, 15);
+        const VT u6 = KKT_SHUF(t5, t7, 0, 1, 8, 9, 4, 5, 12, 13), u7 = KKT_SHUF(t5, t7, 2, 3, 10, 11, 6, 7, 14, 15);
+        o[0] = KKT_SHUF(u0, u4, 0, 1, 2, 3, 8, 9, 10, 11);
+        o[4] = KKT_SHUF(u0, u4, 4, 5, 6, 7, 12, 13, 14, 15);
+        o[1] = KKT_SHUF(u1, u5, 0, 1, 2, 3, 8, 9, 10, 11);
+        o[5] = KKT_SHUF(u1, u5, 4, 5, 6, 7, 12, 13, 14, 15);
+        o[2] = KKT_SHUF(u2, u6, 0, 1, 2, 3, 8, 9, 10, 11);
+        o[6] = KKT_SHUF(u2, u6, 4, 5, 6, 7, 12, 13, 14, 15);
+        o[3] = KKT_SHUF(u3, u7, 0, 1, 2, 3, 8, 9, 10, 11);
+        o[7] = KKT_SHUF(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15);
+#else
+        const VT t0 = KKT_SHUF(r[0], r[1], 0, 4, 2, 6), t1 = KKT_SHUF(r[0], r[1], 1, 5, 3, 7);
+        const VT t2 = KKT_SHUF(r[2], r[3], 0, 4, 2, 6), t3 = KKT_SHUF(r[2], r[3], 1, 5, 3, 7);
+        o[0] = KKT_SHUF(t0, t2, 0, 1, 4, 5);
+        o[2] = KKT_SHUF(t0, t2, 2, 3, 6, 7);
+        o[1] = KKT_SHUF(t1, t3, 0, 1, 4, 5);
+        o[3] = KKT_SHUF(t1, t3, 2, 3, 6, 7);
+#endif
+        for (int l = 0; l < nr; l++) memcpy(L + (c0 + l) * m + k0, &o[l], sizeof(VT));
+    }
+    for (int l = 0; l < nr; l++) {
+        T *Lr = L + (c0 + l) * m;
+        for (Py_ssize_t c = c0; c <= c0 + l; c++) Lr[c] = Wb[c * VL + l];
+    }
+}
+
+/* L (m x m, row-major lower triangle) of A = 2 K_SS + ridge I (S: idx[0..m)), with the forward
+ * substitution of f1 and f2; W: VL^2 np (np + 1) / 2 entries (np = ceil(m / VL)); returns 1 when
+ * the factorisation fails */
+static ALWAYS_INLINE int NAME(chol_factor)(const T *restrict Kp, Py_ssize_t n, const Py_ssize_t *restrict idx,
+                                           Py_ssize_t m, T ridge, T *restrict L, T *restrict W, T *restrict f1,
+                                           T *restrict f2)
+{
+    const Py_ssize_t np = (m + VL - 1) / VL;
+#define PANEL(P) (W + VL * VL * ((P) * ((P) + 1) / 2))
+#define NROWS(b) (m - (b) * VL < VL ? (int)(m - (b) * VL) : VL)
+    NAME(chol_fill)(PANEL(0), Kp, n, idx, m, 0, ridge);
+    if (np > 1) NAME(chol_fill)(PANEL(1), Kp, n, idx, m, VL, ridge);
+    if (NAME(chol_diagblk)(PANEL(0), 0, 0, 0, NROWS(0), 1)) return 1;
+    for (Py_ssize_t b = 0; b < np; b++) {
+        /* the chain to the next panel's triangle (its terms that do not wait for this panel's
+         * triangle first), then the work that does not wait for it */
+        const Py_ssize_t c0 = b * VL;
+        T *Wb = PANEL(b);
+        if (b + 1 < np) {
+            T *Wn = PANEL(b + 1);
+            NAME(chol_offblk)(Wn, Wb, c0, 0, c0, 0);
+            NAME(chol_diagblk)(Wn, c0 + VL, 0, c0, VL, 0);
+            NAME(chol_offblk)(Wn, Wb, c0, c0, c0, 1);
+            if (NAME(chol_diagblk)(Wn, c0 + VL, c0, c0 + VL, NROWS(b + 1), 1)) return 1;
+        }
+        const int nr = NROWS(b);
+        NAME(chol_store_rows)(Wb, c0, nr, L, m);
+        NAME(chol_fwdsub)(Wb, c0, nr, f1);
+        NAME(chol_fwdsub)(Wb, c0, nr, f2);
+        for (Py_ssize_t P = b + 2; P < np; P++) {
+            if (b == 0) NAME(chol_fill)(PANEL(P), Kp, n, idx, m, P * VL, ridge);
+            NAME(chol_offblk)(PANEL(P), Wb, c0, 0, c0, 1);
+        }
+    }
+#undef PANEL
+#undef NROWS
+    return 0;
+}
+
+/* back substitution of chol_solve for two right-hand sides at once (L^-T x, each x in place) */
+static ALWAYS_INLINE void NAME(chol_back2)(const T *restrict L, Py_ssize_t m, T *restrict x, T *restrict y)
+{
+    for (Py_ssize_t i = m - 1; i >= 0; i--) {
+        const T *restrict row = L + i * m;
+        const T xi = x[i] / row[i], yi = y[i] / row[i];
+        x[i] = xi;
+        y[i] = yi;
+        for (Py_ssize_t k = 0; k < i; k++) {
+            x[k] -= row[k] * xi;
+            y[k] -= row[k] * yi;
+        }
+    }
+}
+
 /* solve L L^T x = b in place (L: m x m lower triangle, row-major): forward substitution by row
  * dot products, back substitution by row updates (both contiguous) */
 static ALWAYS_INLINE void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T *restrict x)
@@ -419,13 +662,15 @@ static ALWAYS_INLINE void NAME(chol_solve)(const T *restrict L, Py_ssize_t m, T 
  * problem, as the reference does (sv_core.batched.kkt.ridged_kkt_solve):
  *     h_i = K_ii - 2 C sum_{e in E} K_ie (e ascending),  c0 = 1 - C |E|,  alpha_E = C,
  * and a problem without margin keys has rho = 0 (the caller sends only those without any valid key:
- * no KKT interval); idx: 2 n + 1 entries */
+ * no KKT interval); idx: 2 n + 1 entries; x2: scratch of KKT_FWD_SCRATCH(n) entries (_batchfast.c):
+ * the two right-hand sides (n + 8 each), then the panels W */
 MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const unsigned char *E, double Cbox,
                                       const T *h, const T *c0, T *alpha, T *rho, T *Lst, T *x1st, T *dst,
                                       const Py_ssize_t *off, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n,
                                       double ridge, Py_ssize_t *idx, T *x2)
 {
     Py_ssize_t *eidx = idx + n;
+    T *f1 = x2 + n + 8, *W = x2 + 2 * (n + 8);
     const T C = (T)Cbox, twoC = (T)(2.0 * Cbox);
     for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
@@ -433,22 +678,24 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
             const Py_ssize_t q = p * J + j;
             const unsigned char *sk = S + q * n;
             T *al = alpha + q * n;
+            /* (branch-free: idx[m] / eidx[ne] written for every i, kept when the mask is set) */
             Py_ssize_t m = 0;
             for (Py_ssize_t i = 0; i < n; i++) {
-                al[i] = (T)0;
-                if (sk[i]) idx[m++] = i;
+                idx[m] = i;
+                m += sk[i] != 0;
             }
             Py_ssize_t ne = 0;
             T cq;
             if (E) {
                 const unsigned char *ek = E + q * n;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    if (ek[i]) {
-                        eidx[ne++] = i;
-                        al[i] = C;
-                    }
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    al[i] = ek[i] ? C : (T)0;
+                    eidx[ne] = i;
+                    ne += ek[i] != 0;
+                }
                 cq = (T)1 - C * (T)ne;
             } else {
+                for (Py_ssize_t i = 0; i < n; i++) al[i] = (T)0;
                 cq = c0[q];
             }
             if (m == 0) {
@@ -458,26 +705,7 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
             }
             T *L = Lst + off[2 * q], *x1 = x1st + off[2 * q + 1];
             for (Py_ssize_t r = 0; r < m; r++) {
-                const T *row = Kp + idx[r] * n;
-                for (Py_ssize_t c = 0; c <= r; c++) L[r * m + c] = (T)2 * row[idx[c]];
-                L[r * m + r] += (T)ridge;
-            }
-            /* right-looking Cholesky: column k of L, then the trailing lower triangle updated row by
-             * row by contiguous multiply-adds with a copy of the column (x2 as scratch) */
-            for (Py_ssize_t k = 0; k < m; k++) {
-                const T v = L[k * m + k];
-                if (!(v > (T)0)) return 1;
-                const T dk = (T)sqrt((double)v);
-                L[k * m + k] = dk;
-                for (Py_ssize_t r = k + 1; r < m; r++) x2[r] = L[r * m + k] = L[r * m + k] / dk;
-                for (Py_ssize_t r = k + 1; r < m; r++) {
-                    const T lr = x2[r];
-                    T *row = L + r * m;
-                    for (Py_ssize_t c = k + 1; c <= r; c++) row[c] -= lr * x2[c];
-                }
-            }
-            for (Py_ssize_t r = 0; r < m; r++) {
-                x1[r] = (T)1;
+                f1[r] = (T)1;
                 if (E) {
                     const T *row = Kp + idx[r] * n;
                     T se = (T)0;
@@ -487,8 +715,9 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
                     x2[r] = h[q * n + idx[r]];
                 }
             }
-            NAME(chol_solve)(L, m, x1);
-            NAME(chol_solve)(L, m, x2);
+            if (NAME(chol_factor)(Kp, n, idx, m, (T)ridge, L, W, f1, x2)) return 1;
+            NAME(chol_back2)(L, m, f1, x2);
+            for (Py_ssize_t r = 0; r < m; r++) x1[r] = f1[r];
             const T d = NAME(sum8)(x1, m);
             const T rq = (NAME(sum8)(x2, m) - cq) / d;
             rho[q] = rq;
@@ -501,7 +730,10 @@ MULTIVERSION static int NAME(kkt_fwd)(const T *K, const unsigned char *S, const 
 
 /* backward of the problems of Grams [p0, p1): g_h (P, J, n) and g_c0 (P, J) written (when given),
  * g_K (P, n, n) accumulated (when given); E mode (E given): g_K also takes the right-hand side's
- * part, dL/dK_ii += g_h_i and dL/dK_ie -= 2 C g_h_i (e in E); idx: 2 n + 1 entries */
+ * part, dL/dK_ii += g_h_i and dL/dK_ie -= 2 C g_h_i (e in E); idx: 2 n + 1 entries; y: scratch of
+ * KKT_BWD_SCRATCH(n) entries (_batchfast.c). The margin block of g_K, row idx[r]: element idx[c] += (-2 y_r) alpha_idx[c]
+ * - for a large margin set over the whole row in vectors, the other elements stored back unchanged
+ * (selected by the margin mask), else element by element */
 MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const unsigned char *E, double Cbox, const T *alpha,
                                        const T *ga, const T *grho, const T *Lst, const T *x1st, const T *dst,
                                        const Py_ssize_t *off, T *gh, T *gc0, T *gK, Py_ssize_t p0, Py_ssize_t p1,
@@ -509,14 +741,17 @@ MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const unsigned ch
 {
     Py_ssize_t *eidx = idx + n;
     const T twoC = (T)(2.0 * Cbox);
+    T *aS = y + n + 1; /* alpha on the margin keys, packed; or the margin mask's lanes */
     for (Py_ssize_t p = p0; p < p1; p++) {
         for (Py_ssize_t j = 0; j < J; j++) {
             const Py_ssize_t q = p * J + j;
             const unsigned char *sk = S + q * n;
             T *g = gh ? gh + q * n : NULL;
             Py_ssize_t m = 0;
-            for (Py_ssize_t i = 0; i < n; i++)
-                if (sk[i]) idx[m++] = i;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                idx[m] = i;
+                m += sk[i] != 0;
+            }
             if (g)
                 for (Py_ssize_t i = 0; i < n; i++) g[i] = (T)0;
             if (m == 0) {
@@ -534,16 +769,45 @@ MULTIVERSION static void NAME(kkt_bwd)(const unsigned char *S, const unsigned ch
             if (!gK) continue;
             T *gKp = gK + p * n * n;
             const T *al = alpha + q * n;
-            for (Py_ssize_t r = 0; r < m; r++) {
-                const T yr = (T)(-2) * y[r];
-                T *row = gKp + idx[r] * n;
-                for (Py_ssize_t c = 0; c < m; c++) row[idx[c]] += yr * al[idx[c]];
+            if (4 * m >= n && n >= VL) {
+                const Py_ssize_t nv = n / VL * VL;
+                for (Py_ssize_t c = 0; c < nv; c += VL) {
+                    VIT sel;
+                    for (int l = 0; l < VL; l++) sel[l] = sk[c + l] ? -1 : 0;
+                    memcpy(aS + c, &sel, sizeof sel);
+                }
+                for (Py_ssize_t r = 0; r < m; r++) {
+                    const T yr = (T)(-2) * y[r];
+                    T *row = gKp + idx[r] * n;
+                    Py_ssize_t c = 0;
+                    for (; c < nv; c += VL) {
+                        VT a, gv;
+                        VIT sel;
+                        memcpy(&a, al + c, sizeof a);
+                        memcpy(&gv, row + c, sizeof gv);
+                        memcpy(&sel, aS + c, sizeof sel);
+                        const VT nw = gv + yr * a;
+                        gv = VSEL(sel, nw, gv);
+                        memcpy(row + c, &gv, sizeof gv);
+                    }
+                    for (; c < n; c++)
+                        if (sk[c]) row[c] += yr * al[c];
+                }
+            } else {
+                for (Py_ssize_t c = 0; c < m; c++) aS[c] = al[idx[c]];
+                for (Py_ssize_t r = 0; r < m; r++) {
+                    const T yr = (T)(-2) * y[r];
+                    T *row = gKp + idx[r] * n;
+                    for (Py_ssize_t c = 0; c < m; c++) row[idx[c]] += yr * aS[c];
+                }
             }
             if (!E) continue;
             Py_ssize_t ne = 0;
             const unsigned char *ek = E + q * n;
-            for (Py_ssize_t i = 0; i < n; i++)
-                if (ek[i]) eidx[ne++] = i;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                eidx[ne] = i;
+                ne += ek[i] != 0;
+            }
             for (Py_ssize_t r = 0; r < m; r++) {
                 T *row = gKp + idx[r] * n;
                 row[idx[r]] += y[r];
