@@ -44,6 +44,7 @@ setup(cmdclass={"build_ext": BuildExt}, ext_modules=[
     Extension("sv_core._cpfast", ["sv_core/_cpfast.c"], optional=True, extra_compile_args=flags),
     Extension("sv_core._smo", ["sv_core/_smo.c"], optional=True, extra_compile_args=flags),
     Extension("sv_core._batchfast", ["sv_core/_batchfast.c"],
-              depends=["sv_core/_batchfast_body.h", "sv_core/_readout_body.h", "sv_core/_gram_body.h"], optional=True,
+              depends=["sv_core/_batchfast_body.h", "sv_core/_readout_body.h", "sv_core/_expf_body.h",
+                       "sv_core/_gram_body.h"], optional=True,
               extra_compile_args=flags + ([] if sys.platform == "win32" else ["-O3"])),
 ])

@@ -73,7 +73,8 @@
  * reference's lockstep checkpoint. A segment boundary changes no bit of any iterate.
  *
  * The loops for float and double are _batchfast_body.h, _readout_body.h and _gram_body.h, included twice
- * (exp: expf / exp of libm). Only the buffer protocol
+ * (exp: expf / exp of libm; the float readout's expf eight lanes at a time where an import-time
+ * self-check found that replica equal to expf, _expf_body.h). Only the buffer protocol
  * is used (no NumPy C API); the GIL is released during the loops. Built with -ffp-contract=off
  * like _cpfast.c.
  */
@@ -665,7 +666,7 @@ static PyObject *readout_backward(PyObject *self, PyObject *args)
     r.q = bq.buf; r.k = bk.buf; r.v = bv.buf; r.w = bw.buf; r.pz = gz ? bz.buf : NULL; r.gy = bgy.buf;
     r.dq = bdq.buf; r.dk = bdk.buf; r.dv = bdv.buf; r.dgate = gz ? bdg.buf : NULL;
     rd_sizes(&r, nt, d, dv, nc, chunk, scale, dbl);
-    r.wn = dv * nt + nt + d;
+    r.wn = dv * nt + nt * nt + nt * d;
     if (P > 0 && run_with_scratch(rbwd_range, &r, &r.work, P, nt_, r.wn, sz)) goto done;
     res = Py_NewRef(Py_None);
 done:
@@ -786,8 +787,10 @@ PyMODINIT_FUNC PyInit__batchfast(void)
 #else
     const int openmp = 0;
 #endif
+    sv_expf_ok = sv_expf_selfcheck(); /* the readout's eight-lane expf, where it equals expf (_expf_body.h) */
     if (mod && (PyModule_AddIntConstant(mod, "ABI", BATCHFAST_ABI) < 0
-                || PyModule_AddIntConstant(mod, "OPENMP", openmp) < 0)) {
+                || PyModule_AddIntConstant(mod, "OPENMP", openmp) < 0
+                || PyModule_AddIntConstant(mod, "FAST_EXPF", sv_expf_ok) < 0)) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -12,19 +12,51 @@
  *   dq_t = scale sum_j ds_j k_j (wsum_rows), dk_j += ds_j (q_t * scale), dv_j += w_j gy_t (ascending t).
  * Sums over keys use sum8 / dot8 (8 fixed partial accumulators); the score and g products run over
  * keys with k and v transposed once per problem (element-wise over j, vectorisable); the d-long
- * updates are element-wise (explicit vectors when the length is a multiple of the lanes). A problem's loop is the same whatever the thread split. */
+ * updates are element-wise (explicit vectors when the length is a multiple of the lanes). A problem's loop is the same whatever the thread split.
+ * The float exponentials go through sv_expf_shifted (_expf_body.h) where its self-check at import found it
+ * equal to expf (then the same bits), else expf itself. */
+#include "_expf_body.h"
 
 /* x[0:n] . (rows of a transposed (D, ld) block) for one query: out[j] = sum_l a[l] bT[l, j], j < n,
- * l in ascending order (element-wise over j) */
+ * l in ascending order (element-wise over j: out[j] = a[0] bT[0, j], then += a[l] bT[l, j] for l = 1, 2, ...).
+ * Blocks of 4 vectors of j are accumulated in registers over all l (then stored once), then single
+ * vectors, then the scalar tail: the same operations per element in the same order. */
 static ALWAYS_INLINE void NAME(rowdots)(const T *restrict a, const T *restrict bT, Py_ssize_t ld, Py_ssize_t D,
                                         Py_ssize_t n, T *restrict out)
 {
-    const T a0 = a[0];
-    for (Py_ssize_t j = 0; j < n; j++) out[j] = a0 * bT[j];
-    for (Py_ssize_t l = 1; l < D; l++) {
-        const T al = a[l];
-        const T *restrict row = bT + l * ld;
-        for (Py_ssize_t j = 0; j < n; j++) out[j] += al * row[j];
+    Py_ssize_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) {
+        VT acc[4];
+        for (int b = 0; b < 4; b++) {
+            VT x;
+            memcpy(&x, bT + j + b * VL, sizeof x);
+            acc[b] = a[0] * x;
+        }
+        for (Py_ssize_t l = 1; l < D; l++) {
+            const T al = a[l];
+            const T *restrict row = bT + l * ld + j;
+            for (int b = 0; b < 4; b++) {
+                VT x;
+                memcpy(&x, row + b * VL, sizeof x);
+                acc[b] += al * x;
+            }
+        }
+        memcpy(out + j, acc, sizeof acc);
+    }
+    for (; j + VL <= n; j += VL) {
+        VT x, acc;
+        memcpy(&x, bT + j, sizeof x);
+        acc = a[0] * x;
+        for (Py_ssize_t l = 1; l < D; l++) {
+            memcpy(&x, bT + l * ld + j, sizeof x);
+            acc += a[l] * x;
+        }
+        memcpy(out + j, &acc, sizeof acc);
+    }
+    for (; j < n; j++) {
+        T acc = a[0] * bT[j];
+        for (Py_ssize_t l = 1; l < D; l++) acc += a[l] * bT[l * ld + j];
+        out[j] = acc;
     }
 }
 
@@ -111,7 +143,12 @@ static ALWAYS_INLINE void NAME(fwd_row)(const T *restrict qs, const T *restrict 
 {
     NAME(rowdots)(qs, kT, nt, d, n, sc);
     const T mx = NAME(max8)(sc, n);
-    for (Py_ssize_t j = 0; j < n; j++) sc[j] = EXP(sc[j] - mx);
+#ifdef SV_HAVE_VEXPF
+    if (sizeof(T) == sizeof(float) && sv_expf_ok) /* expf's bits, eight at a time (_expf_body.h) */
+        sv_expf_shifted((float *)(void *)sc, (float)mx, n);
+    else
+#endif
+        for (Py_ssize_t j = 0; j < n; j++) sc[j] = EXP(sc[j] - mx);
     T Z = NAME(dot8)(sc, g, s) + NAME(sum8)(sc + s, n - s);
     Z = Z < TINY ? TINY : Z; /* torch's clamp_min: NaN stays NaN */
     const T iz = (T)1 / Z;
@@ -153,13 +190,12 @@ MULTIVERSION static void NAME(readout_fwd)(const T *q, const T *k, const T *v, c
     }
 }
 
-/* one row of the backward (query t): dgate row c += pz u on j < s (dg NULL: skipped), dq_t, and the
- * dk, dv updates of the keys j <= t; gg: scratch (n), qs = q_t * scale */
-static ALWAYS_INLINE void NAME(bwd_row)(const T *restrict qs, const T *restrict k, const T *restrict vT,
-                                        const T *restrict gyr, const T *restrict wr, const T *restrict zr,
-                                        Py_ssize_t nt, Py_ssize_t d, Py_ssize_t dv, Py_ssize_t n, Py_ssize_t s,
-                                        T scale, T *restrict gg, T *restrict dg, T *restrict dqr,
-                                        T *restrict dkp, T *restrict dvp)
+/* one row of the backward (query t): dgate row c += pz u on j < s (dg NULL: skipped), dq_t, and
+ * gg[0:n] = ds_t (for the key sweep of key_grads); qs = q_t * scale */
+static ALWAYS_INLINE void NAME(bwd_row)(const T *restrict vT, const T *restrict gyr, const T *restrict wr,
+                                        const T *restrict zr, const T *restrict k, Py_ssize_t nt, Py_ssize_t d,
+                                        Py_ssize_t dv, Py_ssize_t n, Py_ssize_t s, T scale, T *restrict gg,
+                                        T *restrict dg, T *restrict dqr)
 {
     NAME(rowdots)(gyr, vT, nt, dv, n, gg);
     const T r = NAME(dot8)(wr, gg, n);
@@ -169,40 +205,95 @@ static ALWAYS_INLINE void NAME(bwd_row)(const T *restrict qs, const T *restrict 
     for (Py_ssize_t j = 0; j < n; j++) gg[j] *= wr[j];
     NAME(wsum_rows)(gg, k, n, d, dqr);
     for (Py_ssize_t l = 0; l < d; l++) dqr[l] *= scale;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        NAME(axpy)(gg[j], qs, dkp + j * d, d);
-        NAME(axpy)(wr[j], gyr, dvp + j * dv, dv);
+}
+
+/* dk_j = sum_{t >= j} ds[t, j] qs_t and dv_j = sum_{t >= j} w[t, j] gy_t, each from +0 in ascending t
+ * (exactly the row-by-row updates dk_j += ds_tj qs_t, dv_j += w_tj gy_t of queries t = 0, 1, ...
+ * on zeroed rows): for d = dv = 16 two keys at a time in registers, else each key's rows in memory */
+static ALWAYS_INLINE void NAME(key_grads)(const T *restrict ds, const T *restrict wp, const T *restrict qs,
+                                          const T *restrict gyp, Py_ssize_t nt, Py_ssize_t d, Py_ssize_t dv,
+                                          T *restrict dkp, T *restrict dvp)
+{
+    if (d == 16 && dv == 16) {
+        enum { NV = 16 / VL };
+        Py_ssize_t j = 0;
+        for (; j + 2 <= nt; j += 2) {
+            VT k0[NV], k1[NV], v0[NV], v1[NV];
+            for (int b = 0; b < NV; b++) k0[b] = k1[b] = v0[b] = v1[b] = (VT){0};
+            for (Py_ssize_t t = j; t < nt; t++) {
+                const T a0 = ds[t * nt + j], w0 = wp[t * nt + j];
+                for (int b = 0; b < NV; b++) {
+                    VT x, g;
+                    memcpy(&x, qs + t * 16 + b * VL, sizeof x);
+                    memcpy(&g, gyp + t * 16 + b * VL, sizeof g);
+                    k0[b] += a0 * x;
+                    v0[b] += w0 * g;
+                    if (t > j) {
+                        k1[b] += ds[t * nt + j + 1] * x;
+                        v1[b] += wp[t * nt + j + 1] * g;
+                    }
+                }
+            }
+            memcpy(dkp + j * 16, k0, sizeof k0);
+            memcpy(dkp + (j + 1) * 16, k1, sizeof k1);
+            memcpy(dvp + j * 16, v0, sizeof v0);
+            memcpy(dvp + (j + 1) * 16, v1, sizeof v1);
+        }
+        for (; j < nt; j++) {
+            VT k0[NV], v0[NV];
+            for (int b = 0; b < NV; b++) k0[b] = v0[b] = (VT){0};
+            for (Py_ssize_t t = j; t < nt; t++) {
+                const T a0 = ds[t * nt + j], w0 = wp[t * nt + j];
+                for (int b = 0; b < NV; b++) {
+                    VT x, g;
+                    memcpy(&x, qs + t * 16 + b * VL, sizeof x);
+                    memcpy(&g, gyp + t * 16 + b * VL, sizeof g);
+                    k0[b] += a0 * x;
+                    v0[b] += w0 * g;
+                }
+            }
+            memcpy(dkp + j * 16, k0, sizeof k0);
+            memcpy(dvp + j * 16, v0, sizeof v0);
+        }
+    } else {
+        memset(dkp, 0, (size_t)(nt * d) * sizeof(T));
+        memset(dvp, 0, (size_t)(nt * dv) * sizeof(T));
+        for (Py_ssize_t j = 0; j < nt; j++)
+            for (Py_ssize_t t = j; t < nt; t++) {
+                NAME(axpy)(ds[t * nt + j], qs + t * d, dkp + j * d, d);
+                NAME(axpy)(wp[t * nt + j], gyp + t * dv, dvp + j * dv, dv);
+            }
     }
 }
 
 /* problems [p0, p1): gy (P, nt, dv), the forward's w and pz (NULL: no gate gradient) ->
- * dq, dk (P, nt, d), dv (P, nt, dv), dgate (P, nc, nt) or NULL, all overwritten; work: dv * nt + nt + d */
+ * dq, dk (P, nt, d), dv (P, nt, dv), dgate (P, nc, nt) or NULL, all overwritten; work: dv * nt + nt * nt + nt * d.
+ * Per problem: the rows t (ds_t kept in work, dq_t and dgate), then the key sweep (dk, dv). */
 MULTIVERSION static void NAME(readout_bwd)(const T *q, const T *k, const T *v, const T *w, const T *pz,
                                            const T *gy, T *dq, T *dk, T *dv_, T *dgate, Py_ssize_t p0,
                                            Py_ssize_t p1, Py_ssize_t nt, Py_ssize_t d, Py_ssize_t dv,
                                            Py_ssize_t nc, Py_ssize_t chunk, T scale, T *work)
 {
-    T *vT = work, *gg = work + dv * nt, *qs = gg + nt;
+    T *vT = work, *ds = work + dv * nt, *qs = ds + nt * nt;
     for (Py_ssize_t p = p0; p < p1; p++) {
         const T *qp = q + p * nt * d, *kp = k + p * nt * d, *wp = w + p * nt * nt, *gyp = gy + p * nt * dv;
         const T *zp = pz ? pz + p * nt * nt : NULL;
         T *dqp = dq + p * nt * d, *dkp = dk + p * nt * d, *dvp = dv_ + p * nt * dv;
         T *dgp = dgate ? dgate + p * nc * nt : NULL;
         NAME(transpose)(v + p * nt * dv, nt, dv, vT);
-        memset(dkp, 0, (size_t)(nt * d) * sizeof(T));
-        memset(dvp, 0, (size_t)(nt * dv) * sizeof(T));
+        for (Py_ssize_t i = 0; i < nt * d; i++) qs[i] = qp[i] * scale;
         if (dgp) memset(dgp, 0, (size_t)(nc * nt) * sizeof(T));
         for (Py_ssize_t t = 0; t < nt; t++) {
             const Py_ssize_t c = t / chunk, s = c * chunk;
-            for (Py_ssize_t l = 0; l < d; l++) qs[l] = qp[t * d + l] * scale;
             const T *zr = zp ? zp + t * nt : NULL;
             T *dg = dgp ? dgp + c * nt : NULL;
             if (d == 16 && dv == 16)
-                NAME(bwd_row)(qs, kp, vT, gyp + t * 16, wp + t * nt, zr, nt, 16, 16, t + 1, s, scale, gg, dg,
-                              dqp + t * 16, dkp, dvp);
+                NAME(bwd_row)(vT, gyp + t * 16, wp + t * nt, zr, kp, nt, 16, 16, t + 1, s, scale, ds + t * nt, dg,
+                              dqp + t * 16);
             else
-                NAME(bwd_row)(qs, kp, vT, gyp + t * dv, wp + t * nt, zr, nt, d, dv, t + 1, s, scale, gg, dg,
-                              dqp + t * d, dkp, dvp);
+                NAME(bwd_row)(vT, gyp + t * dv, wp + t * nt, zr, kp, nt, d, dv, t + 1, s, scale, ds + t * nt, dg,
+                              dqp + t * d);
         }
+        NAME(key_grads)(ds, wp, qs, gyp, nt, d, dv, dkp, dvp);
     }
 }
