@@ -93,6 +93,22 @@
 #else
 #define MULTIVERSION
 #endif
+/* the FISTA loop (fista_run) also has an AVX-512 clone: K a' in 64-byte vectors (the same operations
+ * entry by entry); FISTA_ISA tells the loop the instruction set of the clone the resolver picked,
+ * the best one the CPU has (2: AVX-512F, 1: AVX2, 0: other). BATCHFAST_NO_AVX512 leaves that clone
+ * out (tests compare the AVX2 and AVX-512 clones' bits on a machine that has both) */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#ifdef BATCHFAST_NO_AVX512
+#define MULTIVERSION_FISTA MULTIVERSION
+#define FISTA_ISA (__builtin_cpu_supports("avx2") ? 1 : 0)
+#else
+#define MULTIVERSION_FISTA __attribute__((target_clones("avx512f", "avx2", "default")))
+#define FISTA_ISA (__builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0)
+#endif
+#else
+#define MULTIVERSION_FISTA MULTIVERSION
+#define FISTA_ISA 0
+#endif
 /* the per-iteration helpers are inlined into each instruction-set clone of their caller */
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))

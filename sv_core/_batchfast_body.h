@@ -5,6 +5,16 @@
  * without reassociating anything the compiler does not see; the same result on every machine);
  * the Gram products are element-wise multiply-adds. See _batchfast.c for the algorithms. */
 
+#ifndef BATCHFAST_FISTA_ONCE
+#define BATCHFAST_FISTA_ONCE
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#include <emmintrin.h>
+#define BATCHFAST_SSE2 1
+#else
+#define BATCHFAST_SSE2 0
+#endif
+#endif
+
 /* sum of x[0:n] */
 static ALWAYS_INLINE T NAME(sum8)(const T *restrict x, Py_ssize_t n)
 {
@@ -40,6 +50,23 @@ static ALWAYS_INLINE T NAME(dot8)(const T *restrict a, const T *restrict b, Py_s
 #define VSEL(mask, x, y) ((VT)(((VIT)(x) & (mask)) | ((VIT)(y) & ~(mask))))
 #define NVL (8 / VL) /* vectors per 8 lanes */
 
+/* the end of NAME(minmax): entries z[i0:m] into lane 0, then the lanes combined in order 1..7 */
+static ALWAYS_INLINE void NAME(minmax_tail)(const T *restrict z, Py_ssize_t i0, Py_ssize_t m, T *restrict mx,
+                                           T *restrict mn, T *zmin, T *zmax)
+{
+    for (Py_ssize_t i = i0; i < m; i++) {
+        mx[0] = z[i] > mx[0] ? z[i] : mx[0];
+        mn[0] = z[i] < mn[0] ? z[i] : mn[0];
+    }
+    T hi = mx[0], lo = mn[0];
+    for (int l = 1; l < 8; l++) {
+        hi = mx[l] > hi ? mx[l] : hi;
+        lo = mn[l] < lo ? mn[l] : lo;
+    }
+    *zmin = lo;
+    *zmax = hi;
+}
+
 /* minimum and maximum of z[0:m], m >= 1: lane l (< 8) holds entries i = l mod 8 of the first
  * floor(m / 8) * 8, lane 0 the rest, lanes combined in order 1..7 (the 8 lanes held in 8 / VL
  * vectors; the comparisons and selects are those of the scalar loop, lane by lane) */
@@ -63,17 +90,50 @@ static ALWAYS_INLINE void NAME(minmax)(const T *restrict z, Py_ssize_t m, T *zmi
     } else {
         for (int l = 0; l < 8; l++) mx[l] = mn[l] = z[0];
     }
-    for (; i < m; i++) {
-        mx[0] = z[i] > mx[0] ? z[i] : mx[0];
-        mn[0] = z[i] < mn[0] ? z[i] : mn[0];
-    }
-    T hi = mx[0], lo = mn[0];
-    for (int l = 1; l < 8; l++) {
-        hi = mx[l] > hi ? mx[l] : hi;
-        lo = mn[l] < lo ? mn[l] : lo;
-    }
-    *zmin = lo;
-    *zmax = hi;
+    NAME(minmax_tail)(z, i, m, mx, mn, zmin, zmax);
+}
+
+/* the steps of one projection pass (NAME(proj_pass)), also run inside NAME(momentum_step): one
+ * VL-lane vector d = z - tau of a full block of 8 (a, its lane sums va and free counts vc) */
+static ALWAYS_INLINE void NAME(pp_vec)(VT d, VT vC, T *restrict a, VT *va, VIT *vc)
+{
+    const VT vzero = (VT){0};
+    const VIT neg = d < vzero, over = d > vC;
+    const VT v = VSEL(neg, vzero, VSEL(over, vC, d));
+    memcpy(a, &v, sizeof v);
+    *va += v;
+    *vc -= (d > vzero) & (d < vC); /* a true comparison is -1: +1 per free lane */
+}
+
+/* one entry past the full blocks, into lane acc */
+static ALWAYS_INLINE void NAME(pp_one)(T zi, T tau, T C, T *restrict a, T *acc, Py_ssize_t *cnt)
+{
+    const T d = zi - tau;
+    const T v = d < (T)0 ? (T)0 : (d > C ? C : d);
+    *a = v;
+    *acc += v;
+    *cnt += (d > (T)0) & (d < C);
+}
+
+/* the lane sums of the full blocks into acc (8) and their free count */
+static ALWAYS_INLINE Py_ssize_t NAME(pp_lanes)(const VT *va, const VIT *vc, T *acc)
+{
+    memcpy(acc, va, 8 * sizeof(T));
+    Py_ssize_t cnt = 0;
+    for (int b = 0; b < NVL; b++)
+        for (int l = 0; l < VL; l++) cnt += (Py_ssize_t)vc[b][l];
+    return cnt;
+}
+
+static ALWAYS_INLINE T NAME(pp_err)(const T *acc)
+{
+    return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) - (T)1;
+}
+
+/* splat of x, lane by lane (a sum with 0 would turn -0 into +0) */
+static ALWAYS_INLINE void NAME(splat)(VT *v, T x)
+{
+    for (int l = 0; l < VL; l++) (*v)[l] = x;
 }
 
 /* one pass of the projection at shift tau: a = clip(z - tau, 0, C); returns sum(a) - 1 (sum8's
@@ -86,13 +146,10 @@ static ALWAYS_INLINE T NAME(proj_pass)(const T *restrict z, Py_ssize_t m, T C, T
     VIT vc[NVL];
     VT va[NVL];
     VT vtau, vC;
-    const VT vzero = (VT){0};
-    for (int l = 0; l < VL; l++) {
-        vtau[l] = tau; /* lane by lane: a sum with 0 would turn -0 into +0 */
-        vC[l] = C;
-    }
+    NAME(splat)(&vtau, tau);
+    NAME(splat)(&vC, C);
     for (int b = 0; b < NVL; b++) {
-        va[b] = vzero;
+        va[b] = (VT){0};
         vc[b] = (VIT){0};
     }
     Py_ssize_t i = 0;
@@ -100,40 +157,31 @@ static ALWAYS_INLINE T NAME(proj_pass)(const T *restrict z, Py_ssize_t m, T C, T
         for (int b = 0; b < NVL; b++) {
             VT d;
             memcpy(&d, z + i + b * VL, sizeof d);
-            d = d - vtau;
-            const VIT neg = d < vzero, over = d > vC;
-            const VT v = VSEL(neg, vzero, VSEL(over, vC, d));
-            memcpy(a + i + b * VL, &v, sizeof v);
-            va[b] += v;
-            vc[b] -= (d > vzero) & (d < vC); /* a true comparison is -1: +1 per free lane */
+            NAME(pp_vec)(d - vtau, vC, a + i + b * VL, &va[b], &vc[b]);
         }
-    memcpy(acc, va, sizeof acc);
-    Py_ssize_t cnt = 0;
-    for (int b = 0; b < NVL; b++)
-        for (int l = 0; l < VL; l++) cnt += (Py_ssize_t)vc[b][l];
-    for (int l = 0; i < m; i++, l++) {
-        const T d = z[i] - tau;
-        const T v = d < (T)0 ? (T)0 : (d > C ? C : d);
-        a[i] = v;
-        acc[l] += v;
-        cnt += (d > (T)0) & (d < C);
-    }
+    Py_ssize_t cnt = NAME(pp_lanes)(va, vc, acc);
+    for (int l = 0; i < m; i++, l++) NAME(pp_one)(z[i], tau, C, a + i, &acc[l], &cnt);
     *nf = cnt;
-    return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) - (T)1;
+    return NAME(pp_err)(acc);
 }
 
 /* projection of z (m) onto {sum a = 1, 0 <= a <= C}: the reference's safeguarded Newton-bisection
- * on the shift tau (same bracket, start, steps and stopping tests); tau in/out (NAN: none) */
-static ALWAYS_INLINE void NAME(project)(const T *restrict z, Py_ssize_t m, T C, T *tau_io, T *restrict a)
+ * on the shift tau (same bracket, start, steps and stopping tests); tau in/out (NAN: none); zmin, zmax:
+ * NAME(minmax) of z (fista_run has them from the loop that wrote z, and often the first pass too) */
+static ALWAYS_INLINE void NAME(project_mm)(const T *restrict z, Py_ssize_t m, T C, T zmin, T zmax, T *tau_io,
+                                          T *restrict a, int pre, T pre_err, Py_ssize_t pre_nf)
 {
     const T eps = (T)(16.0 * EPS);
-    T zmin, zmax;
-    NAME(minmax)(z, m, &zmin, &zmax);
     T lo = zmin - C, hi = zmax, tau = *tau_io;
-    if (!(tau > lo && tau < hi)) tau = (T)0.5 * (lo + hi);
+    /* pre: the pass at the incoming tau is done (a written, its err and nf given): the first one when
+     * tau is inside the bracket */
+    if (!(tau > lo && tau < hi)) {
+        tau = (T)0.5 * (lo + hi);
+        pre = 0;
+    }
     for (int it = 0; it < 60; it++) {
-        Py_ssize_t nf;
-        const T err = NAME(proj_pass)(z, m, C, tau, a, &nf);
+        Py_ssize_t nf = pre_nf;
+        const T err = it == 0 && pre ? pre_err : NAME(proj_pass)(z, m, C, tau, a, &nf);
         const T scale = eps * ((T)1 + (tau < (T)0 ? -tau : tau));
         if ((err < (T)0 ? -err : err) <= eps || (hi - lo) <= scale) break;
         const T step = err / (T)(nf > 0 ? nf : 1);
@@ -147,13 +195,33 @@ static ALWAYS_INLINE void NAME(project)(const T *restrict z, Py_ssize_t m, T C, 
     *tau_io = tau;
 }
 
+static ALWAYS_INLINE void NAME(project)(const T *restrict z, Py_ssize_t m, T C, T *tau_io, T *restrict a)
+{
+    T zmin, zmax;
+    NAME(minmax)(z, m, &zmin, &zmax);
+    NAME(project_mm)(z, m, C, zmin, zmax, tau_io, a, 0, (T)0, 0);
+}
+
+/* BODY for every column j of kmul in ascending order: j < m (nzb NULL), else the set bits of nzb */
+#define KMUL_COLUMNS(BODY)                                                                              \
+    do {                                                                                                \
+        if (!nzb) {                                                                                     \
+            for (Py_ssize_t j = 0; j < m; j++) BODY                                                     \
+        } else {                                                                                        \
+            for (Py_ssize_t w = 0; w * 64 < m; w++)                                                     \
+                for (uint64_t bm = nzb[w]; bm; bm &= bm - 1) {                                          \
+                    const Py_ssize_t j = w * 64 + (Py_ssize_t)__builtin_ctzll(bm);                      \
+                    BODY                                                                                \
+                }                                                                                       \
+        }                                                                                               \
+    } while (0)
+
 /* NB vectors of Ka starting at off[0..NB-1], accumulated in registers over the columns j of a */
 #define KMUL_PASS(NB)                                                                                   \
     do {                                                                                                \
         VT s[NB];                                                                                       \
         for (int b = 0; b < NB; b++) s[b] = (VT){0};                                                    \
-        for (Py_ssize_t t = 0; t < nnz; t++) {                                                          \
-            const Py_ssize_t j = nz ? nz[t] : t;                                                        \
+        KMUL_COLUMNS({                                                                                  \
             const T aj = a[j];                                                                          \
             const T *col = Kb + j * ld;                                                                 \
             for (int b = 0; b < NB; b++) {                                                              \
@@ -161,31 +229,129 @@ static ALWAYS_INLINE void NAME(project)(const T *restrict z, Py_ssize_t m, T C, 
                 memcpy(&c, col + off[b], sizeof c);                                                     \
                 s[b] += c * aj;                                                                         \
             }                                                                                           \
-        }                                                                                               \
+        });                                                                                             \
         for (int b = 0; b < NB; b++) memcpy(Ka + off[b], &s[b], sizeof s[b]);                           \
+    } while (0)
+/* the same for NB consecutive vectors from Ka + o0 (m a multiple of VL: fixed displacements) */
+#define KMUL_PASS_C(NB)                                                                                 \
+    do {                                                                                                \
+        VT s[NB];                                                                                       \
+        for (int b = 0; b < NB; b++) s[b] = (VT){0};                                                    \
+        const T *K0 = Kb + o0;                                                                          \
+        KMUL_COLUMNS({                                                                                  \
+            const T aj = a[j];                                                                          \
+            const T *col = K0 + j * ld;                                                                 \
+            for (int b = 0; b < NB; b++) {                                                              \
+                VT c;                                                                                   \
+                memcpy(&c, col + b * VL, sizeof c);                                                     \
+                s[b] += c * aj;                                                                         \
+            }                                                                                           \
+        });                                                                                             \
+        for (int b = 0; b < NB; b++) memcpy(Ka + o0 + b * VL, &s[b], sizeof s[b]);                      \
+    } while (0)
+
+/* 2 VL-lane vectors in one (64 bytes: one AVX-512 register) */
+typedef T NAME(vw) __attribute__((vector_size(2 * sizeof(VT))));
+/* NW such double vectors of Ka from Ka + o0, and when NN one VL-lane vector after them */
+#define KMUL_PASS_W(NW, NN)                                                                             \
+    do {                                                                                                \
+        NAME(vw) s[(NW) > 0 ? (NW) : 1];                                                                \
+        VT r = (VT){0};                                                                                 \
+        for (int b = 0; b < (NW); b++) s[b] = (NAME(vw)){0};                                            \
+        const T *K0 = Kb + o0;                                                                          \
+        KMUL_COLUMNS({                                                                                  \
+            const T aj = a[j];                                                                          \
+            const T *col = K0 + j * ld;                                                                 \
+            for (int b = 0; b < (NW); b++) {                                                            \
+                NAME(vw) c;                                                                             \
+                memcpy(&c, col + b * 2 * VL, sizeof c);                                                 \
+                s[b] += c * aj;                                                                         \
+            }                                                                                           \
+            if (NN) {                                                                                   \
+                VT c;                                                                                   \
+                memcpy(&c, col + (NW) * 2 * VL, sizeof c);                                              \
+                r += c * aj;                                                                            \
+            }                                                                                           \
+        });                                                                                             \
+        for (int b = 0; b < (NW); b++) memcpy(Ka + o0 + b * 2 * VL, &s[b], sizeof s[b]);                \
+        if (NN) memcpy(Ka + o0 + (NW) * 2 * VL, &r, sizeof r);                                          \
     } while (0)
 
 /* Ka = Kb a (Kb: m x m, symmetric, rows ld apart): Ka[i] accumulated from 0 over the columns j in
- * ascending order, in VL-lane vectors held in registers, up to 8 at a time (when m is not a
- * multiple of VL, the last vector is the one ending at m, its first lanes recomputed to the same
- * values). nz == NULL: every column j < m is read; else only the nnz columns nz[0..nnz) (ascending),
- * which gives the same bits when every other a_j is +-0 and Kb is finite: a product c * (+-0) is
- * +-0, and adding +-0 leaves a sum that starts at +0 as it is (a sum of finite terms from +0 is
- * never -0) - the FISTA iterate is sparse (about a third of its entries are 0 on the demo). */
+ * ascending order, in vectors held in registers, several at a time (when m is not a multiple of VL,
+ * VL-lane vectors, up to 8 at a time, the last one the one ending at m, its first lanes recomputed to
+ * the same values). nz == NULL: every column j < m is read; else only the nnz columns nz[0..nnz)
+ * (ascending), which gives the same bits when every other a_j is +-0 and Kb is finite: a product
+ * c * (+-0) is +-0, and adding +-0 leaves a sum that starts at +0 as it is (a sum of finite terms from
+ * +0 is never -0) - the FISTA iterate is sparse (about a third of its entries are 0 on the demo).
+ * isa (the instruction set of the running clone: 2 AVX-512, 1 AVX2, 0 other) only picks the vector
+ * widths and how many are held at a time (m a multiple of VL): each entry's operations are the same. */
 static ALWAYS_INLINE void NAME(kmul)(const T *restrict Kb, Py_ssize_t ld, const T *restrict a, Py_ssize_t m,
-                                     T *restrict Ka, const Py_ssize_t *restrict nz, Py_ssize_t nnz)
+                                     T *restrict Ka, const uint64_t *restrict nzb, int isa)
 {
-    if (!nz) nnz = m;
     if (m < VL) {
         for (Py_ssize_t i = 0; i < m; i++) Ka[i] = (T)0;
-        for (Py_ssize_t t = 0; t < nnz; t++) {
-            const Py_ssize_t j = nz ? nz[t] : t;
+        KMUL_COLUMNS({
             const T aj = a[j];
             for (Py_ssize_t i = 0; i < m; i++) Ka[i] += Kb[j * ld + i] * aj;
-        }
+        });
         return;
     }
     const Py_ssize_t nv = (m + VL - 1) / VL;
+    if (m % VL == 0 && isa == 2) { /* 2 VL-lane vectors in passes of up to 8, the odd one in the last */
+        const Py_ssize_t nw = nv / 2, np = nw > 0 ? (nw + 7) / 8 : 1;
+        Py_ssize_t w0 = 0;
+        for (Py_ssize_t q = 0; q < np; q++) {
+            const Py_ssize_t w1 = nw * (q + 1) / np;
+            const Py_ssize_t o0 = w0 * 2 * VL;
+            const int nn = q == np - 1 ? (int)(nv % 2) : 0;
+            switch ((w1 - w0) * 2 + nn) {
+            case 1: KMUL_PASS_W(0, 1); break;
+            case 2: KMUL_PASS_W(1, 0); break;
+            case 3: KMUL_PASS_W(1, 1); break;
+            case 4: KMUL_PASS_W(2, 0); break;
+            case 5: KMUL_PASS_W(2, 1); break;
+            case 6: KMUL_PASS_W(3, 0); break;
+            case 7: KMUL_PASS_W(3, 1); break;
+            case 8: KMUL_PASS_W(4, 0); break;
+            case 9: KMUL_PASS_W(4, 1); break;
+            case 10: KMUL_PASS_W(5, 0); break;
+            case 11: KMUL_PASS_W(5, 1); break;
+            case 12: KMUL_PASS_W(6, 0); break;
+            case 13: KMUL_PASS_W(6, 1); break;
+            case 14: KMUL_PASS_W(7, 0); break;
+            case 15: KMUL_PASS_W(7, 1); break;
+            case 16: KMUL_PASS_W(8, 0); break;
+            default: KMUL_PASS_W(8, 1); break;
+            }
+            w0 = w1;
+        }
+        return;
+    }
+    if (m % VL == 0) { /* the vectors in ceil(nv / max) passes of (nearly) equal size */
+        const Py_ssize_t mx = isa ? 12 : 8, np = (nv + mx - 1) / mx;
+        Py_ssize_t v0 = 0;
+        for (Py_ssize_t q = 0; q < np; q++) {
+            const Py_ssize_t v1 = nv * (q + 1) / np;
+            const Py_ssize_t o0 = v0 * VL;
+            switch (v1 - v0) {
+            case 1: KMUL_PASS_C(1); break;
+            case 2: KMUL_PASS_C(2); break;
+            case 3: KMUL_PASS_C(3); break;
+            case 4: KMUL_PASS_C(4); break;
+            case 5: KMUL_PASS_C(5); break;
+            case 6: KMUL_PASS_C(6); break;
+            case 7: KMUL_PASS_C(7); break;
+            case 8: KMUL_PASS_C(8); break;
+            case 9: KMUL_PASS_C(9); break;
+            case 10: KMUL_PASS_C(10); break;
+            case 11: KMUL_PASS_C(11); break;
+            default: KMUL_PASS_C(12); break;
+            }
+            v0 = v1;
+        }
+        return;
+    }
     for (Py_ssize_t v0 = 0; v0 < nv; v0 += 8) {
         const int nb = nv - v0 < 8 ? (int)(nv - v0) : 8;
         Py_ssize_t off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -203,6 +369,9 @@ static ALWAYS_INLINE void NAME(kmul)(const T *restrict Kb, Py_ssize_t ld, const 
     }
 }
 #undef KMUL_PASS
+#undef KMUL_PASS_C
+#undef KMUL_PASS_W
+#undef KMUL_COLUMNS
 
 /* problems [p0, p1) of the batch; work: n * n + 8 n + 1 entries of T, idx: 2 n + 1 */
 /* whether every entry of K[p0:p1] (n x n each) is >= 0 (NaN: no) */
@@ -218,14 +387,14 @@ static int NAME(nonnegative)(const T *K, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_
  * v = w / max(|w|, 1e-30), lambda = max over v_i > 1e-12 of (Kb v)_i / v_i (0 when none), at least
  * 1e-12 (the Collatz-Wielandt ratio: an upper bound of the largest eigenvalue); v, w: scratch */
 static ALWAYS_INLINE T NAME(lipschitz)(const T *restrict Kb, Py_ssize_t ld, Py_ssize_t m, T *restrict v,
-                                       T *restrict w)
+                                       T *restrict w, int isa)
 {
     for (Py_ssize_t i = 0; i < m; i++) v[i] = (T)1;
-    NAME(kmul)(Kb, ld, v, m, w, NULL, 0);
+    NAME(kmul)(Kb, ld, v, m, w, NULL, isa);
     T nrm = (T)sqrt((double)NAME(dot8)(w, w, m));
     if (!(nrm > (T)1e-30)) nrm = (T)1e-30;
     for (Py_ssize_t i = 0; i < m; i++) v[i] = w[i] / nrm;
-    NAME(kmul)(Kb, ld, v, m, w, NULL, 0);
+    NAME(kmul)(Kb, ld, v, m, w, NULL, isa);
     T lam = (T)0;
     for (Py_ssize_t i = 0; i < m; i++)
         if (v[i] > (T)1e-12) {
@@ -245,6 +414,136 @@ static T NAME(momentum)(long k)
         if (i < k) t = tn;
     }
     return (T)((t - 1.0) / tn);
+}
+
+/* whether an[0:m] and a[0:m] are equal bit for bit (memcmp), and with nzb given the entries with
+ * an[i] != 0 (NaN too) as bits: bit i % 64 of nzb[i / 64] (nzb: ceil(m / 64) words); on x86-64 four
+ * entries at a time (SSE2: compare, movemask) */
+static ALWAYS_INLINE int NAME(scan)(const T *restrict an, const T *restrict a, Py_ssize_t m, uint64_t *restrict nzb)
+{
+    Py_ssize_t i = 0;
+    int eq = 1;
+    uint64_t wv = 0; /* the bits of the word of entry i */
+#if BATCHFAST_SSE2
+    __m128i eqv = _mm_set1_epi32(-1);
+    for (; i + 4 <= m; i += 4) {
+        int mk;
+        if (sizeof(T) == 4) {
+            const __m128 v = _mm_loadu_ps((const float *)an + i);
+            eqv = _mm_and_si128(eqv, _mm_cmpeq_epi32(_mm_castps_si128(v),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)(a + i))));
+            mk = _mm_movemask_ps(_mm_cmpneq_ps(v, _mm_setzero_ps()));
+        } else {
+            const __m128d v0 = _mm_loadu_pd((const double *)an + i), v1 = _mm_loadu_pd((const double *)an + i + 2);
+            eqv = _mm_and_si128(eqv, _mm_cmpeq_epi32(_mm_castpd_si128(v0),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)(a + i))));
+            eqv = _mm_and_si128(eqv, _mm_cmpeq_epi32(_mm_castpd_si128(v1),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)(a + i + 2))));
+            mk = _mm_movemask_pd(_mm_cmpneq_pd(v0, _mm_setzero_pd()))
+                 | (_mm_movemask_pd(_mm_cmpneq_pd(v1, _mm_setzero_pd())) << 2);
+        }
+        if (nzb) {
+            wv |= (uint64_t)mk << (i & 63);
+            if ((i & 63) == 60) { /* a group of 4 never straddles two words */
+                nzb[i >> 6] = wv;
+                wv = 0;
+            }
+        }
+    }
+    eq = _mm_movemask_epi8(eqv) == 0xFFFF;
+#endif
+    if (eq) eq = memcmp(an + i, a + i, (size_t)(m - i) * sizeof(T)) == 0;
+    if (nzb) {
+        for (; i < m; i++) {
+            wv |= (uint64_t)(an[i] != (T)0) << (i & 63);
+            if ((i & 63) == 63) {
+                nzb[i >> 6] = wv;
+                wv = 0;
+            }
+        }
+        if (m & 63) nzb[m >> 6] = wv;
+    }
+    return eq;
+}
+
+/* the momentum step, fused: y = a' + beta (a' - a), K y = K a' + beta (K a' - K a) and the next
+ * step's z = y - (2 K y - diag K) il (y and K y are not kept), entry by entry; NAME(minmax) of the
+ * new z in *zmin, *zmax (the same lanes, entries and order, from the vectors just written); with
+ * spec, also the first pass of the next projection at the shift tau (NAME(proj_pass), the same
+ * operations), its result written over a (each entry after it is read) and err, nf returned: the
+ * next NAME(project_mm) starts there when tau is inside its bracket, else it redoes a */
+static ALWAYS_INLINE void NAME(momentum_step_)(const T *restrict an, T *restrict a, const T *restrict Kan,
+                                               const T *restrict Ka, const T *restrict dg, Py_ssize_t m, T beta,
+                                               T il, T *restrict z, T *zmin, T *zmax, const int spec, T tau, T C,
+                                               T *err, Py_ssize_t *nf)
+{
+    T mx[8] = {0}, mn[8] = {0}, acc[8] = {0}; /* (set below) */
+    Py_ssize_t i = 0, cnt = 0;
+    if (m >= 8) {
+        VT vb, vil, two, vtau, vC;
+        NAME(splat)(&vb, beta);
+        NAME(splat)(&vil, il);
+        NAME(splat)(&two, (T)2);
+        NAME(splat)(&vtau, tau);
+        NAME(splat)(&vC, C);
+        VT vx[NVL], vn[NVL], va[NVL];
+        VIT vc[NVL];
+        for (int b = 0; b < NVL; b++) {
+            vx[b] = vn[b] = va[b] = (VT){0};
+            vc[b] = (VIT){0};
+        }
+        for (; i + 8 <= m; i += 8) {
+            VT zb[NVL];
+            for (int b = 0; b < NVL; b++) {
+                VT x, xo, kx, kxo, d;
+                memcpy(&x, an + i + b * VL, sizeof x);
+                memcpy(&xo, a + i + b * VL, sizeof xo);
+                memcpy(&kx, Kan + i + b * VL, sizeof kx);
+                memcpy(&kxo, Ka + i + b * VL, sizeof kxo);
+                memcpy(&d, dg + i + b * VL, sizeof d);
+                const VT y = x + vb * (x - xo);
+                const VT ky = kx + vb * (kx - kxo);
+                zb[b] = y - ((two * ky) - d) * vil;
+                memcpy(z + i + b * VL, &zb[b], sizeof zb[b]);
+                if (spec) NAME(pp_vec)(zb[b] - vtau, vC, a + i + b * VL, &va[b], &vc[b]);
+            }
+            if (i == 0) /* the lanes start at z[0] */
+                for (int b = 0; b < NVL; b++)
+                    for (int l = 0; l < VL; l++) vx[b][l] = vn[b][l] = zb[0][0];
+            for (int b = 0; b < NVL; b++) {
+                vx[b] = VSEL(zb[b] > vx[b], zb[b], vx[b]);
+                vn[b] = VSEL(zb[b] < vn[b], zb[b], vn[b]);
+            }
+        }
+        memcpy(mx, vx, sizeof mx);
+        memcpy(mn, vn, sizeof mn);
+        if (spec) cnt = NAME(pp_lanes)(va, vc, acc);
+    }
+    const Py_ssize_t i0 = i;
+    for (int l = 0; i < m; i++, l++) {
+        const T yi = an[i] + beta * (an[i] - a[i]);
+        const T kyi = Kan[i] + beta * (Kan[i] - Ka[i]);
+        z[i] = yi - (((T)2 * kyi) - dg[i]) * il;
+        if (spec) NAME(pp_one)(z[i], tau, C, a + i, &acc[l], &cnt);
+    }
+    if (m < 8)
+        for (int l = 0; l < 8; l++) mx[l] = mn[l] = z[0];
+    NAME(minmax_tail)(z, i0, m, mx, mn, zmin, zmax);
+    if (spec) {
+        *nf = cnt;
+        *err = NAME(pp_err)(acc);
+    }
+}
+
+static ALWAYS_INLINE void NAME(momentum_step)(const T *restrict an, T *restrict a, const T *restrict Kan,
+                                              const T *restrict Ka, const T *restrict dg, Py_ssize_t m, T beta,
+                                              T il, T *restrict z, T *zmin, T *zmax, int spec, T tau, T C, T *err,
+                                              Py_ssize_t *nf)
+{
+    if (spec)
+        NAME(momentum_step_)(an, a, Kan, Ka, dg, m, beta, il, z, zmin, zmax, 1, tau, C, err, nf);
+    else
+        NAME(momentum_step_)(an, a, Kan, Ka, dg, m, beta, il, z, zmin, zmax, 0, tau, C, err, nf);
 }
 
 /* the state of segmented runs (sv_core.batched.fista, early exit): per problem (p, j) the iterate a,
@@ -278,14 +577,16 @@ static ALWAYS_INLINE T NAME(fista_residual)(const T *restrict a, const T *restri
  * the state and the residual written back, and the current estimate to out. With Lout, the step
  * 1/L comes from NAME(lipschitz) at k0 = 0 and L is written to Lout (P, J); a later segment reads L
  * back from Lout; else the steps are invL (P, J) */
-MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL, T *Lout, T *out,
+MULTIVERSION_FISTA static void NAME(fista_run)(const T *K, const unsigned char *mask, const T *invL, T *Lout, T *out,
                                          Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t J, Py_ssize_t n, T C, long k0,
                                          long k1, int stop_when_fixed, int sparse, T *work, Py_ssize_t *idx,
                                          const NAME(fista_state) *st)
 {
-    Py_ssize_t *nz = idx + n; /* the non-zero entries of the iterate */
+    uint64_t *nzb = (uint64_t *)(void *)(idx + n); /* the non-zero entries of the iterate, as bits */
+    const int isa = FISTA_ISA; /* that of the clone running (see MULTIVERSION_FISTA) */
     /* the momentum schedule, the same double recurrence for every problem (NULL: per step) */
-    T *mom = k1 > 0 ? (T *)malloc((size_t)k1 * sizeof(T)) : NULL;
+    T momb[128];
+    T *mom = k1 <= 128 ? momb : (T *)malloc((size_t)k1 * sizeof(T));
     if (mom) {
         double t = 1.0;
         for (long k = 0; k < k1; k++) {
@@ -297,6 +598,9 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
     T *Ks = work, *a = Ks + n * n, *an = a + n, *Ka = an + n, *Kan = Ka + n, *z = Kan + n, *dg = z + n;
     for (Py_ssize_t p = p0; p < p1; p++) {
         const T *Kp = K + p * n * n;
+        /* whether every entry of K[p] is finite (-1: not known yet): then so is every problem's block,
+         * a set of its entries; else each block is checked */
+        int gram_finite = -1;
         for (Py_ssize_t j = 0; j < J; j++) {
             const Py_ssize_t pj = p * J + j;
             const unsigned char *mk = mask + pj * n;
@@ -329,12 +633,18 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
             int still; /* consecutive iterations that left a and tau bit-for-bit unchanged */
             if (k0 == 0) {
                 finite = sparse; /* the sparse product K a' is exact for a finite block (see kmul) */
-                for (Py_ssize_t r = 0; r < m; r++) {
-                    const T *row = Kb + r * ld;
-                    for (Py_ssize_t c = 0; c < m; c++) finite &= (row[c] - row[c]) == (T)0; /* inf, NaN: no */
+                if (finite && J > 1 && gram_finite < 0) { /* the J blocks of K[p]: one pass over it */
+                    int f = 1;
+                    for (Py_ssize_t e = 0; e < n * n; e++) f &= (Kp[e] - Kp[e]) == (T)0; /* inf, NaN: no */
+                    gram_finite = f;
                 }
+                if (finite && gram_finite != 1)
+                    for (Py_ssize_t r = 0; r < m; r++) {
+                        const T *row = Kb + r * ld;
+                        for (Py_ssize_t c = 0; c < m; c++) finite &= (row[c] - row[c]) == (T)0; /* inf, NaN: no */
+                    }
                 if (Lout) {
-                    const T L = NAME(lipschitz)(Kb, ld, m, a, Ka);
+                    const T L = NAME(lipschitz)(Kb, ld, m, a, Ka, isa);
                     Lout[pj] = L;
                     il = (T)1 / L;
                 } else {
@@ -342,7 +652,7 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 }
                 const T a0 = (T)1 / (T)m;
                 for (Py_ssize_t i = 0; i < m; i++) a[i] = a0;
-                NAME(kmul)(Kb, ld, a, m, Ka, NULL, 0);
+                NAME(kmul)(Kb, ld, a, m, Ka, NULL, isa);
                 /* y = a, K y = K a at the start */
                 for (Py_ssize_t i = 0; i < m; i++) z[i] = a[i] - (((T)2 * Ka[i]) - dg[i]) * il;
                 tau = (T)NAN;
@@ -356,32 +666,28 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
                 tau = st->tau[pj];
                 still = st->i[2 * pj];
             }
+            T zmin = (T)0, zmax = (T)0, pre_err = (T)0;
+            Py_ssize_t pre_nf = 0;
+            int have_mm = 0; /* zmin, zmax are those of z (from the step that wrote it) */
+            int have_pre = 0; /* an holds the projection pass at tau, with pre_err, pre_nf */
             for (long k = k0; k < k1 && !(stop_when_fixed && still >= 2); k++) {
                 const T tau_before = tau;
-                NAME(project)(z, m, C, &tau, an);
+                if (!have_mm) NAME(minmax)(z, m, &zmin, &zmax);
+                NAME(project_mm)(z, m, C, zmin, zmax, &tau, an, have_pre, pre_err, pre_nf);
+                const int same = NAME(scan)(an, a, m, finite ? nzb : NULL);
                 /* a' = a and tau unchanged twice in a row: y = a, K y = K a and the next z, tau and
                  * a' are those of this iteration, so every later iteration repeats it exactly */
-                still = (memcmp(an, a, (size_t)m * sizeof(T)) == 0 && memcmp(&tau, &tau_before, sizeof(T)) == 0)
-                        ? still + 1 : 0;
+                still = (same && memcmp(&tau, &tau_before, sizeof(T)) == 0) ? still + 1 : 0;
                 if (stop_when_fixed && still >= 2) break;
-                if (finite) {
-                    Py_ssize_t nnz = 0;
-                    for (Py_ssize_t i = 0; i < m; i++) {
-                        nz[nnz] = i;
-                        nnz += an[i] != (T)0;
-                    }
-                    NAME(kmul)(Kb, ld, an, m, Kan, nz, nnz);
-                } else {
-                    NAME(kmul)(Kb, ld, an, m, Kan, NULL, 0);
-                }
+                NAME(kmul)(Kb, ld, an, m, Kan, finite ? nzb : NULL, isa);
                 const T beta = mom ? mom[k] : NAME(momentum)(k);
-                /* y = a' + beta (a' - a), K y = K a' + beta (K a' - K a), and the next step's
-                 * z = y - (2 K y - diag K) / L, fused (y and K y are not kept) */
-                for (Py_ssize_t i = 0; i < m; i++) {
-                    const T yi = an[i] + beta * (an[i] - a[i]);
-                    const T kyi = Kan[i] + beta * (Kan[i] - Ka[i]);
-                    z[i] = yi - (((T)2 * kyi) - dg[i]) * il;
-                }
+                /* the next projection's first pass, written over a (the next an); not in the last
+                 * iteration, or when tau is NaN (never inside a bracket) */
+                const int spec = k + 1 < k1 && tau == tau;
+                NAME(momentum_step)(an, a, Kan, Ka, dg, m, beta, il, z, &zmin, &zmax, spec, tau, C, &pre_err,
+                                    &pre_nf);
+                have_mm = 1;
+                have_pre = spec;
                 T *sw = a; a = an; an = sw;
                 sw = Ka; Ka = Kan; Kan = sw;
             }
@@ -398,7 +704,7 @@ MULTIVERSION static void NAME(fista_run)(const T *K, const unsigned char *mask, 
             }
         }
     }
-    free(mom);
+    if (mom != momb) free(mom);
 }
 
 /* ---- ridged KKT solve ----------------------------------------------------------------------
