@@ -374,6 +374,9 @@ def test_readme_epoch_table_is_the_rendering_of_its_result():
         pytest.skip(f"{bench.README_RESULT} not present")
     doc = (root / "docs" / "COMMANDS.md").read_text()
     assert f"{bench.BEGIN}\n{bench.markdown(json.loads(res.read_text()))}\n{bench.END}" in doc
+    sizes = json.loads(res.read_text()).get("sizes")
+    if sizes:  # the study's size is the SV row the size overrides stand beside
+        assert sizes["sv_attention"] == dtr.DEFAULT_SIZE
 
 
 def test_sv_attention_training_repeats_exactly_at_each_thread_count(small_wh):
@@ -387,3 +390,40 @@ def test_sv_attention_training_repeats_exactly_at_each_thread_count(small_wh):
                                    return_predictions=True) for _ in range(2)]
         assert np.array_equal(runs[0]["p_test"], runs[1]["p_test"]), t
         assert runs[0]["auroc"] == runs[1]["auroc"] and runs[0]["auprc"] == runs[1]["auprc"]
+
+
+def test_epoch_bench_model_specs_time_a_size_beside_the_default(small_wh, monkeypatch):
+    """``NAME:KEY=VALUE`` times a size override beside the study's size (its full size recorded);
+    a malformed entry is a one-line usage error before any training."""
+    from evaluation.clinical import deterioration_bench as bench
+
+    # the per-round ratio: the median of each round's ratio, not the ratio of the medians
+    assert bench.paired_ratio([2.0, 4.0, 6.0], [1.0, 4.0, 3.0]) == {"median": 2.0, "min": 1.0, "max": 2.0}
+    assert bench.model_spec("sv_attention") == ("sv_attention", {})
+    assert bench.model_spec("sv_attention:chunk=4,C=0.5") == ("sv_attention", {"chunk": 4, "C": 0.5})
+    for bad in ("svm", "sv_attention:", "sv_attention:chunk", "sv_attention:chunks=4", "sv_attention:chunk=4.5",
+                "sv_attention:chunk=0", "sv_attention:C=nan", "softmax:d_model=x"):
+        with pytest.raises(bench.ModelSpecError):
+            bench.model_spec(bad)
+    for argv in (["--models", "softmax", "sv_attention:chunk=0"], ["--models", "softmax", "softmax"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--warehouse", small_wh, *argv])
+    built = []
+    make = dtr.make_model
+    monkeypatch.setattr(dtr, "make_model", lambda name, nf, ml, size, seed=None: (
+        built.append((name, size["chunk"])), make(name, nf, ml, size, seed))[1])
+    models = ["sv_attention", "sv_attention:chunk=4"]
+    out = bench.bench(small_wh, models, rounds=1, train_windows=6, n_boot=20, threads=[1])
+    assert out["sizes"]["sv_attention"] == dtr.DEFAULT_SIZE
+    assert out["sizes"]["sv_attention:chunk=4"] == {**dtr.DEFAULT_SIZE, "chunk": 4}
+    s = out["summary"]["1"]
+    assert s["sv_attention"]["ratio_to_sv_attention"] == 1.0 and s["sv_attention:chunk=4"]["median_s"] > 0
+    assert s["sv_attention:chunk=4"]["paired_ratio"]["median"] == (
+        out["times_s"]["1"]["sv_attention:chunk=4"][0] / out["times_s"]["1"]["sv_attention"][0])
+    assert sorted(set(built)) == [("sv_attention", 4), ("sv_attention", dtr.DEFAULT_SIZE["chunk"])]
+    # a different gate chunk is a different model: its test AUROC is its own (same seed, same data)
+    again = bench.bench(small_wh, ["sv_attention:chunk=4"], rounds=1, train_windows=6, n_boot=20, threads=[1])
+    assert again["aurocs"]["1"]["sv_attention:chunk=4"] == out["aurocs"]["1"]["sv_attention:chunk=4"]
+    lines = bench.table(out, models)
+    assert lines[2].split()[:2] == ["1", "sv_attention:chunk=4"]
+    assert "| 1 | sv_attention:chunk=4 |" in bench.markdown(out)

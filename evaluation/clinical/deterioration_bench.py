@@ -14,8 +14,13 @@ epoch time is the training pass plus the validation pass, as reported by the per
 event, beside the process's CPU seconds over the same span (all threads; less sensitive to other
 processes on a loaded machine). Printed, per thread count and model: the median epoch time with
 its min-max spread and the median CPU seconds, the ratios of medians to the first model at the
-same thread count, and the distinct test AUROCs over the rounds (one value each when runs are
+same thread count, the median (min-max) of the per-round ratios (the two runs of a round made one after
+the other), and the distinct test AUROCs over the rounds (one value each when runs are
 reproducible); the load average before and after. A benchmark command, never a timed assertion.
+
+A model may carry size overrides, ``NAME:KEY=VALUE[,KEY=VALUE...]`` with keys of
+:data:`evaluation.clinical.deterioration_training.DEFAULT_SIZE` (e.g. ``sv_attention:chunk=16``), to
+time a configuration beside the study's own: a measurement for a product decision, not a study figure.
 """
 from __future__ import annotations
 
@@ -38,11 +43,41 @@ def default_threads() -> int:
     return int(torch.get_num_threads())
 
 
+class ModelSpecError(ValueError):
+    """A ``--models`` entry that is not ``NAME`` or ``NAME:KEY=VALUE[,KEY=VALUE...]``."""
+
+
+def model_spec(spec: str) -> tuple[str, dict]:
+    """``(model name, size overrides)`` of ``NAME[:KEY=VALUE,...]``: NAME one of
+    :data:`~evaluation.clinical.deterioration_training.MODELS`, KEY one of ``DEFAULT_SIZE``, VALUE of
+    that default's type (int or float). Raises :class:`ModelSpecError` on anything else."""
+    name, sep, rest = str(spec).partition(":")
+    if name not in dtr.MODELS:
+        raise ModelSpecError(f"unknown model {name!r} in {spec!r}; choose from {', '.join(dtr.MODELS)}")
+    size: dict = {}
+    for item in rest.split(",") if sep else ():
+        key, eq, val = item.partition("=")
+        if not eq or key not in dtr.DEFAULT_SIZE:
+            raise ModelSpecError(f"{item!r} in {spec!r} is not KEY=VALUE with KEY one of {', '.join(dtr.DEFAULT_SIZE)}")
+        kind = type(dtr.DEFAULT_SIZE[key])
+        try:
+            v = kind(val)
+        except ValueError:
+            raise ModelSpecError(f"{key}={val!r} in {spec!r}: not a {kind.__name__}") from None
+        if not (v > 0) or v != v:
+            raise ModelSpecError(f"{key}={val!r} in {spec!r}: must be positive")
+        size[key] = v
+    if sep and not size:
+        raise ModelSpecError(f"{spec!r}: no KEY=VALUE after ':'")
+    return name, size
+
+
 def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int | None = None,
           device: str = "cpu", seed: int = 0, n_boot: int = 200, threads: list[int] | None = None) -> dict:
     """Per-epoch seconds and the test AUROC of each run, per thread count (``threads``, default
-    ``[1]``; 0 = torch's default count) and model: ``times_s[str(t)][model]`` (``rounds`` entries),
-    ``aurocs`` alike, ``summary[str(t)][model]``."""
+    ``[1]``; 0 = torch's default count) and model (a :func:`model_spec`): ``times_s[str(t)][model]``
+    (``rounds`` entries), ``aurocs`` alike, ``summary[str(t)][model]``; ``sizes[model]``: its full size."""
+    specs = {m: model_spec(m) for m in models}
     load_before = os.getloadavg()
     default = default_threads()
     ts = [default if int(t) == 0 else int(t) for t in (threads or [1])]
@@ -57,8 +92,8 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
         for t, m in (runs if r % 2 == 0 else runs[::-1]):
             events: list[dict] = []
             with dtr.epoch_progress(events.append):
-                res = dtr.train_and_test(data, m, seed, max_epochs=1, n_boot=n_boot, train_windows=tw,
-                                         device=device, threads=t)
+                res = dtr.train_and_test(data, specs[m][0], seed, size=specs[m][1] or None, max_epochs=1,
+                                         n_boot=n_boot, train_windows=tw, device=device, threads=t)
             times[str(t)][m].append(float(events[0]["elapsed_s"]))
             cpu[str(t)][m].append(float(events[0]["cpu_s"]))
             aurocs[str(t)][m].append(float(res["auroc"]))
@@ -70,24 +105,39 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
                                "ratio_to_" + models[0]: statistics.median(v) / base,
                                "cpu_median_s": statistics.median(cpu[str(t)][m]),
                                "cpu_ratio_to_" + models[0]: statistics.median(cpu[str(t)][m]) / cbase,
-                               "distinct_auroc": sorted(set(aurocs[str(t)][m]))}
+                               "distinct_auroc": sorted(set(aurocs[str(t)][m])),
+                               "paired_ratio": paired_ratio(times[str(t)][m], times[str(t)][models[0]])}
                            for m, v in times[str(t)].items()}
     return {"warehouse": os.path.basename(warehouse), "device": device, "rounds": rounds, "seed": seed,
             "threads": ts, "default_threads": default, "cpu_count": os.cpu_count(),
             "train_windows": min(tw, data.train.n_windows), "val_windows": data.val.n_windows,
-            "load_before": load_before, "times_s": times, "cpu_s": cpu, "aurocs": aurocs, "summary": summary}
+            "load_before": load_before,
+            "sizes": {m: {**dtr.DEFAULT_SIZE, **sz} for m, (_, sz) in specs.items()},
+            "times_s": times, "cpu_s": cpu, "aurocs": aurocs, "summary": summary}
+
+
+def paired_ratio(times: list[float], base: list[float]) -> dict[str, float]:
+    """Median, min and max over rounds of ``times[r] / base[r]`` - each round's ratio of two runs made
+    next to each other, so a host that speeds up or slows down between rounds (a shared machine) moves
+    both sides of a pair alike; steadier than the ratio of the two medians."""
+    r = [a / b for a, b in zip(times, base)]
+    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
 def table(out: dict, models: list[str]) -> list[str]:
     """The printed lines of a :func:`bench` result."""
-    lines = [f"{'threads':>7} {'model':>13} {'epoch s, median (min-max)':>27} {'ratio':>6} {'CPU s':>7} {'ratio':>6}"
-             f"  AUROC over rounds   (ratios: medians over {models[0]}'s)"]
+    w = max(13, *(len(m) for m in models))
+    lines = [f"{'threads':>7} {'model':>{w}} {'epoch s, median (min-max)':>27} {'ratio':>6}"
+             f" {'per-round (min-max)':>20} {'CPU s':>7} {'ratio':>6}"
+             f"  AUROC over rounds   (ratios to {models[0]}: of the medians; median of each round's)"]
     for t, per in out["summary"].items():
         for m, s in per.items():
             ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
             cratio = next(v for k, v in s.items() if k.startswith("cpu_ratio_to_"))
-            lines.append(f"{t:>7} {m:>13} {s['median_s']:>12.3f} ({s['min_s']:.3f}-{s['max_s']:.3f})"
-                         f" {ratio:>5.2f}x {s['cpu_median_s']:>7.3f} {cratio:>5.2f}x  {s['distinct_auroc']}")
+            pr = paired_ratio(out["times_s"][t][m], out["times_s"][t][models[0]])
+            lines.append(f"{t:>7} {m:>{w}} {s['median_s']:>12.3f} ({s['min_s']:.3f}-{s['max_s']:.3f})"
+                         f" {ratio:>5.2f}x {pr['median']:>5.2f}x ({pr['min']:.2f}-{pr['max']:.2f})"
+                         f" {s['cpu_median_s']:>7.3f} {cratio:>5.2f}x  {s['distinct_auroc']}")
     return lines
 
 
@@ -98,16 +148,20 @@ README_RESULT = "docs/results/deterioration_bench_42k.json"
 
 def markdown(out: dict) -> str:
     """The README block of a :func:`bench` result: per thread count, each model's median epoch
-    seconds (min-max), CPU seconds and the ratios to the first model; the setting and the load."""
+    seconds (min-max), its ratio to the first model's median, the per-round ratio
+    (:func:`paired_ratio`), CPU seconds and their ratio; the setting and the load."""
     models = list(next(iter(out["summary"].values())))
-    lines = ["| threads | model | epoch s, median (min–max) | × " + models[0] + " | CPU s | × " + models[0]
-             + " (CPU) | test AUROC over rounds |", "|---|---|---|---|---|---|---|"]
+    lines = ["| threads | model | epoch s, median (min–max) | × " + models[0] + " | per-round × " + models[0]
+             + ", median (min–max) | CPU s | × " + models[0] + " (CPU) | test AUROC over rounds |",
+             "|---|---|---|---|---|---|---|---|"]
     for t, per in out["summary"].items():
         for m, s in per.items():
             ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
             cratio = next(v for k, v in s.items() if k.startswith("cpu_ratio_to_"))
+            pr = paired_ratio(out["times_s"][t][m], out["times_s"][t][models[0]])
             au = ", ".join(f"{a:.3f}" for a in sorted({round(x, 3) for x in s["distinct_auroc"]}))
             lines.append(f"| {t} | {m} | {s['median_s']:.2f} ({s['min_s']:.2f}–{s['max_s']:.2f}) | {ratio:.2f}× | "
+                         f"{pr['median']:.2f}× ({pr['min']:.2f}–{pr['max']:.2f}) | "
                          f"{s['cpu_median_s']:.2f} | {cratio:.2f}× | {au} |")
     la, lb = out["load_before"][0], (out.get("load_after") or [float("nan")])[0]
     lines += ["", f"*{out['rounds']} interleaved rounds, warehouse `{out['warehouse']}`, "
@@ -132,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                     "to the first model and whether the AUROC repeats.")
     ap.add_argument("--warehouse", default="runs/warehouse.duckdb",
                     help="warehouse file (default runs/warehouse.duckdb)")
-    ap.add_argument("--models", nargs="+", default=["softmax", "sv_attention"], choices=dtr.MODELS,
-                    help="models to time; ratios are to the first (default softmax sv_attention)")
+    ap.add_argument("--models", nargs="+", default=["softmax", "sv_attention"],
+                    help="models to time, each NAME or NAME:KEY=VALUE[,KEY=VALUE...] (size overrides, e.g. "
+                         f"sv_attention:chunk=16); NAME one of {', '.join(dtr.MODELS)}; ratios are to the first "
+                         "(default softmax sv_attention)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--threads", nargs="+", type=int, default=[0, 1],
                     help="CPU intra-op thread counts, 0 = torch's default (default 0 1; 1 is the study's mode)")
@@ -156,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--readme needs --table")
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
+    for m in a.models:
+        try:
+            model_spec(m)
+        except ModelSpecError as e:
+            ap.error(str(e))
+    if len(set(a.models)) != len(a.models):
+        ap.error("--models: each entry once")
     if any(t < 0 for t in a.threads):
         ap.error("--threads must be >= 0")
     load = os.getloadavg()
