@@ -164,6 +164,58 @@ def test_flow_trains_gru_and_lightgbm_beside_sv_attention_and_names_the_winner(p
     assert f"best: {short[ranked[0]]}, ahead of {LABELS[ranked[1]]} by ΔAUROC " in readme_row
 
 
+def test_each_model_reads_only_its_size_keys():
+    """make_model reads no size key outside SIZE_KEYS[name] (the others may be anything), and a key
+    inside changes the model - so a study task's cache key (its model's keys only) is complete."""
+    import torch
+
+    for name in dtr.MODELS:
+        own = dtr.model_size(name, {"chunk": 4})
+        assert set(own) == set(dtr.SIZE_KEYS[name])
+        junk = {k: None for k in dtr.DEFAULT_SIZE if k not in own}
+        m = dtr.make_model(name, 6, 24, {**junk, **own}, seed=0)
+        ref = dtr.make_model(name, 6, 24, {**dtr.DEFAULT_SIZE, **own}, seed=0)
+        x = torch.randn(2, 24, 6, generator=torch.Generator().manual_seed(1))
+        assert torch.equal(m(x), ref(x)), name
+    assert dtr.model_size("lightgbm", {"chunk": 4}) == {}
+    assert dtr.model_size("sv_attention", {"chunk": 4})["chunk"] == 4
+    assert dtr.make_model("sv_attention", 6, 24, {**dtr.DEFAULT_SIZE, "chunk": 4}).blocks[0].attn.chunk == 4
+
+
+def test_a_changed_sv_gate_retrains_sv_attention_and_no_peer(prefect_harness, small_wh, tmp_path):
+    """The task cache is keyed per model on its own size keys: a second run with another gate chunk
+    trains SV attention again and serves the GRU from the cache (same result); another GRU width
+    trains the GRU and serves SV attention."""
+    from pipelines.flows.clinical_deterioration import deterioration_flow
+    from pipelines.runtime import runner
+    from pipelines.settings import DeteriorationSettings
+    from pipelines.store.warehouse_files import cache_dir
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    dst = runs / "warehouse.duckdb"
+    shutil.copy(small_wh, dst)
+    base = {"hidden": 4, "d_model": 4, "heads": 1, "fista_iters": 10}
+
+    def run(**size):
+        with runner.results_context(str(runs)):
+            res = deterioration_flow(warehouse=str(dst), runs_dir=str(runs), progress=False,
+                                     settings=DeteriorationSettings(
+                                         models=("gru", "sv_attention"), seeds=1, max_epochs=1, n_boot=50,
+                                         window=24, context=12, size={**base, **size}))
+        entries = sorted(p.name for p in cache_dir(str(dst)).glob("train_task-*.json"))
+        return res, entries
+
+    r1, e1 = run()
+    r2, e2 = run(chunk=4)
+    r3, e3 = run(chunk=4, hidden=6)
+    assert len(e1) == 2 and len(e2) == 3 and len(e3) == 4
+    assert set(e1) < set(e2) < set(e3)
+    assert r2["metrics"]["gru"]["auroc_mean"] == r1["metrics"]["gru"]["auroc_mean"]
+    assert r3["metrics"]["sv_attention"]["auroc_mean"] == r2["metrics"]["sv_attention"]["auroc_mean"]
+    assert r2["config"]["size"]["chunk"] == 4 and r3["config"]["size"]["hidden"] == 6  # the full size, recorded
+
+
 def test_bad_model_lists_are_typed_errors(small_wh, tmp_path):
     from pipelines.flows.clinical_deterioration import deterioration_flow
     from pipelines.settings import DeteriorationSettings

@@ -28,6 +28,18 @@ from evaluation.clinical import deterioration_reader as rd
 MODELS = det.SEQUENCE_MODELS
 DEFAULT_SIZE = {"hidden": 32, "d_model": 32, "heads": 2, "layers": 1, "chunk": 8, "C": 0.25, "sigma": 2.0,
                 "fista_iters": 40}
+#: the keys of a size each model reads (:func:`make_model`); a study task's cache key holds only its
+#: model's (:func:`model_size`), so changing the SV gate's chunk re-trains SV attention and no peer
+SIZE_KEYS: dict[str, tuple[str, ...]] = {
+    "lstm": ("hidden",), "gru": ("hidden",), "softmax": ("d_model", "heads", "layers"),
+    "sv_attention": ("d_model", "heads", "layers", "chunk", "C", "sigma", "fista_iters")}
+
+
+def model_size(name: str, size: dict | None = None) -> dict:
+    """The part of ``size`` (over :data:`DEFAULT_SIZE`) that model ``name`` reads; ``{}`` for a
+    model that reads none (the LightGBM peer)."""
+    full = {**DEFAULT_SIZE, **(size or {})}
+    return {k: full[k] for k in SIZE_KEYS.get(name, ())}
 #: default caps per device; ``None`` = no cap. ``train_windows`` windows drawn afresh each epoch
 #: (seeded), a fixed sample of ``val_windows`` validation windows, a fixed sample of ``test_stays``
 #: test stays (all their hours), at most ``max_epochs`` epochs, ``seeds`` seeds; the LightGBM peer

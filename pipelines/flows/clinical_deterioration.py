@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from prefect import flow, task
@@ -48,7 +48,8 @@ from pipelines.store import warehouse as wh
 @dataclass(frozen=True)
 class TrainSpec:
     """What one model × seed's training needs besides the model and seed (the train task's
-    settings, part of its cache key): sequence layout, sizes, caps, device and protocol."""
+    settings, part of its cache key): sequence layout, the model's own size keys
+    (:func:`~evaluation.clinical.deterioration_training.model_size`), caps, device and protocol."""
 
     window: int
     size: dict
@@ -191,7 +192,8 @@ def deterioration_flow(warehouse: str = "runs/warehouse.duckdb", runs_dir: str =
     names = list(models)
     jobs = [(m, s) for s in range(seeds) for m in names]
     spec = TrainSpec(window, size, max_epochs, n_boot, mode, context, label, det.PROTOCOL, window_caps, device)
-    futures = [train_task.submit(warehouse, h, m, s, spec) for m, s in jobs]
+    # each task's key holds only its model's size keys: a changed SV gate re-trains no peer
+    futures = [train_task.submit(warehouse, h, m, s, replace(spec, size=dtr.model_size(m, size))) for m, s in jobs]
     runs = train_with_progress(futures, jobs, max_epochs, progress)
     agg = aggregate(runs, names)
 
