@@ -216,6 +216,26 @@ def test_a_changed_sv_gate_retrains_sv_attention_and_no_peer(prefect_harness, sm
     assert r2["config"]["size"]["chunk"] == 4 and r3["config"]["size"]["hidden"] == 6  # the full size, recorded
 
 
+def test_size_overrides_from_the_command_line(capsys, tmp_path):
+    """``forgetful deterioration --size KEY=VALUE ...`` reaches the study's settings; a bad entry is a
+    one-line typed error before anything runs (the same parser as the epoch bench's NAME:KEY=VALUE)."""
+    from pipelines.cli import build_parser, main
+    from pipelines.flows.clinical_deterioration import settings_of
+
+    args = build_parser().parse_args(["deterioration", "--size", "chunk=16", "C=0.5"])
+    assert settings_of(args).size == {"chunk": 16, "C": 0.5}
+    assert settings_of(build_parser().parse_args(["deterioration"])).size is None
+    assert dtr.parse_size(["fista_iters=20"]) == {"fista_iters": 20}
+    wh = tmp_path / "w.duckdb"
+    for bad in (["chunk"], ["chunks=4"], ["chunk=1.5"], ["C=inf"], ["sigma=-1"], ["heads=two"]):
+        with pytest.raises(det.DeteriorationInputError):
+            dtr.parse_size(bad)
+        assert main(["deterioration", "--warehouse", str(wh), "--size", *bad]) != 0
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "size" in err, err
+    assert not wh.exists()
+
+
 def test_bad_model_lists_are_typed_errors(small_wh, tmp_path):
     from pipelines.flows.clinical_deterioration import deterioration_flow
     from pipelines.settings import DeteriorationSettings

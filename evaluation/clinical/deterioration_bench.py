@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 
+from evaluation.clinical import deterioration as det
 from evaluation.clinical import deterioration_training as dtr
 from sv_core.jsonfile import write_json, write_marked_block
 
@@ -54,22 +55,12 @@ def model_spec(spec: str) -> tuple[str, dict]:
     name, sep, rest = str(spec).partition(":")
     if name not in dtr.MODELS:
         raise ModelSpecError(f"unknown model {name!r} in {spec!r}; choose from {', '.join(dtr.MODELS)}")
-    size: dict = {}
-    for item in rest.split(",") if sep else ():
-        key, eq, val = item.partition("=")
-        if not eq or key not in dtr.DEFAULT_SIZE:
-            raise ModelSpecError(f"{item!r} in {spec!r} is not KEY=VALUE with KEY one of {', '.join(dtr.DEFAULT_SIZE)}")
-        kind = type(dtr.DEFAULT_SIZE[key])
-        try:
-            v = kind(val)
-        except ValueError:
-            raise ModelSpecError(f"{key}={val!r} in {spec!r}: not a {kind.__name__}") from None
-        if not (v > 0) or v != v:
-            raise ModelSpecError(f"{key}={val!r} in {spec!r}: must be positive")
-        size[key] = v
-    if sep and not size:
-        raise ModelSpecError(f"{spec!r}: no KEY=VALUE after ':'")
-    return name, size
+    if not sep:
+        return name, {}
+    try:
+        return name, dtr.parse_size(rest.split(","))
+    except det.DeteriorationInputError as e:
+        raise ModelSpecError(f"{spec!r}: {e}") from None
 
 
 def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int | None = None,

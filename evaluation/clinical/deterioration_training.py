@@ -35,6 +35,26 @@ SIZE_KEYS: dict[str, tuple[str, ...]] = {
     "sv_attention": ("d_model", "heads", "layers", "chunk", "C", "sigma", "fista_iters")}
 
 
+def parse_size(items) -> dict:
+    """Size overrides from ``KEY=VALUE`` strings: KEY one of :data:`DEFAULT_SIZE`, VALUE of that
+    default's type (int or float), positive. Raises ``DeteriorationInputError`` (one line) otherwise."""
+    size: dict = {}
+    for item in items:
+        key, eq, val = str(item).partition("=")
+        if not eq or key not in DEFAULT_SIZE:
+            raise det.DeteriorationInputError(
+                f"size {item!r} is not KEY=VALUE with KEY one of {', '.join(DEFAULT_SIZE)}")
+        kind = type(DEFAULT_SIZE[key])
+        try:
+            v = kind(val)
+        except ValueError:
+            raise det.DeteriorationInputError(f"size {key}={val!r}: not a {kind.__name__}") from None
+        if not 0 < v < float("inf"):
+            raise det.DeteriorationInputError(f"size {key}={val!r}: must be positive and finite")
+        size[key] = v
+    return size
+
+
 def model_size(name: str, size: dict | None = None) -> dict:
     """The part of ``size`` (over :data:`DEFAULT_SIZE`) that model ``name`` reads; ``{}`` for a
     model that reads none (the LightGBM peer)."""

@@ -307,7 +307,8 @@ def settings_of(args) -> DeteriorationSettings:
                                  max_epochs=args.max_epochs, n_boot=args.n_boot, mode=args.mode, context=args.context,
                                  label=args.label, device=args.device, train_windows=args.train_windows,
                                  val_windows=args.val_windows, test_stays=args.test_stays,
-                                 tabular_windows=args.tabular_windows)
+                                 tabular_windows=args.tabular_windows,
+                                 size=dtr.parse_size(args.size) if args.size else None)
 
 
 @runner.cli_errors
@@ -372,6 +373,11 @@ def add_cli(sub) -> None:
                    help="sliding blocks with carried context (default) or whole-stay sequences")
     p.add_argument("--label", choices=det.LABEL_VARIANTS, default="filled",
                    help="event definition: filled values (default, the warehouse's) or observed-only")
+    p.add_argument("--size", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="model sizes over the study's ("
+                        + ", ".join(f"{k}={v}" for k, v in dtr.DEFAULT_SIZE.items())
+                        + "), e.g. --size chunk=16 for another SV gate chunk; each task's cache key holds only "
+                          "its model's keys, so the peers are served from an earlier run's cache")
     p.add_argument("--n-boot", type=COUNT, default=10_000,
                    help="stay-clustered bootstrap resamples (default %(default)s)")
     runner.add_common_args(p)
