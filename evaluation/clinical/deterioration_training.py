@@ -60,6 +60,8 @@ def model_size(name: str, size: dict | None = None) -> dict:
     model that reads none (the LightGBM peer)."""
     full = {**DEFAULT_SIZE, **(size or {})}
     return {k: full[k] for k in SIZE_KEYS.get(name, ())}
+
+
 #: default caps per device; ``None`` = no cap. ``train_windows`` windows drawn afresh each epoch
 #: (seeded), a fixed sample of ``val_windows`` validation windows, a fixed sample of ``test_stays``
 #: test stays (all their hours), at most ``max_epochs`` epochs, ``seeds`` seeds; the LightGBM peer
