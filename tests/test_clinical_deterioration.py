@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -247,11 +249,61 @@ def test_training_streams_bounded_shards_and_repeats_exactly(small_wh, monkeypat
     assert r1["train_windows_per_epoch"] == 7 and [e["epoch"] for e in events] == list(range(1, r1["epochs"] + 1))
     assert all(np.isfinite(e["train_loss"]) and np.isfinite(e["val_loss"]) for e in events)
     assert min(e["val_loss"] for e in events) == pytest.approx(r1["best_val_loss"])
+    first = len(seen)
     r2 = dtr.train_and_test(data, "lstm", 0, **kw)
     assert np.array_equal(r1["p_test"], r2["p_test"]) and r1["auroc"] == r2["auroc"]
+    # the class weight's positive rate is read once per StudyData (the second fit skips that pass)
+    # and equals the rate read in any other shard size (integer counts: exact)
+    assert len(seen) - first < first
+    assert data.train_positive_rate() == dtr.positive_rate(dtr.WindowReader(data, data.train, 2))
     assert len(events) == r1["epochs"]  # outside the block nothing is called
     tgt = dtr.scored_targets(data, shard=3)
     assert tgt["y"].shape == r1["p_test"].shape and r1["n_groups"] == 2
+
+
+def test_the_epoch_event_splits_reading_rows_from_compute(small_wh, monkeypatch):
+    """``read_s``: the seconds an epoch spent producing rows (the training shards and the validation
+    pass), so the bench can split an epoch into reading (the same work for every model) and compute.
+    A reader slowed by a known delay per shard shows it there and not in the rest of the epoch."""
+    from evaluation.clinical import deterioration_bench as bench
+
+    data = dtr.study_data(small_wh, "sliding", 24, 12, "filled", val_windows=5, test_stays=2)
+    delay, calls = 0.15, []
+    real = rd.load_windows
+
+    def slow(*a, **k):
+        calls.append(time.perf_counter())
+        time.sleep(delay)
+        return real(*a, **k)
+
+    def epoch(patch: bool) -> tuple[float, dict]:
+        events = []
+        if patch:
+            monkeypatch.setattr(rd, "load_windows", slow)
+        with dtr.epoch_progress(lambda e: events.append((time.perf_counter(), e))):
+            dtr.train_and_test(data, "lstm", 0, size={"hidden": 4}, max_epochs=1, n_boot=20, train_windows=7,
+                               shard=3)
+        monkeypatch.setattr(rd, "load_windows", real)
+        return events[0]
+
+    fast = epoch(False)[1]
+    calls.clear()
+    at, slowed = epoch(True)
+    in_epoch = sum(1 for c in calls if at - slowed["elapsed_s"] - 1e-3 <= c <= at)  # shards read in the epoch
+    assert in_epoch == 5  # 7 training windows and 5 validation windows, in shards of 3
+    assert 0 <= fast["read_s"] <= fast["elapsed_s"]
+    assert slowed["read_s"] >= delay * in_epoch
+    # the delay lands in the reading, not the compute: compute less than the added delay
+    assert slowed["elapsed_s"] - slowed["read_s"] < fast["elapsed_s"] - fast["read_s"] + delay
+    # the bench's compute ratio is each round's (epoch - reading) over the first model's
+    out = bench.bench(small_wh, ["lstm", "gru"], rounds=2, train_windows=6, n_boot=20, threads=[1])
+    t, r = out["times_s"]["1"], out["read_s"]["1"]
+    comp = {m: [a - b for a, b in zip(t[m], r[m])] for m in t}
+    s = out["summary"]["1"]["gru"]
+    assert s["compute_paired_ratio"] == bench.paired_ratio(comp["gru"], comp["lstm"])
+    assert s["compute_median_s"] == statistics.median(comp["gru"]) and s["read_median_s"] == statistics.median(r["gru"])
+    row = next(x for x in bench.markdown(out).splitlines() if x.startswith("| 1 | gru |"))
+    assert f"| {s['read_median_s']:.2f} | {s['compute_paired_ratio']['median']:.2f}× (" in row
 
 
 def _untimed(x):

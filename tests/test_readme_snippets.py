@@ -259,11 +259,11 @@ PARSE_ONLY = {
     "python -m evaluation.clinical.deterioration_bench --table docs/results/deterioration_bench_42k.json "
     "--readme docs/COMMANDS.md": "rewrites docs/COMMANDS.md's deterioration_bench block from the committed result file "
                           "(tests/test_clinical_deterioration.py checks the block equals its rendering)",
-    "forgetful deterioration --models sv_attention --size chunk=16":
+    "forgetful deterioration --models sv_attention --size chunk=24":
         "the study on the 42k warehouse (minutes); test_size_overrides_from_the_command_line parses its --size "
         "and test_a_changed_sv_gate_retrains_sv_attention_and_no_peer runs the flow at another chunk",
     "python -m evaluation.clinical.deterioration_bench --warehouse W --rounds 9 --threads 1 2 --models softmax "
-    "sv_attention sv_attention:chunk=16 sv_attention:fista_iters=20 --json OUT":
+    "sv_attention sv_attention:chunk=16 sv_attention:chunk=24 --json OUT":
         "a benchmark (four models, an epoch each per round and thread count, on the 42k warehouse); "
         "test_epoch_bench_model_specs_time_a_size_beside_the_default runs its size overrides",
     "python -m models.bench_throughput --table docs/results/bench_throughput_1thread.json "

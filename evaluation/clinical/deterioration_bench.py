@@ -12,11 +12,14 @@ from round to round (so machine load falls on every side alike), at the device's
 (:data:`evaluation.clinical.deterioration_training.CAPS`; ``--train-windows`` overrides). The
 epoch time is the training pass plus the validation pass, as reported by the per-epoch progress
 event, beside the process's CPU seconds over the same span (all threads; less sensitive to other
-processes on a loaded machine). Printed, per thread count and model: the median epoch time with
+processes on a loaded machine) and the seconds of it spent producing rows (reading and featurising
+shards from the warehouse: ``read_s``, the same work for every model), so the epoch splits into
+reading and the model's compute. Printed, per thread count and model: the median epoch time with
 its min-max spread and the median CPU seconds, the ratios of medians to the first model at the
 same thread count, the median (min-max) of the per-round ratios (the two runs of a round made one after
-the other), and the distinct test AUROCs over the rounds (one value each when runs are
-reproducible); the load average before and after. A benchmark command, never a timed assertion.
+the other), the median reading seconds and the per-round ratio of the compute (epoch less reading),
+and the distinct test AUROCs over the rounds (one value each when runs are reproducible); the load
+average before and after. A benchmark command, never a timed assertion.
 
 A model may carry size overrides, ``NAME:KEY=VALUE[,KEY=VALUE...]`` with keys of
 :data:`evaluation.clinical.deterioration_training.DEFAULT_SIZE` (e.g. ``sv_attention:chunk=16``), to
@@ -77,6 +80,7 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
     data = dtr.study_data(warehouse, val_windows=caps["val_windows"], test_stays=caps["test_stays"])
     times: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
     cpu: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
+    read: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
     aurocs: dict[str, dict[str, list[float]]] = {str(t): {m: [] for m in models} for t in ts}
     runs = [(t, m) for t in ts for m in models]
     for r in range(rounds):
@@ -87,12 +91,17 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
                                          n_boot=n_boot, train_windows=tw, device=device, threads=t)
             times[str(t)][m].append(float(events[0]["elapsed_s"]))
             cpu[str(t)][m].append(float(events[0]["cpu_s"]))
+            read[str(t)][m].append(float(events[0]["read_s"]))
             aurocs[str(t)][m].append(float(res["auroc"]))
     summary: dict[str, dict[str, dict]] = {}
     for t in ts:
         base = statistics.median(times[str(t)][models[0]])
         cbase = statistics.median(cpu[str(t)][models[0]])
+        compute = {m: [e - r for e, r in zip(times[str(t)][m], read[str(t)][m])] for m in models}
         summary[str(t)] = {m: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
+                               "read_median_s": statistics.median(read[str(t)][m]),
+                               "compute_median_s": statistics.median(compute[m]),
+                               "compute_paired_ratio": paired_ratio(compute[m], compute[models[0]]),
                                "ratio_to_" + models[0]: statistics.median(v) / base,
                                "cpu_median_s": statistics.median(cpu[str(t)][m]),
                                "cpu_ratio_to_" + models[0]: statistics.median(cpu[str(t)][m]) / cbase,
@@ -104,7 +113,7 @@ def bench(warehouse: str, models: list[str], rounds: int = 3, train_windows: int
             "train_windows": min(tw, data.train.n_windows), "val_windows": data.val.n_windows,
             "load_before": load_before,
             "sizes": {m: {**dtr.DEFAULT_SIZE, **sz} for m, (_, sz) in specs.items()},
-            "times_s": times, "cpu_s": cpu, "aurocs": aurocs, "summary": summary}
+            "times_s": times, "cpu_s": cpu, "read_s": read, "aurocs": aurocs, "summary": summary}
 
 
 def paired_ratio(times: list[float], base: list[float]) -> dict[str, float]:
@@ -119,15 +128,17 @@ def table(out: dict, models: list[str]) -> list[str]:
     """The printed lines of a :func:`bench` result."""
     w = max(13, *(len(m) for m in models))
     lines = [f"{'threads':>7} {'model':>{w}} {'epoch s, median (min-max)':>27} {'ratio':>6}"
-             f" {'per-round (min-max)':>20} {'CPU s':>7} {'ratio':>6}"
+             f" {'per-round (min-max)':>20} {'read s':>6} {'compute per-round':>23} {'CPU s':>7} {'ratio':>6}"
              f"  AUROC over rounds   (ratios to {models[0]}: of the medians; median of each round's)"]
     for t, per in out["summary"].items():
         for m, s in per.items():
             ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
             cratio = next(v for k, v in s.items() if k.startswith("cpu_ratio_to_"))
             pr = paired_ratio(out["times_s"][t][m], out["times_s"][t][models[0]])
+            cp = s["compute_paired_ratio"]
             lines.append(f"{t:>7} {m:>{w}} {s['median_s']:>12.3f} ({s['min_s']:.3f}-{s['max_s']:.3f})"
                          f" {ratio:>5.2f}x {pr['median']:>5.2f}x ({pr['min']:.2f}-{pr['max']:.2f})"
+                         f" {s['read_median_s']:>6.3f} {cp['median']:>8.2f}x ({cp['min']:.2f}-{cp['max']:.2f})"
                          f" {s['cpu_median_s']:>7.3f} {cratio:>5.2f}x  {s['distinct_auroc']}")
     return lines
 
@@ -140,19 +151,25 @@ README_RESULT = "docs/results/deterioration_bench_42k.json"
 def markdown(out: dict) -> str:
     """The README block of a :func:`bench` result: per thread count, each model's median epoch
     seconds (min-max), its ratio to the first model's median, the per-round ratio
-    (:func:`paired_ratio`), CPU seconds and their ratio; the setting and the load."""
+    (:func:`paired_ratio`), the median seconds of reading rows and the per-round ratio of the compute
+    (epoch less reading; "–" in a result that predates ``read_s``), CPU seconds and their ratio; the
+    setting and the load."""
     models = list(next(iter(out["summary"].values())))
     lines = ["| threads | model | epoch s, median (min–max) | × " + models[0] + " | per-round × " + models[0]
+             + ", median (min–max) | of it reading rows, s | compute per-round × " + models[0]
              + ", median (min–max) | CPU s | × " + models[0] + " (CPU) | test AUROC over rounds |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for t, per in out["summary"].items():
         for m, s in per.items():
             ratio = next(v for k, v in s.items() if k.startswith("ratio_to_"))
             cratio = next(v for k, v in s.items() if k.startswith("cpu_ratio_to_"))
             pr = paired_ratio(out["times_s"][t][m], out["times_s"][t][models[0]])
             au = ", ".join(f"{a:.3f}" for a in sorted({round(x, 3) for x in s["distinct_auroc"]}))
+            cp = s.get("compute_paired_ratio")
+            rd_, cpt = ("–", "–") if cp is None else (
+                f"{s['read_median_s']:.2f}", f"{cp['median']:.2f}× ({cp['min']:.2f}–{cp['max']:.2f})")
             lines.append(f"| {t} | {m} | {s['median_s']:.2f} ({s['min_s']:.2f}–{s['max_s']:.2f}) | {ratio:.2f}× | "
-                         f"{pr['median']:.2f}× ({pr['min']:.2f}–{pr['max']:.2f}) | "
+                         f"{pr['median']:.2f}× ({pr['min']:.2f}–{pr['max']:.2f}) | {rd_} | {cpt} | "
                          f"{s['cpu_median_s']:.2f} | {cratio:.2f}× | {au} |")
     la, lb = out["load_before"][0], (out.get("load_after") or [float("nan")])[0]
     lines += ["", f"*{out['rounds']} interleaved rounds, warehouse `{out['warehouse']}`, "

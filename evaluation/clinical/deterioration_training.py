@@ -105,6 +105,15 @@ class StudyData:
     test: rd.SplitIndex
     max_len: int
 
+    def train_positive_rate(self, shard: int = rd.SHARD_WINDOWS) -> float:
+        """:func:`positive_rate` of every training window (read ``shard`` windows at a time), read
+        once per ``StudyData``: every fit of it weighs the classes by it, and a bench times many fits
+        of one. The rate is a ratio of integer counts, so the shard size never changes it."""
+        got = self.__dict__.get("_train_positive_rate")
+        if got is None:  # frozen: kept beside the fields, as functools.cached_property keeps its value
+            got = self.__dict__["_train_positive_rate"] = positive_rate(WindowReader(self, self.train, shard))
+        return got
+
 
 def study_data(warehouse: str, mode: str = "sliding", window: int = 48, context: int = 48, label: str = "filled",
                val_windows: int | None = None, test_stays: int | None = None) -> StudyData:
@@ -221,6 +230,9 @@ class WindowReader:
     def __init__(self, data: StudyData, index: rd.SplitIndex, shard: int):
         self.data, self.index, self.shard = data, index, int(shard)
         self.kept = None
+        #: wall seconds :meth:`shards` has spent producing rows (reading and featurising a shard, or
+        #: slicing the kept rows), over every pass so far: an epoch's time less this is its compute
+        self.read_s = 0.0
         if index.n_windows <= self.shard:
             self.kept = rd.load_windows(data.warehouse, index, np.arange(index.n_windows), data.stats, data.label)
 
@@ -228,7 +240,7 @@ class WindowReader:
     def of_rows(cls, rows: det.SeqData, shard: int = rd.SHARD_WINDOWS) -> WindowReader:
         """A reader over rows held in memory (``rows.length`` set), served ``shard`` at a time."""
         self = cls.__new__(cls)
-        self.data, self.index, self.shard, self.kept = None, None, int(shard), rows
+        self.data, self.index, self.shard, self.kept, self.read_s = None, None, int(shard), rows, 0.0
         return self
 
     @property
@@ -236,7 +248,21 @@ class WindowReader:
         return self.index.n_windows if self.index is not None else int(len(self.kept.x))
 
     def shards(self, order: np.ndarray | None = None) -> Iterator[det.SeqData]:
+        """The rows of the windows ``order`` (default all, in index order), ``shard`` windows at a
+        time; the time spent producing each is added to :attr:`read_s`."""
         order = np.arange(self.n_windows) if order is None else order
+        rows = iter(self._rows(order))
+        while True:
+            t0 = time.perf_counter()
+            try:
+                d = next(rows)
+            except StopIteration:
+                return
+            finally:
+                self.read_s += time.perf_counter() - t0
+            yield d
+
+    def _rows(self, order: np.ndarray) -> Iterator[det.SeqData]:
         if self.kept is None:
             yield from rd.iter_shards(self.data.warehouse, self.index, order, self.data.stats, self.data.label,
                                        self.shard)
@@ -295,8 +321,10 @@ _EPOCH_LISTENERS: list[Callable[[dict], None]] = []
 def epoch_progress(listener: Callable[[dict], None] | None) -> Iterator[None]:
     """While inside, :func:`train_and_test` calls ``listener(event)`` in this process after every
     epoch — from the worker thread that trains — with ``model, seed, epoch, max_epochs,
-    train_loss, val_loss, elapsed_s, cpu_s`` (``cpu_s``: this process's CPU seconds since training
-    began, all threads). ``None`` registers nothing."""
+    train_loss, val_loss, elapsed_s, cpu_s, read_s`` (``cpu_s``: this process's CPU seconds since
+    training began, all threads; ``read_s``: of ``elapsed_s``, the seconds spent producing rows for the
+    training and validation passes, :attr:`WindowReader.read_s`; the rest is the model's compute).
+    ``None`` registers nothing."""
     if listener is None:
         yield
         return
@@ -340,12 +368,13 @@ def fit(model_name: str, seed: int, train: WindowReader, val: WindowReader, *, n
     size = {**DEFAULT_SIZE, **(size or {})}
     model = make_model(model_name, n_features, max_len, size, seed).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    pos = positive_rate(train)
+    pos = train.data.train_positive_rate(train.shard) if train.data is not None and train.index is train.data.train \
+        else positive_rate(train)
     pw = torch.tensor((1 - pos) / max(pos, 1e-3), device=device)
     rng = np.random.default_rng(seed)
     W = train.n_windows
     best, best_state, bad, epochs = np.inf, None, 0, 0
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, r0 = time.perf_counter(), time.process_time(), train.read_s + val.read_s
     for ep in range(max_epochs):
         model.train()
         losses = []
@@ -370,7 +399,8 @@ def fit(model_name: str, seed: int, train: WindowReader, val: WindowReader, *, n
         vl = mean_bce(model, val, device)
         emit_epoch({"model": model_name, "seed": int(seed), "epoch": epochs, "max_epochs": int(max_epochs),
                     "train_loss": float(np.mean(losses)) if losses else float("nan"), "val_loss": vl,
-                    "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
+                    "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                    "read_s": train.read_s + val.read_s - r0})
         if vl < best - 1e-4:
             best, best_state, bad = vl, copy.deepcopy(model.state_dict()), 0
         else:

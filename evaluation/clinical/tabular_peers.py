@@ -106,7 +106,7 @@ def fit(seed: int, train: dtr.WindowReader, val: dtr.WindowReader, *, train_wind
     """Fit the LightGBM peer (module docstring). Returns (booster, facts: epochs = boosting rounds
     kept, best_val_loss, train_s, n_params = leaves of the kept trees, train_windows_per_epoch)."""
     lgb = require_lightgbm()
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, r0 = time.perf_counter(), time.process_time(), train.read_s + val.read_s
     W = train.n_windows
     rng = np.random.default_rng(seed)
     pick = np.arange(W) if train_windows is None or train_windows >= W else \
@@ -127,7 +127,8 @@ def fit(seed: int, train: dtr.WindowReader, val: dtr.WindowReader, *, train_wind
     leaves = sum(t["num_leaves"] for t in booster.dump_model(num_iteration=rounds)["tree_info"])
     best = float(booster.best_score.get("val", {}).get("binary_logloss", float("nan")))
     dtr.emit_epoch({"model": "lightgbm", "seed": int(seed), "epoch": 1, "max_epochs": 1, "train_loss": float("nan"),
-                    "val_loss": best, "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
+                    "val_loss": best, "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                    "read_s": train.read_s + val.read_s - r0})
     return booster, {"epochs": rounds, "best_val_loss": best, "train_s": time.perf_counter() - t0,
                      "n_params": int(leaves), "train_windows_per_epoch": int(pick.size)}
 
