@@ -26,7 +26,7 @@ from cohort.constants import VITALS
 from evaluation.errors import EvaluationError
 
 HORIZON = 6
-#: per-hour sequence models (torch): :func:`evaluation.clinical.deterioration_training.make_model`
+#: per-hour sequence models (torch): :func:`evaluation.clinical.deterioration_models.make_model`
 SEQUENCE_MODELS = ("lstm", "gru", "softmax", "sv_attention")
 #: gradient-boosted trees on causal summary features of the same rows: :mod:`evaluation.clinical.tabular_peers`
 TABULAR_MODELS = ("lightgbm",)

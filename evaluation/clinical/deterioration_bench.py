@@ -22,7 +22,7 @@ and the distinct test AUROCs over the rounds (one value each when runs are repro
 average before and after. A benchmark command, never a timed assertion.
 
 A model may carry size overrides, ``NAME:KEY=VALUE[,KEY=VALUE...]`` with keys of
-:data:`evaluation.clinical.deterioration_training.DEFAULT_SIZE` (e.g. ``sv_attention:chunk=16``), to
+:data:`evaluation.clinical.deterioration_models.DEFAULT_SIZE` (e.g. ``sv_attention:chunk=16``), to
 time a configuration beside the study's own: a measurement for a product decision, not a study figure.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ class ModelSpecError(ValueError):
 
 def model_spec(spec: str) -> tuple[str, dict]:
     """``(model name, size overrides)`` of ``NAME[:KEY=VALUE,...]``: NAME one of
-    :data:`~evaluation.clinical.deterioration_training.MODELS`, KEY one of ``DEFAULT_SIZE``, VALUE of
+    :data:`~evaluation.clinical.deterioration_models.MODELS`, KEY one of ``DEFAULT_SIZE``, VALUE of
     that default's type (int or float). Raises :class:`ModelSpecError` on anything else."""
     name, sep, rest = str(spec).partition(":")
     if name not in dtr.MODELS:

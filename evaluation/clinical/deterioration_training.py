@@ -1,6 +1,7 @@
-"""Deterioration study: models, reproducible training on streamed windows, scoring.
+"""Deterioration study: reproducible training on streamed windows, scoring.
 
-LSTM, GRU, causal softmax attention and causal SV-hybrid attention (:data:`MODELS`), trained on
+LSTM, GRU, causal softmax attention and causal SV-hybrid attention (:data:`MODELS`, built at a size by
+:mod:`evaluation.clinical.deterioration_models`), trained on
 ``train`` (AdamW, BCE on scored hours, positive-class weight), early-stopped on ``val`` BCE, and
 scored on ``test`` (per-seed AUROC/AUPRC with a stay-clustered bootstrap; the test predictions
 are returned for the paired evaluation). Protocol: :mod:`evaluation.clinical.deterioration`;
@@ -24,43 +25,14 @@ import numpy as np
 
 from evaluation.clinical import deterioration as det
 from evaluation.clinical import deterioration_reader as rd
-
-MODELS = det.SEQUENCE_MODELS
-DEFAULT_SIZE = {"hidden": 32, "d_model": 32, "heads": 2, "layers": 1, "chunk": 8, "C": 0.25, "sigma": 2.0,
-                "fista_iters": 40}
-#: the keys of a size each model reads (:func:`make_model`); a study task's cache key holds only its
-#: model's (:func:`model_size`), so changing the SV gate's chunk re-trains SV attention and no peer
-SIZE_KEYS: dict[str, tuple[str, ...]] = {
-    "lstm": ("hidden",), "gru": ("hidden",), "softmax": ("d_model", "heads", "layers"),
-    "sv_attention": ("d_model", "heads", "layers", "chunk", "C", "sigma", "fista_iters")}
-
-
-def parse_size(items) -> dict:
-    """Size overrides from ``KEY=VALUE`` strings: KEY one of :data:`DEFAULT_SIZE`, VALUE of that
-    default's type (int or float), positive. Raises ``DeteriorationInputError`` (one line) otherwise."""
-    size: dict = {}
-    for item in items:
-        key, eq, val = str(item).partition("=")
-        if not eq or key not in DEFAULT_SIZE:
-            raise det.DeteriorationInputError(
-                f"size {item!r} is not KEY=VALUE with KEY one of {', '.join(DEFAULT_SIZE)}")
-        kind = type(DEFAULT_SIZE[key])
-        try:
-            v = kind(val)
-        except ValueError:
-            raise det.DeteriorationInputError(f"size {key}={val!r}: not a {kind.__name__}") from None
-        if not 0 < v < float("inf"):
-            raise det.DeteriorationInputError(f"size {key}={val!r}: must be positive and finite")
-        size[key] = v
-    return size
-
-
-def model_size(name: str, size: dict | None = None) -> dict:
-    """The part of ``size`` (over :data:`DEFAULT_SIZE`) that model ``name`` reads; ``{}`` for a
-    model that reads none (the LightGBM peer)."""
-    full = {**DEFAULT_SIZE, **(size or {})}
-    return {k: full[k] for k in SIZE_KEYS.get(name, ())}
-
+from evaluation.clinical.deterioration_models import (  # noqa: F401 (re-exported: the study's names)
+    DEFAULT_SIZE,
+    MODELS,
+    SIZE_KEYS,
+    make_model,
+    model_size,
+    parse_size,
+)
 
 #: default caps per device; ``None`` = no cap. ``train_windows`` windows drawn afresh each epoch
 #: (seeded), a fixed sample of ``val_windows`` validation windows, a fixed sample of ``test_stays``
@@ -126,35 +98,6 @@ def study_data(warehouse: str, mode: str = "sliding", window: int = 48, context:
     max_len = max(window, *(i.longest for i in idx.values()))
     return StudyData(str(warehouse), rd.feature_stats(warehouse), label, idx["train"],
                      idx["val"].sample_windows(val_windows), idx["test"].sample_stays(test_stays), max_len)
-
-
-def make_model(name: str, n_features: int, max_len: int, size: dict, seed: int | None = None):
-    """One of :data:`MODELS`; ``max_len`` = the longest input row. With ``seed``, the weights are
-    drawn from a private generator seeded by it (:func:`models.seeding.reset_parameters_`)."""
-    import torch
-
-    from models.gru import GRUClassifier
-    from models.lstm import LSTMClassifier
-    from models.seeding import reset_parameters_
-    from models.sequence_classifier import CausalSequenceClassifier
-
-    if name == "lstm":
-        model = LSTMClassifier(n_features, hidden=size["hidden"])
-    elif name == "gru":
-        model = GRUClassifier(n_features, hidden=size["hidden"])
-    elif name == "softmax":
-        model = CausalSequenceClassifier(n_features, "softmax", d_model=size["d_model"], n_heads=size["heads"],
-                                         n_layers=size["layers"], max_len=max_len)
-    elif name == "sv_attention":
-        model = CausalSequenceClassifier(n_features, "sv_hybrid", d_model=size["d_model"], n_heads=size["heads"],
-                                         n_layers=size["layers"], max_len=max_len,
-                                         attn_kwargs={"chunk": size["chunk"], "C": size["C"], "sigma": size["sigma"],
-                                                      "fista_iters": size["fista_iters"]})
-    else:
-        raise det.DeteriorationInputError(f"unknown model {name!r}; choose from {MODELS}")
-    if seed is not None:
-        reset_parameters_(model, torch.Generator().manual_seed(int(seed)))
-    return model
 
 
 _DET_LOCK = threading.Lock()

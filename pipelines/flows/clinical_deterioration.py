@@ -49,7 +49,7 @@ from pipelines.store import warehouse as wh
 class TrainSpec:
     """What one model × seed's training needs besides the model and seed (the train task's
     settings, part of its cache key): sequence layout, the model's own size keys
-    (:func:`~evaluation.clinical.deterioration_training.model_size`), caps, device and protocol."""
+    (:func:`~evaluation.clinical.deterioration_models.model_size`), caps, device and protocol."""
 
     window: int
     size: dict
