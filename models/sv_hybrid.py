@@ -279,6 +279,9 @@ class SVHybridAttention(nn.Module):
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T, d_model) [+ keep (B, T) bool] -> (B, T, d_model)."""
         q, k, v = self.io.split(x)
+        # the head views are strided columns of the qkv projection; the Gram and the readout both
+        # read rows, so each view is copied once here rather than once per reader
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         gate = self.compute_gate(k, keep)
         return self.io.merge(hybrid_attend(q, k, v, gate, self.chunk, keep, self.fused_readout))
 

@@ -233,6 +233,9 @@ class _CompiledHybridReadout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gate, chunk):
         need_gate = ctx.needs_input_grad[3]
+        # the loops read contiguous rows: copy the head views once here and keep the copies for
+        # the backward (which would otherwise copy them again)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         y, w, pz = readout_forward(q, k, v, gate, chunk, need_pz=need_gate)
         ctx.chunk = chunk
         ctx.save_for_backward(q, k, v, w, pz if need_gate else torch.empty(0))

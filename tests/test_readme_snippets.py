@@ -266,6 +266,16 @@ PARSE_ONLY = {
     "sv_attention sv_attention:chunk=16 sv_attention:chunk=24 --json OUT":
         "a benchmark (four models, an epoch each per round and thread count, on the 42k warehouse); "
         "test_epoch_bench_model_specs_time_a_size_beside_the_default runs its size overrides",
+    "python -m evaluation.clinical.deterioration_layer_bench --threads 1 2 --rounds 9 --json OUT":
+        "a benchmark (seconds of CPU per round); tests/test_deterioration_layer_bench.py runs it at two short lengths",
+    "python -m evaluation.clinical.deterioration_layer_bench --models softmax sv_attention sv_attention:chunk=24 "
+    "--threads 1 2 --rounds 9 --json OUT":
+        "the same benchmark with the chunk-24 gate beside the study's; tests/test_deterioration_layer_bench.py runs a "
+        "size override",
+    "python -m evaluation.clinical.deterioration_layer_bench --table docs/results/deterioration_layer_bench.json "
+    "--readme docs/COMMANDS.md": "rewrites docs/COMMANDS.md's deterioration_layer_bench block from the committed "
+                                 "result file (tests/test_deterioration_layer_bench.py checks the block equals its "
+                                 "rendering)",
     "python -m models.bench_throughput --table docs/results/bench_throughput_1thread.json "
     "docs/results/bench_throughput_default.json --readme docs/COMMANDS.md":
         "rewrites docs/COMMANDS.md's throughput block from the committed result files "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sv_core.batched.common import BatchedGateError, as_problems, check_box, rbf_gram, warmup_threshold
+from sv_core.batched.common import BatchedGateError, any_true, as_problems, check_box, rbf_gram, warmup_threshold
 from sv_core.batched.fista import (
     FISTA_BACKENDS,
     FistaInfo,
@@ -217,9 +217,10 @@ def batched_gate(
     )
     S, E = partition_masks(a_est.to(K.dtype), C, solve_mask, partition_tol)
     alpha, rho = ridged_kkt_solve(K, C, S, E, ridge=ridge, mask=solve_mask, solver=kkt_solver)
-    uniform = m3.to(K.dtype) / nvalid.clamp_min(1).to(K.dtype).unsqueeze(-1)
-    alpha = torch.where(warm.unsqueeze(-1), uniform, alpha)
-    rho = torch.where(warm, torch.full_like(rho, float("nan")), rho)
+    if any_true(warm):  # (no warm-up problem: both selections would return alpha and rho as they are)
+        uniform = m3.to(K.dtype) / nvalid.clamp_min(1).to(K.dtype).unsqueeze(-1)
+        alpha = torch.where(warm.unsqueeze(-1), uniform, alpha)
+        rho = torch.where(warm, torch.full_like(rho, float("nan")), rho)
     if flat:
         alpha, rho, S, E, warm, a_est = (t.squeeze(1) for t in (alpha, rho, S, E, warm, a_est))
     return BatchedGateResult(alpha=alpha, rho=rho, S=S, E=E, warmup=warm, fista=info, alpha_fista=a_est,

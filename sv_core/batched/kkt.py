@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from sv_core.batched import common as batched_common
-from sv_core.batched.common import BatchedGateError, as_problems, check_box, compiled_applicable, kmul
+from sv_core.batched.common import BatchedGateError, any_true, as_problems, check_box, compiled_applicable, kmul
 
 # --------------------------------------------------------------------------------------------
 # ridged bordered KKT solve (differentiable)
@@ -289,7 +289,7 @@ def ridged_kkt_solve(
     E, _ = as_problems(K, E_mask)
     if S.shape != E.shape:
         raise BatchedGateError("S_mask and E_mask must have the same shape")
-    if bool((S & E).any()):
+    if any_true(S & E):
         raise BatchedGateError("S_mask and E_mask must be disjoint")
     C = check_box(C)
     P, J, n = S.shape
@@ -297,8 +297,9 @@ def ridged_kkt_solve(
     if solver in ("compiled", "auto") and compiled_applicable(K):
         # one compiled call each way when no problem needs the KKT-interval rho (no margin key but
         # some valid key); the right-hand side is formed in the loop
-        has_keys = as_problems(K, mask)[0].any(-1) if mask is not None else torch.full((P, J), n > 0)
-        if not bool((has_keys & ~S.any(-1)).any()):
+        # (counts, not bool reductions: see any_true)
+        has_keys = as_problems(K, mask)[0].sum(-1) > 0 if mask is not None else torch.full((P, J), n > 0)
+        if not any_true(has_keys & (S.sum(-1) == 0)):
             try:
                 alpha, rho = _CompiledKKT.apply(K, None, None, S, float(ridge), E, C)
                 return (alpha.squeeze(1), rho.squeeze(1)) if flat else (alpha, rho)
