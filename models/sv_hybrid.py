@@ -19,14 +19,14 @@ reference: :class:`SVHybridAttention`.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
 from models.multihead import AttentionConfigError, MultiHeadIO
+from models.sv_hybrid_fused import fused_applicable, fused_hybrid_attend
 from models.sv_hybrid_memory import ExactHybridMemory, ForgetRecord, HybridDeletionError
 from models.sv_hybrid_readout import (
     DENSE_READOUT_MIN_CHUNKS,
@@ -37,7 +37,15 @@ from models.sv_hybrid_readout import (
     hybrid_attend_dense,
     hybrid_weights,
 )
-from sv_core.batched import FISTA_BACKENDS, KKT_SOLVERS, batched_gate, rbf_gram, validate_alpha, warmup_threshold
+from sv_core.batched import (
+    FISTA_BACKENDS,
+    KKT_SOLVERS,
+    GateStats,
+    batched_gate,
+    rbf_gram,
+    validate_alpha,
+    warmup_threshold,
+)
 
 __all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "GateStats", "HybridDeletionError",
            "SVHybridAttention",
@@ -48,25 +56,6 @@ __all__ = ["DENSE_READOUT_MIN_CHUNKS", "ExactHybridMemory", "ForgetRecord", "Gat
 # --------------------------------------------------------------------------------------------
 # gate construction
 # --------------------------------------------------------------------------------------------
-
-
-class GateStats(Mapping):
-    """Read-only mapping of a forward's gate diagnostics, each computed on its first read (by the
-    function given for its key) and kept."""
-
-    def __init__(self, **getters: Callable[[], Any]):
-        self._get, self._val = getters, {}
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._val:
-            self._val[key] = self._get[key]()
-        return self._val[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._get)
-
-    def __len__(self) -> int:
-        return len(self._get)
 
 
 def prefix_gate_batched(
@@ -110,10 +99,9 @@ def prefix_gate_batched(
     B, H, T, d = k.shape
     starts = chunk_starts(T, chunk)
     nc = len(starts)
-    gate = k.new_zeros(B, H, nc, T)
     if nc <= 1:
-        return gate, GateStats(active=lambda: k.new_zeros(0), prefix=lambda: k.new_zeros(0),
-                               warmup=lambda: k.new_zeros(0))
+        return k.new_zeros(B, H, nc, T), GateStats(active=lambda: k.new_zeros(0), prefix=lambda: k.new_zeros(0),
+                                                   warmup=lambda: k.new_zeros(0))
     n = starts[-1]
     J = nc - 1
     kp = k[:, :, :n]
@@ -201,6 +189,10 @@ class SVHybridAttention(nn.Module):
         False: the reference ``hybrid_weights(...) @ v``.
     fista_backend : partition finder of the batched gate: "auto" (compiled loop on CPU when
         built), "torch" (reference) or "compiled".
+    fused : run the gate and the readout as one autograd node when it applies
+        (`models.sv_hybrid_fused`: no deletion mask, ``fused_readout``, the compiled backends, CPU
+        float32 / float64): the same loops in the same order, the same bits as False (the unfused
+        path, its reference), without the orchestration between them.
 
     Attributes
     ----------
@@ -236,6 +228,7 @@ class SVHybridAttention(nn.Module):
         kkt_solver: str = "auto",
         fused_readout: bool = True,
         fista_backend: str = "auto",
+        fused: bool = True,
     ):
         super().__init__()
         if gate not in ("batched", "exact"):
@@ -254,6 +247,7 @@ class SVHybridAttention(nn.Module):
         if fista_backend not in FISTA_BACKENDS:
             raise AttentionConfigError(f"fista_backend must be one of {FISTA_BACKENDS}, got {fista_backend!r}")
         self.fista_backend = fista_backend
+        self.fused = bool(fused)
         self.last_stats: Mapping = {}
 
     def compute_gate(self, k: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -282,6 +276,13 @@ class SVHybridAttention(nn.Module):
         # the head views are strided columns of the qkv projection; the Gram and the readout both
         # read rows, so each view is copied once here rather than once per reader
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        if self.fused and self.gate_mode == "batched" and self.fused_readout and fused_applicable(
+                q, k, v, keep, self.kkt_solver, self.fista_backend):
+            out = fused_hybrid_attend(q, k, v, self.chunk, self.C, self.sigma, self.fista_iters, self.fista_tol,
+                                      self.ridge, self.fista_dtype, self.fista_backend)
+            if out is not None:
+                y, self.last_stats = out
+                return self.io.merge(y)
         gate = self.compute_gate(k, keep)
         return self.io.merge(hybrid_attend(q, k, v, gate, self.chunk, keep, self.fused_readout))
 

@@ -13,7 +13,9 @@ and holds the diagnostics and :func:`batched_gate`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,6 +33,7 @@ from sv_core.batched.kkt import KKT_SOLVERS, bordered_matrix, bordered_spd_solve
 from sv_core.kernels import torch_kernel  # noqa: F401  (re-exported for the models)
 
 __all__ = [
+    "GateStats",
     "FISTA_BACKENDS",
     "BatchedGateError",
     "BatchedGateResult",
@@ -79,6 +82,26 @@ class AlphaReport:
     def ok(self, tol: float = 1e-6) -> bool:
         """All violations at most ``tol``."""
         return max(self.max_box, self.max_sum, self.max_padding) <= tol
+
+
+class GateStats(Mapping):
+    """Read-only mapping of a forward's gate diagnostics, each computed on its first read (by the
+    function given for its key) and kept."""
+
+    def __init__(self, **getters: Callable[[], Any]):
+        self._get = getters
+        self._val: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._val:
+            self._val[key] = self._get[key]()
+        return self._val[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get)
+
+    def __len__(self) -> int:
+        return len(self._get)
 
 
 def validate_alpha(alpha: torch.Tensor, C: float, mask: torch.Tensor) -> AlphaReport:

@@ -130,10 +130,7 @@ class _RBFGram(torch.autograd.Function):
     def forward(ctx, X, sigma, compiled=False):
         lead, n, d = X.shape[:-2], X.shape[-2], X.shape[-1]
         Xf = X.reshape(-1, n, d)
-        sq = (Xf * Xf).sum(-1)
-        D = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Xf, Xf.transpose(-1, -2), alpha=-2.0)
-        keep = D >= 0
-        K = D.clamp_min_(0.0).mul_(-1.0 / (sigma * sigma)).exp_()
+        K, keep = gram_forward(Xf, sigma)
         ctx.sigma, ctx.lead_shape, ctx.compiled = sigma, X.shape, bool(compiled) and d >= 1
         ctx.save_for_backward(Xf, K, keep)
         return K.view(*lead, n, n)
@@ -142,18 +139,33 @@ class _RBFGram(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, gK):
         Xf, K, keep = ctx.saved_tensors
-        ext = batchfast
-        if ctx.compiled and ext is not None:  # the same formulas in one pass per row (sv_core/_gram_body.h)
-            P, n, d = Xf.shape
-            dX = Xf.new_empty(P, n, d)
-            gKc = gK.reshape(K.shape).contiguous()
-            ext.gram_backward(Xf.contiguous().numpy(), K.numpy(), keep.numpy(), gKc.numpy(), dX.numpy(), P, n, d,
-                              ctx.sigma, Xf.dtype == torch.float64, compiled_threads())
-            return dX.view(ctx.lead_shape), None, None
-        G = (gK.reshape(K.shape) * K).masked_fill_(~keep, 0.0).mul_(-1.0 / (ctx.sigma * ctx.sigma))
-        G = G + G.transpose(-1, -2)
-        dX = torch.baddbmm(G.sum(-1, keepdim=True) * Xf, G, Xf, alpha=-1.0).mul_(2.0)
-        return dX.view(ctx.lead_shape), None, None
+        return gram_backward(Xf, K, keep, gK, ctx.sigma, ctx.compiled).view(ctx.lead_shape), None, None
+
+
+def gram_forward(Xf: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of `rbf_gram` without autograd: ``(K, keep)`` for Xf (P, n, d), K (P, n, n) and
+    ``keep = D >= 0`` (the clamp's pass-through set) that `gram_backward` takes."""
+    sq = (Xf * Xf).sum(-1)
+    D = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Xf, Xf.transpose(-1, -2), alpha=-2.0)
+    keep = D >= 0
+    return D.clamp_min_(0.0).mul_(-1.0 / (sigma * sigma)).exp_(), keep
+
+
+def gram_backward(Xf: torch.Tensor, K: torch.Tensor, keep: torch.Tensor, gK: torch.Tensor, sigma: float,
+                  compiled: bool) -> torch.Tensor:
+    """``dL/dXf`` (P, n, d) from ``dL/dK`` (P, n, n) and the forward's ``Xf, K, keep`` (`gram_forward`):
+    in the compiled loop when ``compiled`` (and built), else by batched torch operations."""
+    ext = batchfast
+    if compiled and ext is not None and Xf.shape[-1] >= 1:  # the same formulas, one pass per row (_gram_body.h)
+        P, n, d = Xf.shape
+        dX = Xf.new_empty(P, n, d)
+        gKc = gK.reshape(K.shape).contiguous()
+        ext.gram_backward(Xf.contiguous().numpy(), K.numpy(), keep.numpy(), gKc.numpy(), dX.numpy(), P, n, d,
+                          sigma, Xf.dtype == torch.float64, compiled_threads())
+        return dX
+    G = (gK.reshape(K.shape) * K).masked_fill_(~keep, 0.0).mul_(-1.0 / (sigma * sigma))
+    G = G + G.transpose(-1, -2)
+    return torch.baddbmm(G.sum(-1, keepdim=True) * Xf, G, Xf, alpha=-1.0).mul_(2.0)
 
 
 #: backends of `rbf_gram`'s backward

@@ -167,8 +167,66 @@ def slot_groups(sizes: list[int]) -> list[list[int]]:
     return groups
 
 
-class _FactorFailed(Exception):
-    """A margin block was not numerically positive definite in the compiled solve."""
+class FactorFailed(Exception):
+    """A margin block was not numerically positive definite in the compiled solve (`compiled_kkt_forward`);
+    callers then solve the batch by the reference."""
+
+
+def compiled_kkt_forward(K: torch.Tensor, S: torch.Tensor, ridge: float, E: torch.Tensor | None = None,
+                         C: float | None = None, h: torch.Tensor | None = None, c0: torch.Tensor | None = None):
+    """The ridged bordered solve of every (P, J) problem in ``sv_core._batchfast``, without autograd:
+    ``(alpha (P, J, n), rho (P, J), state)``; ``state`` is what `compiled_kkt_backward` takes. With
+    ``E`` and ``C`` (and no ``h``, ``c0``) the right-hand side is formed in the loop (see
+    `_CompiledKKT`). Raises :class:`FactorFailed` when a factorisation fails."""
+    ext = batched_common.batchfast
+    assert ext is not None
+    P, J, n = S.shape
+    dt = K.dtype
+    Sk = S.to(torch.uint8).contiguous()
+    Ek = E.to(torch.uint8).contiguous() if E is not None else torch.empty(0, dtype=torch.uint8)
+    none = torch.empty(0, dtype=dt)
+    m = Sk.sum(-1, dtype=torch.int64).reshape(-1).numpy().astype(np.intp)
+    off = np.empty((P * J, 2), dtype=np.intp)
+    off[:, 0] = np.cumsum(m * m) - m * m
+    off[:, 1] = np.cumsum(m) - m
+    Lst = torch.empty(int((m * m).sum()) + 1, dtype=dt)
+    x1st = torch.empty(int(m.sum()) + 1, dtype=dt)
+    dst = torch.empty(P * J, dtype=dt)
+    alpha = torch.empty(P, J, n, dtype=dt)
+    rho = torch.empty(P, J, dtype=dt)
+    hh = none if h is None else h.detach().contiguous()
+    cc = none if c0 is None else c0.detach().contiguous()
+    code = ext.kkt_forward(K.detach().contiguous().numpy(), Sk.numpy(), Ek.numpy(), float(C or 0.0), hh.numpy(),
+                           cc.numpy(), alpha.numpy(), rho.numpy(), Lst.numpy(), x1st.numpy(), dst.numpy(), off, P,
+                           J, n, float(ridge), dt == torch.float64, batched_common.compiled_threads())
+    if code:
+        raise FactorFailed
+    return alpha, rho, (Sk, Ek, float(C or 0.0), Lst, x1st, dst, off, P, J, n)
+
+
+def compiled_kkt_backward(state: tuple, alpha: torch.Tensor, g_alpha: torch.Tensor | None,
+                          g_rho: torch.Tensor | None, need_K: bool = True):
+    """The backward of `compiled_kkt_forward` from its ``state`` and ``alpha``: ``(gK (P, n, n) or None,
+    gh (P, J, n) or None, gc0 (P, J) or None)`` - ``gK`` when ``need_K`` (always, with the bound masks
+    given: their part of the right-hand side is in it), ``gh`` and ``gc0`` when ``h`` and ``c0`` were given."""
+    ext = batched_common.batchfast
+    assert ext is not None
+    Sk, Ek, C, Lst, x1st, dst, off, P, J, n = state
+    dt = alpha.dtype
+    emode = Ek.numel() > 0
+    ga = torch.zeros_like(alpha) if g_alpha is None else g_alpha.to(dt).contiguous()
+    gr = torch.zeros(P, J, dtype=dt) if g_rho is None else g_rho.to(dt).contiguous()
+    gK = torch.zeros(P, n, n, dtype=dt) if need_K else None
+    if emode and gK is None:
+        return None, None, None
+    gh = torch.empty(0 if emode else P * J * n, dtype=dt)
+    gc0 = torch.empty(0 if emode else P * J, dtype=dt)
+    ext.kkt_backward(Sk.numpy(), Ek.numpy(), C, alpha.numpy(), ga.numpy(), gr.numpy(), Lst.numpy(), x1st.numpy(),
+                     dst.numpy(), off, gh.numpy(), gc0.numpy(), None if gK is None else gK.numpy(), P, J, n,
+                     dt == torch.float64, batched_common.compiled_threads())
+    if emode:
+        return gK, None, None
+    return gK, gh.view(P, J, n), gc0.view(P, J)
 
 
 class _CompiledKKT(torch.autograd.Function):
@@ -179,60 +237,22 @@ class _CompiledKKT(torch.autograd.Function):
     formed in the loop and the backward adds their part of ``dL/dK`` (``dL/dK_ii += g_h_i``,
     ``dL/dK_ie -= 2 C g_h_i``) - what autograd of the reference's right-hand side gives - so the
     whole solve is one call each way; problems without margin keys then get ``rho = 0`` (the
-    caller sends only those without any valid key). Raises `_FactorFailed` when a factorisation
-    fails (the caller then solves the batch by the reference)."""
+    caller sends only those without any valid key). Raises `FactorFailed` when a factorisation
+    fails (the caller then solves the batch by the reference). The loops: `compiled_kkt_forward`,
+    `compiled_kkt_backward`."""
 
     @staticmethod
     def forward(ctx, K, h, c0, S, ridge, E=None, C=None):
-        ext = batched_common.batchfast
-        assert ext is not None
-        P, J, n = S.shape
-        dt = K.dtype
-        Sk = S.to(torch.uint8).contiguous()
-        Ek = E.to(torch.uint8).contiguous() if E is not None else torch.empty(0, dtype=torch.uint8)
-        none = torch.empty(0, dtype=dt)
-        m = Sk.sum(-1, dtype=torch.int64).reshape(-1).numpy().astype(np.intp)
-        off = np.empty((P * J, 2), dtype=np.intp)
-        off[:, 0] = np.cumsum(m * m) - m * m
-        off[:, 1] = np.cumsum(m) - m
-        Lst = torch.empty(int((m * m).sum()) + 1, dtype=dt)
-        x1st = torch.empty(int(m.sum()) + 1, dtype=dt)
-        dst = torch.empty(P * J, dtype=dt)
-        alpha = torch.empty(P, J, n, dtype=dt)
-        rho = torch.empty(P, J, dtype=dt)
-        hh = none if h is None else h.detach().contiguous()
-        cc = none if c0 is None else c0.detach().contiguous()
-        code = ext.kkt_forward(K.detach().contiguous().numpy(), Sk.numpy(), Ek.numpy(), float(C or 0.0), hh.numpy(),
-                               cc.numpy(), alpha.numpy(), rho.numpy(), Lst.numpy(), x1st.numpy(), dst.numpy(), off, P,
-                               J, n, float(ridge), dt == torch.float64, batched_common.compiled_threads())
-        if code:
-            raise _FactorFailed
-        ctx.state = (Sk, Ek, float(C or 0.0), Lst, x1st, dst, off, P, J, n)
+        alpha, rho, ctx.state = compiled_kkt_forward(K, S, ridge, E, C, h, c0)
         ctx.save_for_backward(alpha)
         return alpha, rho
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_alpha, g_rho):
-        ext = batched_common.batchfast
-        assert ext is not None
         (alpha,) = ctx.saved_tensors
-        Sk, Ek, C, Lst, x1st, dst, off, P, J, n = ctx.state
-        dt = alpha.dtype
-        emode = Ek.numel() > 0
-        ga = torch.zeros_like(alpha) if g_alpha is None else g_alpha.to(dt).contiguous()
-        gr = torch.zeros(P, J, dtype=dt) if g_rho is None else g_rho.to(dt).contiguous()
-        gK = torch.zeros(P, n, n, dtype=dt) if ctx.needs_input_grad[0] else None
-        if emode and gK is None:
-            return None, None, None, None, None, None, None
-        gh = torch.empty(0 if emode else P * J * n, dtype=dt)
-        gc0 = torch.empty(0 if emode else P * J, dtype=dt)
-        ext.kkt_backward(Sk.numpy(), Ek.numpy(), C, alpha.numpy(), ga.numpy(), gr.numpy(), Lst.numpy(), x1st.numpy(),
-                         dst.numpy(), off, gh.numpy(), gc0.numpy(), None if gK is None else gK.numpy(), P, J, n,
-                         dt == torch.float64, batched_common.compiled_threads())
-        if emode:
-            return gK, None, None, None, None, None, None
-        return gK, gh.view(P, J, n), gc0.view(P, J), None, None, None, None
+        gK, gh, gc0 = compiled_kkt_backward(ctx.state, alpha, g_alpha, g_rho, ctx.needs_input_grad[0])
+        return gK, gh, gc0, None, None, None, None
 
 
 def ridged_kkt_solve(
@@ -303,7 +323,7 @@ def ridged_kkt_solve(
             try:
                 alpha, rho = _CompiledKKT.apply(K, None, None, S, float(ridge), E, C)
                 return (alpha.squeeze(1), rho.squeeze(1)) if flat else (alpha, rho)
-            except _FactorFailed:
+            except FactorFailed:
                 pass
     e = E.to(dt)
     diagK = torch.diagonal(K, dim1=-2, dim2=-1).unsqueeze(1)  # (P, 1, n)
@@ -333,7 +353,7 @@ def ridged_kkt_solve(
     if solver in ("compiled", "auto") and compiled_applicable(K):
         try:
             alpha, rho = _CompiledKKT.apply(K, h, c0, S, float(ridge))
-        except _FactorFailed:
+        except FactorFailed:
             alpha, rho = _packed_solve_lu(K, S, h, c0, empty, ridge)
     elif solver == "lu":
         alpha, rho = _packed_solve_lu(K, S, h, c0, empty, ridge)
