@@ -436,7 +436,7 @@ def test_sv_attention_training_repeats_exactly_at_each_thread_count(small_wh):
     attention model (its gate's compiled FISTA / KKT loops split problems over threads, each
     computed by the same loop), and the gate really ran (prefixes above the warm-up size)."""
     data = dtr.study_data(small_wh, "sliding", 24, 12, "filled", val_windows=5, test_stays=2)
-    assert data.max_len > 2 * dtr.DEFAULT_SIZE["chunk"]
+    assert data.max_len > dtr.DEFAULT_SIZE["chunk"]  # a row past the first chunk: the gate is solved
     for t in (1, 2):
         runs = [dtr.train_and_test(data, "sv_attention", 0, max_epochs=1, n_boot=20, train_windows=8, threads=t,
                                    return_predictions=True) for _ in range(2)]

@@ -259,19 +259,19 @@ PARSE_ONLY = {
     "python -m evaluation.clinical.deterioration_bench --table docs/results/deterioration_bench_42k.json "
     "--readme docs/COMMANDS.md": "rewrites docs/COMMANDS.md's deterioration_bench block from the committed result file "
                           "(tests/test_clinical_deterioration.py checks the block equals its rendering)",
-    "forgetful deterioration --models sv_attention --size chunk=24":
+    "forgetful deterioration --models sv_attention --size chunk=8":
         "the study on the 42k warehouse (minutes); test_size_overrides_from_the_command_line parses its --size "
         "and test_a_changed_sv_gate_retrains_sv_attention_and_no_peer runs the flow at another chunk",
     "python -m evaluation.clinical.deterioration_bench --warehouse W --rounds 9 --threads 1 2 --models softmax "
-    "sv_attention sv_attention:chunk=16 sv_attention:chunk=24 --json OUT":
+    "sv_attention sv_attention:chunk=8 sv_attention:chunk=16 --json OUT":
         "a benchmark (four models, an epoch each per round and thread count, on the 42k warehouse); "
         "test_epoch_bench_model_specs_time_a_size_beside_the_default runs its size overrides",
     "python -m evaluation.clinical.deterioration_layer_bench --threads 1 2 --rounds 9 --json OUT":
         "a benchmark (seconds of CPU per round); tests/test_deterioration_layer_bench.py runs it at two short lengths",
-    "python -m evaluation.clinical.deterioration_layer_bench --models softmax sv_attention sv_attention:chunk=24 "
+    "python -m evaluation.clinical.deterioration_layer_bench --models softmax sv_attention sv_attention:chunk=8 "
     "--threads 1 2 --rounds 9 --json OUT":
-        "the same benchmark with the chunk-24 gate beside the study's; tests/test_deterioration_layer_bench.py runs a "
-        "size override",
+        "the same benchmark with the earlier chunk-8 gate beside the study's; "
+        "tests/test_deterioration_layer_bench.py runs a size override",
     "python -m evaluation.clinical.deterioration_layer_bench --table docs/results/deterioration_layer_bench.json "
     "--readme docs/COMMANDS.md": "rewrites docs/COMMANDS.md's deterioration_layer_bench block from the committed "
                                  "result file (tests/test_deterioration_layer_bench.py checks the block equals its "
