@@ -9,7 +9,6 @@ import shutil
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -418,15 +417,11 @@ def test_epoch_bench_interleaves_models_and_repeats_the_auroc(small_wh, tmp_path
 
 
 def test_readme_epoch_table_is_the_rendering_of_its_result():
+    from doc_blocks import assert_block_renders
+
     from evaluation.clinical import deterioration_bench as bench
 
-    root = Path(__file__).resolve().parents[1]
-    res = root / bench.README_RESULT
-    if not res.is_file():
-        pytest.skip(f"{bench.README_RESULT} not present")
-    doc = (root / "docs" / "COMMANDS.md").read_text()
-    assert f"{bench.BEGIN}\n{bench.markdown(json.loads(res.read_text()))}\n{bench.END}" in doc
-    sizes = json.loads(res.read_text()).get("sizes")
+    sizes = assert_block_renders(bench.README_RESULT, bench.BEGIN, bench.END, bench.markdown).get("sizes")
     if sizes:  # the study's size is the SV row the size overrides stand beside
         assert sizes["sv_attention"] == dtr.DEFAULT_SIZE
 

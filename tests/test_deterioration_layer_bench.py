@@ -3,12 +3,13 @@ byte-maximum bool check its measurements led to (`sv_core.batched.common.any_tru
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from doc_blocks import assert_block_renders
 
 from evaluation.clinical import deterioration_layer_bench as lb
+from evaluation.clinical import deterioration_models as dm
 from sv_core.batched import common
 
 
@@ -101,9 +102,5 @@ def test_layer_bench_usage_errors_exit_before_timing():
 
 
 def test_commands_layer_table_is_the_rendering_of_its_result():
-    root = Path(__file__).resolve().parents[1]
-    res = root / lb.README_RESULT
-    if not res.is_file():
-        pytest.skip(f"{lb.README_RESULT} not present")
-    doc = (root / "docs" / "COMMANDS.md").read_text()
-    assert f"{lb.BEGIN}\n{lb.markdown(json.loads(res.read_text()))}\n{lb.END}" in doc
+    out = assert_block_renders(lb.README_RESULT, lb.BEGIN, lb.END, lb.markdown)
+    assert out["sizes"]["sv_attention"] == dm.DEFAULT_SIZE  # the study's own size is the row named sv_attention
