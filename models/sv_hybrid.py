@@ -31,19 +31,21 @@ from models.sv_hybrid_memory import ExactHybridMemory, ForgetRecord, HybridDelet
 from models.sv_hybrid_readout import (
     DENSE_READOUT_MIN_CHUNKS,
     chunk_starts,
+    gate_rows,
     hybrid_attend,
     hybrid_attend_chunked,
     hybrid_attend_compiled,
     hybrid_attend_dense,
     hybrid_weights,
+    prefix_masks,
 )
 from sv_core.batched import (
     FISTA_BACKENDS,
     KKT_SOLVERS,
     GateStats,
     batched_gate,
+    gate_stats,
     rbf_gram,
-    validate_alpha,
     warmup_threshold,
 )
 
@@ -103,33 +105,14 @@ def prefix_gate_batched(
         return k.new_zeros(B, H, nc, T), GateStats(active=lambda: k.new_zeros(0), prefix=lambda: k.new_zeros(0),
                                                    warmup=lambda: k.new_zeros(0))
     n = starts[-1]
-    J = nc - 1
     kp = k[:, :, :n]
-    # one Gram shared by J prefixes; rbf_gram = torch_kernel(kp, kp, sigma) with an analytic backward
+    # one Gram shared by the nested prefixes; rbf_gram = torch_kernel(kp, kp, sigma) with an analytic backward
     Kfull = rbf_gram(kp, sigma).reshape(B * H, n, n)
-    pos = torch.arange(n, device=k.device)
-    s_j = torch.tensor(starts[1:], device=k.device)
-    mask = (pos.unsqueeze(0) < s_j.unsqueeze(1)).view(1, 1, J, n).expand(B, H, J, n)
-    if keep is not None:
-        mask = mask & keep[:, :n].to(torch.bool).view(B, 1, 1, n)
-    mask = mask.reshape(B * H, J, n)
+    mask = prefix_masks(B, H, starts, k.device, keep)
     res = batched_gate(Kfull, C, mask, iters=iters, tol=tol, ridge=ridge, fista_dtype=fista_dtype,
                        kkt_solver=kkt_solver, fista_backend=fista_backend)
-    alpha = res.alpha.view(B, H, J, n)
-    gate = torch.cat([k.new_zeros(B, H, 1, T), nn.functional.pad(alpha, (0, T - n))], dim=2)
-    # diagnostics on first read only (a training step never reads them); detached, so a kept
-    # last_stats does not hold the step's autograd graph
-    S, E, warm, a_d = res.S, res.E, res.warmup, res.alpha.detach()
-    report = GateStats(report=lambda: validate_alpha(a_d, C, mask))
-    stats = GateStats(
-        active=lambda: (S | E).sum(-1).reshape(-1),
-        prefix=lambda: mask.sum(-1).reshape(-1),
-        warmup=lambda: warm.detach().reshape(-1),
-        fista_iterations=lambda: res.fista.iterations,
-        max_box=lambda: report["report"].max_box,
-        max_sum=lambda: report["report"].max_sum,
-    )
-    return gate, stats
+    return gate_rows(res.alpha, B, H, T), gate_stats(res.S, res.E, mask, res.warmup, res.alpha, C,
+                                                     res.fista.iterations)
 
 
 def prefix_gate_exact(

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from models.sv_hybrid_readout import chunk_starts
-from sv_core.batched import GateStats, fista_svdd, partition_masks, validate_alpha, warmup_threshold
+from models.sv_hybrid_readout import chunk_starts, gate_rows, prefix_masks
+from sv_core.batched import fista_svdd, gate_stats, partition_masks, warmup_threshold
 from sv_core.batched.common import any_true, check_box, compiled_applicable, gram_backward, gram_forward
 from sv_core.batched.kkt import FactorFailed, compiled_kkt_backward, compiled_kkt_forward
 from sv_core.batched.readout import compiled_readout_applicable, readout_backward, readout_forward
@@ -52,10 +52,9 @@ class _FusedHybrid(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan: _Plan):
-        B, H, T, n, J = plan.B, plan.H, plan.T, plan.n, plan.J
         a_kkt, _rho, state = compiled_kkt_forward(plan.K, plan.S, plan.ridge, plan.E, plan.C)
         alpha = a_kkt if plan.uniform is None else torch.where(plan.warm.unsqueeze(-1), plan.uniform, a_kkt)
-        gate = torch.cat([k.new_zeros(B, H, 1, T), nn.functional.pad(alpha.view(B, H, J, n), (0, T - n))], dim=2)
+        gate = gate_rows(alpha, plan.B, plan.H, plan.T)
         y, w, pz = readout_forward(q, k, v, gate, plan.chunk, need_pz=plan.need_pz)
         ctx.plan, ctx.state = plan, state
         ctx.save_for_backward(q, k, v, w, pz if plan.need_pz else torch.empty(0), a_kkt)
@@ -100,9 +99,7 @@ def fused_hybrid_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk
     with torch.no_grad():
         plan.Xf = k.detach()[:, :, :n].reshape(P, n, d)
         K, plan.keep = gram_forward(plan.Xf, plan.sigma)
-        pos = torch.arange(n, device=k.device)
-        s_j = torch.tensor(starts[1:], device=k.device)
-        mask = (pos.unsqueeze(0) < s_j.unsqueeze(1)).view(1, 1, J, n).expand(B, H, J, n).reshape(P, J, n)
+        mask = prefix_masks(B, H, starts, k.device)
         nvalid = mask.sum(-1)
         warm = nvalid < warmup_threshold(C)
         solve_mask = mask & ~warm.unsqueeze(-1)
@@ -119,13 +116,4 @@ def fused_hybrid_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk
         y, alpha = _FusedHybrid.apply(q, k, v, plan)
     except FactorFailed:
         return None
-    report = GateStats(report=lambda: validate_alpha(alpha, C, mask))
-    stats = GateStats(
-        active=lambda: (S | E).sum(-1).reshape(-1),
-        prefix=lambda: mask.sum(-1).reshape(-1),
-        warmup=lambda: warm.reshape(-1),
-        fista_iterations=lambda: info.iterations,
-        max_box=lambda: report["report"].max_box,
-        max_sum=lambda: report["report"].max_sum,
-    )
-    return y, stats
+    return y, gate_stats(S, E, mask, warm, alpha, C, info.iterations)

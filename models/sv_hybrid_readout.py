@@ -23,6 +23,25 @@ def chunk_starts(T: int, chunk: int) -> list[int]:
     return list(range(0, T, chunk))
 
 
+def prefix_masks(B: int, H: int, starts: list[int], device, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool (B * H, J, n) masks of the nested prefixes ``[0, s_j)``, j = 1 .. J, of the chunk starts
+    ``starts`` (J = len(starts) - 1, n = starts[-1]); with ``keep`` (B, T) bool, False slots are out."""
+    n, J = starts[-1], len(starts) - 1
+    pos = torch.arange(n, device=device)
+    s_j = torch.tensor(starts[1:], device=device)
+    mask = (pos.unsqueeze(0) < s_j.unsqueeze(1)).view(1, 1, J, n).expand(B, H, J, n)
+    if keep is not None:
+        mask = mask & keep[:, :n].to(torch.bool).view(B, 1, 1, n)
+    return mask.reshape(B * H, J, n)
+
+
+def gate_rows(alpha: torch.Tensor, B: int, H: int, T: int) -> torch.Tensor:
+    """The gate tensor (B, H, n_chunks, T) the readout reads from the prefix coefficients alpha
+    (B * H, J, n): row 0 (the first chunk, no prefix) zero, row j = alpha_j padded to T."""
+    J, n = alpha.shape[-2:]
+    return torch.cat([alpha.new_zeros(B, H, 1, T), nn.functional.pad(alpha.view(B, H, J, n), (0, T - n))], dim=2)
+
+
 def hybrid_weights(
     q: torch.Tensor,
     k: torch.Tensor,

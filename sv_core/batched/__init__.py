@@ -34,6 +34,7 @@ from sv_core.kernels import torch_kernel  # noqa: F401  (re-exported for the mod
 
 __all__ = [
     "GateStats",
+    "gate_stats",
     "FISTA_BACKENDS",
     "BatchedGateError",
     "BatchedGateResult",
@@ -102,6 +103,24 @@ class GateStats(Mapping):
 
     def __len__(self) -> int:
         return len(self._get)
+
+
+def gate_stats(S: torch.Tensor, E: torch.Tensor, mask: torch.Tensor, warm: torch.Tensor, alpha: torch.Tensor,
+               C: float, fista_iterations: int) -> GateStats:
+    """The diagnostics of a batched gate solve as a `GateStats` (each computed on its first read; a
+    training step reads none): ``active`` |S u E| and ``prefix`` (valid keys) per problem, ``warmup``,
+    ``fista_iterations``, ``max_box`` and ``max_sum`` of the returned ``alpha`` (`validate_alpha`). The
+    tensors are kept detached, so a kept mapping does not hold an autograd graph."""
+    a = alpha.detach()
+    report = GateStats(report=lambda: validate_alpha(a, C, mask))
+    return GateStats(
+        active=lambda: (S | E).sum(-1).reshape(-1),
+        prefix=lambda: mask.sum(-1).reshape(-1),
+        warmup=lambda: warm.detach().reshape(-1),
+        fista_iterations=lambda: fista_iterations,
+        max_box=lambda: report["report"].max_box,
+        max_sum=lambda: report["report"].max_sum,
+    )
 
 
 def validate_alpha(alpha: torch.Tensor, C: float, mask: torch.Tensor) -> AlphaReport:
