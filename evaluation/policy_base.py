@@ -61,9 +61,11 @@ def gram_row_blocks(X: np.ndarray, sigma: float, *, lower: bool = False, block: 
     with ``B = K[r0:r1, :]`` (``lower``: ``K[r0:r1, :r1]``, what the lower triangle needs) in order,
     at most ``block`` (default :data:`GRAM_BLOCK`) entries a block, and :data:`GRAM_MIN_ROWS` rows.
 
-    Every entry equals the whole matrix's (tests check it bit for bit): each block is the kernel
-    of its rows against ``X`` from its first row on, so the kernel's centring (on ``X[0]``) and
-    each entry's arithmetic are the same (a symmetric entry ``K[j, i]`` is computed as ``K[i, j]``).
+    Every entry equals the whole matrix's to rounding: each block is the kernel of its rows against
+    ``X`` from its first row on, so the kernel's centring (on ``X[0]``) and each entry's formula are
+    the same (a symmetric entry ``K[j, i]`` is computed as ``K[i, j]``); the products come from a BLAS
+    call on the block's rows, the same bits on most builds and within a few ulps where a build picks
+    another kernel for another row count (tests/test_evaluation_gram_blocks.py).
     """
     n = X.shape[0]
     rows = max(GRAM_MIN_ROWS, int(GRAM_BLOCK if block is None else block) // max(n, 1))

@@ -1,6 +1,11 @@
 """The n x n peer work by row blocks (issue 36 item 3): the density and kernel-leverage scores
-are bit-for-bit those of the whole Gram matrix, and their memory stays below one n x n matrix
-(density) or at one (kernel leverage, which needs one buffer for its Cholesky factor)."""
+are those of the whole Gram matrix to rounding, with the same selections, and their memory stays
+below one n x n matrix (density) or at one (kernel leverage, which needs one buffer for its Cholesky
+factor).
+
+Rounding, not bits: a block's products come from a BLAS call on fewer rows, and some BLAS builds
+take another kernel (another summation order) for another row count. Bit for bit on most builds;
+an AMD EPYC OpenBLAS here differs by up to 2e-15 in a Gram entry and 2e-16 relative in a score."""
 from __future__ import annotations
 
 import tracemalloc
@@ -14,6 +19,10 @@ from evaluation.peers import KernelLeveragePolicy
 from evaluation.policies import DensityPolicy
 from sv_core import rbf_kernel
 from sv_core.bench.solve import icu_like_keys
+
+#: rounding of a block's BLAS products against the whole matrix's (see the module docstring)
+GRAM_TOL = 1e-13
+SCORE_RTOL = 1e-12
 
 
 def _keys(n: int, seed: int) -> np.ndarray:
@@ -47,17 +56,20 @@ def test_row_blocks_are_the_whole_gram_matrix_bit_for_bit(block):
         got[r0:r1] = B
     for r0, r1, B in policy_base.gram_row_blocks(X, 2.5, lower=True, block=block):
         low[r0:r1, :r1] = B
-    assert np.array_equal(got, K)
+    assert not np.isnan(got).any() and np.abs(got - K).max() <= GRAM_TOL  # entries in [0, 1]
     tri = np.tril_indices(300)
-    assert np.array_equal(low[tri], K[tri])
+    assert not np.isnan(low[tri]).any() and np.abs(low[tri] - K[tri]).max() <= GRAM_TOL
 
 
 @pytest.mark.parametrize("n, block", [(40, 1 << 20), (350, 4096), (900, 50_000)])
 def test_blocked_scores_equal_the_whole_matrix_scores(monkeypatch, n, block):
     monkeypatch.setattr(policy_base, "GRAM_BLOCK", block)
     X = _keys(n, n)
-    assert np.array_equal(DensityPolicy(3.0).score(X), _whole_density(X, 3.0))
-    assert np.array_equal(KernelLeveragePolicy(3.0).score(X), _whole_kernel_leverage(X, 3.0))
+    for got, want in ((DensityPolicy(3.0).score(X), _whole_density(X, 3.0)),
+                      (KernelLeveragePolicy(3.0).score(X), _whole_kernel_leverage(X, 3.0))):
+        assert np.abs(got - want).max() <= SCORE_RTOL * np.abs(want).max()
+        for k in (n // 10, n // 3, n // 2):  # what a policy does with its scores: the same tokens kept
+            assert np.array_equal(policy_base.select_top_k(got, k), policy_base.select_top_k(want, k))
 
 
 def _peak(f) -> int:
