@@ -25,7 +25,7 @@ from torch import nn
 from models.sv_hybrid_readout import chunk_starts, gate_rows, prefix_masks
 from sv_core.batched import fista_svdd, gate_stats, partition_masks, warmup_threshold
 from sv_core.batched.common import any_true, check_box, compiled_applicable, gram_backward, gram_forward
-from sv_core.batched.kkt import FactorFailed, compiled_kkt_backward, compiled_kkt_forward
+from sv_core.batched.kkt import FactorFailed, compiled_kkt_backward, compiled_kkt_forward, needs_interval_rho
 from sv_core.batched.readout import compiled_readout_applicable, readout_backward, readout_forward
 
 
@@ -107,7 +107,7 @@ def fused_hybrid_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk
         a_est, info = fista_svdd(Kf, C, solve_mask, iters=iters, tol=tol, check_every=2, return_info=True,
                                  backend=fista_backend)
         S, E = partition_masks(a_est.to(K.dtype), C, solve_mask, None)
-        if any_true((solve_mask.sum(-1) > 0) & (S.sum(-1) == 0)):
+        if needs_interval_rho(S, solve_mask):
             return None  # a problem whose rho comes from its KKT interval: the unfused path's reference solve
         plan.K, plan.S, plan.E, plan.warm = K, S, E, warm
         plan.uniform = (mask.to(K.dtype) / nvalid.clamp_min(1).to(K.dtype).unsqueeze(-1)) if any_true(warm) else None

@@ -167,6 +167,16 @@ def slot_groups(sizes: list[int]) -> list[list[int]]:
     return groups
 
 
+def needs_interval_rho(S: torch.Tensor, mask: torch.Tensor | None = None) -> bool:
+    """Some problem (S (P, J, n) margin masks) has a valid key (``mask``; None: every slot, n > 0) but
+    no margin key: its rho comes from its KKT interval, which the compiled solve does not form
+    (counts, not bool reductions: see `any_true`)."""
+    empty = S.sum(-1) == 0
+    if mask is None:
+        return S.shape[-1] > 0 and any_true(empty)
+    return any_true((mask.sum(-1) > 0) & empty)
+
+
 class FactorFailed(Exception):
     """A margin block was not numerically positive definite in the compiled solve (`compiled_kkt_forward`);
     callers then solve the batch by the reference."""
@@ -317,9 +327,8 @@ def ridged_kkt_solve(
     if solver in ("compiled", "auto") and compiled_applicable(K):
         # one compiled call each way when no problem needs the KKT-interval rho (no margin key but
         # some valid key); the right-hand side is formed in the loop
-        # (counts, not bool reductions: see any_true)
-        has_keys = as_problems(K, mask)[0].sum(-1) > 0 if mask is not None else torch.full((P, J), n > 0)
-        if not any_true(has_keys & (S.sum(-1) == 0)):
+        valid = as_problems(K, mask)[0] if mask is not None else None
+        if not needs_interval_rho(S, valid):
             try:
                 alpha, rho = _CompiledKKT.apply(K, None, None, S, float(ridge), E, C)
                 return (alpha.squeeze(1), rho.squeeze(1)) if flat else (alpha, rho)
